@@ -1,0 +1,27 @@
+"""Orchard's MLX continuous-batching engine (no Ray, no HTTP).
+
+Names are imported lazily so that plain-Python parts (scheduler, block pool)
+can be used and tested without importing MLX.
+"""
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "EngineConfig": "engine.config",
+    "EngineCore": "engine.core",
+    "EngineStats": "engine.core",
+    "AsyncEngine": "engine.async_engine",
+    "FinishReason": "engine.request",
+    "Request": "engine.request",
+    "RequestStatus": "engine.request",
+    "SamplingParams": "engine.sampling.params",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'engine' has no attribute '{name}'")
+    return getattr(import_module(_EXPORTS[name]), name)

@@ -1,0 +1,200 @@
+"""AsyncEngine: one thread owns MLX and loops EngineCore.step(); asyncio callers submit and stream.
+
+No MLX call happens on the event loop: it only queues commands to the engine
+thread and receives outputs back via `loop.call_soon_threadsafe`, once per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from engine.core import EngineCore, EngineStats
+from engine.errors import EngineDeadError, OrchardError
+from engine.output.events import Finish, RequestOutput, TextDelta
+from engine.output.mailbox import Mailbox
+from engine.request import Request
+
+logger = logging.getLogger(__name__)
+STATS_INTERVAL_S = 0.2
+IDLE_POLL_S = 0.5
+
+
+@dataclass
+class _Add:
+    request: Request
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Shutdown:
+    pass
+
+
+class RequestStream:
+    """Async iterator of TextDelta items then one Finish; raises the request's OrchardError.
+
+    Closing it early (client gone) aborts the request in the engine.
+    """
+
+    def __init__(self, engine: "AsyncEngine", request_id: str, mailbox: Mailbox) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._mailbox = mailbox
+
+    def __aiter__(self) -> AsyncIterator[TextDelta | Finish]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[TextDelta | Finish]:
+        try:
+            while not self._mailbox.closed:
+                yield await self._mailbox.take()
+        finally:
+            if not self._mailbox.closed:
+                self._engine.abort(self.request_id)
+
+
+class AsyncEngine:
+    def __init__(self, build_core: Callable[[], EngineCore]) -> None:
+        self._build_core = build_core
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._mailboxes: dict[str, Mailbox] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._core: EngineCore | None = None
+        self._stats: EngineStats | None = None
+        self._dead: OrchardError | None = None
+
+    # ---- lifecycle -------------------------------------------------------
+    async def start(self) -> None:
+        """Build the core on the engine thread (model load, warm-up); raises what the build raised."""
+        self._loop = asyncio.get_running_loop()
+        ready: asyncio.Future = self._loop.create_future()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="orchard-engine", daemon=True)
+        self._thread.start()
+        await ready
+
+    async def shutdown(self) -> None:
+        if self._thread is None:
+            return
+        self._commands.put(_Shutdown())
+        await asyncio.to_thread(self._thread.join)
+        self._thread = None
+
+    @property
+    def core(self) -> EngineCore:
+        if self._core is None:
+            raise EngineDeadError("The engine has not started")
+        return self._core
+
+    # ---- requests --------------------------------------------------------
+    def submit(self, request: Request) -> RequestStream:
+        """Validate now (raises typed errors at once) and queue the request."""
+        if self._dead is not None:
+            raise EngineDeadError(f"The engine stopped: {self._dead.message}")
+        self.core.validate(request)
+        if request.request_id in self._mailboxes:
+            raise OrchardError(f"Duplicate request id '{request.request_id}'")
+        mailbox = Mailbox()
+        self._mailboxes[request.request_id] = mailbox
+        self._commands.put(_Add(request))
+        return RequestStream(self, request.request_id, mailbox)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+
+    def stats(self) -> EngineStats:
+        if self._stats is None:
+            raise EngineDeadError("The engine has not started")
+        return self._stats
+
+    @property
+    def is_alive(self) -> bool:
+        return self._dead is None and self._thread is not None
+
+    # ---- engine thread ---------------------------------------------------
+    def _run(self, ready: asyncio.Future) -> None:
+        try:
+            self._core = self._build_core()
+            self._core.runner.warmup()
+            self._stats = self._core.stats()
+        except BaseException as exc:  # report any build failure to start()'s caller
+            self._loop.call_soon_threadsafe(_resolve, ready, exc)
+            return
+        self._loop.call_soon_threadsafe(_resolve, ready, None)
+        try:
+            self._loop_steps()
+        except BaseException as exc:
+            logger.exception("engine thread died")
+            self._dead = EngineDeadError(f"The engine thread died: {exc!r}")
+            self._loop.call_soon_threadsafe(self._fail_all, self._dead)
+        finally:
+            self._core.close()
+
+    def _loop_steps(self) -> None:
+        core = self._core
+        last_stats = 0.0
+        while True:
+            outputs: list[RequestOutput] = []
+            if self._apply_commands(block=not core.has_unfinished_requests(), outputs=outputs):
+                return
+            if core.has_unfinished_requests():
+                outputs += core.step()
+            if outputs:
+                self._loop.call_soon_threadsafe(self._deliver, outputs)
+            now = time.monotonic()
+            if now - last_stats > STATS_INTERVAL_S or not core.has_unfinished_requests():
+                self._stats, last_stats = core.stats(), now
+
+    def _apply_commands(self, block: bool, outputs: list[RequestOutput]) -> bool:
+        """Apply queued commands; True when asked to shut down."""
+        while True:
+            try:
+                command = self._commands.get(timeout=IDLE_POLL_S) if block else self._commands.get_nowait()
+            except queue.Empty:
+                return False
+            block = False
+            if isinstance(command, _Shutdown):
+                return True
+            if isinstance(command, _Add):
+                try:
+                    self._core.add_request(command.request)
+                except OrchardError as exc:
+                    outputs.append(RequestOutput(command.request.request_id, error=exc))
+            elif isinstance(command, _Abort):
+                aborted = self._core.abort_request(command.request_id)
+                if aborted is not None:
+                    outputs.append(aborted)
+
+    # ---- event-loop side -------------------------------------------------
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            mailbox = self._mailboxes.get(output.request_id)
+            if mailbox is None:
+                continue
+            mailbox.put(output)
+            if output.finished:
+                del self._mailboxes[output.request_id]
+
+    def _fail_all(self, error: OrchardError) -> None:
+        for mailbox in self._mailboxes.values():
+            mailbox.put_error(error)
+        self._mailboxes.clear()
+
+
+def _resolve(future: asyncio.Future, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)

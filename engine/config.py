@@ -1,0 +1,74 @@
+"""Engine configuration, with Bodega's field names accepted as aliases."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from engine.errors import InvalidRequestError
+
+# Bodega (and our serve_config.yaml) name -> EngineConfig field.
+BODEGA_ALIASES = {
+    "cb_max_num_seqs": "max_num_seqs",
+    "cb_prefill_batch_size": "max_prefill_seqs",
+    "cb_completion_batch_size": "max_decode_seqs",
+    "cb_chunked_prefill_tokens": "prefill_chunk_tokens",
+    "cb_enable_prefix_cache": "enable_prefix_cache",
+    "prompt_cache_size": "prefix_cache_bytes",
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Knobs of one engine instance.
+
+    max_num_seqs bounds waiting + running requests; queue_size bounds the waiting
+    ones alone (None: only max_num_seqs applies). prefill_chunk_tokens is the
+    per-step prefill token budget (0: whole prompts in one step).
+    """
+
+    max_num_seqs: int = 256
+    max_prefill_seqs: int = 8
+    max_decode_seqs: int = 32
+    prefill_chunk_tokens: int = 2048
+    context_length: int | None = None
+    queue_size: int | None = None
+    queue_timeout: float | None = None
+    enable_prefix_cache: bool = True
+    prefix_cache_bytes: int | None = None
+    draft_model_path: str | None = None
+    num_draft_tokens: int = 3
+    # Run the model in this dtype ("float32", "bfloat16", "float16"); None keeps the weights'.
+    dtype: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_prefill_seqs", "max_decode_seqs"):
+            if getattr(self, name) < 1:
+                raise InvalidRequestError(f"'{name}' must be >= 1", param=name)
+        if self.prefill_chunk_tokens < 0:
+            raise InvalidRequestError("'prefill_chunk_tokens' must be >= 0", param="prefill_chunk_tokens")
+        if self.context_length is not None and self.context_length < 2:
+            raise InvalidRequestError("'context_length' must be >= 2", param="context_length")
+        if self.queue_size is not None and self.queue_size < 0:
+            raise InvalidRequestError("'queue_size' must be >= 0", param="queue_size")
+        if self.queue_timeout is not None and self.queue_timeout <= 0:
+            raise InvalidRequestError("'queue_timeout' must be > 0 seconds", param="queue_timeout")
+
+    @property
+    def prefill_token_budget(self) -> int | None:
+        return self.prefill_chunk_tokens or None
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "EngineConfig":
+        """Build from a mix of our names and Bodega's; unknown names are refused."""
+        known = {f.name for f in fields(cls)}
+        resolved: dict[str, Any] = {}
+        for key, value in options.items():
+            name = BODEGA_ALIASES.get(key, key)
+            if name not in known:
+                raise InvalidRequestError(f"Unknown engine option '{key}'", param=key)
+            if name in resolved:
+                raise InvalidRequestError(f"Engine option '{name}' given twice (as '{key}')", param=key)
+            resolved[name] = value
+        return cls(**resolved)

@@ -1,0 +1,158 @@
+"""EngineCore: schedule ▸ run ▸ sample ▸ update ▸ emit, one step at a time (no threads)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from engine.config import EngineConfig
+from engine.errors import ContextLengthExceededError, InvalidRequestError
+from engine.output.events import RequestOutput
+from engine.output.request_state import RequestOutputState
+from engine.request import Request, RequestStatus
+from engine.runner.loader import LoadedModel
+from engine.runner.outputs import RunnerOutput
+from engine.runner.runner import ModelRunner
+from engine.scheduler.output import SchedulerOutput
+from engine.scheduler.scheduler import Scheduler
+from engine.sampling.params import SamplingParams
+
+THROUGHPUT_WINDOW_S = 10.0
+
+
+@dataclass
+class EngineStats:
+    num_waiting: int
+    num_running: int
+    num_decoding: int
+    max_num_seqs: int
+    queue_size: int | None
+    kv_cache_bytes: int
+    num_steps: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    generation_tokens_per_s: float
+
+
+class EngineCore:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
+        self.loaded = loaded
+        self.config = config or EngineConfig()
+        self.context_length = self.config.context_length or loaded.context_length
+        self.scheduler = Scheduler(self.config)
+        self.runner = ModelRunner(loaded, self.config)
+        self._states: dict[str, RequestOutputState] = {}
+        self._num_steps = 0
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+        self._recent_generation: list[tuple[float, int]] = []
+
+    # ---- requests --------------------------------------------------------
+    def validate(self, request: Request) -> Request:
+        """Check a request without touching engine state (safe from any thread).
+
+        Returns the request with max_tokens resolved against the context length.
+        """
+        num_prompt = request.num_prompt_tokens
+        if num_prompt == 0:
+            raise InvalidRequestError("The prompt is empty", param="prompt")
+        vocab_size = self.loaded.vocab_size
+        if any(not 0 <= t < vocab_size for t in request.prompt_token_ids):
+            raise InvalidRequestError("The prompt holds token ids outside the vocabulary", param="prompt")
+        request.sampling.validate(vocab_size)
+        max_tokens = request.sampling.max_tokens
+        room = self.context_length - num_prompt
+        if room < 1 or (max_tokens is not None and max_tokens > room):
+            wanted = num_prompt + (max_tokens or 1)
+            raise ContextLengthExceededError(
+                f"This model's maximum context length is {self.context_length} tokens, but the request "
+                f"needs {wanted} ({num_prompt} in the prompt + {max_tokens or 1} to generate)",
+                param="max_tokens" if room >= 1 else "messages",
+            )
+        if max_tokens is None:
+            request.sampling = _with_max_tokens(request.sampling, room)
+        return request
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self._states:
+            raise InvalidRequestError(f"Duplicate request id '{request.request_id}'", param="request_id")
+        self.validate(request)
+        self.scheduler.add_request(request)
+        self._states[request.request_id] = RequestOutputState(
+            request, self.loaded.tokenizer, self.loaded.eos_token_ids
+        )
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now; its KV is freed at the next step. None if it is unknown or done."""
+        state = self._states.pop(request_id, None)
+        if state is None:
+            return None
+        self.scheduler.finish_request(state.request, RequestStatus.FINISHED_ABORTED)
+        return RequestOutput(request_id, finish=state.finish_event(RequestStatus.FINISHED_ABORTED))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or self.runner.holds_state()
+
+    # ---- the step --------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        sampled = self.runner.execute(scheduled)
+        outputs = self._expired_outputs(scheduled)
+        outputs += self._update(sampled)
+        self._count(scheduled, outputs)
+        return outputs
+
+    def _update(self, result: RunnerOutput) -> list[RequestOutput]:
+        outputs = []
+        for token in result.sampled:
+            state = self._states.get(token.request_id)
+            if state is None:  # finished or aborted after this token was dispatched
+                continue
+            verdict = state.on_token(token)
+            outputs.append(verdict.output)
+            if verdict.finished_status is not None:
+                self.scheduler.finish_request(state.request, verdict.finished_status)
+                del self._states[token.request_id]
+        return outputs
+
+    def _expired_outputs(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
+        outputs = []
+        for request in scheduled.expired_requests:
+            self._states.pop(request.request_id, None)
+            outputs.append(RequestOutput(request.request_id, error=request.error))
+        return outputs
+
+    # ---- stats -----------------------------------------------------------
+    def _count(self, scheduled: SchedulerOutput, outputs: list[RequestOutput]) -> None:
+        self._num_steps += 1
+        self._prompt_tokens_total += scheduled.num_prefill_tokens
+        generated = sum(len(o.new_token_ids) for o in outputs)
+        self._generation_tokens_total += generated
+        now = time.monotonic()
+        self._recent_generation.append((now, generated))
+        while self._recent_generation and now - self._recent_generation[0][0] > THROUGHPUT_WINDOW_S:
+            self._recent_generation.pop(0)
+
+    def stats(self) -> EngineStats:
+        recent = self._recent_generation
+        span = recent[-1][0] - recent[0][0] if len(recent) > 1 else 0.0
+        rate = sum(n for _, n in recent[1:]) / span if span > 0 else 0.0
+        return EngineStats(
+            num_waiting=self.scheduler.num_waiting,
+            num_running=self.scheduler.num_running,
+            num_decoding=len(self.runner.batch),
+            max_num_seqs=self.config.max_num_seqs,
+            queue_size=self.config.queue_size,
+            kv_cache_bytes=self.runner.kv_cache_bytes(),
+            num_steps=self._num_steps,
+            prompt_tokens_total=self._prompt_tokens_total,
+            generation_tokens_total=self._generation_tokens_total,
+            generation_tokens_per_s=rate,
+        )
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def _with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
+    return replace(params, max_tokens=max_tokens)

@@ -1,0 +1,54 @@
+"""One typed error hierarchy for the engine; deployments/ maps it to wire error bodies."""
+
+from __future__ import annotations
+
+
+class OrchardError(Exception):
+    """Base of every error the engine reports to a caller.
+
+    `code` is a stable machine-readable name; the HTTP layer picks status codes
+    and body shapes from the subclass, never from the message text.
+    """
+
+    code = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequestError(OrchardError):
+    """The request is malformed or a parameter is out of range (names the field)."""
+
+    code = "invalid_request_error"
+
+
+class ContextLengthExceededError(InvalidRequestError):
+    code = "context_length_exceeded"
+
+
+class QueueFullError(OrchardError):
+    """The engine holds as many requests as it may; retry later."""
+
+    code = "queue_full"
+
+
+class QueueTimeoutError(OrchardError):
+    """The request waited longer than `queue_timeout` before it could start."""
+
+    code = "queue_timeout"
+
+
+class ModelNotFoundError(OrchardError):
+    code = "model_not_found"
+
+
+class ModelLoadError(OrchardError):
+    code = "model_load_failed"
+
+
+class EngineDeadError(OrchardError):
+    """The engine thread stopped; no request can make progress."""
+
+    code = "engine_dead"

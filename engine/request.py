@@ -1,0 +1,112 @@
+"""Per-request state shared by the scheduler and the engine core."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+from typing import Sequence
+
+from engine.errors import OrchardError
+from engine.sampling.params import SamplingParams
+
+
+class RequestStatus(IntEnum):
+    """Ordered: every status after PREEMPTED is a finished one."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+FINISH_REASON_OF_STATUS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+}
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request.
+
+    The prompt's last token is not prefilled: it is the first decode step's input,
+    so prefill never needs logits and every sampled token comes from a decode step.
+    """
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    # KV entries computed (or scheduled to be) for this request.
+    num_computed_tokens: int = 0
+    # Decode steps dispatched; reaches max_tokens before the last token is read back.
+    num_decode_steps: int = 0
+    num_cached_tokens: int = 0
+    stop_reason: str | int | None = None
+    error: OrchardError | None = None
+    _output_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = tuple(self.prompt_token_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        if self.sampling.max_tokens is None:
+            raise ValueError("max_tokens must be resolved before the request is scheduled")
+        return self.sampling.max_tokens
+
+    @property
+    def output_token_ids(self) -> Sequence[int]:
+        return tuple(self._output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_prompt_tokens - 1
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.num_prefill_tokens
+
+    @property
+    def wants_more_decode_steps(self) -> bool:
+        return self.num_decode_steps < self.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return FINISH_REASON_OF_STATUS.get(self.status)
+
+    def append_output_token(self, token_id: int) -> None:
+        self._output_token_ids.append(token_id)
+
+    def all_token_ids(self) -> list[int]:
+        return [*self.prompt_token_ids, *self._output_token_ids]

@@ -1,0 +1,106 @@
+"""The running decode batch: one batched KV cache, row order, per-row sampling."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from engine.kv.batch_cache import (
+    LayerCaches,
+    extend_batch_cache,
+    filter_batch_cache,
+    merge_request_caches,
+)
+from engine.request import Request
+from engine.runner.outputs import SampledToken, TopLogprob
+from engine.sampling.params import seed_to_uint32
+from engine.sampling.sampler import BatchSampler, RowSampling, SampledBatch
+
+
+@dataclass
+class PendingStep:
+    """A dispatched decode step whose tokens have not been read back yet."""
+
+    request_ids: list[str]
+    sampled: SampledBatch
+    top_logprob_counts: list[int]
+
+    def read(self) -> list[SampledToken]:
+        mx.eval(self.sampled.arrays())
+        token_ids = self.sampled.token_ids.tolist()
+        logprobs = self.sampled.token_logprobs.tolist()
+        tops = self._read_top_logprobs()
+        return [
+            SampledToken(rid, token_ids[i], logprobs[i], tops[i] if tops else ())
+            for i, rid in enumerate(self.request_ids)
+        ]
+
+    def _read_top_logprobs(self) -> list[tuple[TopLogprob, ...]] | None:
+        if self.sampled.top_ids is None:
+            return None
+        ids, values = self.sampled.top_ids.tolist(), self.sampled.top_logprobs.tolist()
+        return [
+            tuple(TopLogprob(t, v) for t, v in zip(ids[i][:n], values[i][:n]))
+            for i, n in enumerate(self.top_logprob_counts)
+        ]
+
+
+@dataclass
+class DecodeBatch:
+    vocab_size: int
+    rng: random.Random
+    request_ids: list[str] = field(default_factory=list)
+    caches: LayerCaches = field(default_factory=list)
+    rows: dict[str, RowSampling] = field(default_factory=dict)
+    sampler: BatchSampler | None = None
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def update_membership(self, requests: list[Request], joiner_caches: dict[str, LayerCaches]) -> list[int]:
+        """Make the batch exactly `requests` (kept rows keep their order, joiners go last).
+
+        Returns the previous row index of each kept row, to gather their next inputs.
+        """
+        wanted = {r.request_id for r in requests}
+        keep_rows = [i for i, rid in enumerate(self.request_ids) if rid in wanted]
+        joiners = [r for r in requests if r.request_id not in set(self.request_ids)]
+        changed = len(keep_rows) != len(self.request_ids) or bool(joiners)
+        if len(keep_rows) != len(self.request_ids):
+            self.caches = filter_batch_cache(self.caches, keep_rows)
+            kept_ids = [self.request_ids[i] for i in keep_rows]
+            self.rows = {rid: self.rows[rid] for rid in kept_ids}
+            self.request_ids = kept_ids
+        if joiners:
+            merged = merge_request_caches([joiner_caches[r.request_id] for r in joiners])
+            self.caches = extend_batch_cache(self.caches, merged)
+            for request in joiners:
+                self.rows[request.request_id] = self._row_sampling(request)
+                self.request_ids.append(request.request_id)
+        if changed:
+            rows = [self.rows[rid] for rid in self.request_ids]
+            self.sampler = BatchSampler(rows, self.vocab_size) if rows else None
+        return keep_rows
+
+    def _row_sampling(self, request: Request) -> RowSampling:
+        params = request.sampling
+        seed = params.seed if params.seed is not None else self.rng.getrandbits(32)
+        prompt_set = frozenset(request.prompt_token_ids) if params.repetition_penalty != 1.0 else frozenset()
+        return RowSampling(params=params, seed=seed_to_uint32(seed), prompt_token_set=prompt_set)
+
+    def record_tokens(self, sampled: list[SampledToken]) -> None:
+        """Feed read-back tokens to the rows whose penalties count them."""
+        for token in sampled:
+            row = self.rows.get(token.request_id)
+            if row is not None and row.params.needs_token_history:
+                row.generated_counts[token.token_id] += 1
+
+    def top_logprob_counts(self) -> list[int]:
+        return [self.rows[rid].params.top_logprobs for rid in self.request_ids]
+
+
+
+
+__all__ = ["DecodeBatch", "PendingStep"]

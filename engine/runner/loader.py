@@ -1,0 +1,79 @@
+"""Load any local model folder that mlx-lm supports."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm import load as mlx_lm_load
+
+from engine.errors import ModelLoadError
+
+_CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len", "seq_length", "n_ctx", "model_max_length")
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+DEFAULT_CONTEXT_LENGTH = 4096
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: Any  # mlx_lm TokenizerWrapper
+    config: dict[str, Any]
+    path: Path
+
+    @property
+    def vocab_size(self) -> int:
+        for section in (self.config, self.config.get("text_config") or {}):
+            if "vocab_size" in section:
+                return int(section["vocab_size"])
+        return len(self.tokenizer)
+
+    @property
+    def context_length(self) -> int:
+        for section in (self.config, self.config.get("text_config") or {}):
+            for key in _CONTEXT_KEYS:
+                if isinstance(section.get(key), int):
+                    return int(section[key])
+        return DEFAULT_CONTEXT_LENGTH
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset(self.tokenizer.eos_token_ids)
+
+
+def load_model(
+    path: str | Path,
+    *,
+    dtype: str | None = None,
+    chat_template_file: str | Path | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load weights and tokenizer from a local folder (never from a hub)."""
+    folder = Path(path).expanduser().resolve()
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"No model folder at '{path}' (config.json not found)")
+    try:
+        model, tokenizer = mlx_lm_load(
+            str(folder),
+            tokenizer_config={"trust_remote_code": trust_remote_code},
+            trust_remote_code=trust_remote_code,
+        )
+    except Exception as exc:  # mlx-lm raises many types; report them as one
+        raise ModelLoadError(f"Could not load model at '{path}': {exc}") from exc
+    if dtype is not None:
+        _cast(model, dtype)
+    if chat_template_file is not None:
+        tokenizer.chat_template = Path(chat_template_file).read_text(encoding="utf-8")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    return LoadedModel(model=model, tokenizer=tokenizer, config=config, path=folder)
+
+
+def _cast(model: nn.Module, dtype: str) -> None:
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"Unsupported dtype '{dtype}' (choose from {sorted(_DTYPES)})")
+    model.set_dtype(_DTYPES[dtype])
+    mx.eval(model.parameters())

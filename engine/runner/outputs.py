@@ -1,0 +1,24 @@
+"""What the runner hands back to the engine core each step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    request_id: str
+    token_id: int
+    logprob: float
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+
+@dataclass
+class RunnerOutput:
+    sampled: list[SampledToken] = field(default_factory=list)

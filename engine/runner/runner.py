@@ -1,0 +1,161 @@
+"""The only place that calls the model: batched prefill chunks and pipelined decode.
+
+Decode is pipelined like mlx-lm's own loop: step N's forward is queued on the
+device before step N-1's tokens are read back, so Python bookkeeping overlaps
+device work. Rows whose penalties need the previous token force a read first.
+"""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+
+from engine.config import EngineConfig
+from engine.kv.batch_cache import (
+    LayerCaches,
+    cache_nbytes,
+    eval_caches,
+    extract_request_cache,
+    merge_request_caches,
+    new_request_cache,
+)
+from engine.request import Request
+from engine.runner.decode_batch import DecodeBatch, PendingStep
+from engine.runner.loader import LoadedModel
+from engine.runner.outputs import RunnerOutput, SampledToken
+from engine.scheduler.output import PrefillChunk, SchedulerOutput
+
+# Largest number of prompt tokens per row in one forward call (bounds activation memory).
+MAX_FORWARD_TOKENS = 2048
+CLEAR_CACHE_EVERY_STEPS = 256
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        self.model = loaded.model
+        self.config = config
+        self.stream = mx.new_stream(mx.default_device())
+        rng = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
+        self.batch = DecodeBatch(vocab_size=loaded.vocab_size, rng=rng)
+        self._prefill_caches: dict[str, LayerCaches] = {}
+        self._pending: PendingStep | None = None
+        self._num_steps = 0
+
+    # ---- one engine step -------------------------------------------------
+    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+        with mx.stream(self.stream):
+            for request_id in scheduled.freed_request_ids:
+                self._prefill_caches.pop(request_id, None)
+            needs_history = any(r.sampling.needs_token_history for r in scheduled.decode_requests)
+            sampled = self._read_pending() if needs_history else []
+            dispatched = self._dispatch_decode(scheduled.decode_requests)
+            self._run_prefill(scheduled.prefill_chunks)
+            if not needs_history:
+                sampled = self._read_pending()
+            self._pending = dispatched
+            self._maybe_clear_cache()
+        return RunnerOutput(sampled)
+
+    def _read_pending(self) -> list[SampledToken]:
+        if self._pending is None:
+            return []
+        sampled = self._pending.read()
+        self.batch.record_tokens(sampled)
+        return sampled
+
+    def _dispatch_decode(self, requests: list[Request]) -> PendingStep | None:
+        joiner_caches = {
+            r.request_id: self._prefill_caches.pop(r.request_id, None) or new_request_cache(self.model)
+            for r in requests
+            if r.request_id not in self.batch.rows
+        }
+        previous_ids = list(self.batch.request_ids)
+        keep_rows = self.batch.update_membership(requests, joiner_caches)
+        if not self.batch.request_ids:
+            return None
+        inputs = self._decode_inputs(previous_ids, keep_rows, requests)
+        logits = self.model(inputs[:, None], cache=self.batch.caches)[:, -1, :]
+        by_id = {r.request_id: r for r in requests}
+        steps = [by_id[rid].num_decode_steps - 1 for rid in self.batch.request_ids]
+        sampled = self.batch.sampler.sample(logits, steps)
+        mx.async_eval(sampled.arrays())
+        return PendingStep(list(self.batch.request_ids), sampled, self.batch.top_logprob_counts())
+
+    def _decode_inputs(self, previous_ids: list[str], keep_rows: list[int], requests: list[Request]) -> mx.array:
+        """Kept rows feed their pending sampled token (still lazy); joiners their last prompt token."""
+        parts = []
+        if keep_rows:
+            assert self._pending is not None and self._pending.request_ids == previous_ids
+            previous_tokens = self._pending.sampled.token_ids
+            if len(keep_rows) == len(previous_ids):
+                parts.append(previous_tokens)
+            else:
+                parts.append(previous_tokens[mx.array(keep_rows)])
+        by_id = {r.request_id: r for r in requests}
+        joiner_ids = self.batch.request_ids[len(keep_rows) :]
+        if joiner_ids:
+            parts.append(mx.array([by_id[rid].prompt_token_ids[-1] for rid in joiner_ids], mx.uint32))
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts)
+
+    # ---- prefill ---------------------------------------------------------
+    def _run_prefill(self, chunks: list[PrefillChunk]) -> None:
+        if not chunks:
+            return
+        caches = [self._prefill_cache(chunk.request.request_id) for chunk in chunks]
+        if len(chunks) == 1:
+            self._forward_prompt(mx.array(chunks[0].token_ids, mx.uint32)[None], caches[0])
+            return
+        merged = merge_request_caches(caches)
+        lengths = [chunk.num_tokens for chunk in chunks]
+        longest = max(lengths)
+        padding = [longest - n for n in lengths]
+        tokens = mx.array([list(c.token_ids) + [0] * p for c, p in zip(chunks, padding)], mx.uint32)
+        if any(padding):
+            for layer in merged:
+                layer.prepare(lengths=lengths, right_padding=padding)
+        self._forward_prompt(tokens, merged, finalize=any(padding))
+        for row, chunk in enumerate(chunks):
+            self._prefill_caches[chunk.request.request_id] = extract_request_cache(merged, row)
+
+    def _forward_prompt(self, tokens: mx.array, caches: LayerCaches, finalize: bool = False) -> None:
+        """Write [B, L] prompt tokens to the caches; logits are never materialised."""
+        for start in range(0, tokens.shape[1], MAX_FORWARD_TOKENS):
+            self.model(tokens[:, start : start + MAX_FORWARD_TOKENS], cache=caches)
+            eval_caches(caches)
+        if finalize:
+            for layer in caches:
+                layer.finalize()
+            eval_caches(caches)
+
+    def _prefill_cache(self, request_id: str) -> LayerCaches:
+        if request_id not in self._prefill_caches:
+            self._prefill_caches[request_id] = new_request_cache(self.model)
+        return self._prefill_caches[request_id]
+
+    # ---- housekeeping ----------------------------------------------------
+    def _maybe_clear_cache(self) -> None:
+        self._num_steps += 1
+        if self._num_steps % CLEAR_CACHE_EVERY_STEPS == 0:
+            mx.clear_cache()
+
+    def kv_cache_bytes(self) -> int:
+        total = cache_nbytes(self.batch.caches) if self.batch.caches else 0
+        return total + sum(cache_nbytes(c) for c in self._prefill_caches.values())
+
+    def holds_state(self) -> bool:
+        """True while a dispatched step is unread or any KV is still held (freed by the next step)."""
+        return self._pending is not None or len(self.batch) > 0 or bool(self._prefill_caches)
+
+    def warmup(self) -> None:
+        """Run one tiny forward so the first real request does not pay for kernel set-up."""
+        with mx.stream(self.stream):
+            cache = new_request_cache(self.model)
+            logits = self.model(mx.array([[0, 1]], mx.uint32), cache=cache)
+            mx.eval(logits)
+
+    def close(self) -> None:
+        self._pending = None
+        self._prefill_caches.clear()
+        self.batch.caches = []
+        mx.clear_cache()

@@ -1,0 +1,121 @@
+"""Per-request sampling parameters and their validation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine.errors import InvalidRequestError
+
+MAX_TOP_LOGPROBS = 20
+_UINT32 = 2**32
+
+
+def _fail(param: str, message: str) -> None:
+    raise InvalidRequestError(f"Invalid '{param}': {message}", param=param)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What the caller asked for; validated once, read-only afterwards.
+
+    `max_tokens=None` means "until the context is full"; the engine resolves it.
+    """
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1) disables top-k
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_token_history(self) -> bool:
+        """Penalties read the tokens generated so far, so they need them before the next step."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    @property
+    def needs_top_k_filter(self) -> bool:
+        return self.top_k > 0
+
+    def validate(self, vocab_size: int) -> None:
+        self._validate_lengths()
+        self._validate_distribution()
+        self._validate_penalties()
+        self._validate_tokens(vocab_size)
+
+    def _validate_lengths(self) -> None:
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or self.max_tokens < 1
+        ):
+            _fail("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            _fail("top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            _fail("seed", "must be an integer")
+        for text in self.stop:
+            if not isinstance(text, str) or not text:
+                _fail("stop", "stop strings must be non-empty strings")
+
+    def _validate_distribution(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            _fail("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            _fail("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            _fail("top_k", f"must be an integer >= 0 (or -1 to disable), got {self.top_k!r}")
+        if not (0.0 <= self.min_p <= 1.0):
+            _fail("min_p", f"must be in [0, 1], got {self.min_p!r}")
+
+    def _validate_penalties(self) -> None:
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
+            _fail("repetition_penalty", f"must be > 0, got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (-2.0 <= value <= 2.0):
+                _fail(name, f"must be between -2 and 2, got {value!r}")
+
+    def _validate_tokens(self, vocab_size: int) -> None:
+        for token_id, bias in self.logit_bias:
+            if not 0 <= token_id < vocab_size:
+                _fail("logit_bias", f"token id {token_id} is outside the vocabulary (0..{vocab_size - 1})")
+            if not -100.0 <= bias <= 100.0:
+                _fail("logit_bias", f"bias for token {token_id} must be between -100 and 100")
+        for token_id in self.stop_token_ids:
+            if not 0 <= token_id < vocab_size:
+                _fail("stop_token_ids", f"token id {token_id} is outside the vocabulary")
+
+
+def seed_to_uint32(seed: int) -> int:
+    return seed % _UINT32
+
+
+def make_logit_bias(mapping: dict[int | str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI sends logit_bias keys as strings; normalise to sorted int pairs."""
+    if not mapping:
+        return ()
+    try:
+        pairs = sorted((int(k), float(v)) for k, v in mapping.items())
+    except (TypeError, ValueError):
+        _fail("logit_bias", "keys must be token ids and values numbers")
+    return tuple(pairs)
+
+
+__all__ = ["SamplingParams", "MAX_TOP_LOGPROBS", "make_logit_bias", "seed_to_uint32"]

@@ -1,0 +1,128 @@
+"""Token-budget scheduler: plain Python, no MLX.
+
+Each step every decoding request computes one token, and prefilling requests
+share a per-step prefill token budget (chunked prefill), so a long prompt is
+spread over many steps and never freezes the streams already running.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable
+
+from engine.config import EngineConfig
+from engine.errors import QueueFullError, QueueTimeoutError
+from engine.request import Request, RequestStatus
+from engine.scheduler.output import PrefillChunk, SchedulerOutput
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self.waiting: deque[Request] = deque()
+        # Admitted requests (prefilling or decoding), in admission order.
+        self.running: list[Request] = []
+        self._freed_request_ids: list[str] = []
+
+    # ---- admission -------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request or refuse it with QueueFullError; never drop it silently."""
+        total = len(self.waiting) + len(self.running)
+        if total >= self.config.max_num_seqs:
+            raise QueueFullError(
+                f"The engine already holds {total} requests (max_num_seqs={self.config.max_num_seqs})"
+            )
+        if self.config.queue_size is not None and self._num_queued_beyond_free_slots() >= self.config.queue_size:
+            raise QueueFullError(f"The request queue is full (queue_size={self.config.queue_size})")
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def _num_queued_beyond_free_slots(self) -> int:
+        free_slots = self.config.max_decode_seqs - len(self.running)
+        return max(0, len(self.waiting) - max(0, free_slots))
+
+    def finish_request(self, request: Request, status: RequestStatus) -> None:
+        """Mark finished (stopped, length, aborted, error); a running request's KV is freed next step."""
+        if request.is_finished:
+            return
+        assert status.is_finished, status
+        if request in self.running:
+            self.running.remove(request)
+            self._freed_request_ids.append(request.request_id)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+
+    # ---- scheduling ------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        output = SchedulerOutput(freed_request_ids=self._freed_request_ids)
+        self._freed_request_ids = []
+        output.expired_requests = self._expire_waiting()
+        output.decode_requests = self._schedule_decodes()
+        output.prefill_chunks = self._schedule_prefills()
+        return output
+
+    def _expire_waiting(self) -> list[Request]:
+        timeout = self.config.queue_timeout
+        if timeout is None or not self.waiting:
+            return []
+        now = self._clock()
+        expired = [r for r in self.waiting if now - r.arrival_time > timeout]
+        for request in expired:
+            request.error = QueueTimeoutError(
+                f"Request waited {now - request.arrival_time:.1f}s in the queue (queue_timeout={timeout}s)"
+            )
+            self.finish_request(request, RequestStatus.FINISHED_ERROR)
+        return expired
+
+    def _schedule_decodes(self) -> list[Request]:
+        decodes = []
+        for request in self.running:
+            if request.is_prefilling or not request.wants_more_decode_steps:
+                continue
+            if len(decodes) == self.config.max_decode_seqs:
+                break
+            request.num_decode_steps += 1
+            request.num_computed_tokens += 1
+            decodes.append(request)
+        return decodes
+
+    def _schedule_prefills(self) -> list[PrefillChunk]:
+        budget = self.config.prefill_token_budget
+        chunks: list[PrefillChunk] = []
+        candidates = [r for r in self.running if r.is_prefilling]
+        for request in candidates:
+            if len(chunks) == self.config.max_prefill_seqs or budget == 0:
+                return chunks
+            budget = self._add_chunk(request, budget, chunks)
+        while self.waiting and len(self.running) < self.config.max_decode_seqs:
+            if len(chunks) == self.config.max_prefill_seqs or budget == 0:
+                break
+            request = self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            if request.is_prefilling:
+                budget = self._add_chunk(request, budget, chunks)
+        return chunks
+
+    @staticmethod
+    def _add_chunk(request: Request, budget: int | None, chunks: list[PrefillChunk]) -> int | None:
+        remaining = request.num_prefill_tokens - request.num_computed_tokens
+        num_tokens = remaining if budget is None else min(remaining, budget)
+        chunks.append(PrefillChunk(request, request.num_computed_tokens, num_tokens))
+        request.num_computed_tokens += num_tokens
+        return None if budget is None else budget - num_tokens
+
+    # ---- introspection ---------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)

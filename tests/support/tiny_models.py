@@ -1,0 +1,85 @@
+"""Tiny random-weight models of real mlx-lm architectures, written as model folders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.utils import _get_classes
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 2048,
+}
+
+
+def write_model(out_dir: Path, config: dict[str, Any], tokenizer_dir: Path, seed: int = 0, scale: float = 1.0) -> Path:
+    """Instantiate mlx-lm's model class for `config`, randomise, save with a copied tokenizer.
+
+    `scale` multiplies the random weights: larger values make the next-token
+    distribution peakier, so greedy decoding of a random model does not just repeat.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    params = tree_map(lambda p: p * scale if p.ndim > 1 else p, model.parameters())
+    model.update(params)
+    weights = dict(tree_flatten(model.parameters()))
+    weights = {k: v.astype(mx.float32) for k, v in weights.items()}
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=1))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tokenizer_dir / name).exists():
+            shutil.copy(tokenizer_dir / name, out_dir / name)
+    return out_dir
+
+
+def write_wordlevel_tokenizer(out_dir: Path, vocab_size: int) -> Path:
+    """A tokenizer with one word per id ("t0", "t1", ...) plus ChatML specials at the top."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {f"t{i}": i for i in range(vocab_size - len(specials))}
+    for offset, token in enumerate(specials):
+        vocab[token] = vocab_size - len(specials) + offset
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    tokenizer.add_special_tokens(specials)
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "bos_token": None,
+        "pad_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>",
+        "chat_template": CHATML_TEMPLATE,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    return out_dir
+
+
+def model_dtype(model: nn.Module) -> mx.Dtype:
+    return tree_flatten(model.parameters())[0][1].dtype

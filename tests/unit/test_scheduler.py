@@ -1,0 +1,158 @@
+"""Scheduler: exact per-step token counts, admission limits, abort, queue full / timeout (no MLX)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.errors import QueueFullError, QueueTimeoutError
+from engine.request import Request, RequestStatus
+from engine.sampling.params import SamplingParams
+from engine.scheduler import Scheduler
+
+
+def make_request(rid: str, prompt_len: int, max_tokens: int = 4, arrival: float = 0.0) -> Request:
+    return Request(rid, list(range(prompt_len)), SamplingParams(max_tokens=max_tokens), arrival_time=arrival)
+
+
+def step_counts(scheduler: Scheduler) -> tuple[dict[str, int], dict[str, int]]:
+    """Schedule one step, then finish requests whose last decode was dispatched (as the core would)."""
+    out = scheduler.schedule()
+    prefill = {c.request.request_id: c.num_tokens for c in out.prefill_chunks}
+    decode = {r.request_id: 1 for r in out.decode_requests}
+    for request in list(scheduler.running):
+        if not request.is_prefilling and not request.wants_more_decode_steps:
+            scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
+    return prefill, decode
+
+
+def test_chunked_prefill_splits_a_prompt_by_the_token_budget():
+    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=8))
+    scheduler.add_request(make_request("a", prompt_len=21, max_tokens=3))
+    # 20 tokens are prefilled (the last prompt token is the first decode input).
+    assert step_counts(scheduler) == ({"a": 8}, {})
+    assert step_counts(scheduler) == ({"a": 8}, {})
+    assert step_counts(scheduler) == ({"a": 4}, {})
+    assert step_counts(scheduler) == ({}, {"a": 1})
+    assert step_counts(scheduler) == ({}, {"a": 1})
+    assert step_counts(scheduler) == ({}, {"a": 1})
+    assert not scheduler.has_unfinished_requests()
+
+
+def test_long_prefill_shares_steps_with_running_decodes():
+    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=10))
+    scheduler.add_request(make_request("d1", prompt_len=1, max_tokens=10))
+    scheduler.add_request(make_request("d2", prompt_len=1, max_tokens=10))
+    assert step_counts(scheduler) == ({}, {})  # admitted; nothing to prefill
+    scheduler.add_request(make_request("long", prompt_len=31, max_tokens=2))
+    assert step_counts(scheduler) == ({"long": 10}, {"d1": 1, "d2": 1})
+    assert step_counts(scheduler) == ({"long": 10}, {"d1": 1, "d2": 1})
+    assert step_counts(scheduler) == ({"long": 10}, {"d1": 1, "d2": 1})
+    assert step_counts(scheduler) == ({}, {"d1": 1, "d2": 1, "long": 1})
+
+
+def test_budget_is_shared_first_come_first_served():
+    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=10, max_prefill_seqs=4))
+    for rid, n in (("a", 7), ("b", 7), ("c", 7)):
+        scheduler.add_request(make_request(rid, prompt_len=n, max_tokens=1))
+    assert step_counts(scheduler) == ({"a": 6, "b": 4}, {})
+    assert step_counts(scheduler) == ({"b": 2, "c": 6}, {"a": 1})
+    assert step_counts(scheduler) == ({}, {"b": 1, "c": 1})
+
+
+def test_chunking_disabled_prefills_whole_prompts():
+    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=0))
+    scheduler.add_request(make_request("a", prompt_len=5000, max_tokens=1))
+    assert step_counts(scheduler) == ({"a": 4999}, {})
+    assert step_counts(scheduler) == ({}, {"a": 1})
+
+
+def test_max_prefill_seqs_limits_requests_starting_per_step():
+    scheduler = Scheduler(EngineConfig(max_prefill_seqs=2))
+    for i in range(5):
+        scheduler.add_request(make_request(f"r{i}", prompt_len=4, max_tokens=1))
+    assert step_counts(scheduler) == ({"r0": 3, "r1": 3}, {})
+    assert step_counts(scheduler) == ({"r2": 3, "r3": 3}, {"r0": 1, "r1": 1})
+    assert step_counts(scheduler) == ({"r4": 3}, {"r2": 1, "r3": 1})
+    assert step_counts(scheduler) == ({}, {"r4": 1})
+
+
+def test_max_decode_seqs_bounds_running_requests():
+    scheduler = Scheduler(EngineConfig(max_decode_seqs=2, max_prefill_seqs=8))
+    for i, max_tokens in enumerate((1, 3, 3)):
+        scheduler.add_request(make_request(f"r{i}", prompt_len=2, max_tokens=max_tokens))
+    assert step_counts(scheduler) == ({"r0": 1, "r1": 1}, {})
+    assert scheduler.num_waiting == 1
+    assert step_counts(scheduler) == ({}, {"r0": 1, "r1": 1})
+    # r0 finished, so r2 is admitted while r1 keeps decoding.
+    assert step_counts(scheduler) == ({"r2": 1}, {"r1": 1})
+    assert step_counts(scheduler) == ({}, {"r1": 1, "r2": 1})
+
+
+def test_abort_frees_running_kv_next_step_and_drops_waiting():
+    scheduler = Scheduler(EngineConfig(max_decode_seqs=1))
+    running, waiting = make_request("run", 3, max_tokens=9), make_request("wait", 3)
+    scheduler.add_request(running)
+    scheduler.add_request(waiting)
+    assert step_counts(scheduler) == ({"run": 2}, {})
+    scheduler.finish_request(running, RequestStatus.FINISHED_ABORTED)
+    scheduler.finish_request(waiting, RequestStatus.FINISHED_ABORTED)
+    out = scheduler.schedule()
+    assert out.freed_request_ids == ["run"]
+    assert out.prefill_chunks == [] and out.decode_requests == []
+    assert running.status == waiting.status == RequestStatus.FINISHED_ABORTED
+    assert not scheduler.has_unfinished_requests()
+    assert scheduler.schedule().freed_request_ids == []
+
+
+def test_queue_full_is_refused_with_a_typed_error():
+    scheduler = Scheduler(EngineConfig(max_num_seqs=2))
+    scheduler.add_request(make_request("a", 3))
+    scheduler.add_request(make_request("b", 3))
+    with pytest.raises(QueueFullError, match="max_num_seqs=2"):
+        scheduler.add_request(make_request("c", 3))
+
+
+def test_queue_size_counts_only_requests_that_must_wait():
+    scheduler = Scheduler(EngineConfig(max_decode_seqs=2, queue_size=1))
+    scheduler.add_request(make_request("a", 3))
+    scheduler.add_request(make_request("b", 3))  # both fit in free running slots
+    scheduler.add_request(make_request("c", 3))  # the one queued request
+    with pytest.raises(QueueFullError, match="queue_size=1"):
+        scheduler.add_request(make_request("d", 3))
+
+
+def test_queue_timeout_expires_waiting_requests_with_an_error():
+    now = [0.0]
+    scheduler = Scheduler(EngineConfig(max_decode_seqs=1, queue_timeout=5.0), clock=lambda: now[0])
+    scheduler.add_request(make_request("a", 3, max_tokens=100, arrival=0.0))
+    scheduler.add_request(make_request("b", 3, arrival=0.0))
+    assert step_counts(scheduler) == ({"a": 2}, {})
+    now[0] = 5.0
+    assert scheduler.schedule().expired_requests == []
+    now[0] = 5.5
+    out = scheduler.schedule()
+    assert [r.request_id for r in out.expired_requests] == ["b"]
+    expired = out.expired_requests[0]
+    assert expired.status == RequestStatus.FINISHED_ERROR
+    assert isinstance(expired.error, QueueTimeoutError)
+    assert [r.request_id for r in out.decode_requests] == ["a"]
+
+
+def test_one_token_prompt_goes_straight_to_decode():
+    scheduler = Scheduler(EngineConfig())
+    scheduler.add_request(make_request("a", 1, max_tokens=2))
+    assert step_counts(scheduler) == ({}, {})
+    assert step_counts(scheduler) == ({}, {"a": 1})
+    assert step_counts(scheduler) == ({}, {"a": 1})
+    assert not scheduler.has_unfinished_requests()
+
+
+def test_scheduler_does_not_import_mlx():
+    import subprocess
+
+    code = "import engine.scheduler, sys; print('mlx.core' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
