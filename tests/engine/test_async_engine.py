@@ -1,0 +1,154 @@
+"""AsyncEngine: one MLX thread behind an asyncio API; typed errors, abort, death never hang a client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine import AsyncEngine, EngineConfig, EngineCore, Request, SamplingParams
+from engine.errors import ContextLengthExceededError, EngineDeadError, InvalidRequestError, QueueFullError
+from engine.output.events import Finish, TextDelta
+from tests.engine.test_batching import run_alone
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+async def collect(stream) -> tuple[list[int], str, Finish]:
+    token_ids, text, finish = [], "", None
+    async for event in stream:
+        if isinstance(event, TextDelta):
+            token_ids += event.token_ids
+            text += event.text
+        else:
+            finish = event
+    return token_ids, text, finish
+
+
+async def started(loaded, **config) -> AsyncEngine:
+    engine = AsyncEngine(lambda: EngineCore(loaded, EngineConfig(**config)))
+    await engine.start()
+    return engine
+
+
+def test_concurrent_streams_match_the_synchronous_core(tiny_llama):
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+
+    async def scenario():
+        engine = await started(tiny_llama)
+        try:
+            streams = [
+                engine.submit(Request(f"r{i}", p, SamplingParams(max_tokens=9, **GREEDY))) for i, p in enumerate(prompts)
+            ]
+            return await asyncio.gather(*(collect(s) for s in streams))
+        finally:
+            await engine.shutdown()
+
+    results = asyncio.run(scenario())
+    for i, (token_ids, text, finish) in enumerate(results):
+        alone = run_alone(tiny_llama, "x", prompts[i], SamplingParams(max_tokens=9, **GREEDY))
+        assert token_ids == alone.token_ids
+        assert text == alone.text
+        assert finish.reason.value == "length" and finish.usage.completion_tokens == 9
+
+
+def test_invalid_and_oversized_requests_fail_at_submit(tiny_llama):
+    async def scenario():
+        engine = await started(tiny_llama, context_length=64)
+        try:
+            with pytest.raises(InvalidRequestError, match="top_p"):
+                engine.submit(Request("a", [1, 2], SamplingParams(top_p=0.0)))
+            with pytest.raises(ContextLengthExceededError, match="maximum context length is 64"):
+                engine.submit(Request("b", list(range(60)), SamplingParams(max_tokens=10)))
+            # Without max_tokens, the request may fill the context.
+            token_ids, _, finish = await collect(engine.submit(Request("c", list(range(60)), SamplingParams(**GREEDY))))
+            assert len(token_ids) == 4 and finish.reason.value == "length"
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_queue_full_is_reported_to_the_refused_request_only(tiny_llama):
+    async def scenario():
+        engine = await started(tiny_llama, max_num_seqs=2)
+        try:
+            streams = [engine.submit(Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=20, **GREEDY))) for i in range(3)]
+            results = await asyncio.gather(*(collect(s) for s in streams), return_exceptions=True)
+        finally:
+            await engine.shutdown()
+        assert isinstance(results[2], QueueFullError)
+        assert [len(r[0]) for r in results[:2]] == [20, 20]
+
+    asyncio.run(scenario())
+
+
+def test_queue_timeout_expires_a_request_that_never_started(tiny_llama):
+    from engine.errors import QueueTimeoutError
+
+    async def scenario():
+        engine = await started(tiny_llama, max_decode_seqs=1, queue_timeout=0.05)
+        try:
+            first = engine.submit(Request("first", [1, 2], SamplingParams(max_tokens=400, **GREEDY)))
+            await asyncio.sleep(0.01)
+            second = engine.submit(Request("second", [3, 4], SamplingParams(max_tokens=5, **GREEDY)))
+            with pytest.raises(QueueTimeoutError, match="queue_timeout"):
+                await collect(second)
+            token_ids, _, _ = await collect(first)
+            assert len(token_ids) == 400
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_closing_a_stream_aborts_the_request_and_frees_its_kv(tiny_llama):
+    async def scenario():
+        engine = await started(tiny_llama)
+        try:
+            stream = engine.submit(Request("gone", [1, 2, 3], SamplingParams(max_tokens=1000, **GREEDY)))
+            iterator = aiter(stream)
+            await anext(iterator)
+            assert engine.core.scheduler.num_running == 1
+            await iterator.aclose()  # what a disconnected client does
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                stats = engine.stats()
+                if stats.num_running == 0 and stats.kv_cache_bytes == 0:
+                    break
+            assert stats.num_running == 0 and stats.kv_cache_bytes == 0
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_engine_thread_fails_every_stream_instead_of_hanging(tiny_llama):
+    async def scenario():
+        engine = await started(tiny_llama)
+        try:
+            def broken_step():
+                raise RuntimeError("device lost")
+
+            engine.core.step = broken_step
+            stream = engine.submit(Request("a", [1, 2], SamplingParams(max_tokens=5, **GREEDY)))
+            with pytest.raises(EngineDeadError, match="device lost"):
+                await asyncio.wait_for(collect(stream), timeout=10)
+            with pytest.raises(EngineDeadError):
+                engine.submit(Request("b", [1, 2], SamplingParams(max_tokens=5)))
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_a_model_that_fails_to_build_raises_from_start():
+    async def scenario():
+        def build():
+            raise InvalidRequestError("no such model")
+
+        engine = AsyncEngine(build)
+        with pytest.raises(InvalidRequestError, match="no such model"):
+            await engine.start()
+
+    asyncio.run(scenario())
