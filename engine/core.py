@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from engine.config import EngineConfig
 from engine.errors import ContextLengthExceededError, InvalidRequestError
+from engine.output.detokenizer import text_source_factory
 from engine.output.events import RequestOutput
 from engine.output.request_state import RequestOutputState
 from engine.request import Request, RequestStatus
@@ -42,6 +43,7 @@ class EngineCore:
         self.scheduler = Scheduler(self.config)
         self.runner = ModelRunner(loaded, self.config)
         self._states: dict[str, RequestOutputState] = {}
+        self._text_source = text_source_factory(loaded.tokenizer)
         self._num_steps = 0
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -79,7 +81,7 @@ class EngineCore:
         self.validate(request)
         self.scheduler.add_request(request)
         self._states[request.request_id] = RequestOutputState(
-            request, self.loaded.tokenizer, self.loaded.eos_token_ids
+            request, self._text_source, self.loaded.eos_token_ids
         )
 
     def abort_request(self, request_id: str) -> RequestOutput | None:

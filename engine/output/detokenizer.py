@@ -1,27 +1,122 @@
-"""Incremental detokenization with stop-string hold-back, one instance per request."""
+"""Incremental detokenization with stop-string hold-back, one instance per request.
+
+The streamed text always equals `tokenizer.decode(all_ids, skip_special_tokens=True)`
+(leading spaces kept, so /v1/completions concatenates correctly). Byte-level BPE
+tokenizers (GPT-2, Llama 3, Qwen, SmolLM) use a precomputed id -> bytes table and
+an incremental UTF-8 decoder; other tokenizers re-decode a short window of tokens.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import codecs
+import json
+from functools import lru_cache
+from typing import Any, Callable, Protocol
 
 from engine.output.stop import StopCheck, StopStringMatcher
 
 
-class IncrementalDetokenizer:
-    """Wraps mlx-lm's streaming detokenizer (it picks the right one per tokenizer)."""
+class TextSource(Protocol):
+    def add_token(self, token_id: int) -> str: ...
 
-    def __init__(self, tokenizer: Any, stops: tuple[str, ...]) -> None:
-        self._detokenizer = tokenizer.detokenizer  # a fresh copy per access
+    def finalize(self) -> str: ...
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode map used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    codes, extra = list(printable), 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + extra)
+            extra += 1
+    return {chr(code): byte for byte, code in zip(printable, codes)}
+
+
+def _token_bytes(token: str) -> bytes:
+    table = _unicode_to_byte()
+    return b"".join(bytes([table[ch]]) if ch in table else ch.encode("utf-8") for ch in token)
+
+
+class ByteLevelSource:
+    def __init__(self, table: list[bytes]) -> None:
+        self._table = table
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def add_token(self, token_id: int) -> str:
+        piece = self._table[token_id] if token_id < len(self._table) else b""
+        return self._utf8.decode(piece)
+
+    def finalize(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+class WindowSource:
+    """Any tokenizer: decode a sliding window and emit what it adds once the text is complete."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []
+        self._prefix_start = 0
+        self._read_start = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add_token(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        prefix = self._decode(self._ids[self._prefix_start : self._read_start])
+        text = self._decode(self._ids[self._prefix_start :])
+        if len(text) <= len(prefix) or text.endswith("\ufffd"):
+            return ""
+        self._prefix_start, self._read_start = self._read_start, len(self._ids)
+        return text[len(prefix) :]
+
+    def finalize(self) -> str:
+        prefix = self._decode(self._ids[self._prefix_start : self._read_start])
+        text = self._decode(self._ids[self._prefix_start :])
+        self._prefix_start = self._read_start = len(self._ids)
+        return text[len(prefix) :]
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    try:
+        decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
+    except (AttributeError, ValueError):
+        return False
+    return decoder.get("type") == "ByteLevel"
+
+
+def _byte_level_table(tokenizer: Any) -> list[bytes]:
+    size = len(tokenizer)
+    table = [_token_bytes(t or "") for t in tokenizer.convert_ids_to_tokens(list(range(size)))]
+    for token_id, added in tokenizer.added_tokens_decoder.items():
+        if token_id < size:
+            table[token_id] = b"" if added.special else added.content.encode("utf-8")
+    return table
+
+
+def text_source_factory(tokenizer: Any) -> Callable[[], TextSource]:
+    """Built once per model: the id -> bytes table is shared by every request."""
+    if _is_byte_level(tokenizer):
+        table = _byte_level_table(tokenizer)
+        return lambda: ByteLevelSource(table)
+    return lambda: WindowSource(tokenizer)
+
+
+class IncrementalDetokenizer:
+    def __init__(self, source: TextSource, stops: tuple[str, ...]) -> None:
+        self._source = source
         self._stops = StopStringMatcher(stops)
 
     def add_token(self, token_id: int) -> StopCheck:
-        self._detokenizer.add_token(token_id)
-        return self._stops.feed(self._detokenizer.last_segment)
+        return self._stops.feed(self._source.add_token(token_id))
 
     def finish(self) -> StopCheck:
-        """Flush what the detokenizer and the stop matcher still hold."""
-        self._detokenizer.finalize()
-        check = self._stops.feed(self._detokenizer.last_segment)
+        """Flush what the decoder and the stop matcher still hold."""
+        check = self._stops.feed(self._source.finalize())
         if check.stop is not None:
             return check
         return StopCheck(check.text + self._stops.flush())

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Callable
 
-from engine.output.detokenizer import IncrementalDetokenizer
+from engine.output.detokenizer import IncrementalDetokenizer, TextSource
 from engine.output.events import Finish, RequestOutput, TextDelta, TokenLogprob, Usage
 from engine.request import FINISH_REASON_OF_STATUS, Request, RequestStatus
 from engine.runner.outputs import SampledToken
@@ -18,11 +18,11 @@ class TokenVerdict:
 
 
 class RequestOutputState:
-    def __init__(self, request: Request, tokenizer: Any, eos_token_ids: frozenset[int]) -> None:
+    def __init__(self, request: Request, text_source: Callable[[], TextSource], eos_token_ids: frozenset[int]) -> None:
         self.request = request
         params = request.sampling
         self._stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
-        self._detokenizer = IncrementalDetokenizer(tokenizer, params.stop)
+        self._detokenizer = IncrementalDetokenizer(text_source(), params.stop)
 
     def on_token(self, sampled: SampledToken) -> TokenVerdict:
         request = self.request

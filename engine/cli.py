@@ -1,0 +1,72 @@
+"""`orchard` command line: generate with the engine in process (no server needed)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.request import Request
+from engine.sampling.params import SamplingParams
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="orchard", description="Orchard: MLX continuous-batching inference")
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="answer one chat message with a local model")
+    generate.add_argument("prompt", help="the user message")
+    generate.add_argument("--model", default=None, help="local model folder (default: the embedded SmolLM2-135M-Instruct)")
+    generate.add_argument("--max-tokens", type=int, default=128)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--dtype", default=None, help="run the weights in this dtype (float32, bfloat16, float16)")
+    generate.add_argument("--system", default=None, help="an optional system message")
+    commands.add_parser("default-model-path", help="print the embedded default model's folder (converting it once)")
+    return parser
+
+
+def _resolve_model(path: str | None) -> str:
+    if path is not None:
+        return path
+    from engine.models.default_model import default_model_path
+
+    return str(default_model_path())
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from engine.runner.loader import load_model
+
+    loaded = load_model(_resolve_model(args.model), dtype=args.dtype)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}
+    ]
+    prompt = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    core = EngineCore(loaded, EngineConfig(seed=args.seed))
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    core.add_request(Request("cli", prompt, sampling))
+    started, num_tokens = time.perf_counter(), 0
+    while core.has_unfinished_requests():
+        for output in core.step():
+            num_tokens += len(output.new_token_ids)
+            if output.delta is not None:
+                sys.stdout.write(output.delta.text)
+                sys.stdout.flush()
+    elapsed = time.perf_counter() - started
+    sys.stdout.write("\n")
+    print(f"[{num_tokens} tokens in {elapsed:.1f}s, {num_tokens / elapsed:.1f} tok/s]", file=sys.stderr)
+    core.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "generate":
+        return _generate(args)
+    print(_resolve_model(None))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
