@@ -1,0 +1,453 @@
+"""In-process decode throughput: mlx-lm ``generate_step`` / ``BatchGenerator`` vs our engine.
+
+Same model, same seeded random prompts, one process. For each concurrency level every
+engine is warmed up at that level (new kernel shapes compile on first use), then N
+sequences are submitted at once and generated to completion with no stop tokens.
+
+    python -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency 1,8,32 --json out.json
+    python -m bench.engine_throughput --model PATH --engines mlx_batch,orchard
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import mlx.core as mx
+import numpy as np
+
+ENGINES = ("mlx_step", "mlx_batch", "orchard")
+
+
+@dataclass
+class Emission:  # tokens that one request received at one moment
+    at: float
+    request_id: str
+    num_tokens: int
+
+
+@dataclass
+class Trace:  # what one timed run observed; times are time.perf_counter() seconds
+    start: float
+    end: float = 0.0
+    emissions: list[Emission] = field(default_factory=list)
+    first_token_at: dict[str, float] = field(default_factory=dict)
+    token_counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, request_id: str, num_tokens: int, at: float) -> None:
+        if num_tokens <= 0:
+            return
+        self.emissions.append(Emission(at, request_id, num_tokens))
+        self.first_token_at.setdefault(request_id, at)
+        self.token_counts[request_id] = self.token_counts.get(request_id, 0) + num_tokens
+
+
+@dataclass
+class RunResult:
+    engine: str
+    concurrency: int
+    prompt_tokens: int
+    gen_tokens_per_seq: int
+    generated_tokens: int
+    wall_s: float
+    tok_per_s: float  # generated tokens / whole run, prefill included
+    last_first_token_s: float  # start -> last request's first token (prompt processing)
+    decode_tok_per_s: float  # tokens after the last first token / time after it
+    ttft_mean_s: float
+    ttft_max_s: float
+    complete: bool  # every sequence produced exactly gen_tokens_per_seq tokens
+
+
+def summarize(engine: str, num_seqs: int, prompt_tokens: int, gen_tokens: int, trace: Trace) -> RunResult:
+    wall = trace.end - trace.start
+    total = sum(trace.token_counts.values())
+    ttfts = [t - trace.start for t in trace.first_token_at.values()] or [0.0]
+    last_first = max(trace.first_token_at.values(), default=trace.end)
+    decode_tokens = sum(e.num_tokens for e in trace.emissions if e.at > last_first)
+    decode_s = trace.end - last_first
+    counts = list(trace.token_counts.values())
+    complete = len(counts) == num_seqs and all(n == gen_tokens for n in counts)
+    return RunResult(
+        engine=engine,
+        concurrency=num_seqs,
+        prompt_tokens=prompt_tokens,
+        gen_tokens_per_seq=gen_tokens,
+        generated_tokens=total,
+        wall_s=wall,
+        tok_per_s=total / wall if wall > 0 else 0.0,
+        last_first_token_s=last_first - trace.start,
+        decode_tok_per_s=decode_tokens / decode_s if decode_s > 0 else 0.0,
+        ttft_mean_s=float(np.mean(ttfts)),
+        ttft_max_s=float(np.max(ttfts)),
+        complete=complete,
+    )
+
+
+
+# ---- engines
+class Runner:
+    """One engine: ``run`` submits all prompts at once and generates them to completion."""
+
+    name = ""
+
+    def supports(self, concurrency: int) -> bool:
+        return True
+
+    def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class MlxStepRunner(Runner):
+    """mlx-lm ``generate_step``: one sequence at a time, so only measured at concurrency 1."""
+
+    name = "mlx_step"
+
+    def __init__(self, model):
+        self.model = model
+
+    def supports(self, concurrency: int) -> bool:
+        return concurrency == 1
+
+    def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
+        from mlx_lm.generate import generate_step
+
+        trace = Trace(start=time.perf_counter())
+        for i, prompt in enumerate(prompts):
+            # generate_step yields Python ints (it calls .item()), so each token is real when seen.
+            for _token, _ in generate_step(mx.array(prompt), self.model, max_tokens=gen_tokens):
+                trace.add(str(i), 1, time.perf_counter())
+        trace.end = time.perf_counter()
+        return trace
+
+
+class MlxBatchRunner(Runner):
+    """mlx-lm ``BatchGenerator`` with completion batch = concurrency and no stop tokens."""
+
+    name = "mlx_batch"
+
+    def __init__(self, model, prefill_batch_size: int):
+        self.model = model
+        self.prefill_batch_size = prefill_batch_size
+
+    def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
+        from mlx_lm.generate import BatchGenerator
+
+        trace = Trace(start=time.perf_counter())
+        gen = BatchGenerator(
+            self.model,
+            max_tokens=gen_tokens,
+            stop_tokens=None,
+            completion_batch_size=len(prompts),
+            prefill_batch_size=self.prefill_batch_size,
+        )
+        gen.insert(prompts, [gen_tokens] * len(prompts))
+        while responses := gen.next_generated():
+            now = time.perf_counter()
+            for response in responses:
+                trace.add(str(response.uid), 1, now)
+        trace.end = time.perf_counter()
+        gen.close()
+        return trace
+
+
+class OrchardRunner(Runner):
+    """Our EngineCore; one core per concurrency level (max_decode_seqs = N), kept for warm-up + run."""
+
+    name = "orchard"
+
+    def __init__(self, model_path: str, prefill_batch_size: int, prefill_chunk_tokens: int):
+        from engine.runner.loader import load_model
+
+        self.loaded = load_model(model_path)
+        self.prefill_batch_size = prefill_batch_size
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self._core = None
+        self._core_concurrency = 0
+        self._next_id = 0
+
+    def _core_for(self, concurrency: int):
+        from engine import EngineConfig, EngineCore
+
+        if self._core is None or self._core_concurrency != concurrency:
+            self.close()
+            config = EngineConfig(
+                max_num_seqs=1024,
+                max_decode_seqs=concurrency,
+                max_prefill_seqs=self.prefill_batch_size,
+                prefill_chunk_tokens=self.prefill_chunk_tokens,
+            )
+            self._core = EngineCore(self.loaded, config)
+            self._core_concurrency = concurrency
+        return self._core
+
+    def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
+        from engine import Request, SamplingParams
+
+        core = self._core_for(len(prompts))
+        params = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
+        trace = Trace(start=time.perf_counter())
+        for prompt in prompts:
+            core.add_request(Request(request_id=f"r{self._next_id}", prompt_token_ids=prompt, sampling=params))
+            self._next_id += 1
+        while core.has_unfinished_requests():
+            outputs = core.step()
+            now = time.perf_counter()
+            for out in outputs:
+                trace.add(out.request_id, len(out.new_token_ids), now)
+        trace.end = time.perf_counter()
+        return trace
+
+    def close(self) -> None:
+        if self._core is not None:
+            self._core.close()
+            self._core = None
+
+
+def orchard_importable() -> bool:
+    try:
+        from engine import EngineConfig, EngineCore, Request, SamplingParams  # noqa: F401
+        from engine.runner.loader import load_model  # noqa: F401
+    except Exception as exc:  # any failure of a half-written engine must not stop the mlx-lm columns
+        print(f"[orchard] engine not importable, skipping its column: {type(exc).__name__}: {exc}")
+        return False
+    return True
+
+
+def build_runners(names: list[str], model_path: str, args) -> list[Runner]:
+    runners: list[Runner] = []
+    if "mlx_step" in names or "mlx_batch" in names:
+        import mlx_lm
+
+        model, _tokenizer = mlx_lm.load(model_path)
+        if "mlx_step" in names:
+            runners.append(MlxStepRunner(model))
+        if "mlx_batch" in names:
+            runners.append(MlxBatchRunner(model, args.prefill_batch_size))
+    if "orchard" in names and orchard_importable():
+        try:
+            runners.append(OrchardRunner(model_path, args.prefill_batch_size, args.prefill_chunk_tokens))
+        except Exception:
+            traceback.print_exc()
+            print("[orchard] load_model failed, skipping its column")
+    return runners
+
+
+
+# ---- the benchmark
+def make_prompts(num: int, length: int, vocab_size: int, seed: list[int]) -> list[list[int]]:
+    # The top ids hold special tokens in our random models; keep prompts to plain words.
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, max(vocab_size - 16, 2), size=(num, length)).tolist()
+
+
+def free_memory() -> None:
+    gc.collect()
+    mx.clear_cache()
+
+
+def bench_level(runner: Runner, concurrency: int, args, vocab_size: int) -> RunResult:
+    # Prompts differ per level and from the warm-up's, so no prefix cache can help a timed run;
+    # every engine gets the same prompts at the same level.
+    warm = make_prompts(concurrency, args.prompt_tokens, vocab_size, [args.seed, concurrency, 1])
+    runner.run(warm, min(args.warmup_tokens, args.gen_tokens))
+    free_memory()
+    prompts = make_prompts(concurrency, args.prompt_tokens, vocab_size, [args.seed, concurrency, 0])
+    trace = runner.run(prompts, args.gen_tokens)
+    free_memory()
+    return summarize(runner.name, concurrency, args.prompt_tokens, args.gen_tokens, trace)
+
+
+def run_all(runners: list[Runner], levels: list[int], args, vocab_size: int) -> list[RunResult]:
+    # Engines alternate inside each level so slow drift of the machine hits all of them alike.
+    results, failed = [], set()
+    for concurrency in levels:
+        for runner in runners:
+            if runner.name in failed or not runner.supports(concurrency):
+                continue
+            try:
+                result = bench_level(runner, concurrency, args, vocab_size)
+            except Exception:  # a failing engine drops its column, the others still run
+                traceback.print_exc()
+                print(f"[{runner.name}] failed at concurrency {concurrency}; skipping it from here on")
+                failed.add(runner.name)
+                continue
+            results.append(result)
+            flag = "" if result.complete else "  INCOMPLETE"
+            print(
+                f"  {result.engine:<9} c={concurrency:<4} {result.tok_per_s:9.1f} tok/s  "
+                f"wall {result.wall_s:7.2f} s  ttft {result.ttft_mean_s * 1e3:8.1f} ms{flag}",
+                flush=True,
+            )
+    return results
+
+
+
+# ---- reporting
+def _ratio(num: Optional[RunResult], den: Optional[RunResult]) -> str:
+    if num is None or den is None or den.tok_per_s == 0:
+        return "-"
+    return f"{num.tok_per_s / den.tok_per_s:.2f}x"
+
+
+def format_tables(results: list[RunResult], levels: list[int], engines: list[str]) -> str:
+    by_key = {(r.engine, r.concurrency): r for r in results}
+    step_at_1 = by_key.get(("mlx_step", 1))
+    header = ["concurrency"] + [f"{e} tok/s" for e in engines]
+    if "orchard" in engines:
+        header += ["orchard/mlx_batch", "orchard/mlx_step"]
+    rows = [header]
+    for c in levels:
+        row = [str(c)]
+        for e in engines:
+            r = by_key.get((e, c))
+            row.append(f"{r.tok_per_s:.1f}" if r else "-")
+        if "orchard" in engines:
+            ours = by_key.get(("orchard", c))
+            row += [_ratio(ours, by_key.get(("mlx_batch", c))), _ratio(ours, step_at_1) if c == 1 else "-"]
+        rows.append(row)
+    detail = [["engine", "conc", "wall s", "tok/s", "to last 1st tok s", "decode tok/s", "ttft mean ms", "ttft max ms", "complete"]]
+    for r in results:
+        detail.append([
+            r.engine, str(r.concurrency), f"{r.wall_s:.2f}", f"{r.tok_per_s:.1f}", f"{r.last_first_token_s:.3f}",
+            f"{r.decode_tok_per_s:.1f}", f"{r.ttft_mean_s * 1e3:.1f}", f"{r.ttft_max_s * 1e3:.1f}", str(r.complete),
+        ])
+    return _plain_table(rows) + "\n\n" + _plain_table(detail)
+
+
+def _plain_table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _command_output(cmd: list[str]) -> Optional[str]:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True)
+        return done.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info() -> dict:
+    import mlx_lm
+
+    info = {
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "default_device": str(mx.default_device()),
+        "metal_available": hasattr(mx, "metal") and mx.metal.is_available(),
+        "cuda_available": hasattr(mx, "cuda") and mx.cuda.is_available(),
+        "nvidia_smi": _command_output(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+        ),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        info["device_info"] = {k: str(v) for k, v in mx.device_info().items()}
+    except Exception:  # older MLX or no device query on this backend
+        info["device_info"] = None
+    return info
+
+
+def git_commit() -> Optional[str]:
+    repo = Path(__file__).resolve().parent.parent
+    return _command_output(["git", "-C", str(repo), "rev-parse", "HEAD"]) or os.environ.get("ORCHARD_COMMIT")
+
+
+def model_info(model_path: str, shape: Optional[str]) -> dict:
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    weights = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
+    return {
+        "path": model_path,
+        "random_shape": shape,
+        "model_type": config.get("model_type"),
+        "dtype": config.get("torch_dtype") or config.get("dtype"),
+        "quantization": config.get("quantization"),
+        "vocab_size": config.get("vocab_size"),
+        "weights_gib": round(weights / 2**30, 3),
+    }
+
+
+
+# ---- CLI
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="mlx-lm model folder")
+    src.add_argument("--random-shape", help="build a random model: qwen3-0.6b, llama-3.1-8b, tiny")
+    p.add_argument("--bits", type=int, default=None, help="quantize the random model (group 64)")
+    p.add_argument("--dtype", default="bfloat16", help="dtype of the random model")
+    p.add_argument("--concurrency", default="1,8,32,64,128", help="comma-separated levels")
+    p.add_argument("--engines", default=",".join(ENGINES), help=f"subset of {','.join(ENGINES)}")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--warmup-tokens", type=int, default=16, help="new tokens in each warm-up run")
+    p.add_argument("--prefill-batch-size", type=int, default=8)
+    p.add_argument("--prefill-chunk-tokens", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write results here")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> list[RunResult]:
+    args = parse_args(argv)
+    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = set(engines) - set(ENGINES)
+    if unknown:
+        raise SystemExit(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
+    with tempfile.TemporaryDirectory(prefix="orchard-bench-") as tmp:
+        model_path = args.model
+        if args.random_shape:
+            from bench.random_model import make_random_model
+
+            start = time.perf_counter()
+            model_path = str(make_random_model(Path(tmp) / "model", args.random_shape, args.dtype, args.bits, args.seed))
+            print(f"built random {args.random_shape} in {time.perf_counter() - start:.1f} s")
+        info = model_info(model_path, args.random_shape)
+        runners = build_runners(engines, model_path, args)
+        print(f"engines {[r.name for r in runners]}, levels {levels}, device {mx.default_device()}")
+        results = run_all(runners, levels, args, info["vocab_size"])
+        for runner in runners:
+            runner.close()
+    print()
+    print(format_tables(results, levels, [r.name for r in runners]))
+    if args.json:
+        write_report(Path(args.json), args, info, results)
+    return results
+
+
+def write_report(path: Path, args: argparse.Namespace, info: dict, results: list[RunResult]) -> None:
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "machine": machine_info(),
+        "model": info,
+        "settings": {k: v for k, v in vars(args).items() if k != "json"},
+        "results": [asdict(r) for r in results],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
