@@ -68,6 +68,7 @@ class RunResult:
     ttft_mean_s: float
     ttft_max_s: float
     complete: bool  # every sequence produced exactly gen_tokens_per_seq tokens
+    peak_memory_gb: float = 0.0  # MLX peak device memory during the timed run
 
 
 def summarize(engine: str, num_seqs: int, prompt_tokens: int, gen_tokens: int, trace: Trace) -> RunResult:
@@ -267,9 +268,12 @@ def bench_level(runner: Runner, concurrency: int, args, vocab_size: int) -> RunR
     runner.run(warm, min(args.warmup_tokens, args.gen_tokens))
     free_memory()
     prompts = make_prompts(concurrency, args.prompt_tokens, vocab_size, [args.seed, concurrency, 0])
+    mx.reset_peak_memory()
     trace = runner.run(prompts, args.gen_tokens)
+    result = summarize(runner.name, concurrency, args.prompt_tokens, args.gen_tokens, trace)
+    result.peak_memory_gb = mx.get_peak_memory() / 1e9
     free_memory()
-    return summarize(runner.name, concurrency, args.prompt_tokens, args.gen_tokens, trace)
+    return result
 
 
 def run_all(runners: list[Runner], levels: list[int], args, vocab_size: int) -> list[RunResult]:
@@ -283,14 +287,19 @@ def run_all(runners: list[Runner], levels: list[int], args, vocab_size: int) -> 
                 result = bench_level(runner, concurrency, args, vocab_size)
             except Exception:  # a failing engine drops its column, the others still run
                 traceback.print_exc()
-                print(f"[{runner.name}] failed at concurrency {concurrency}; skipping it from here on")
+                print(
+                    f"[{runner.name}] failed at concurrency {concurrency}; skipping it from here on "
+                    f"(MLX memory GB: active {mx.get_active_memory() / 1e9:.2f}, "
+                    f"cache {mx.get_cache_memory() / 1e9:.2f}, peak {mx.get_peak_memory() / 1e9:.2f})"
+                )
                 failed.add(runner.name)
                 continue
             results.append(result)
             flag = "" if result.complete else "  INCOMPLETE"
             print(
                 f"  {result.engine:<9} c={concurrency:<4} {result.tok_per_s:9.1f} tok/s  "
-                f"wall {result.wall_s:7.2f} s  ttft {result.ttft_mean_s * 1e3:8.1f} ms{flag}",
+                f"wall {result.wall_s:7.2f} s  ttft {result.ttft_mean_s * 1e3:8.1f} ms  "
+                f"peak {result.peak_memory_gb:6.2f} GB{flag}",
                 flush=True,
             )
     return results

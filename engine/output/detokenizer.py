@@ -61,24 +61,27 @@ class WindowSource:
         self._ids: list[int] = []
         self._prefix_start = 0
         self._read_start = 0
+        self._prefix_text = ""  # decode of ids[prefix_start:read_start], kept to decode once per token
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True)
 
     def add_token(self, token_id: int) -> str:
         self._ids.append(token_id)
-        prefix = self._decode(self._ids[self._prefix_start : self._read_start])
         text = self._decode(self._ids[self._prefix_start :])
-        if len(text) <= len(prefix) or text.endswith("\ufffd"):
+        if len(text) <= len(self._prefix_text) or text.endswith("\ufffd"):
             return ""
+        new_text = text[len(self._prefix_text) :]
         self._prefix_start, self._read_start = self._read_start, len(self._ids)
-        return text[len(prefix) :]
+        self._prefix_text = self._decode(self._ids[self._prefix_start : self._read_start])
+        return new_text
 
     def finalize(self) -> str:
-        prefix = self._decode(self._ids[self._prefix_start : self._read_start])
         text = self._decode(self._ids[self._prefix_start :])
+        new_text = text[len(self._prefix_text) :]
         self._prefix_start = self._read_start = len(self._ids)
-        return text[len(prefix) :]
+        self._prefix_text = ""
+        return new_text
 
 
 def _is_byte_level(tokenizer: Any) -> bool:

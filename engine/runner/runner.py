@@ -49,12 +49,13 @@ class ModelRunner:
                 self._prefill_caches.pop(request_id, None)
             needs_history = any(r.sampling.needs_token_history for r in scheduled.decode_requests)
             sampled = self._read_pending() if needs_history else []
+            batch_before = list(self.batch.request_ids)
             dispatched = self._dispatch_decode(scheduled.decode_requests)
             self._run_prefill(scheduled.prefill_chunks)
             if not needs_history:
                 sampled = self._read_pending()
             self._pending = dispatched
-            self._maybe_clear_cache()
+            self._maybe_clear_cache(bool(scheduled.prefill_chunks) or batch_before != self.batch.request_ids)
         return RunnerOutput(sampled)
 
     def _read_pending(self) -> list[SampledToken]:
@@ -134,9 +135,14 @@ class ModelRunner:
         return self._prefill_caches[request_id]
 
     # ---- housekeeping ----------------------------------------------------
-    def _maybe_clear_cache(self) -> None:
+    def _maybe_clear_cache(self, shapes_changed: bool) -> None:
+        """Release MLX's buffer cache when buffer sizes change (prefill, batch resize).
+
+        Freed buffers of sizes that will not recur otherwise pile up in the cache
+        (as mlx-lm does, clear after prompt processing and every few hundred steps).
+        """
         self._num_steps += 1
-        if self._num_steps % CLEAR_CACHE_EVERY_STEPS == 0:
+        if shapes_changed or self._num_steps % CLEAR_CACHE_EVERY_STEPS == 0:
             mx.clear_cache()
 
     def kv_cache_bytes(self) -> int:
