@@ -24,6 +24,10 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--dtype", default=None, help="run the weights in this dtype (float32, bfloat16, float16)")
     generate.add_argument("--system", default=None, help="an optional system message")
     commands.add_parser("default-model-path", help="print the embedded default model's folder (converting it once)")
+    convert = commands.add_parser("import-gguf", help="convert a llama-family GGUF file into an MLX model folder")
+    convert.add_argument("gguf", help="path of the .gguf file")
+    convert.add_argument("out_dir", help="new folder to write (must not exist)")
+    convert.add_argument("--dtype", default="bfloat16", help="dtype of the dequantized weights")
     return parser
 
 
@@ -64,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "generate":
         return _generate(args)
+    if args.command == "import-gguf":
+        from engine.models.gguf_import import convert_gguf
+
+        print(convert_gguf(args.gguf, args.out_dir, dtype=args.dtype))
+        return 0
     print(_resolve_model(None))
     return 0
 
