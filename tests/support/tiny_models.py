@@ -12,11 +12,6 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.utils import _get_classes
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 LLAMA = {
     "model_type": "llama",
     "hidden_size": 64,
@@ -55,29 +50,12 @@ def write_model(out_dir: Path, config: dict[str, Any], tokenizer_dir: Path, seed
 
 
 def write_wordlevel_tokenizer(out_dir: Path, vocab_size: int) -> Path:
-    """A tokenizer with one word per id ("t0", "t1", ...) plus ChatML specials at the top."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    """The benchmarks' whole-vocabulary tokenizer ("t0", "t1", ... plus ChatML specials at the top)."""
+    from bench.random_model import write_tokenizer
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {f"t{i}": i for i in range(vocab_size - len(specials))}
-    for offset, token in enumerate(specials):
-        vocab[token] = vocab_size - len(specials) + offset
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")
-    tokenizer.add_special_tokens(specials)
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": "<|im_end|>",
-        "bos_token": None,
-        "pad_token": "<|endoftext|>",
-        "unk_token": "<|endoftext|>",
-        "chat_template": CHATML_TEMPLATE,
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    write_tokenizer(out_dir, vocab_size)
     return out_dir
 
 
