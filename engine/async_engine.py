@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from engine.core import EngineCore, EngineStats
-from engine.errors import EngineDeadError, OrchardError
+from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
 from engine.output.events import Finish, RequestOutput, TextDelta
 from engine.output.mailbox import Mailbox
 from engine.request import Request
@@ -103,7 +103,7 @@ class AsyncEngine:
             raise EngineDeadError(f"The engine stopped: {self._dead.message}")
         self.core.validate(request)
         if request.request_id in self._mailboxes:
-            raise OrchardError(f"Duplicate request id '{request.request_id}'")
+            raise InvalidRequestError(f"Duplicate request id '{request.request_id}'", param="request_id")
         mailbox = Mailbox()
         self._mailboxes[request.request_id] = mailbox
         self._commands.put(_Add(request))
