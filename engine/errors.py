@@ -52,3 +52,22 @@ class EngineDeadError(OrchardError):
     """The engine thread stopped; no request can make progress."""
 
     code = "engine_dead"
+
+
+LOADING_RETRY_AFTER_S = 5
+
+
+class ModelLoadingError(OrchardError):
+    """The model exists but is still loading: retry after a few seconds."""
+
+    code = "model_loading"
+
+    def __init__(self, message: str, *, retry_after_s: int = LOADING_RETRY_AFTER_S) -> None:
+        super().__init__(message, param="model")
+        self.retry_after_s = retry_after_s
+
+
+class ModelExistsError(OrchardError):
+    """A load asked for a model id that is already loaded (or loading)."""
+
+    code = "model_already_loaded"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Run the test suite. On Linux, Ray binds its RPC to the host's interface address
-# even when told 127.0.0.1, so tests run in a private network namespace holding
-# only loopback (where Ray falls back to 127.0.0.1) whenever we may create one.
+# even when told 127.0.0.1, so the tests run in a private network namespace holding
+# only loopback (scripts/loopback.sh), where Ray falls back to 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
 export RAY_USAGE_STATS_ENABLED=0
-if [ "$(uname -s)" = Linux ] && unshare -n true 2>/dev/null; then
-  exec unshare -n sh -c "ip link set lo up && exec \"$PYTHON\" -m pytest -q $*"
+if [ "$(uname -s)" = Linux ]; then
+  exec scripts/loopback.sh "$PYTHON" -m pytest -q "$@"
 fi
 exec "$PYTHON" -m pytest -q "$@"

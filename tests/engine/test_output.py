@@ -54,8 +54,10 @@ def test_stop_string_split_across_tokens_ends_generation_and_is_not_emitted(tiny
 def test_stop_token_id_ends_generation_without_its_text(tiny_bpe_llama, prompt, reference):
     stop_id = reference.token_ids[6]
     first = reference.token_ids.index(stop_id)
-    sampling = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop_token_ids=(stop_id,))
+    sampling = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop_token_ids=(stop_id,), logprobs=True)
     result = run_alone(tiny_bpe_llama, "t", prompt, sampling)
+    # One logprob per emitted token: the stop token is counted in usage but has no text and no logprob.
+    assert len(result.logprobs) == first
     assert result.token_ids == reference.token_ids[: first + 1]
     assert result.text == tiny_bpe_llama.tokenizer.decode(reference.token_ids[:first], skip_special_tokens=True)
     assert result.finish.stop_reason == stop_id and result.finish.usage.completion_tokens == first + 1

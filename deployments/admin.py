@@ -1,0 +1,140 @@
+"""Bodega-compatible operational routes: /health, /v1/queue/stats, /v1/admin/{load,unload,loaded}-model(s)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from deployments.config import ModelConfig
+from deployments.protocol import MemoryUsage
+from deployments.registry import ModelEntry, ModelQueueStats, ModelStatus
+
+if TYPE_CHECKING:
+    from deployments.registry import Registry
+
+
+def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> JSONResponse:
+        body = health_body(await registry.details())
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    @router.get("/v1/queue/stats")
+    async def queue_stats() -> dict[str, Any]:
+        return queue_stats_body(await registry.queue_stats())
+
+    if not enable_admin:
+        return router
+
+    @router.post("/v1/admin/load-model", status_code=202)
+    async def load_model(body: ModelConfig) -> dict[str, Any]:
+        entry = await registry.load(body)
+        config = entry.config
+        assert config is not None
+        return {
+            "status": entry.status.value,
+            "model_id": entry.model_id,
+            "model_path": config.model_path,
+            "model_type": config.model_type,
+        }
+
+    @router.delete("/v1/admin/unload-model/{model_id:path}")
+    async def unload_model(model_id: str) -> dict[str, Any]:
+        await registry.unload(model_id)
+        return {"status": "unloaded", "model_id": model_id}
+
+    @router.get("/v1/admin/loaded-models")
+    async def loaded_models() -> dict[str, Any]:
+        entries = await registry.details()
+        return {"object": "list", "data": [loaded_model(e) for e in entries], "total": len(entries)}
+
+    return router
+
+
+def health_body(entries: list[ModelEntry]) -> dict[str, Any]:
+    if not entries:
+        return {"status": "unhealthy", "model_id": None, "model_status": "no_models"}
+    running = [e for e in entries if e.status == ModelStatus.RUNNING]
+    return {
+        "status": "ok" if running else "unhealthy",
+        "model_id": ", ".join(e.model_id for e in entries),
+        "model_status": f"initialized ({len(running)} model(s))" if running else "no_running_models",
+        "models_detail": [
+            {
+                "id": e.model_id,
+                "type": _model_type(e),
+                "status": e.status.value,
+                "ram_usage_mb": e.info.memory.total_mb if e.info is not None else None,
+            }
+            for e in entries
+        ],
+    }
+
+
+def loaded_model(entry: ModelEntry) -> dict[str, Any]:
+    info, config = entry.info, entry.config
+    return {
+        "id": entry.model_id,
+        "type": _model_type(entry),
+        "model_path": info.model_path if info else (config.model_path if config else None),
+        "context_length": info.context_length if info else (config.context_length if config else None),
+        "created_at": info.created_at if info else entry.seen_at,
+        "status": entry.status.value,
+        "pid": info.pid if info else None,
+        "memory": _memory(info.memory) if info else None,
+        "error": entry.error,
+    }
+
+
+def _memory(memory: MemoryUsage) -> dict[str, float]:
+    # Bodega's key names; the values are MLX's allocator counters (Metal, CUDA or CPU memory).
+    return {
+        "metal_active_mb": memory.mlx_active_mb,
+        "metal_cache_mb": memory.mlx_cache_mb,
+        "metal_peak_mb": memory.mlx_peak_mb,
+        "rss_mb": memory.rss_mb,
+        "total_mb": memory.total_mb,
+    }
+
+
+def _model_type(entry: ModelEntry) -> str:
+    if entry.info is not None:
+        return entry.info.model_type
+    return entry.config.model_type if entry.config is not None else "lm"
+
+
+def queue_stats_body(rows: list[ModelQueueStats]) -> dict[str, Any]:
+    models = [_queue_row(row) for row in rows]
+    return {
+        "object": "queue_stats",
+        "queue_stats": {
+            "queue_size": sum(m["waiting"] or 0 for m in models),
+            "active_requests": sum(m["running"] or 0 for m in models),
+            "models": len(models),
+        },
+        "models": models,
+    }
+
+
+def _queue_row(row: ModelQueueStats) -> dict[str, Any]:
+    stats = row.stats
+    capacity = None
+    if stats is not None:
+        capacity = stats.queue_size if stats.queue_size is not None else stats.max_num_seqs
+    return {
+        "id": row.entry.model_id,
+        "status": row.entry.status.value,
+        "waiting": stats.waiting if stats else None,
+        "running": stats.running if stats else None,
+        "decoding": stats.decoding if stats else None,
+        "queue_capacity": capacity,
+        "max_num_seqs": stats.max_num_seqs if stats else None,
+        "kv_cache_bytes": stats.kv_cache_bytes if stats else None,
+        "tokens_per_s": stats.tokens_per_s if stats else None,
+        "prompt_tokens_total": stats.prompt_tokens_total if stats else None,
+        "generation_tokens_total": stats.generation_tokens_total if stats else None,
+    }

@@ -1,0 +1,141 @@
+"""OpenAI request bodies -> neutral GenerateJobs (prompt + SamplingParams)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.errors import InvalidRequestError
+from engine.sampling.params import SamplingParams, make_logit_bias
+from deployments.api.schemas import (
+    AssistantMessage,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SystemMessage,
+    TextPart,
+    ToolMessage,
+    _SamplingFields,
+)
+from deployments.protocol import ChatPrompt, GenerateJob, TextPrompt
+
+
+def chat_job(body: ChatCompletionRequest, request_id: str, log_id: str) -> GenerateJob:
+    _refuse_unsupported_chat_fields(body)
+    if body.max_tokens is not None and body.max_completion_tokens is not None and (
+        body.max_tokens != body.max_completion_tokens
+    ):
+        raise InvalidRequestError(
+            "Give 'max_completion_tokens' or 'max_tokens', not two different values", param="max_completion_tokens"
+        )
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    top_logprobs = body.top_logprobs or 0
+    if top_logprobs and not body.logprobs:
+        raise InvalidRequestError("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
+    sampling = _sampling(body, max_tokens, logprobs=body.logprobs, top_logprobs=top_logprobs)
+    prompt = ChatPrompt(
+        messages=[_template_message(m) for m in body.messages],
+        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+        template_kwargs=dict(body.chat_template_kwargs or {}),
+    )
+    return GenerateJob(request_id, prompt, sampling, stream=body.stream, log_id=log_id)
+
+
+def completion_job(body: CompletionRequest, request_id: str, log_id: str) -> GenerateJob:
+    _refuse_common_unsupported(body)
+    if body.echo:
+        raise InvalidRequestError("'echo' is not supported", param="echo")
+    if body.suffix:
+        raise InvalidRequestError("'suffix' is not supported", param="suffix")
+    if body.best_of not in (None, 1):
+        raise InvalidRequestError("Only best_of=1 is supported", param="best_of")
+    want_logprobs = body.logprobs is not None
+    sampling = _sampling(body, body.max_tokens, logprobs=want_logprobs, top_logprobs=body.logprobs or 0)
+    return GenerateJob(request_id, _text_prompt(body.prompt), sampling, stream=body.stream, log_id=log_id)
+
+
+def _sampling(body: _SamplingFields, max_tokens: int | None, *, logprobs: bool, top_logprobs: int) -> SamplingParams:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        logit_bias=make_logit_bias(body.logit_bias),
+        seed=body.seed,
+        stop=stop,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+    )
+
+
+def _refuse_common_unsupported(body: _SamplingFields) -> None:
+    if body.n not in (None, 1):
+        raise InvalidRequestError("Only n=1 is supported", param="n")
+    if body.stream_options is not None and not body.stream:
+        raise InvalidRequestError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+
+
+def _refuse_unsupported_chat_fields(body: ChatCompletionRequest) -> None:
+    _refuse_common_unsupported(body)
+    if body.response_format is not None and body.response_format.type != "text":
+        raise InvalidRequestError(
+            f"response_format '{body.response_format.type}' is not supported yet; only 'text'",
+            param="response_format",
+        )
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates expect it: text content, tool-call arguments as objects."""
+    role = "system" if isinstance(message, SystemMessage) else message.role  # templates rarely know 'developer'
+    rendered: dict[str, Any] = {"role": role, "content": _text_content(message.content)}
+    if isinstance(message, AssistantMessage) and message.tool_calls:
+        rendered["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+            for c in message.tool_calls
+        ]
+    if isinstance(message, ToolMessage):
+        rendered["tool_call_id"] = message.tool_call_id
+    if getattr(message, "name", None):
+        rendered["name"] = message.name
+    return rendered
+
+
+def _text_content(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in content:
+        if not isinstance(part, TextPart):
+            raise InvalidRequestError(
+                f"Content parts of type '{part.type}' need a multimodal model, which is not supported yet",
+                param="messages",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _arguments(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments  # templates print it as given
+
+
+def _text_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> TextPrompt:
+    if isinstance(prompt, str):
+        return TextPrompt(text=prompt)
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return TextPrompt(token_ids=list(prompt))  # type: ignore[arg-type]
+    if len(prompt) == 1:  # a batch of one
+        only = prompt[0]
+        return TextPrompt(text=only) if isinstance(only, str) else TextPrompt(token_ids=list(only))
+    raise InvalidRequestError("Only one prompt per request is supported", param="prompt")

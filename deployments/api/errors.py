@@ -1,0 +1,87 @@
+"""The one place errors become HTTP: status, OpenAI error body, headers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import (
+    ContextLengthExceededError,
+    EngineDeadError,
+    InvalidRequestError,
+    ModelLoadError,
+    ModelNotFoundError,
+    OrchardError,
+    QueueFullError,
+    QueueTimeoutError,
+)
+from engine.errors import ModelExistsError, ModelLoadingError
+
+QUEUE_RETRY_AFTER_S = 1
+
+
+@dataclass
+class WireError:
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    status: int
+    type: str
+    retry_after_s: int | None = None
+
+
+# Most specific first: subclasses before their bases.
+_RULES: list[tuple[type[OrchardError], _Rule]] = [
+    (ContextLengthExceededError, _Rule(400, "invalid_request_error")),
+    (InvalidRequestError, _Rule(400, "invalid_request_error")),
+    (ModelNotFoundError, _Rule(404, "invalid_request_error")),
+    (ModelExistsError, _Rule(409, "invalid_request_error")),
+    (QueueFullError, _Rule(429, "rate_limit_error", QUEUE_RETRY_AFTER_S)),
+    (QueueTimeoutError, _Rule(503, "server_error", QUEUE_RETRY_AFTER_S)),
+    (ModelLoadingError, _Rule(503, "server_error")),
+    (ModelLoadError, _Rule(503, "server_error")),
+    (EngineDeadError, _Rule(503, "server_error")),
+]
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def wire_error(exc: BaseException) -> WireError:
+    """Any exception -> its HTTP status and OpenAI-shaped body (internal details stay in the logs)."""
+    if not isinstance(exc, OrchardError):
+        return WireError(500, error_body("Internal server error", "server_error", code="internal_error"))
+    rule = next((r for cls, r in _RULES if isinstance(exc, cls)), _Rule(500, "server_error"))
+    # A plain InvalidRequestError's code would repeat its type; OpenAI sends null there.
+    code = None if type(exc) is InvalidRequestError else exc.code
+    headers = {}
+    retry_after = exc.retry_after_s if isinstance(exc, ModelLoadingError) else rule.retry_after_s
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return WireError(rule.status, error_body(exc.message, rule.type, exc.param, code), headers)
+
+
+def http_error(status: int, message: str) -> WireError:
+    """Starlette's own errors (unknown route, wrong method) in OpenAI's shape."""
+    type_ = "invalid_request_error" if status < 500 else "server_error"
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status)
+    return WireError(status, error_body(message, type_, code=code))
+
+
+def validation_error(errors: list[dict[str, Any]]) -> WireError:
+    """Pydantic's request validation errors: 400 (as OpenAI), naming the first offending field."""
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    messages = "; ".join(_describe(e) for e in errors[:5])
+    return WireError(400, error_body(f"Invalid request: {messages}", "invalid_request_error", param))
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+    return f"{loc}: {error.get('msg', 'invalid')}" if loc else str(error.get("msg", "invalid"))

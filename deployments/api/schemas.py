@@ -1,0 +1,176 @@
+"""OpenAI request bodies (chat completions, completions) as pydantic models.
+
+Unknown top-level fields are refused (as OpenAI does), so a misspelt sampling field never
+goes silently unused. Fields of later issues (tools, response_format) are shape-checked now.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class _Lenient(BaseModel):
+    # Messages replayed from other servers carry extra keys (e.g. reasoning_content): ignore them.
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---- message content -----------------------------------------------------------
+class TextPart(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(_Lenient):
+    url: str
+    detail: str | None = None
+
+
+class ImagePart(_Lenient):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class AudioPart(_Lenient):
+    type: Literal["input_audio"]
+    input_audio: dict[str, Any]
+
+
+class FilePart(_Lenient):
+    type: Literal["file"]
+    file: dict[str, Any]
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart, AudioPart, FilePart], Field(discriminator="type")]
+
+
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Lenient):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class SystemMessage(_Lenient):
+    role: Literal["system", "developer"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class UserMessage(_Lenient):
+    role: Literal["user"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+
+class AssistantMessage(_Lenient):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    refusal: str | None = None
+
+
+class ToolMessage(_Lenient):
+    role: Literal["tool"]
+    content: str | list[TextPart]
+    tool_call_id: str
+
+
+ChatMessage = Annotated[
+    Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage], Field(discriminator="role")
+]
+
+
+# ---- tools and formats (validated now, implemented in later issues) ------------------
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+# ---- request bodies ----------------------------------------------------------------
+class _SamplingFields(_Strict):
+    """Sampling fields shared by both endpoints (OpenAI's plus the common vLLM extras)."""
+
+    model: str = Field(min_length=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int | None = Field(None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # accepted and ignored (no per-user accounting here)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None  # OpenAI platform bookkeeping: accepted, unused
+    store: bool | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for /v1/completions
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)

@@ -1,0 +1,18 @@
+"""Server-sent events framing as OpenAI streams it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+SSE_DONE = "data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse_event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def sse_events(payloads: list[dict[str, Any]]) -> str:
+    """Several events in one write: one network (and Ray) message per coalesced chunk."""
+    return "".join(sse_event(p) for p in payloads)

@@ -1,0 +1,229 @@
+"""serve_config.yaml / admin load-model fields: Bodega's names, validated with pydantic (unknown fields refused)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from engine.config import EngineConfig
+from engine.errors import InvalidRequestError
+from engine.models.names import DEFAULT_MODEL_ID
+
+# `model_path: default` means the embedded SmolLM2 model, converted on first use by the model's replica.
+DEFAULT_MODEL_PATH = "default"
+# Parsers Bodega documents; the parsing itself lands in a later issue, the names are checked now.
+KNOWN_PARSERS = ("qwen3", "glm4_moe", "qwen3_coder", "qwen3_moe", "qwen3_next", "qwen3_vl", "harmony", "minimax_m2")
+SUPPORTED_MODEL_TYPES = ("lm",)
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,255}$")
+# Serve's config builder writes a log file named after the application, so '/' cannot be in an
+# application name (Ray 2.60); model "org/name" is application "org--name".
+APP_NAME_SLASH = "--"
+
+
+class RayActorOptions(BaseModel):
+    """Ray's per-replica resources. CPUs are scheduling tokens only (MLX is not bound by them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_cpus: float = Field(0.1, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    memory: int | None = Field(None, ge=0, description="bytes Ray reserves for the replica")
+    resources: dict[str, float] = Field(default_factory=dict)
+
+    def to_ray(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.memory is not None:
+            options["memory"] = self.memory
+        if self.resources:
+            options["resources"] = dict(self.resources)
+        return options
+
+
+class ModelConfig(BaseModel):
+    """One model: a serve_config.yaml application's `args`, or the body of POST /v1/admin/load-model."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_path: str = Field(min_length=1)
+    model_id: str | None = None
+    model_type: Literal["lm", "multimodal", "embedding"] = "lm"
+    context_length: int | None = Field(None, ge=2)
+    max_concurrency: int = Field(1, ge=1, description="sequences at once when continuous_batching is false")
+    queue_timeout: float | None = Field(300.0, gt=0)
+    queue_size: int | None = Field(100, ge=0)
+    continuous_batching: bool = True
+    cb_max_num_seqs: int = Field(256, ge=1)
+    cb_prefill_batch_size: int = Field(8, ge=1)
+    cb_completion_batch_size: int = Field(32, ge=1)
+    cb_chunked_prefill_tokens: int = Field(2048, ge=0)
+    cb_enable_prefix_cache: bool = True
+    prompt_cache_size: int | None = Field(None, ge=0)
+    chat_template_file: str | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    draft_model_path: str | None = None
+    num_draft_tokens: int | None = Field(None, ge=1)
+    trust_remote_code: bool = False
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    # Ray Serve deployment options.
+    num_replicas: int = Field(1, ge=1)
+    max_ongoing_requests: int = Field(512, ge=1, description="Serve's default of 5 would throttle an LLM")
+    ray_actor_options: RayActorOptions = Field(default_factory=RayActorOptions)
+
+    @field_validator("tool_call_parser", "reasoning_parser")
+    @classmethod
+    def _known_parser(cls, value: str | None) -> str | None:
+        if value is not None and value not in KNOWN_PARSERS:
+            raise ValueError(f"unknown parser '{value}' (choose from {', '.join(KNOWN_PARSERS)})")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type '{self.model_type}' is not supported yet (only 'lm')")
+        if self.model_id is None:
+            self.model_id = default_model_id(self.model_path)
+        if not _MODEL_ID.match(self.model_id) or ".." in self.model_id.split("/"):
+            raise ValueError(f"model_id '{self.model_id}' may hold only letters, digits and . _ : @ + / -")
+        if APP_NAME_SLASH in self.model_id:
+            raise ValueError(f"model_id '{self.model_id}' must not contain '{APP_NAME_SLASH}' (it stands for '/')")
+        try:
+            EngineConfig.from_options(**self.engine_options())
+        except InvalidRequestError as exc:  # surface engine limits at config time, not in the replica
+            raise ValueError(exc.message) from exc
+        return self
+
+    @property
+    def id(self) -> str:
+        assert self.model_id is not None  # filled by the validator
+        return self.model_id
+
+    @property
+    def uses_default_model(self) -> bool:
+        return self.model_path == DEFAULT_MODEL_PATH
+
+    def engine_options(self) -> dict[str, Any]:
+        """EngineConfig.from_options keywords (Bodega names; None means the engine's default)."""
+        prefill, decode = self.cb_prefill_batch_size, self.cb_completion_batch_size
+        if not self.continuous_batching:  # sequential mode: at most max_concurrency sequences at once
+            prefill = decode = self.max_concurrency
+        options = {
+            "cb_max_num_seqs": self.cb_max_num_seqs,
+            "cb_prefill_batch_size": prefill,
+            "cb_completion_batch_size": decode,
+            "cb_chunked_prefill_tokens": self.cb_chunked_prefill_tokens,
+            "cb_enable_prefix_cache": self.cb_enable_prefix_cache,
+            "prompt_cache_size": self.prompt_cache_size,
+            "context_length": self.context_length,
+            "queue_size": self.queue_size,
+            "queue_timeout": self.queue_timeout,
+            "draft_model_path": self.draft_model_path,
+            "num_draft_tokens": self.num_draft_tokens,
+            "dtype": self.dtype,
+        }
+        return {k: v for k, v in options.items() if v is not None}
+
+    def deployment_options(self) -> dict[str, Any]:
+        return {
+            "num_replicas": self.num_replicas,
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "ray_actor_options": self.ray_actor_options.to_ray(),
+            # A failed model load is reported, not retried 20 times (Serve's default).
+            "max_constructor_retry_count": 1,
+        }
+
+
+class IngressConfig(BaseModel):
+    """The ingress application's `args` in serve_config.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_dir: str | None = Field(None, description="where the API-loaded model list is kept")
+    model_roots: list[str] | None = Field(None, description="if set, admin loads must lie under one of these")
+    restore_models: bool = True
+    enable_admin: bool = True
+    status_poll_interval_s: float = Field(2.0, gt=0)
+    max_ongoing_requests: int = Field(1024, ge=1)
+    ray_actor_options: RayActorOptions = Field(default_factory=RayActorOptions)
+
+    def resolved_state_dir(self) -> Path:
+        if self.state_dir:
+            return Path(self.state_dir).expanduser()
+        home = os.environ.get("ORCHARD_HOME")
+        if home:
+            return Path(home).expanduser() / "state"
+        return Path.home() / ".cache" / "orchard" / "state"
+
+    def deployment_options(self) -> dict[str, Any]:
+        # One ingress replica: the registry (load/unload bookkeeping) lives in it.
+        return {
+            "num_replicas": 1,
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "ray_actor_options": self.ray_actor_options.to_ray(),
+        }
+
+
+def serve_app_name(model_id: str) -> str:
+    """The Serve application that runs a model."""
+    return model_id.replace("/", APP_NAME_SLASH)
+
+
+def model_id_of_app(app_name: str) -> str:
+    return app_name.replace(APP_NAME_SLASH, "/")
+
+
+def default_model_id(model_path: str) -> str:
+    """Bodega defaults the id to the path; a folder's name reads better and has no leading '/'."""
+    if model_path == DEFAULT_MODEL_PATH:
+        return DEFAULT_MODEL_ID
+    return Path(model_path).name or model_path
+
+
+def check_model_folder(
+    raw: str, roots: list[str] | None = None, param: str = "model_path", base_dir: Path | None = None
+) -> Path:
+    """A local model folder, safely: no '..', a directory holding config.json, under `roots` if given.
+
+    Relative paths are allowed only with a base_dir (serve_config.yaml: the directory `serve run` ran in).
+    """
+    path = Path(raw).expanduser()
+    if ".." in path.parts:
+        raise InvalidRequestError(f"'{param}' must not contain '..'", param=param)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if not path.is_absolute():
+        raise InvalidRequestError(f"'{param}' must be an absolute path to a local model folder", param=param)
+    resolved = path.resolve()
+    if not resolved.is_dir():
+        raise InvalidRequestError(f"'{param}' is not a directory: {raw}", param=param)
+    if not (resolved / "config.json").is_file():
+        raise InvalidRequestError(f"'{param}' holds no config.json: {raw}", param=param)
+    if roots is not None and not any(resolved.is_relative_to(Path(r).expanduser().resolve()) for r in roots):
+        raise InvalidRequestError(f"'{param}' lies outside the allowed model_roots", param=param)
+    return resolved
+
+
+def check_model_sources(
+    config: ModelConfig, roots: list[str] | None = None, base_dir: Path | None = None
+) -> ModelConfig:
+    """Validate every path a model config names; returns a copy with absolute paths."""
+    updates: dict[str, Any] = {}
+    if not config.uses_default_model:
+        updates["model_path"] = str(check_model_folder(config.model_path, roots, base_dir=base_dir))
+    if config.draft_model_path is not None:
+        draft = check_model_folder(config.draft_model_path, roots, "draft_model_path", base_dir)
+        updates["draft_model_path"] = str(draft)
+    if config.chat_template_file is not None:
+        template = Path(config.chat_template_file).expanduser()
+        if not template.is_absolute() and base_dir is not None:
+            template = base_dir / template
+        if ".." in template.parts or not template.is_absolute() or not template.is_file():
+            raise InvalidRequestError(
+                "'chat_template_file' must be an absolute path to a file", param="chat_template_file"
+            )
+        updates["chat_template_file"] = str(template.resolve())
+    return config.model_copy(update=updates)

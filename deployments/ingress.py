@@ -1,0 +1,232 @@
+"""The HTTP front door: OpenAI routes (FastAPI), request ids, errors, and its Serve deployment.
+
+create_app(registry) builds the FastAPI app over any registry backend, so the same routes
+run under Ray Serve (Ingress, below) and in-process in tests (httpx ASGI transport).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+import uuid
+from contextvars import ContextVar
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.errors import ModelNotFoundError, OrchardError
+from deployments.admin import admin_router
+from deployments.api.convert import chat_job, completion_job
+from deployments.api.errors import WireError, http_error, validation_error, wire_error
+from deployments.api.render import ChatRenderer, CompletionRenderer, ResponseMeta
+from deployments.api.responses import ModelCard, ModelList
+from deployments.api.schemas import ChatCompletionRequest, CompletionRequest
+from deployments.api.sse import SSE_DONE, SSE_HEADERS, sse_event, sse_events
+from deployments.config import IngressConfig
+from deployments.protocol import GenerateJob, StreamChunk
+from deployments.registry import ModelEntry, ModelStatus, Registry
+from deployments.serve_backend import ServeBackend
+from deployments.state import ModelStore
+
+logger = logging.getLogger("ray.serve.orchard")
+REQUEST_ID: ContextVar[str] = ContextVar("orchard_request_id", default="-")
+_SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+Renderer = ChatRenderer | CompletionRenderer
+
+
+class RequestIdMiddleware:
+    """Every request gets an id for its log lines: the caller's X-Request-Id, or a new one echoed back.
+
+    Under Serve the proxy has already set (and will echo) the header, so only the id is read.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        given = bool(_SAFE_REQUEST_ID.match(incoming))
+        request_id = incoming if given else uuid.uuid4().hex
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start" and not given:
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        token = REQUEST_ID.set(request_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            REQUEST_ID.reset(token)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """Closes the model stream however the response ends, even if its body never started."""
+
+    def __init__(self, content: AsyncIterator[str], close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._close = close
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._close()
+
+
+def create_app(registry: Registry, enable_admin: bool = True) -> FastAPI:
+    app = FastAPI(title="Orchard", version="0.1.0")
+    app.add_middleware(RequestIdMiddleware)
+    _install_error_handlers(app)
+    app.include_router(openai_router(registry))
+    app.include_router(admin_router(registry, enable_admin))
+    return app
+
+
+def openai_router(registry: Registry) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> Response:
+        meta = ResponseMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
+        job = chat_job(body, meta.id, REQUEST_ID.get())
+        renderer = ChatRenderer(meta, _include_usage(body))
+        return await _generation_response(registry, body.model, job, renderer)
+
+    @router.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> Response:
+        meta = ResponseMeta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
+        job = completion_job(body, meta.id, REQUEST_ID.get())
+        renderer = CompletionRenderer(meta, _include_usage(body))
+        return await _generation_response(registry, body.model, job, renderer)
+
+    @router.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        await registry.refresh()
+        cards = [_model_card(e) for e in registry.entries() if e.status in _LISTED]
+        return ModelList(data=cards).dump()
+
+    @router.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        await registry.refresh()
+        entry = next((e for e in registry.entries() if e.model_id == model_id and e.status in _LISTED), None)
+        if entry is None:
+            raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model")
+        return _model_card(entry).dump()
+
+    return router
+
+
+_LISTED = (ModelStatus.RUNNING, ModelStatus.LOADING)
+
+
+def _model_card(entry: ModelEntry) -> ModelCard:
+    created = entry.info.created_at if entry.info is not None else entry.seen_at
+    return ModelCard(id=entry.model_id, created=created, owned_by="orchard", status=entry.status.value)
+
+
+def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    return body.stream and body.stream_options is not None and body.stream_options.include_usage
+
+
+async def _generation_response(registry: Registry, model_id: str, job: GenerateJob, renderer: Renderer) -> Response:
+    """Route, wait for the first chunk (errors before any byte is sent get their own status), answer."""
+    logger.info("request %s for model %s, stream=%s [X-Request-Id %s]", job.request_id, model_id, job.stream, job.log_id)
+    client = await registry.route(model_id)
+    chunks = client.generate(job)
+    handed_to_response = False
+    try:
+        first = await anext(chunks)
+        if first.error is not None:
+            raise first.error
+        if job.stream:
+            handed_to_response = True
+            return ClosingStreamingResponse(_sse_body(first, chunks, renderer), close=chunks.aclose)
+        total = await _whole(first, chunks)
+        return JSONResponse(renderer.completion(total))
+    finally:
+        if not handed_to_response:
+            await chunks.aclose()  # on errors and cancellation too: aborts the request in the engine
+
+
+async def _whole(first: StreamChunk, chunks: AsyncIterator[StreamChunk]) -> StreamChunk:
+    total = first
+    while not total.is_last:
+        total.merge(await anext(chunks))
+    if total.error is not None:
+        raise total.error
+    return total
+
+
+async def _sse_body(first: StreamChunk, chunks: AsyncIterator[StreamChunk], renderer: Renderer) -> AsyncIterator[str]:
+    chunk = first
+    while True:
+        if chunk.error is not None:  # headers are sent: report the error in the stream, as OpenAI does
+            logger.info("stream failed: %s [request %s]", chunk.error.message, REQUEST_ID.get())
+            yield sse_event(wire_error(chunk.error).body)
+            break
+        payloads = renderer.stream_payloads(chunk)
+        if payloads:
+            yield sse_events(payloads)
+        if chunk.is_last:
+            break
+        chunk = await anext(chunks)
+    yield SSE_DONE
+
+
+# ---- errors -------------------------------------------------------------------------------
+def _error_response(error: WireError) -> JSONResponse:
+    return JSONResponse(error.body, status_code=error.status, headers=error.headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OrchardError)
+    async def orchard_error(request: Request, exc: OrchardError) -> JSONResponse:
+        logger.info("%s %s -> %s: %s [request %s]", request.method, request.url.path, exc.code, exc.message, REQUEST_ID.get())
+        return _error_response(wire_error(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(validation_error(list(exc.errors())))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error_response(http_error(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected error on %s %s [request %s]", request.method, request.url.path, REQUEST_ID.get())
+        return _error_response(wire_error(exc))
+
+
+# ---- the Serve deployment ---------------------------------------------------------------------
+@serve.deployment(name="Ingress")
+@serve.ingress()
+class Ingress:
+    """The ingress replica: owns the registry; the FastAPI app is built once the registry exists."""
+
+    async def __init__(self, config: dict[str, Any]) -> None:
+        self.config = IngressConfig.model_validate(config)
+        store = ModelStore(self.config.resolved_state_dir())
+        backend = ServeBackend()
+        self.registry = Registry(backend, store, self.config.model_roots, self.config.status_poll_interval_s)
+        await self.registry.start(restore=self.config.restore_models)
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_app(self.registry, self.config.enable_admin)
+
+    async def __del__(self) -> None:
+        registry = getattr(self, "registry", None)
+        if registry is not None:
+            with contextlib.suppress(Exception):
+                await registry.close()

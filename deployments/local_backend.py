@@ -1,0 +1,66 @@
+"""An in-process registry backend: models run as ModelServices in this process (no Ray).
+
+Used by the fast ingress tests and handy for debugging the HTTP layer without a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from engine.errors import ModelLoadError, ModelNotFoundError
+from deployments.config import ModelConfig
+from deployments.model_service import EngineBuilder, ModelService, build_async_engine
+from deployments.protocol import GenerateJob, ModelInfo, QueueStats, StreamChunk
+from deployments.registry import DeploymentState, ModelStatus
+
+
+class LocalModelClient:
+    def __init__(self, service: ModelService) -> None:
+        self._service = service
+
+    def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
+        return self._service.generate(job)
+
+    async def info(self) -> ModelInfo:
+        return self._service.info()
+
+    async def queue_stats(self) -> QueueStats:
+        return self._service.queue_stats()
+
+
+class LocalBackend:
+    def __init__(self, build_engine: EngineBuilder = build_async_engine) -> None:
+        self._build_engine = build_engine
+        self._services: dict[str, ModelService] = {}
+        self._states: dict[str, DeploymentState] = {}
+
+    async def deploy(self, config: ModelConfig) -> None:
+        self._states[config.id] = DeploymentState(ModelStatus.LOADING)
+        service = ModelService(config, self._build_engine)
+        try:
+            await service.start()
+        except Exception as exc:
+            message = getattr(exc, "message", None) or repr(exc)
+            self._states[config.id] = DeploymentState(ModelStatus.FAILED, message)
+            raise ModelLoadError(message) from exc
+        self._services[config.id] = service
+        self._states[config.id] = DeploymentState(ModelStatus.RUNNING)
+
+    async def undeploy(self, model_id: str) -> None:
+        self._states.pop(model_id, None)
+        service = self._services.pop(model_id, None)
+        if service is not None:
+            await service.shutdown()
+
+    async def deployments(self) -> dict[str, DeploymentState]:
+        return dict(self._states)
+
+    async def client(self, model_id: str) -> LocalModelClient:
+        service = self._services.get(model_id)
+        if service is None:
+            raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model")
+        return LocalModelClient(service)
+
+    async def close(self) -> None:
+        for model_id in list(self._services):
+            await self.undeploy(model_id)

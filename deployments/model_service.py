@@ -1,0 +1,173 @@
+"""ModelService: owns one AsyncEngine; turns GenerateJobs into coalesced StreamChunks. No Ray here.
+
+model_server.py wraps it as a Serve deployment; tests and local_backend.py use it in-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import AsyncIterator, Callable
+
+from engine import AsyncEngine, EngineConfig, EngineCore, Request
+from engine.errors import EngineDeadError, OrchardError
+from engine.output.events import Finish, TextDelta
+from deployments.coalesce import coalesce
+from deployments.config import ModelConfig
+from deployments.memory import memory_usage
+from deployments.prompts import PromptEncoder, TokenTexts
+from deployments.protocol import GenerateJob, ModelInfo, QueueStats, StreamChunk
+
+# A child of Serve's logger, so replica log lines carry Serve's request id too.
+logger = logging.getLogger("ray.serve.orchard")
+
+# Chunks per second all streams of one model may send together; half the handle's measured capacity,
+# leaving room for the ingress -> proxy hop, which also pays per message.
+TARGET_CHUNKS_PER_S = 1000.0
+MIN_WINDOW_S = 0.02
+MAX_WINDOW_S = 0.25
+
+EngineBuilder = Callable[[ModelConfig], AsyncEngine]
+
+
+def build_async_engine(config: ModelConfig) -> AsyncEngine:
+    engine_config = EngineConfig.from_options(**config.engine_options())
+
+    def build_core() -> EngineCore:  # runs on the engine's MLX thread
+        from engine.runner.loader import load_model
+
+        path = config.model_path
+        if config.uses_default_model:
+            from engine.models.default_model import default_model_path
+
+            path = str(default_model_path())  # converts the embedded GGUF once, then reuses it
+        loaded = load_model(
+            path,
+            dtype=config.dtype,
+            chat_template_file=config.chat_template_file,
+            trust_remote_code=config.trust_remote_code,
+        )
+        return EngineCore(loaded, engine_config)
+
+    return AsyncEngine(build_core)
+
+
+class ModelService:
+    def __init__(self, config: ModelConfig, build_engine: EngineBuilder = build_async_engine) -> None:
+        self.config = config
+        self.model_id = config.id
+        self._engine = build_engine(config)
+        self._prompts: PromptEncoder | None = None
+        self._token_texts: TokenTexts | None = None
+        self._active_streams = 0
+        self.created_at = 0
+
+    async def start(self) -> None:
+        started = time.monotonic()
+        await self._engine.start()
+        tokenizer = self._engine.core.loaded.tokenizer
+        self._prompts = PromptEncoder(tokenizer)
+        self._token_texts = TokenTexts(tokenizer)
+        self.created_at = int(time.time())
+        logger.info("model %s ready in %.1f s", self.model_id, time.monotonic() - started)
+
+    async def shutdown(self) -> None:
+        await self._engine.shutdown()
+
+    # ---- generation --------------------------------------------------------
+    async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
+        """Chunks of the job's output; errors (even validation ones) arrive as a last chunk."""
+        try:
+            prompt_ids = self._encoder.token_ids(job.prompt)
+            stream = self._engine.submit(Request(job.request_id, prompt_ids, job.sampling))
+        except OrchardError as exc:
+            logger.info("request %s (%s) refused: %s", job.request_id, job.log_id, exc.message)
+            yield StreamChunk(error=exc)
+            return
+        logger.info("request %s (%s) started: %d prompt tokens", job.request_id, job.log_id, len(prompt_ids))
+        self._active_streams += 1
+        last: StreamChunk | None = None
+        try:
+            window = self._window_s if job.stream else _whole_output
+            # aclosing: a client that goes away closes the chain at once, aborting the request.
+            async with contextlib.aclosing(coalesce(self._chunks(stream), window)) as chunks:
+                async for last in chunks:
+                    yield last
+        finally:
+            self._active_streams -= 1
+            self._log_end(job, last)
+
+    async def _chunks(self, stream: AsyncIterator[TextDelta | Finish]) -> AsyncIterator[StreamChunk]:
+        try:
+            async for event in stream:
+                if isinstance(event, TextDelta):
+                    logprobs = self._texts.logprob_infos(event.logprobs)
+                    yield StreamChunk(text=event.text, num_tokens=len(event.token_ids), logprobs=logprobs)
+                else:
+                    yield StreamChunk(finish=event)
+        except OrchardError as exc:  # queue full / timeout / engine death surface here
+            yield StreamChunk(error=exc)
+
+    def _window_s(self) -> float:
+        return min(MAX_WINDOW_S, max(MIN_WINDOW_S, self._active_streams / TARGET_CHUNKS_PER_S))
+
+    def _log_end(self, job: GenerateJob, last: StreamChunk | None) -> None:
+        if last is not None and last.finish is not None:
+            usage = last.finish.usage
+            logger.info(
+                "request %s (%s) finished: %s, %d prompt + %d completion tokens",
+                job.request_id, job.log_id, last.finish.reason.value, usage.prompt_tokens, usage.completion_tokens,
+            )
+        elif last is not None and last.error is not None:
+            logger.info("request %s (%s) failed: %s", job.request_id, job.log_id, last.error.message)
+        else:
+            logger.info("request %s (%s) cancelled by the client", job.request_id, job.log_id)
+
+    # ---- introspection -----------------------------------------------------
+    def info(self) -> ModelInfo:
+        core = self._engine.core
+        return ModelInfo(
+            model_id=self.model_id,
+            model_type=self.config.model_type,
+            model_path=str(core.loaded.path),
+            context_length=core.context_length,
+            created_at=self.created_at,
+            pid=os.getpid(),
+            memory=memory_usage(),
+        )
+
+    def queue_stats(self) -> QueueStats:
+        stats = self._engine.stats()
+        return QueueStats(
+            model_id=self.model_id,
+            waiting=stats.num_waiting,
+            running=stats.num_running,
+            decoding=stats.num_decoding,
+            max_num_seqs=stats.max_num_seqs,
+            queue_size=stats.queue_size,
+            kv_cache_bytes=stats.kv_cache_bytes,
+            prompt_tokens_total=stats.prompt_tokens_total,
+            generation_tokens_total=stats.generation_tokens_total,
+            tokens_per_s=round(stats.generation_tokens_per_s, 2),
+        )
+
+    def check_health(self) -> None:
+        if not self._engine.is_alive:
+            raise EngineDeadError(f"The engine of model '{self.model_id}' is not running")
+
+    @property
+    def _encoder(self) -> PromptEncoder:
+        if self._prompts is None:
+            raise EngineDeadError(f"Model '{self.model_id}' has not started")
+        return self._prompts
+
+    @property
+    def _texts(self) -> TokenTexts:
+        assert self._token_texts is not None
+        return self._token_texts
+
+
+def _whole_output() -> None:
+    return None

@@ -1,0 +1,65 @@
+"""Prompts to token ids with the model's tokenizer; token ids to text for logprobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.errors import InvalidRequestError
+from engine.output.events import TokenLogprob
+from deployments.protocol import ChatPrompt, TextPrompt, TokenLogprobInfo, TopTokenLogprob
+
+
+class PromptEncoder:
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def token_ids(self, prompt: ChatPrompt | TextPrompt) -> list[int]:
+        if isinstance(prompt, ChatPrompt):
+            return self._chat_token_ids(prompt)
+        if prompt.token_ids is not None:
+            return list(prompt.token_ids)
+        return list(self._tokenizer.encode(prompt.text or ""))
+
+    def _chat_token_ids(self, prompt: ChatPrompt) -> list[int]:
+        if not getattr(self._tokenizer, "chat_template", None):
+            raise InvalidRequestError(
+                "This model has no chat template: use /v1/completions, or load it with chat_template_file",
+                param="messages",
+            )
+        try:
+            text = self._tokenizer.apply_chat_template(
+                prompt.messages,
+                tools=prompt.tools,
+                add_generation_prompt=True,
+                tokenize=False,
+                **prompt.template_kwargs,
+            )
+        except Exception as exc:  # jinja raises many types (TemplateError, TypeError, raise_exception's)
+            raise InvalidRequestError(f"The chat template could not render these messages: {exc}", param="messages")
+        # The template already holds any BOS/special tokens the model expects.
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+
+class TokenTexts:
+    """Token id -> (text, UTF-8 bytes), cached: logprobs name every sampled and top token."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def text(self, token_id: int) -> tuple[str, list[int]]:
+        cached = self._cache.get(token_id)
+        if cached is None:
+            text = self._tokenizer.decode([token_id])
+            cached = self._cache[token_id] = (text, list(text.encode("utf-8", errors="replace")))
+        return cached
+
+    def logprob_infos(self, logprobs: list[TokenLogprob] | None) -> list[TokenLogprobInfo] | None:
+        if logprobs is None:
+            return None
+        infos = []
+        for entry in logprobs:
+            token, token_bytes = self.text(entry.token_id)
+            top = [TopTokenLogprob(*self.text(t.token_id), t.logprob) for t in entry.top_logprobs]
+            infos.append(TokenLogprobInfo(token, token_bytes, entry.logprob, top))
+        return infos

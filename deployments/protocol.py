@@ -1,0 +1,126 @@
+"""What crosses between the ingress and a model (a Ray handle or an in-process call): plain dataclasses.
+
+The ingress sends a GenerateJob; the model answers with StreamChunks, each the coalesced
+output of one or more engine steps (a Ray handle stream carries only ~2,000 items/s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Protocol
+
+from engine.errors import OrchardError
+from engine.output.events import Finish
+from engine.sampling.params import SamplingParams
+
+
+@dataclass
+class ChatPrompt:
+    """Messages rendered by the model's chat template (content already flattened to text)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TextPrompt:
+    """A raw completion prompt: text to tokenize, or token ids as they are."""
+
+    text: str | None = None
+    token_ids: list[int] | None = None
+
+
+@dataclass
+class GenerateJob:
+    request_id: str  # unique per request (the completion id); the engine's request id
+    prompt: ChatPrompt | TextPrompt
+    sampling: SamplingParams
+    stream: bool  # False: the model sends one chunk at the end instead of time-coalesced ones
+    log_id: str = ""  # the HTTP X-Request-Id, for log lines
+
+
+@dataclass
+class TopTokenLogprob:
+    token: str
+    token_bytes: list[int]
+    logprob: float
+
+
+@dataclass
+class TokenLogprobInfo:
+    """One generated token with its text, for OpenAI's logprobs objects."""
+
+    token: str
+    token_bytes: list[int]
+    logprob: float
+    top_logprobs: list[TopTokenLogprob] = field(default_factory=list)
+
+
+@dataclass
+class StreamChunk:
+    """Text and tokens since the previous chunk; the last chunk has `finish` or `error`."""
+
+    text: str = ""
+    num_tokens: int = 0
+    logprobs: list[TokenLogprobInfo] | None = None
+    finish: Finish | None = None
+    error: OrchardError | None = None
+
+    @property
+    def is_last(self) -> bool:
+        return self.finish is not None or self.error is not None
+
+    def merge(self, later: "StreamChunk") -> None:
+        self.text += later.text
+        self.num_tokens += later.num_tokens
+        if later.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + later.logprobs
+        self.finish = later.finish or self.finish
+        self.error = later.error or self.error
+
+
+@dataclass
+class MemoryUsage:
+    """MiB. mlx_* are MLX's allocator counters (Metal/CUDA memory, or part of RSS on the CPU backend)."""
+
+    mlx_active_mb: float
+    mlx_cache_mb: float
+    mlx_peak_mb: float
+    rss_mb: float
+    total_mb: float
+
+
+@dataclass
+class ModelInfo:
+    model_id: str
+    model_type: str
+    model_path: str
+    context_length: int
+    created_at: int
+    pid: int
+    memory: MemoryUsage
+
+
+@dataclass
+class QueueStats:
+    model_id: str
+    waiting: int
+    running: int
+    decoding: int
+    max_num_seqs: int
+    queue_size: int | None
+    kv_cache_bytes: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    tokens_per_s: float
+
+
+class ModelClient(Protocol):
+    """How the ingress talks to one model, wherever it runs."""
+
+    def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]: ...
+
+    async def info(self) -> ModelInfo: ...
+
+    async def queue_stats(self) -> QueueStats: ...

@@ -1,0 +1,253 @@
+"""Registry: model id -> status, client and details; admin load/unload; the persisted model list.
+
+The backend (Ray Serve, or in-process for tests) is the source of truth for which models exist;
+the registry adds what only it knows: loads and unloads in flight, failures, API-loaded configs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from engine.errors import EngineDeadError, ModelLoadError, ModelNotFoundError, OrchardError
+from deployments.config import ModelConfig, check_model_sources
+from engine.errors import ModelExistsError, ModelLoadingError
+from deployments.protocol import ModelClient, ModelInfo, QueueStats
+from deployments.state import ModelStore
+
+logger = logging.getLogger("ray.serve.orchard")
+MIN_REFRESH_INTERVAL_S = 0.25
+INFO_TIMEOUT_S = 5.0
+
+
+class ModelStatus(str, Enum):
+    LOADING = "loading"
+    RUNNING = "running"
+    FAILED = "failed"
+    UNHEALTHY = "unhealthy"
+    UNLOADING = "unloading"
+
+
+@dataclass
+class DeploymentState:
+    status: ModelStatus
+    message: str | None = None
+
+
+class ModelBackend(Protocol):
+    async def deploy(self, config: ModelConfig) -> None:
+        """Start the model; returns once it serves, raises ModelLoadError if it cannot."""
+
+    async def undeploy(self, model_id: str) -> None:
+        """Stop the model and free its memory; returns once it is gone."""
+
+    async def deployments(self) -> dict[str, DeploymentState]: ...
+
+    async def client(self, model_id: str) -> ModelClient: ...
+
+
+@dataclass
+class ModelEntry:
+    model_id: str
+    status: ModelStatus
+    source: str  # "config" (serve_config.yaml) or "api" (admin load-model)
+    config: ModelConfig | None = None
+    error: str | None = None
+    info: ModelInfo | None = None
+    busy: bool = False  # a load or unload of ours is in flight: the backend's view lags behind
+    seen_at: int = 0
+
+
+@dataclass
+class ModelQueueStats:
+    entry: ModelEntry
+    stats: QueueStats | None
+
+
+class Registry:
+    def __init__(
+        self,
+        backend: ModelBackend,
+        store: ModelStore | None = None,
+        model_roots: list[str] | None = None,
+        poll_interval_s: float = 2.0,
+    ) -> None:
+        self._backend = backend
+        self._store = store
+        self._model_roots = model_roots
+        self._poll_interval_s = poll_interval_s
+        self._entries: dict[str, ModelEntry] = {}
+        self._api_configs: dict[str, ModelConfig] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._refresh_lock = asyncio.Lock()
+        self._refreshed_at = 0.0
+
+    # ---- lifecycle --------------------------------------------------------------
+    async def start(self, restore: bool = True) -> None:
+        await self.refresh(force=True)
+        if restore and self._store is not None:
+            for config in self._store.load():
+                self._api_configs[config.id] = config
+                if config.id not in self._entries:
+                    logger.info("restoring model %s loaded through the API before a restart", config.id)
+                    self._begin_load(config)
+        self._spawn(self._poll())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_interval_s)
+            try:
+                await self.refresh()
+            except Exception:  # a controller hiccup must not end polling
+                logger.exception("model status refresh failed")
+
+    # ---- status -------------------------------------------------------------------
+    async def refresh(self, force: bool = False) -> None:
+        async with self._refresh_lock:
+            if not force and time.monotonic() - self._refreshed_at < MIN_REFRESH_INTERVAL_S:
+                return  # a refresh that just ran answers for this one too
+            states = await self._backend.deployments()
+            self._refreshed_at = time.monotonic()
+        self._merge(states)
+
+    def _merge(self, states: dict[str, DeploymentState]) -> None:
+        for model_id, state in states.items():
+            entry = self._entries.get(model_id)
+            if entry is None:
+                source = "api" if model_id in self._api_configs else "config"
+                entry = self._entries[model_id] = ModelEntry(
+                    model_id, state.status, source, self._api_configs.get(model_id), seen_at=int(time.time())
+                )
+            if entry.busy:
+                continue
+            entry.status, entry.error = state.status, state.message
+        for model_id, entry in list(self._entries.items()):
+            if model_id in states or entry.busy:
+                continue
+            if entry.source == "api" and entry.status != ModelStatus.FAILED:
+                entry.status, entry.error = ModelStatus.FAILED, "The model's application disappeared; load it again"
+            elif entry.source != "api":
+                del self._entries[model_id]
+
+    def entries(self) -> list[ModelEntry]:
+        return sorted(self._entries.values(), key=lambda e: e.model_id)
+
+    async def route(self, model_id: str) -> ModelClient:
+        """The client of a serving model, or the typed error that says why there is none."""
+        entry = self._entries.get(model_id)
+        if entry is None or entry.status != ModelStatus.RUNNING:
+            await self.refresh()
+            entry = self._entries.get(model_id)
+        if entry is None or entry.status == ModelStatus.UNLOADING:
+            raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model")
+        if entry.status == ModelStatus.LOADING:
+            raise ModelLoadingError(f"The model '{model_id}' is loading; retry shortly")
+        if entry.status == ModelStatus.FAILED:
+            raise ModelLoadError(f"The model '{model_id}' failed to load: {entry.error}", param="model")
+        if entry.status == ModelStatus.UNHEALTHY:
+            raise EngineDeadError(f"The model '{model_id}' is unhealthy: {entry.error}", param="model")
+        return await self._backend.client(model_id)
+
+    async def details(self) -> list[ModelEntry]:
+        """Entries with fresh info (memory, pid) from each running model."""
+        await self.refresh()
+        running = [e for e in self.entries() if e.status == ModelStatus.RUNNING]
+        infos = await asyncio.gather(*(self._fetch_info(e.model_id) for e in running))
+        for entry, info in zip(running, infos):
+            entry.info = info or entry.info
+        return self.entries()
+
+    async def queue_stats(self) -> list[ModelQueueStats]:
+        await self.refresh()
+        entries = self.entries()
+        stats = await asyncio.gather(*(self._fetch_stats(e) for e in entries))
+        return [ModelQueueStats(e, s) for e, s in zip(entries, stats)]
+
+    async def _fetch_info(self, model_id: str) -> ModelInfo | None:
+        try:
+            client = await self._backend.client(model_id)
+            return await asyncio.wait_for(client.info(), INFO_TIMEOUT_S)
+        except Exception as exc:  # details are best effort: a busy or dying model must not fail /health
+            logger.warning("no info from model %s: %r", model_id, exc)
+            return None
+
+    async def _fetch_stats(self, entry: ModelEntry) -> QueueStats | None:
+        if entry.status != ModelStatus.RUNNING:
+            return None
+        try:
+            client = await self._backend.client(entry.model_id)
+            return await asyncio.wait_for(client.queue_stats(), INFO_TIMEOUT_S)
+        except Exception as exc:
+            logger.warning("no queue stats from model %s: %r", entry.model_id, exc)
+            return None
+
+    # ---- admin ----------------------------------------------------------------------
+    async def load(self, config: ModelConfig) -> ModelEntry:
+        """Accept a load: validated now, deployed in the background (status loading -> running/failed)."""
+        config = check_model_sources(config, self._model_roots)
+        await self.refresh(force=True)
+        existing = self._entries.get(config.id)
+        if existing is not None and existing.status != ModelStatus.FAILED:
+            raise ModelExistsError(f"The model '{config.id}' is already {existing.status.value}", param="model_id")
+        self._api_configs[config.id] = config
+        self._persist()
+        return self._begin_load(config)
+
+    def _begin_load(self, config: ModelConfig) -> ModelEntry:
+        entry = ModelEntry(config.id, ModelStatus.LOADING, "api", config, busy=True, seen_at=int(time.time()))
+        self._entries[config.id] = entry
+        self._spawn(self._deploy(entry, config))
+        return entry
+
+    async def _deploy(self, entry: ModelEntry, config: ModelConfig) -> None:
+        started = time.monotonic()
+        try:
+            await self._backend.deploy(config)
+        except Exception as exc:
+            message = exc.message if isinstance(exc, OrchardError) else repr(exc)
+            entry.status, entry.error = ModelStatus.FAILED, message
+            logger.error("model %s failed to load: %s", config.id, message)
+        else:
+            entry.status, entry.error = ModelStatus.RUNNING, None
+            logger.info("model %s loaded in %.1f s", config.id, time.monotonic() - started)
+        finally:
+            entry.busy = False
+
+    async def unload(self, model_id: str) -> None:
+        """Stop the model and forget it; returns once its memory is freed."""
+        await self.refresh(force=True)
+        entry = self._entries.get(model_id)
+        if entry is None:
+            raise ModelNotFoundError(f"The model '{model_id}' is not loaded", param="model_id")
+        if entry.busy:
+            raise ModelExistsError(f"The model '{model_id}' is {entry.status.value}; retry when it settles")
+        entry.status, entry.busy = ModelStatus.UNLOADING, True
+        try:
+            await self._backend.undeploy(model_id)
+        finally:
+            entry.busy = False
+        self._entries.pop(model_id, None)
+        if self._api_configs.pop(model_id, None) is not None:
+            self._persist()
+
+    def _persist(self) -> None:
+        if self._store is not None:
+            self._store.save(list(self._api_configs.values()))

@@ -1,0 +1,83 @@
+"""Fixtures for the serving tests: tiny model folders, an in-process stack, one Ray Serve cluster per session."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.tiny_models import LLAMA, write_model, write_wordlevel_tokenizer
+
+VOCAB_SIZE = 256
+# Long enough that a stream the tests hold open cannot finish on its own (tiny models decode ~1,000 tok/s).
+TINY_CONTEXT = 65536
+
+
+@dataclass
+class TinyModels:
+    alpha: Path
+    beta: Path
+    gamma: Path
+    broken: Path  # has config.json, but names an architecture mlx-lm does not know
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> TinyModels:
+    """2-layer llamas with peaky random weights (distinct greedy tokens), ChatML template, 256 words."""
+    root = tmp_path_factory.mktemp("serve-models")
+    tokenizer = write_wordlevel_tokenizer(root / "tokenizer", vocab_size=VOCAB_SIZE)
+    config = dict(LLAMA, vocab_size=VOCAB_SIZE, max_position_embeddings=TINY_CONTEXT)
+    models = {name: write_model(root / name, config, tokenizer, seed=seed, scale=3.0)
+              for seed, name in enumerate(("alpha", "beta", "gamma"))}
+    broken = write_model(root / "broken", config, tokenizer, seed=3)
+    (broken / "config.json").write_text(json.dumps(dict(config, model_type="no_such_architecture")))
+    return TinyModels(broken=broken, **models)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(condition, timeout_s: float, interval_s: float = 0.2, what: str = "condition"):
+    """Poll until condition() returns something truthy; bounded, so a broken server fails the test."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@dataclass
+class ServeCluster:
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture(scope="session")
+def serve_cluster():
+    """One Ray instance and Serve (HTTP on 127.0.0.1) for the whole session: Ray starts in ~10 s."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    from ray import serve
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        yield ServeCluster(port)
+    finally:
+        serve.shutdown()
+        ray.shutdown()

@@ -1,0 +1,79 @@
+"""The ingress app over real in-process engines (LocalBackend), reached through httpx's ASGI transport."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+
+import httpx
+
+from deployments.config import ModelConfig
+from deployments.ingress import create_app
+from deployments.local_backend import LocalBackend
+from deployments.model_service import EngineBuilder, build_async_engine
+from deployments.registry import Registry
+from deployments.state import ModelStore
+
+
+@dataclass
+class LocalStack:
+    http: httpx.AsyncClient
+    registry: Registry
+    backend: LocalBackend
+
+
+@contextlib.asynccontextmanager
+async def local_stack(
+    configs: list[ModelConfig],
+    state_dir: Path | None = None,
+    build_engine: EngineBuilder = build_async_engine,
+    restore: bool = True,
+    model_roots: list[str] | None = None,
+) -> AsyncIterator[LocalStack]:
+    """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones."""
+    backend = LocalBackend(build_engine)
+    for config in configs:
+        await backend.deploy(config)
+    store = ModelStore(state_dir) if state_dir is not None else None
+    registry = Registry(backend, store, model_roots, poll_interval_s=0.2)
+    await registry.start(restore=restore)
+    transport = httpx.ASGITransport(app=create_app(registry))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://orchard", timeout=30) as http:
+            yield LocalStack(http, registry, backend)
+    finally:
+        await registry.close()
+        await backend.close()
+
+
+def slow_engine_builder(delay_s: float) -> EngineBuilder:
+    """A real engine whose start takes `delay_s` longer, to observe a model while it loads."""
+
+    def build(config: ModelConfig):
+        engine = build_async_engine(config)
+        start = engine.start
+
+        async def slow_start() -> None:
+            await asyncio.sleep(delay_s)
+            await start()
+
+        engine.start = slow_start  # type: ignore[method-assign]
+        return engine
+
+    return build
+
+
+async def wait_for(condition, timeout_s: float = 10.0, interval_s: float = 0.05):
+    """Async poll until condition() (a coroutine function) returns something truthy."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = await condition()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,124 @@
+"""serve_config.yaml and the load-model body: Bodega's fields, refusals that name the field, safe paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from deployments.config import (
+    IngressConfig,
+    ModelConfig,
+    check_model_folder,
+    check_model_sources,
+    model_id_of_app,
+    serve_app_name,
+)
+from deployments.state import ModelStore
+from engine.config import EngineConfig
+from engine.errors import InvalidRequestError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_serve_config_yaml_validates_and_names_apps_by_model_id():
+    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
+    assert config["http_options"]["host"] == "127.0.0.1"
+    ingress, *models = config["applications"]
+    assert ingress["route_prefix"] == "/"
+    IngressConfig.model_validate(ingress["args"])
+    assert models, "the default model is preconfigured"
+    for app in models:
+        model = ModelConfig.model_validate(app["args"])
+        assert app["name"] == serve_app_name(model.id) and app["route_prefix"] is None
+        EngineConfig.from_options(**model.engine_options())
+    assert ModelConfig.model_validate(models[0]["args"]).uses_default_model
+
+
+def test_unknown_fields_are_refused_by_name():
+    with pytest.raises(ValidationError, match="cb_max_num_seq\\b"):
+        ModelConfig.model_validate({"model_path": "default", "cb_max_num_seq": 4})
+    with pytest.raises(ValidationError, match="num_gpu\\b"):
+        ModelConfig.model_validate({"model_path": "default", "ray_actor_options": {"num_gpu": 1}})
+    with pytest.raises(ValidationError, match="statedir"):
+        IngressConfig.model_validate({"statedir": "/tmp"})
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"model_type": "multimodal"}, "not supported yet"),
+        ({"model_type": "diffusion"}, "model_type"),
+        ({"tool_call_parser": "qwen9"}, "unknown parser"),
+        ({"reasoning_parser": "nope"}, "unknown parser"),
+        ({"cb_max_num_seqs": 0}, "cb_max_num_seqs"),
+        ({"queue_timeout": 0}, "queue_timeout"),
+        ({"model_id": "a--b"}, "must not contain '--'"),
+        ({"model_id": "../etc"}, "may hold only"),
+        ({"model_id": "has space"}, "may hold only"),
+    ],
+)
+def test_invalid_values_are_refused_with_a_reason(fields, message):
+    with pytest.raises(ValidationError, match=message):
+        ModelConfig.model_validate({"model_path": "default", **fields})
+
+
+def test_later_issue_fields_are_accepted_now():
+    config = ModelConfig.model_validate({
+        "model_path": "default", "tool_call_parser": "qwen3", "reasoning_parser": "harmony",
+        "num_draft_tokens": 4, "continuous_batching": False, "max_concurrency": 2,
+    })
+    options = config.engine_options()
+    assert options["cb_prefill_batch_size"] == options["cb_completion_batch_size"] == 2  # sequential mode
+    assert options["num_draft_tokens"] == 4
+
+
+def test_model_ids_map_to_serve_application_names():
+    assert serve_app_name("org/model") == "org--model" and model_id_of_app("org--model") == "org/model"
+    assert ModelConfig(model_path="default").id == "SmolLM2-135M-Instruct"
+    assert ModelConfig(model_path="/models/qwen3-0.6b").id == "qwen3-0.6b"  # Bodega defaults the id to the path
+
+
+def test_model_folders_are_checked_safely(tiny_models, tmp_path):
+    folder = tiny_models.alpha
+    assert check_model_folder(str(folder)) == folder.resolve()
+    cases = [
+        (f"{folder}/../alpha", "'..'"),
+        ("relative/folder", "absolute"),
+        (str(folder / "config.json"), "not a directory"),
+        (str(tmp_path), "no config.json"),
+    ]
+    for raw, message in cases:
+        with pytest.raises(InvalidRequestError, match=message) as refused:
+            check_model_folder(raw)
+        assert refused.value.param == "model_path"
+    with pytest.raises(InvalidRequestError, match="model_roots"):
+        check_model_folder(str(folder), roots=[str(tmp_path)])
+    assert check_model_folder("alpha", base_dir=folder.parent) == folder.resolve()
+
+
+def test_every_path_in_a_model_config_is_checked(tiny_models, tmp_path):
+    template = tmp_path / "template.jinja"
+    template.write_text("{{ messages }}")
+    config = ModelConfig(model_path=str(tiny_models.alpha), chat_template_file=str(template))
+    assert check_model_sources(config).chat_template_file == str(template.resolve())
+    with pytest.raises(InvalidRequestError) as refused:
+        check_model_sources(ModelConfig(model_path=str(tiny_models.alpha), draft_model_path="/nonexistent"))
+    assert refused.value.param == "draft_model_path"
+    with pytest.raises(InvalidRequestError) as refused:
+        check_model_sources(ModelConfig(model_path=str(tiny_models.alpha), chat_template_file="../t.jinja"))
+    assert refused.value.param == "chat_template_file"
+
+
+def test_model_store_round_trip_and_bad_entries(tmp_path):
+    store = ModelStore(tmp_path / "state")
+    assert store.load() == []
+    configs = [ModelConfig(model_path="default"), ModelConfig(model_path="/m/x", model_id="org/x", cb_max_num_seqs=3)]
+    store.save(configs)
+    assert store.load() == configs
+    store.path.write_text('{"models": [{"model_path": "/m/y"}, {"model_path": "/m/z", "bogus": 1}]}')
+    assert [c.id for c in store.load()] == ["y"]  # the bad entry is skipped, not the whole list
+    store.path.write_text("{not json")
+    assert store.load() == []

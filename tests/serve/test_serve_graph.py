@@ -1,0 +1,390 @@
+"""The real graph: serve_config.yaml's applications (with tiny models) on Ray Serve, driven by the openai client.
+
+Run inside a loopback-only network namespace (scripts/loopback.sh): Ray binds the host interface
+otherwise. Everything here talks to 127.0.0.1 only; one Ray instance serves the whole session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from deployments.config import serve_app_name
+from tests.serve.conftest import ServeCluster, TinyModels, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+ALPHA = "tiny/alpha"  # an id with "/" on purpose
+BETA = "tiny-beta"
+GAMMA = "tiny/gamma"
+BROKEN = "tiny-broken"
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+CHAT = [{"role": "user", "content": "t1 t2 t3"}]
+ALPHA_CONTEXT = 4096
+LONG = 60000  # max_tokens of streams the tests hold open (never reached)
+
+
+@dataclass
+class Graph:
+    cluster: ServeCluster
+    state_dir: Path
+
+    @property
+    def url(self) -> str:
+        return self.cluster.base_url
+
+    def openai(self) -> openai.OpenAI:
+        # max_retries=0: the client would otherwise retry 429/503 itself and hide them.
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def async_openai(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60)
+
+
+def serve_config_for_tests(models: TinyModels, state_dir: Path) -> dict:
+    """serve_config.yaml itself, its model entry copied onto two tiny models (same builder, same fields)."""
+    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
+    ingress, model_template = config["applications"]
+    ingress["args"].update(state_dir=str(state_dir), status_poll_interval_s=0.5)
+
+    def model_app(name: str, path: Path, **overrides) -> dict:
+        app = copy.deepcopy(model_template)
+        app["name"] = serve_app_name(name)
+        app["args"].update(model_id=name, model_path=str(path), **overrides)
+        return app
+
+    # alpha's context is cut to 4096 tokens; beta holds at most 2 requests, so a third is refused with 429.
+    alpha = model_app(ALPHA, models.alpha, context_length=ALPHA_CONTEXT)
+    return {"applications": [ingress, alpha, model_app(BETA, models.beta, cb_max_num_seqs=2)]}
+
+
+@pytest.fixture(scope="module")
+def graph(serve_cluster, tiny_models, tmp_path_factory) -> Graph:
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    state_dir = tmp_path_factory.mktemp("orchard-state")
+    schema = ServeDeploySchema.model_validate(serve_config_for_tests(tiny_models, state_dir))
+    _get_global_client().deploy_apps(schema, _blocking=True)  # what `serve run serve_config.yaml` does
+    graph = Graph(serve_cluster, state_dir)
+    with graph.http() as http:
+        wait_until(lambda: _all_running(http, {ALPHA, BETA}), 90, what="both models running")
+    return graph
+
+
+def _all_running(http: httpx.Client, model_ids: set[str]) -> bool:
+    response = http.get("/v1/admin/loaded-models")
+    running = {m["id"] for m in response.json()["data"] if m["status"] == "running"}
+    return response.status_code == 200 and model_ids <= running
+
+
+def _queue_row(http: httpx.Client, model_id: str) -> dict:
+    rows = http.get("/v1/queue/stats").json()["models"]
+    return next(r for r in rows if r["id"] == model_id)
+
+
+def _status_of(http: httpx.Client, model_id: str) -> dict | None:
+    data = http.get("/v1/admin/loaded-models").json()["data"]
+    return next((m for m in data if m["id"] == model_id), None)
+
+
+# ---- generation -------------------------------------------------------------------------------
+def test_chat_streamed_text_equals_non_streamed(graph):
+    client = graph.openai()
+    full = client.chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=24, **GREEDY)
+    assert full.object == "chat.completion" and full.model == ALPHA and full.id.startswith("chatcmpl-")
+    assert full.choices[0].finish_reason == "length" and full.choices[0].message.role == "assistant"
+    assert full.usage.completion_tokens == 24
+    assert full.usage.total_tokens == full.usage.prompt_tokens + 24
+    assert full.usage.prompt_tokens_details.cached_tokens >= 0
+
+    chunks = list(client.chat.completions.create(
+        model=ALPHA, messages=CHAT, max_tokens=24, stream=True, stream_options={"include_usage": True}, **GREEDY
+    ))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and text == full.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+    assert all(c.usage is None for c in chunks[:-1])
+    content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content_chunks) < 24, "tokens should be coalesced into fewer chunks"
+
+
+def test_completions_streamed_text_equals_non_streamed(graph):
+    client = graph.openai()
+    full = client.completions.create(model=BETA, prompt="t5 t6 t7", max_tokens=16, **GREEDY)
+    assert full.object == "text_completion" and full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 16
+    chunks = list(client.completions.create(model=BETA, prompt="t5 t6 t7", max_tokens=16, stream=True, **GREEDY))
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.usage is None for c in chunks)  # no include_usage: no usage anywhere
+
+
+def test_two_models_serve_at_once(graph):
+    async def scenario():
+        client = graph.async_openai()
+        return await asyncio.gather(
+            client.chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=12, **GREEDY),
+            client.chat.completions.create(model=BETA, messages=CHAT, max_tokens=12, **GREEDY),
+            client.chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=12, **GREEDY),
+        )
+
+    alpha, beta, alpha_again = asyncio.run(scenario())
+    assert (alpha.model, beta.model) == (ALPHA, BETA)
+    assert alpha.choices[0].message.content == alpha_again.choices[0].message.content
+    assert alpha.choices[0].message.content != beta.choices[0].message.content  # different weights
+    listed = {m.id for m in graph.openai().models.list().data}
+    assert {ALPHA, BETA} <= listed
+
+
+# ---- admin ------------------------------------------------------------------------------------
+def test_load_through_admin_chat_unload_then_404(graph, tiny_models):
+    client = graph.openai()
+    with graph.http() as http:
+        gaps = _StreamGaps(graph, BETA)
+        gaps.start()
+        accepted = http.post("/v1/admin/load-model", json={
+            "model_id": GAMMA, "model_path": str(tiny_models.gamma), "cb_max_num_seqs": 8,
+        })
+        assert accepted.status_code == 202, accepted.text
+        assert accepted.json() == {
+            "status": "loading", "model_id": GAMMA, "model_path": str(tiny_models.gamma), "model_type": "lm"
+        }
+        # The replica takes seconds to start: a request now is told to come back.
+        loading = http.post("/v1/chat/completions", json={"model": GAMMA, "messages": CHAT})
+        assert loading.status_code == 503 and int(loading.headers["retry-after"]) > 0
+        assert loading.json()["error"]["code"] == "model_loading"
+        assert GAMMA in _stored_ids(graph)
+
+        wait_until(lambda: (_status_of(http, GAMMA) or {}).get("status") == "running", 90, what="gamma running")
+        gaps.stop()
+        assert gaps.chunks > 10 and gaps.max_gap_s < 1.0, f"a stream on {BETA} stalled {gaps.max_gap_s:.2f} s"
+
+        answer = client.chat.completions.create(model=GAMMA, messages=CHAT, max_tokens=5, **GREEDY)
+        assert answer.model == GAMMA and answer.usage.completion_tokens == 5
+
+        unloaded = http.delete(f"/v1/admin/unload-model/{GAMMA}")
+        assert unloaded.status_code == 200 and unloaded.json() == {"status": "unloaded", "model_id": GAMMA}
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model=GAMMA, messages=CHAT, max_tokens=5)
+    assert missing.value.body["code"] == "model_not_found"
+    assert GAMMA not in _stored_ids(graph)
+    assert client.chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=3).choices[0].message.content
+
+
+def test_failed_load_reports_why_and_others_keep_serving(graph, tiny_models):
+    client = graph.openai()
+    with graph.http() as http:
+        accepted = http.post("/v1/admin/load-model", json={"model_id": BROKEN, "model_path": str(tiny_models.broken)})
+        assert accepted.status_code == 202
+        failed = wait_until(
+            lambda: (m := _status_of(http, BROKEN)) and m["status"] == "failed" and m, 90, what="broken failed"
+        )
+        assert "no_such_architecture" in failed["error"]
+        refused = http.post("/v1/chat/completions", json={"model": BROKEN, "messages": CHAT})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_load_failed"
+        assert client.chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=3).choices[0].message.content
+        assert http.delete(f"/v1/admin/unload-model/{BROKEN}").status_code == 200
+        assert _status_of(http, BROKEN) is None
+
+
+def test_admin_refuses_unsafe_or_unknown_load_bodies(graph, tiny_models):
+    with graph.http() as http:
+        cases = [
+            ({"model_path": f"{tiny_models.alpha}/../alpha"}, "model_path"),
+            ({"model_path": str(tiny_models.alpha / "config.json")}, "model_path"),
+            ({"model_path": "relative/folder"}, "model_path"),
+            ({"model_path": str(tiny_models.alpha), "model_id": "x", "warp_speed": 9}, "warp_speed"),
+            ({"model_path": str(tiny_models.alpha), "model_id": ALPHA}, "model_id"),  # already loaded
+        ]
+        for body, param in cases:
+            response = http.post("/v1/admin/load-model", json=body)
+            assert response.status_code in (400, 409), (body, response.text)
+            assert response.json()["error"]["param"] == param, response.text
+        assert http.delete("/v1/admin/unload-model/no-such-model").status_code == 404
+
+
+# ---- operational routes -------------------------------------------------------------------------
+def test_health_queue_stats_and_loaded_models_shapes(graph):
+    with graph.http() as http:
+        health = http.get("/health")
+        assert health.status_code == 200
+        body = health.json()
+        assert body["status"] == "ok" and body["model_status"].startswith("initialized (")
+        assert {ALPHA, BETA} <= set(body["model_id"].split(", "))
+        detail = {d["id"]: d for d in body["models_detail"]}[ALPHA]
+        assert detail["type"] == "lm" and detail["status"] == "running" and detail["ram_usage_mb"] > 10
+
+        stats = http.get("/v1/queue/stats").json()
+        assert set(stats["queue_stats"]) == {"queue_size", "active_requests", "models"}
+        row = _queue_row(http, BETA)
+        assert row["max_num_seqs"] == 2 and row["queue_capacity"] is not None and row["tokens_per_s"] >= 0
+
+        loaded = http.get("/v1/admin/loaded-models").json()
+        assert loaded["object"] == "list" and loaded["total"] == len(loaded["data"])
+        alpha = next(m for m in loaded["data"] if m["id"] == ALPHA)
+        assert alpha["type"] == "lm" and alpha["context_length"] == ALPHA_CONTEXT and alpha["status"] == "running"
+        assert isinstance(alpha["pid"], int) and alpha["created_at"] > 1_600_000_000
+        assert set(alpha["memory"]) == {"metal_active_mb", "metal_cache_mb", "metal_peak_mb", "rss_mb", "total_mb"}
+        assert alpha["memory"]["rss_mb"] > 10
+
+
+def test_request_id_is_echoed(graph):
+    with graph.http() as http:
+        response = http.get("/v1/models", headers={"X-Request-Id": "orchard-test-42"})
+        assert response.headers["x-request-id"] == "orchard-test-42"
+        assert http.get("/v1/models").headers["x-request-id"]  # generated when absent
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+def test_error_statuses_and_bodies(graph):
+    client = graph.openai()
+    with pytest.raises(openai.NotFoundError) as not_found:
+        client.chat.completions.create(model="no-such-model", messages=CHAT)
+    assert not_found.value.body == {
+        "message": "The model 'no-such-model' does not exist", "type": "invalid_request_error",
+        "param": "model", "code": "model_not_found",
+    }
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.chat.completions.create(model=ALPHA, messages=[{"role": "user", "content": "t1 " * ALPHA_CONTEXT}])
+    assert too_long.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=ALPHA_CONTEXT)
+    assert too_many.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as n_two:
+        client.chat.completions.create(model=ALPHA, messages=CHAT, n=2)
+    assert n_two.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as json_mode:
+        client.chat.completions.create(model=ALPHA, messages=CHAT, response_format={"type": "json_object"})
+    assert json_mode.value.body["param"] == "response_format"
+
+
+def test_queue_full_is_429_and_closed_streams_free_their_slots(graph):
+    body = {"model": BETA, "messages": CHAT, "stream": True, "max_tokens": LONG, "ignore_eos": True}
+    with graph.http() as http, contextlib.ExitStack() as held:
+        open_lines = []
+        for _ in range(2):  # beta holds 2 requests at most
+            stream = held.enter_context(http.stream("POST", "/v1/chat/completions", json=body))
+            assert stream.status_code == 200
+            open_lines.append(stream.iter_lines())
+            _read_to_first_content(open_lines[-1])
+        # Engine stats are refreshed every 0.2 s while it works.
+        wait_until(lambda: _queue_row(http, BETA)["running"] == 2, 10, what="both streams running")
+        refused = http.post("/v1/chat/completions", json=body)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "queue_full" and refused.headers["retry-after"] == "1"
+    # Both streams were closed mid-generation: the engine aborts them and frees their KV.
+    with graph.http() as http:
+        wait_until(lambda: _queue_row(http, BETA)["running"] == 0, 20, what="beta idle")
+
+
+def test_disconnected_stream_is_aborted_in_the_engine(graph):
+    max_tokens = ALPHA_CONTEXT - 100
+    with graph.http() as http:
+        before = _queue_row(http, ALPHA)["generation_tokens_total"]
+        body = {"model": ALPHA, "messages": CHAT, "stream": True, "max_tokens": max_tokens, "ignore_eos": True}
+        with http.stream("POST", "/v1/chat/completions", json=body) as stream:
+            lines = stream.iter_lines()
+            _read_to_first_content(lines)
+            wait_until(
+                lambda: (row := _queue_row(http, ALPHA))["running"] == 1 and row["kv_cache_bytes"] > 0,
+                10, what="the stream's KV in use",
+            )
+        idle = wait_until(
+            lambda: (row := _queue_row(http, ALPHA))["running"] == 0 and row["kv_cache_bytes"] == 0 and row,
+            20, what="alpha's KV freed",
+        )
+        time.sleep(0.5)  # an unaborted request would keep generating
+        generated = _queue_row(http, ALPHA)["generation_tokens_total"] - before
+        assert generated < max_tokens, "the request ran to completion instead of being aborted"
+        assert idle["waiting"] == 0
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+def _read_to_first_content(lines: Iterator[str]) -> str:
+    """Keep `lines` referenced while the stream should stay open: dropping httpx's line iterator
+    closes the connection (which the server rightly treats as a disconnect)."""
+    for line in lines:
+        if line.startswith("data: {") and '"content":"t' in line:
+            return line
+    raise AssertionError("the stream ended before any content")
+
+
+def _stored_ids(graph: Graph) -> set[str]:
+    stored = json.loads((graph.state_dir / "models.json").read_text())
+    return {m["model_id"] for m in stored["models"]}
+
+
+
+def test_api_loaded_model_comes_back_after_serve_restarts(graph, tiny_models):
+    """Run-time apps vanish when Serve restarts; the ingress restores them from its state_dir.
+
+    Runs last in this module: it tears the graph down and deploys serve_config's apps again.
+    """
+    from ray import serve
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    with graph.http() as http:
+        accepted = http.post("/v1/admin/load-model", json={"model_id": GAMMA, "model_path": str(tiny_models.gamma)})
+        assert accepted.status_code == 202, accepted.text
+        wait_until(lambda: (_status_of(http, GAMMA) or {}).get("status") == "running", 90, what="gamma running")
+    serve.shutdown()
+    assert serve.status().applications == {}
+    serve.start(http_options={"host": "127.0.0.1", "port": graph.cluster.port})
+    schema = ServeDeploySchema.model_validate(serve_config_for_tests(tiny_models, graph.state_dir))
+    assert GAMMA not in {app.args.get("model_id") for app in schema.applications}
+    _get_global_client().deploy_apps(schema, _blocking=True)
+    with graph.http() as http:
+        wait_until(lambda: _all_running(http, {ALPHA, BETA, GAMMA}), 120, what="gamma restored after restart")
+        source = _status_of(http, GAMMA)
+    answer = graph.openai().chat.completions.create(model=GAMMA, messages=CHAT, max_tokens=4, **GREEDY)
+    assert answer.usage.completion_tokens == 4 and source["model_path"] == str(tiny_models.gamma)
+    with graph.http() as http:
+        assert http.delete(f"/v1/admin/unload-model/{GAMMA}").status_code == 200
+
+
+class _StreamGaps(threading.Thread):
+    """Streams from a model in the background until stopped; records the longest pause between chunks."""
+
+    def __init__(self, graph: Graph, model_id: str) -> None:
+        super().__init__(daemon=True)
+        self._client = graph.openai()
+        self._model_id = model_id
+        self._stop_event = threading.Event()
+        self.max_gap_s = 0.0
+        self.chunks = 0
+
+    def run(self) -> None:
+        last = None
+        stream = self._client.chat.completions.create(
+            model=self._model_id, messages=CHAT, max_tokens=LONG, stream=True, **GREEDY
+        )
+        with stream:
+            for _ in stream:
+                now = time.monotonic()
+                if last is not None:
+                    self.max_gap_s = max(self.max_gap_s, now - last)
+                last, self.chunks = now, self.chunks + 1
+                if self._stop_event.is_set():
+                    return
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=30)
