@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from engine.errors import EngineDeadError, ModelLoadError, ModelNotFoundError, OrchardError
+from engine.errors import EngineDeadError, ModelExistsError, ModelLoadError, ModelLoadingError, ModelNotFoundError, OrchardError
 from deployments.config import ModelConfig, check_model_sources
-from engine.errors import ModelExistsError, ModelLoadingError
 from deployments.protocol import ModelClient, ModelInfo, QueueStats
 from deployments.state import ModelStore
 

@@ -9,13 +9,14 @@ from engine.errors import (
     ContextLengthExceededError,
     EngineDeadError,
     InvalidRequestError,
+    ModelExistsError,
     ModelLoadError,
+    ModelLoadingError,
     ModelNotFoundError,
     OrchardError,
     QueueFullError,
     QueueTimeoutError,
 )
-from engine.errors import ModelExistsError, ModelLoadingError
 
 QUEUE_RETRY_AFTER_S = 1
 

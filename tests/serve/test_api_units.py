@@ -12,13 +12,14 @@ from deployments.api.convert import chat_job, completion_job
 from deployments.api.errors import wire_error
 from deployments.api.render import ChatRenderer, CompletionRenderer, ResponseMeta
 from deployments.api.schemas import ChatCompletionRequest, CompletionRequest
-from engine.errors import ModelExistsError, ModelLoadingError
 from deployments.protocol import ChatPrompt, StreamChunk, TextPrompt, TokenLogprobInfo, TopTokenLogprob
 from engine.errors import (
     ContextLengthExceededError,
     EngineDeadError,
     InvalidRequestError,
+    ModelExistsError,
     ModelLoadError,
+    ModelLoadingError,
     ModelNotFoundError,
     OrchardError,
     QueueFullError,
