@@ -35,7 +35,9 @@ class EngineConfig:
     queue_size: int | None = None
     queue_timeout: float | None = None
     enable_prefix_cache: bool = True
+    # Byte budget of cached prompt KV; None: a tenth of device memory (1 GiB where unknown).
     prefix_cache_bytes: int | None = None
+    prefix_block_size: int = 32
     draft_model_path: str | None = None
     num_draft_tokens: int = 3
     # Run the model in this dtype ("float32", "bfloat16", "float16"); None keeps the weights'.
@@ -52,6 +54,10 @@ class EngineConfig:
             raise InvalidRequestError("'context_length' must be >= 2", param="context_length")
         if self.queue_size is not None and self.queue_size < 0:
             raise InvalidRequestError("'queue_size' must be >= 0", param="queue_size")
+        if self.prefix_cache_bytes is not None and self.prefix_cache_bytes < 0:
+            raise InvalidRequestError("'prefix_cache_bytes' must be >= 0", param="prefix_cache_bytes")
+        if self.prefix_block_size < 1:
+            raise InvalidRequestError("'prefix_block_size' must be >= 1", param="prefix_block_size")
         if self.queue_timeout is not None and self.queue_timeout <= 0:
             raise InvalidRequestError("'queue_timeout' must be > 0 seconds", param="queue_timeout")
 

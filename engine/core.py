@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from engine.config import EngineConfig
 from engine.errors import ContextLengthExceededError, InvalidRequestError
+from engine.kv.prefix_cache import PrefixCacheStats
 from engine.output.detokenizer import text_source_factory
 from engine.output.events import RequestOutput
 from engine.output.request_state import RequestOutputState
@@ -33,6 +34,8 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     generation_tokens_per_s: float
+    # None when the prefix cache is off (disabled, or a model whose caches cannot be cut into blocks).
+    prefix_cache: PrefixCacheStats | None = None
 
 
 class EngineCore:
@@ -40,8 +43,8 @@ class EngineCore:
         self.loaded = loaded
         self.config = config or EngineConfig()
         self.context_length = self.config.context_length or loaded.context_length
-        self.scheduler = Scheduler(self.config)
         self.runner = ModelRunner(loaded, self.config)
+        self.scheduler = Scheduler(self.config, prefix_cache=self.runner.prefix_cache)
         self._states: dict[str, RequestOutputState] = {}
         self._text_source = text_source_factory(loaded.tokenizer)
         self._num_steps = 0
@@ -150,6 +153,7 @@ class EngineCore:
             prompt_tokens_total=self._prompt_tokens_total,
             generation_tokens_total=self._generation_tokens_total,
             generation_tokens_per_s=rate,
+            prefix_cache=replace(self.runner.prefix_cache.stats) if self.runner.prefix_cache else None,
         )
 
     def close(self) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from engine.errors import OrchardError
 from engine.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.kv.prefix_cache import CachedBlock
 
 
 class RequestStatus(IntEnum):
@@ -60,6 +63,8 @@ class Request:
     # Decode steps dispatched; reaches max_tokens before the last token is read back.
     num_decode_steps: int = 0
     num_cached_tokens: int = 0
+    # Prefix-cache blocks this request reuses; locked from admission until it finishes.
+    prefix_blocks: list["CachedBlock"] = field(default_factory=list)
     stop_reason: str | int | None = None
     error: OrchardError | None = None
     _output_token_ids: list[int] = field(default_factory=list)

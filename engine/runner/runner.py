@@ -20,6 +20,8 @@ from engine.kv.batch_cache import (
     merge_request_caches,
     new_request_cache,
 )
+from engine.kv.block_store import KVBlockStore, default_budget_bytes, supports_prefix_cache
+from engine.kv.prefix_cache import PrefixCache
 from engine.request import Request
 from engine.runner.decode_batch import DecodeBatch, PendingStep
 from engine.runner.loader import LoadedModel
@@ -39,8 +41,14 @@ class ModelRunner:
         rng = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
         self.batch = DecodeBatch(vocab_size=loaded.vocab_size, rng=rng)
         self._prefill_caches: dict[str, LayerCaches] = {}
+        self._batch_requests: dict[str, Request] = {}
         self._pending: PendingStep | None = None
         self._num_steps = 0
+        self.prefix_cache: PrefixCache | None = None
+        if config.enable_prefix_cache and supports_prefix_cache(self.model):
+            budget = config.prefix_cache_bytes if config.prefix_cache_bytes is not None else default_budget_bytes()
+            self.prefix_cache = PrefixCache(config.prefix_block_size, budget)
+        self._blocks = KVBlockStore(self.model, self.prefix_cache) if self.prefix_cache else None
 
     # ---- one engine step -------------------------------------------------
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
@@ -66,11 +74,8 @@ class ModelRunner:
         return sampled
 
     def _dispatch_decode(self, requests: list[Request]) -> PendingStep | None:
-        joiner_caches = {
-            r.request_id: self._prefill_caches.pop(r.request_id, None) or new_request_cache(self.model)
-            for r in requests
-            if r.request_id not in self.batch.rows
-        }
+        joiner_caches = {r.request_id: self._joiner_cache(r) for r in requests if r.request_id not in self.batch.rows}
+        self._cache_leaving_rows({r.request_id for r in requests})
         previous_ids = list(self.batch.request_ids)
         keep_rows = self.batch.update_membership(requests, joiner_caches)
         if not self.batch.request_ids:
@@ -99,11 +104,41 @@ class ModelRunner:
             parts.append(mx.array([by_id[rid].prompt_token_ids[-1] for rid in joiner_ids], mx.uint32))
         return parts[0] if len(parts) == 1 else mx.concatenate(parts)
 
+    def _joiner_cache(self, request: Request) -> LayerCaches:
+        """The finished prefill cache of a request joining decode; its prompt blocks feed the prefix cache."""
+        self._batch_requests[request.request_id] = request
+        cache = self._prefill_caches.pop(request.request_id, None)
+        if cache is None:
+            return self._request_cache(request)
+        if self._blocks is not None:
+            self._blocks.insert(request.prompt_token_ids[: request.num_prefill_tokens], cache)
+        return cache
+
+    def _cache_leaving_rows(self, staying: set[str]) -> None:
+        """Feed the KV of requests leaving the batch (prompt and generated tokens) to the prefix cache."""
+        for row, request_id in enumerate(self.batch.request_ids):
+            if request_id in staying:
+                continue
+            request = self._batch_requests.pop(request_id)
+            if self._blocks is None:
+                continue
+            token_ids = request.all_token_ids()[: request.num_computed_tokens]  # what the KV holds
+            if self.batch.is_batched:
+                self._blocks.insert(token_ids, lambda row=row: extract_request_cache(self.batch.caches, row))
+            else:
+                self._blocks.insert(token_ids, self.batch.caches)
+
+    def _request_cache(self, request: Request) -> LayerCaches:
+        """A new per-request cache holding the KV of the request's cached prefix blocks, if any."""
+        if self._blocks is None:
+            return new_request_cache(self.model)
+        return self._blocks.request_cache(request.prefix_blocks)
+
     # ---- prefill ---------------------------------------------------------
     def _run_prefill(self, chunks: list[PrefillChunk]) -> None:
         if not chunks:
             return
-        caches = [self._prefill_cache(chunk.request.request_id) for chunk in chunks]
+        caches = [self._prefill_cache(chunk.request) for chunk in chunks]
         if len(chunks) == 1:
             self._forward_prompt(mx.array(chunks[0].token_ids, mx.uint32)[None], caches[0])
             return
@@ -129,10 +164,10 @@ class ModelRunner:
                 layer.finalize()
             eval_caches(caches)
 
-    def _prefill_cache(self, request_id: str) -> LayerCaches:
-        if request_id not in self._prefill_caches:
-            self._prefill_caches[request_id] = new_request_cache(self.model)
-        return self._prefill_caches[request_id]
+    def _prefill_cache(self, request: Request) -> LayerCaches:
+        if request.request_id not in self._prefill_caches:
+            self._prefill_caches[request.request_id] = self._request_cache(request)
+        return self._prefill_caches[request.request_id]
 
     # ---- housekeeping ----------------------------------------------------
     def _maybe_clear_cache(self, shapes_changed: bool) -> None:
@@ -163,5 +198,8 @@ class ModelRunner:
     def close(self) -> None:
         self._pending = None
         self._prefill_caches.clear()
+        self._batch_requests.clear()
+        if self.prefix_cache is not None:
+            self.prefix_cache.evict_all_unlocked()
         self.batch.caches = []
         mx.clear_cache()

@@ -13,13 +13,20 @@ from typing import Callable
 
 from engine.config import EngineConfig
 from engine.errors import QueueFullError, QueueTimeoutError
+from engine.kv.prefix_cache import PrefixCache
 from engine.request import Request, RequestStatus
 from engine.scheduler.output import PrefillChunk, SchedulerOutput
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        clock: Callable[[], float] = time.monotonic,
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
         self.config = config
+        self.prefix_cache = prefix_cache
         self._clock = clock
         self.waiting: deque[Request] = deque()
         # Admitted requests (prefilling or decoding), in admission order.
@@ -53,6 +60,9 @@ class Scheduler:
             self._freed_request_ids.append(request.request_id)
         elif request in self.waiting:
             self.waiting.remove(request)
+        if self.prefix_cache is not None and request.prefix_blocks:
+            self.prefix_cache.unlock(request.prefix_blocks)
+            request.prefix_blocks = []
         request.status = status
 
     # ---- scheduling ------------------------------------------------------
@@ -103,9 +113,19 @@ class Scheduler:
             request = self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            self._reuse_cached_prefix(request)
             if request.is_prefilling:
                 budget = self._add_chunk(request, budget, chunks)
         return chunks
+
+    def _reuse_cached_prefix(self, request: Request) -> None:
+        """Skip the prompt's longest cached block prefix (never the last prompt token: it is decoded)."""
+        if self.prefix_cache is None or request.num_computed_tokens:
+            return
+        blocks = self.prefix_cache.match(request.prompt_token_ids, max_tokens=request.num_prefill_tokens)
+        self.prefix_cache.lock(blocks)
+        request.prefix_blocks = blocks
+        request.num_cached_tokens = request.num_computed_tokens = len(blocks) * self.prefix_cache.block_size
 
     @staticmethod
     def _add_chunk(request: Request, budget: int | None, chunks: list[PrefillChunk]) -> int | None:

@@ -1,0 +1,72 @@
+"""MLX side of the prefix cache: cut per-request KV into cached blocks and rebuild caches from them.
+
+Only models whose every layer uses mlx-lm's plain `KVCache` can be cut by token
+position; sliding-window (`RotatingKVCache`) and recurrent (`ArraysCache`) layers
+cannot, so for those models the cache stays off (never a wrong answer).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from engine.kv.batch_cache import LayerCaches, new_request_cache
+from engine.kv.prefix_cache import CachedBlock, PrefixCache
+
+FALLBACK_BUDGET_BYTES = 1 << 30
+DEVICE_MEMORY_FRACTION = 0.1
+
+
+def supports_prefix_cache(model: Any) -> bool:
+    return all(type(layer) is KVCache for layer in new_request_cache(model))
+
+
+def default_budget_bytes() -> int:
+    """A tenth of the device's memory (unified memory on Apple silicon), else 1 GiB."""
+    try:
+        memory = int(mx.device_info().get("memory_size", 0))
+    except (AttributeError, RuntimeError, ValueError):
+        memory = 0
+    return int(memory * DEVICE_MEMORY_FRACTION) if memory else FALLBACK_BUDGET_BYTES
+
+
+class KVBlockStore:
+    def __init__(self, model: Any, cache: PrefixCache) -> None:
+        self.model = model
+        self.cache = cache
+
+    def request_cache(self, blocks: Sequence[CachedBlock]) -> LayerCaches:
+        """A fresh per-request cache, pre-filled with the KV of the matched blocks."""
+        caches = new_request_cache(self.model)
+        if not blocks:
+            return caches
+        num_tokens = len(blocks) * self.cache.block_size
+        for layer, layer_cache in enumerate(caches):
+            keys = mx.concatenate([b.payload[layer][0] for b in blocks], axis=2)
+            values = mx.concatenate([b.payload[layer][1] for b in blocks], axis=2)
+            layer_cache.state = (keys, values, num_tokens)
+        return caches
+
+    def insert(self, token_ids: Sequence[int], caches: LayerCaches | Any) -> None:
+        """Cache the full blocks of token_ids, whose KV is at the start of `caches`.
+
+        `caches` may be a callable returning the caches, so the copy is made only
+        when a block is actually new.
+        """
+        source: list[LayerCaches] = []
+
+        def payload(index: int) -> tuple[list[tuple[mx.array, mx.array]], int]:
+            if not source:
+                source.append(caches() if callable(caches) else caches)
+            start, end = index * self.cache.block_size, (index + 1) * self.cache.block_size
+            # Copies, so a block never keeps its source cache's whole buffer alive.
+            arrays = [
+                (mx.array(layer.keys[..., start:end, :]), mx.array(layer.values[..., start:end, :]))
+                for layer in source[0]
+            ]
+            mx.eval(arrays)
+            return arrays, sum(k.nbytes + v.nbytes for k, v in arrays)
+
+        self.cache.insert(token_ids, payload)

@@ -1,0 +1,96 @@
+"""Prefix cache in the engine: cached == uncached, no cross-talk, budget held, off where it cannot be exact."""
+
+from __future__ import annotations
+
+import random
+
+from engine import EngineConfig, EngineCore, Request, SamplingParams
+from tests.engine.test_batching import assert_same_stream
+from tests.support.drive import Arrival, run_core
+
+BLOCK = 8
+
+
+def greedy(max_tokens: int = 10) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=True)
+
+
+def words(count: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(250) for _ in range(count)]
+
+
+def uncached(loaded, prompt, sampling):
+    core = EngineCore(loaded, EngineConfig(enable_prefix_cache=False))
+    return run_core(core, [Arrival(0, Request("u", prompt, sampling))])["u"]
+
+
+def cached_core(loaded, **config) -> EngineCore:
+    return EngineCore(loaded, EngineConfig(prefix_block_size=BLOCK, **config))
+
+
+def test_a_cache_hit_gives_the_same_logprobs_as_no_cache(tiny_llama):
+    shared = words(70, seed=1)
+    core = cached_core(tiny_llama)
+    run_core(core, [Arrival(0, Request("first", shared + [3, 4, 5], greedy()))])
+    second_prompt = shared + [9, 8, 7, 6]
+    hit = run_core(core, [Arrival(0, Request("second", second_prompt, greedy()))])["second"]
+    assert hit.finish.usage.cached_tokens == 64  # 8 full blocks of the 70 shared tokens
+    assert_same_stream(uncached(tiny_llama, second_prompt, greedy()), hit)
+    stats = core.stats().prefix_cache
+    assert stats.hits >= 1 and stats.hit_tokens >= 64
+
+
+def test_multi_turn_chat_reuses_the_generated_tokens_too(tiny_llama):
+    core = cached_core(tiny_llama)
+    turn1_prompt = words(40, seed=2)
+    turn1 = run_core(core, [Arrival(0, Request("t1", turn1_prompt, greedy(24)))])["t1"]
+    turn2_prompt = turn1_prompt + turn1.token_ids + [11, 12, 13]
+    turn2 = run_core(core, [Arrival(0, Request("t2", turn2_prompt, greedy()))])["t2"]
+    assert turn2.finish.usage.cached_tokens > len(turn1_prompt)
+    assert_same_stream(uncached(tiny_llama, turn2_prompt, greedy()), turn2)
+
+
+def test_conversations_sharing_a_prefix_never_see_each_others_tokens(tiny_llama):
+    prefix = words(48, seed=3)
+    a_prompt, b_prompt = prefix + words(20, seed=4), prefix + words(20, seed=5)
+    core = cached_core(tiny_llama)
+    run_core(core, [Arrival(0, Request("a", a_prompt, greedy(20)))])
+    b = run_core(core, [Arrival(0, Request("b", b_prompt, greedy(20)))])["b"]
+    assert b.finish.usage.cached_tokens == 48
+    assert_same_stream(uncached(tiny_llama, b_prompt, greedy(20)), b)
+    # And concurrently, with chunked prefill, in one batch.
+    core = cached_core(tiny_llama, prefill_chunk_tokens=16)
+    both = run_core(core, [Arrival(0, Request("a", a_prompt, greedy(20))), Arrival(3, Request("b", b_prompt, greedy(20)))])
+    assert_same_stream(uncached(tiny_llama, a_prompt, greedy(20)), both["a"])
+    assert_same_stream(uncached(tiny_llama, b_prompt, greedy(20)), both["b"])
+
+
+def test_same_prompt_requests_admitted_later_hit_the_first_ones_prompt(tiny_llama):
+    prompt = words(90, seed=6)
+    core = cached_core(tiny_llama, max_prefill_seqs=1)
+    results = run_core(core, [Arrival(0, Request(f"r{i}", prompt, greedy(6))) for i in range(4)])
+    cached = sorted(r.finish.usage.cached_tokens for r in results.values())
+    assert cached[0] == 0 and cached[-1] == 88
+    reference = uncached(tiny_llama, prompt, greedy(6))
+    for result in results.values():
+        assert_same_stream(reference, result)
+
+
+def test_byte_budget_holds_over_many_distinct_prompts(tiny_llama):
+    core = cached_core(tiny_llama, prefix_cache_bytes=20_000)
+    arrivals = [Arrival(i, Request(f"r{i}", words(60, seed=100 + i), greedy(4))) for i in range(30)]
+    run_core(core, arrivals)
+    cache = core.runner.prefix_cache
+    cache.check_integrity()
+    assert 0 < cache.stats.bytes_used <= 20_000 and cache.stats.evictions > 0
+
+
+def test_models_whose_caches_cannot_be_cut_run_with_the_cache_off(tmp_path_factory, wordlevel_tokenizer_dir):
+    from engine.runner.loader import load_model
+    from tests.engine.test_architectures import GEMMA3_SLIDING
+    from tests.support.tiny_models import write_model
+
+    folder = write_model(tmp_path_factory.mktemp("gemma-pc"), GEMMA3_SLIDING, wordlevel_tokenizer_dir, scale=3.0)
+    core = EngineCore(load_model(folder), EngineConfig())
+    assert core.runner.prefix_cache is None and core.stats().prefix_cache is None
