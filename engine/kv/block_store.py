@@ -1,12 +1,15 @@
 """MLX side of the prefix cache: cut per-request KV into cached blocks and rebuild caches from them.
 
-Only models whose every layer uses mlx-lm's plain `KVCache` can be cut by token
-position; sliding-window (`RotatingKVCache`) and recurrent (`ArraysCache`) layers
-cannot, so for those models the cache stays off (never a wrong answer).
+Models whose every layer uses mlx-lm's plain `KVCache` are cut by token position.
+Sliding-window (`RotatingKVCache`) and recurrent (`ArraysCache`) layers cannot be cut:
+for them a whole-cache snapshot is kept at the last block boundary of each prompt
+(the scheduler ends a prefill chunk there), and a later prompt extending that block
+prefix resumes from a copy of the snapshot.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
 
 import mlx.core as mx
@@ -19,8 +22,14 @@ FALLBACK_BUDGET_BYTES = 1 << 30
 DEVICE_MEMORY_FRACTION = 0.1
 
 
-def supports_prefix_cache(model: Any) -> bool:
-    return all(type(layer) is KVCache for layer in new_request_cache(model))
+def prefix_cache_mode(model: Any) -> str | None:
+    """"blocks" (cut by position), "snapshots" (whole-cache copies) or None (cannot batch at all)."""
+    layers = new_request_cache(model)
+    if all(type(layer) is KVCache for layer in layers):
+        return "blocks"
+    if all(hasattr(layer, "merge") for layer in layers):
+        return "snapshots"
+    return None
 
 
 def default_budget_bytes() -> int:
@@ -39,6 +48,8 @@ class KVBlockStore:
 
     def request_cache(self, blocks: Sequence[CachedBlock]) -> LayerCaches:
         """A fresh per-request cache, pre-filled with the KV of the matched blocks."""
+        if blocks and self.cache.snapshot_only:
+            return copy.deepcopy(blocks[-1].payload)
         caches = new_request_cache(self.model)
         if not blocks:
             return caches
@@ -70,3 +81,14 @@ class KVBlockStore:
             return arrays, sum(k.nbytes + v.nbytes for k, v in arrays)
 
         self.cache.insert(token_ids, payload)
+
+    def insert_snapshot(self, token_ids: Sequence[int], caches: LayerCaches) -> None:
+        """Keep a copy of `caches`, which hold exactly token_ids (a whole number of blocks)."""
+        assert len(token_ids) % self.cache.block_size == 0
+
+        def snapshot(index: int) -> tuple[LayerCaches, int]:
+            copied = copy.deepcopy(caches)
+            mx.eval([layer.state for layer in copied])
+            return copied, sum(layer.nbytes for layer in copied)
+
+        self.cache.insert(token_ids, snapshot)

@@ -6,6 +6,10 @@ matching also compares each block's tokens and parent link, so a hash collision
 can never hand one conversation another's KV. Blocks hold an opaque payload (the
 engine's per-layer arrays) and its size in bytes; unlocked leaf blocks are evicted
 least-recently-used whenever the byte budget would be exceeded.
+
+In `snapshot_only` mode (models whose caches cannot be cut by position) only the
+last block of an inserted chain carries a payload: a snapshot of the whole cache
+state at that block boundary; a match ends at the deepest block holding one.
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ class PrefixCacheStats:
     num_blocks: int = 0
 
 
+def _no_payload(index: int) -> tuple[None, int]:
+    return None, 0
+
+
 # Builds the payload of block i (tokens [i*block_size, (i+1)*block_size)): (payload, nbytes).
 PayloadFactory = Callable[[int], tuple[Any, int]]
 
@@ -63,6 +71,7 @@ PayloadFactory = Callable[[int], tuple[Any, int]]
 class PrefixCache:
     block_size: int
     capacity_bytes: int
+    snapshot_only: bool = False
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     # In least- to most-recently-used order; a chain is touched leaf first so parents stay behind leaves.
     _blocks: OrderedDict[int, CachedBlock] = field(default_factory=OrderedDict)
@@ -86,6 +95,9 @@ class PrefixCache:
                 break
             matched.append(block)
             parent = block
+        if self.snapshot_only:
+            while matched and matched[-1].payload is None:
+                matched.pop()
         self._touch(matched)
         if matched:
             self.stats.hits += 1
@@ -112,16 +124,21 @@ class PrefixCache:
         """
         chain: list[CachedBlock] = []
         parent: CachedBlock | None = None
-        for index in range(len(tokens) // self.block_size):
+        num_blocks = len(tokens) // self.block_size
+        for index in range(num_blocks):
+            with_payload = not self.snapshot_only or index == num_blocks - 1
             block_tokens = tuple(tokens[index * self.block_size : (index + 1) * self.block_size])
             block_hash = chain_hash(parent.block_hash if parent else ROOT_HASH, block_tokens)
             block = self._blocks.get(block_hash)
             if block is not None and (block.tokens != block_tokens or block.parent is not parent):
                 break  # a hash collision: keep what is cached, add nothing below it
             if block is None:
-                block = self._add_block(block_hash, block_tokens, parent, make_payload, index, protect=chain)
+                factory = make_payload if with_payload else _no_payload
+                block = self._add_block(block_hash, block_tokens, parent, factory, index, protect=chain)
                 if block is None:
                     break
+            elif with_payload and block.payload is None and not self._attach_payload(block, make_payload, index, chain):
+                break
             chain.append(block)
             parent = block
         self._touch(chain)
@@ -144,6 +161,19 @@ class PrefixCache:
         self.stats.num_blocks += 1
         return block
 
+    def _attach_payload(self, block: CachedBlock, make_payload: PayloadFactory, index: int, chain) -> bool:
+        """Give a payload-less (snapshot-mode) block its snapshot, within the budget."""
+        payload, nbytes = make_payload(index)
+        self.lock([*chain, block])
+        try:
+            if not self._make_room(nbytes):
+                return False
+        finally:
+            self.unlock([*chain, block])
+        block.payload, block.nbytes = payload, nbytes
+        self.stats.bytes_used += nbytes
+        return True
+
     def _make_room(self, nbytes: int) -> bool:
         if nbytes > self.capacity_bytes:
             return False
@@ -156,13 +186,21 @@ class PrefixCache:
         victim = next((b for b in self._blocks.values() if b.is_evictable), None)
         if victim is None:
             return False
-        del self._blocks[victim.block_hash]
-        if victim.parent is not None:
-            victim.parent.num_children -= 1
-        self.stats.bytes_used -= victim.nbytes
-        self.stats.num_blocks -= 1
+        self._remove(victim)
         self.stats.evictions += 1
+        # Payload-less parents left without children hold nothing worth keeping.
+        parent = victim.parent
+        while parent is not None and parent.payload is None and parent.is_evictable:
+            self._remove(parent)
+            parent = parent.parent
         return True
+
+    def _remove(self, block: CachedBlock) -> None:
+        del self._blocks[block.block_hash]
+        if block.parent is not None:
+            block.parent.num_children -= 1
+        self.stats.bytes_used -= block.nbytes
+        self.stats.num_blocks -= 1
 
     def evict_all_unlocked(self) -> None:
         while self._evict_one():

@@ -20,7 +20,7 @@ from engine.kv.batch_cache import (
     merge_request_caches,
     new_request_cache,
 )
-from engine.kv.block_store import KVBlockStore, default_budget_bytes, supports_prefix_cache
+from engine.kv.block_store import KVBlockStore, default_budget_bytes, prefix_cache_mode
 from engine.kv.prefix_cache import PrefixCache
 from engine.request import Request
 from engine.runner.decode_batch import DecodeBatch, PendingStep
@@ -45,9 +45,10 @@ class ModelRunner:
         self._pending: PendingStep | None = None
         self._num_steps = 0
         self.prefix_cache: PrefixCache | None = None
-        if config.enable_prefix_cache and supports_prefix_cache(self.model):
+        mode = prefix_cache_mode(self.model) if config.enable_prefix_cache else None
+        if mode is not None:
             budget = config.prefix_cache_bytes if config.prefix_cache_bytes is not None else default_budget_bytes()
-            self.prefix_cache = PrefixCache(config.prefix_block_size, budget)
+            self.prefix_cache = PrefixCache(config.prefix_block_size, budget, snapshot_only=mode == "snapshots")
         self._blocks = KVBlockStore(self.model, self.prefix_cache) if self.prefix_cache else None
 
     # ---- one engine step -------------------------------------------------
@@ -110,7 +111,7 @@ class ModelRunner:
         cache = self._prefill_caches.pop(request.request_id, None)
         if cache is None:
             return self._request_cache(request)
-        if self._blocks is not None:
+        if self._blocks is not None and not self.prefix_cache.snapshot_only:
             self._blocks.insert(request.prompt_token_ids[: request.num_prefill_tokens], cache)
         return cache
 
@@ -120,7 +121,7 @@ class ModelRunner:
             if request_id in staying:
                 continue
             request = self._batch_requests.pop(request_id)
-            if self._blocks is None:
+            if self._blocks is None or self.prefix_cache.snapshot_only:
                 continue
             token_ids = request.all_token_ids()[: request.num_computed_tokens]  # what the KV holds
             if self.batch.is_batched:
@@ -141,6 +142,7 @@ class ModelRunner:
         caches = [self._prefill_cache(chunk.request) for chunk in chunks]
         if len(chunks) == 1:
             self._forward_prompt(mx.array(chunks[0].token_ids, mx.uint32)[None], caches[0])
+            self._maybe_snapshot(chunks[0], caches[0])
             return
         merged = merge_request_caches(caches)
         lengths = [chunk.num_tokens for chunk in chunks]
@@ -153,6 +155,15 @@ class ModelRunner:
         self._forward_prompt(tokens, merged, finalize=any(padding))
         for row, chunk in enumerate(chunks):
             self._prefill_caches[chunk.request.request_id] = extract_request_cache(merged, row)
+            self._maybe_snapshot(chunk, self._prefill_caches[chunk.request.request_id])
+
+    def _maybe_snapshot(self, chunk: PrefillChunk, cache: LayerCaches) -> None:
+        """In snapshot mode, a chunk ending on a block boundary leaves a whole-cache snapshot."""
+        if self._blocks is None or not self.prefix_cache.snapshot_only:
+            return
+        end = chunk.start + chunk.num_tokens
+        if end % self.prefix_cache.block_size == 0 and end > len(chunk.request.prefix_blocks) * self.prefix_cache.block_size:
+            self._blocks.insert_snapshot(chunk.request.prompt_token_ids[:end], cache)
 
     def _forward_prompt(self, tokens: mx.array, caches: LayerCaches, finalize: bool = False) -> None:
         """Write [B, L] prompt tokens to the caches; logits are never materialised."""

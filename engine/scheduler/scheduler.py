@@ -127,13 +127,21 @@ class Scheduler:
         request.prefix_blocks = blocks
         request.num_cached_tokens = request.num_computed_tokens = len(blocks) * self.prefix_cache.block_size
 
-    @staticmethod
-    def _add_chunk(request: Request, budget: int | None, chunks: list[PrefillChunk]) -> int | None:
-        remaining = request.num_prefill_tokens - request.num_computed_tokens
+    def _add_chunk(self, request: Request, budget: int | None, chunks: list[PrefillChunk]) -> int | None:
+        remaining = self._prefill_target(request) - request.num_computed_tokens
         num_tokens = remaining if budget is None else min(remaining, budget)
         chunks.append(PrefillChunk(request, request.num_computed_tokens, num_tokens))
         request.num_computed_tokens += num_tokens
         return None if budget is None else budget - num_tokens
+
+    def _prefill_target(self, request: Request) -> int:
+        """Where this request's next chunk may end: its prefill end, or first the last block
+        boundary before it when the prefix cache keeps whole-cache snapshots there."""
+        end = request.num_prefill_tokens
+        if self.prefix_cache is None or not self.prefix_cache.snapshot_only:
+            return end
+        boundary = end - end % self.prefix_cache.block_size
+        return boundary if request.num_computed_tokens < boundary else end
 
     # ---- introspection ---------------------------------------------------
     @property

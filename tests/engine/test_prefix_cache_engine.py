@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from engine import EngineConfig, EngineCore, Request, SamplingParams
 from tests.engine.test_batching import assert_same_stream
 from tests.support.drive import Arrival, run_core
@@ -86,11 +88,29 @@ def test_byte_budget_holds_over_many_distinct_prompts(tiny_llama):
     assert 0 < cache.stats.bytes_used <= 20_000 and cache.stats.evictions > 0
 
 
-def test_models_whose_caches_cannot_be_cut_run_with_the_cache_off(tmp_path_factory, wordlevel_tokenizer_dir):
+@pytest.fixture(scope="module", params=["gemma3_sliding", "qwen3_next_hybrid"])
+def uncuttable_model(request, tmp_path_factory, wordlevel_tokenizer_dir):
     from engine.runner.loader import load_model
-    from tests.engine.test_architectures import GEMMA3_SLIDING
+    from tests.engine.test_architectures import GEMMA3_SLIDING, QWEN3_NEXT_HYBRID
     from tests.support.tiny_models import write_model
 
-    folder = write_model(tmp_path_factory.mktemp("gemma-pc"), GEMMA3_SLIDING, wordlevel_tokenizer_dir, scale=3.0)
-    core = EngineCore(load_model(folder), EngineConfig())
-    assert core.runner.prefix_cache is None and core.stats().prefix_cache is None
+    config = {"gemma3_sliding": GEMMA3_SLIDING, "qwen3_next_hybrid": QWEN3_NEXT_HYBRID}[request.param]
+    return load_model(write_model(tmp_path_factory.mktemp(request.param), config, wordlevel_tokenizer_dir, scale=3.0))
+
+
+def test_sliding_window_and_hybrid_models_hit_snapshots_and_stay_exact(uncuttable_model):
+    core = cached_core(uncuttable_model, prefill_chunk_tokens=12)
+    assert core.runner.prefix_cache.snapshot_only
+    turn1_prompt = words(37, seed=7)  # snapshot at 32 tokens (4 blocks)
+    turn1 = run_core(core, [Arrival(0, Request("t1", turn1_prompt, greedy(12)))])["t1"]
+    assert_same_stream(uncached(uncuttable_model, turn1_prompt, greedy(12)), turn1)
+    turn2_prompt = turn1_prompt + turn1.token_ids + [5, 6, 7]
+    turn2 = run_core(core, [Arrival(0, Request("t2", turn2_prompt, greedy(12)))])["t2"]
+    assert turn2.finish.usage.cached_tokens == 32
+    assert_same_stream(uncached(uncuttable_model, turn2_prompt, greedy(12)), turn2)
+    # A prompt that diverges inside the snapshot's blocks must not use it.
+    other = turn1_prompt[:20] + words(30, seed=8)
+    diverged = run_core(core, [Arrival(0, Request("o", other, greedy(8)))])["o"]
+    assert diverged.finish.usage.cached_tokens == 0
+    assert_same_stream(uncached(uncuttable_model, other, greedy(8)), diverged)
+    core.runner.prefix_cache.check_integrity()

@@ -90,9 +90,9 @@ operations = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(operations, st.integers(0, 120))
-def test_random_operation_sequences_keep_every_invariant(ops, capacity):
-    cache = PrefixCache(BLOCK, capacity_bytes=capacity)
+@given(operations, st.integers(0, 120), st.booleans())
+def test_random_operation_sequences_keep_every_invariant(ops, capacity, snapshot_only):
+    cache = PrefixCache(BLOCK, capacity_bytes=capacity, snapshot_only=snapshot_only)
     held = []
     for op, tokens, nbytes in ops:
         if op == "insert":
@@ -102,7 +102,8 @@ def test_random_operation_sequences_keep_every_invariant(ops, capacity):
             cache.lock(blocks)
             held.append(blocks)
             for i, block in enumerate(blocks):  # a hit always stands for exactly these tokens
-                assert block.payload == tuple(tokens[i * BLOCK : (i + 1) * BLOCK])
+                if not snapshot_only or i == len(blocks) - 1:
+                    assert block.payload == tuple(tokens[i * BLOCK : (i + 1) * BLOCK])
         elif op == "unlock" and held:
             cache.unlock(held.pop(0))
         elif op == "evict":
@@ -113,3 +114,18 @@ def test_random_operation_sequences_keep_every_invariant(ops, capacity):
         cache.unlock(blocks)
     cache.evict_all_unlocked()
     assert cache.stats.bytes_used == 0 and cache.stats.num_blocks == 0
+
+
+def test_snapshot_mode_matches_only_up_to_the_deepest_snapshot():
+    cache = PrefixCache(BLOCK, capacity_bytes=1000, snapshot_only=True)
+    short = list(range(8))
+    long = list(range(16))
+    first = cache.insert(short, payload(short))
+    assert [b.payload for b in first] == [None, (4, 5, 6, 7)]
+    assert cache.match(long) == first  # blocks 3-4 are not cached yet
+    second = cache.insert(long, payload(long))
+    assert [b.payload for b in second] == [None, (4, 5, 6, 7), None, (12, 13, 14, 15)]
+    assert cache.match(long[:12] + [0, 0, 0, 0]) == first  # block 3 exists but holds no snapshot
+    cache.check_integrity()
+    cache.evict_all_unlocked()
+    assert cache.stats.num_blocks == 0 and cache.stats.bytes_used == 0

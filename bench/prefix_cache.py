@@ -1,0 +1,141 @@
+"""Prefix cache figures, in process: TTFT of a hit vs a miss, and memory under prompt churn.
+
+    python -m bench.prefix_cache ttft --random-shape qwen3-0.6b --prefix-tokens 2048 --json out.json
+    python -m bench.prefix_cache churn --random-shape tiny --prompts 1000 --prompt-tokens 1024 --budget-mb 64
+
+`ttft`: each round sends a 2,048-token shared prefix with a new short suffix; round 0 misses
+(cold cache), later rounds hit. `churn`: distinct prompts one after another; records the
+cache's bytes, MLX active memory and process RSS every few prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import mlx.core as mx
+
+from bench.engine_throughput import git_commit, machine_info
+from bench.random_model import make_random_model
+from engine import EngineConfig, EngineCore, Request, SamplingParams
+from engine.runner.loader import load_model
+
+
+@dataclass
+class TtftResult:
+    prefix_tokens: int
+    suffix_tokens: int
+    miss_ttft_s: list[float] = field(default_factory=list)
+    hit_ttft_s: list[float] = field(default_factory=list)
+    hit_cached_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.miss_ttft_s) / statistics.median(self.hit_ttft_s)
+
+
+@dataclass
+class ChurnSample:
+    prompts_done: int
+    cache_bytes: int
+    mlx_active_bytes: int
+    rss_max_bytes: int
+
+
+def _time_to_first_token(core: EngineCore, request: Request) -> tuple[float, int]:
+    started = time.perf_counter()
+    core.add_request(request)
+    first, cached = None, 0
+    while core.has_unfinished_requests():
+        for output in core.step():
+            if first is None and output.new_token_ids:
+                first = time.perf_counter() - started
+            if output.finish is not None:
+                cached = output.finish.usage.cached_tokens
+    return first, cached
+
+
+def run_ttft(loaded, args) -> TtftResult:
+    rng = random.Random(0)
+    vocab = loaded.vocab_size - 16
+    result = TtftResult(args.prefix_tokens, args.suffix_tokens)
+    sampling = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    for trial in range(args.trials + 1):  # trial 0 warms kernels up and is not counted
+        core = EngineCore(loaded, EngineConfig(prefix_cache_bytes=4 << 30))
+        prefix = [rng.randrange(vocab) for _ in range(args.prefix_tokens)]
+        for round_ in range(args.rounds):
+            suffix = [rng.randrange(vocab) for _ in range(args.suffix_tokens)]
+            ttft, cached = _time_to_first_token(core, Request(f"t{trial}-{round_}", prefix + suffix, sampling))
+            if trial == 0:
+                continue
+            if round_ == 0:
+                result.miss_ttft_s.append(ttft)
+            else:
+                result.hit_ttft_s.append(ttft)
+                result.hit_cached_tokens.append(cached)
+        core.close()
+    return result
+
+
+def run_churn(loaded, args) -> list[ChurnSample]:
+    rng = random.Random(1)
+    vocab = loaded.vocab_size - 16
+    core = EngineCore(loaded, EngineConfig(prefix_cache_bytes=args.budget_mb << 20, max_decode_seqs=8))
+    sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    samples = []
+    for index in range(args.prompts):
+        prompt = [rng.randrange(vocab) for _ in range(args.prompt_tokens)]
+        core.add_request(Request(f"c{index}", prompt, sampling))
+        while core.has_unfinished_requests():
+            core.step()
+        if index % args.sample_every == 0 or index == args.prompts - 1:
+            stats = core.runner.prefix_cache.stats
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            samples.append(ChurnSample(index + 1, stats.bytes_used, mx.get_active_memory(), rss))
+    core.runner.prefix_cache.check_integrity()
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["ttft", "churn"])
+    parser.add_argument("--model")
+    parser.add_argument("--random-shape", default="tiny")
+    parser.add_argument("--prefix-tokens", type=int, default=2048)
+    parser.add_argument("--suffix-tokens", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=1000)
+    parser.add_argument("--prompt-tokens", type=int, default=1024)
+    parser.add_argument("--budget-mb", type=int, default=64)
+    parser.add_argument("--sample-every", type=int, default=50)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    path = args.model or str(make_random_model(tempfile.mkdtemp(prefix="orchard-pc-"), shape=args.random_shape))
+    loaded = load_model(path)
+    report = {"mode": args.mode, "settings": vars(args), "machine": machine_info(), "commit": git_commit()}
+    if args.mode == "ttft":
+        result = run_ttft(loaded, args)
+        report["result"] = asdict(result) | {"speedup_median": result.speedup}
+        print(f"miss TTFT median {statistics.median(result.miss_ttft_s) * 1e3:.1f} ms, "
+              f"hit TTFT median {statistics.median(result.hit_ttft_s) * 1e3:.1f} ms, "
+              f"speedup {result.speedup:.1f}x, cached tokens per hit {result.hit_cached_tokens[:3]}")
+    else:
+        samples = run_churn(loaded, args)
+        report["samples"] = [asdict(s) for s in samples]
+        for s in samples:
+            print(f"{s.prompts_done:5d} prompts  cache {s.cache_bytes / 2**20:7.1f} MiB  "
+                  f"MLX active {s.mlx_active_bytes / 2**20:8.1f} MiB  RSS max {s.rss_max_bytes / 2**20:8.1f} MiB")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
