@@ -77,7 +77,7 @@ class KVBlockStore:
                 (mx.array(layer.keys[..., start:end, :]), mx.array(layer.values[..., start:end, :]))
                 for layer in source[0]
             ]
-            mx.eval(arrays)
+            mx.async_eval(arrays)  # materialise off the critical path; the source buffer is released after
             return arrays, sum(k.nbytes + v.nbytes for k, v in arrays)
 
         self.cache.insert(token_ids, payload)
@@ -88,7 +88,7 @@ class KVBlockStore:
 
         def snapshot(index: int) -> tuple[LayerCaches, int]:
             copied = copy.deepcopy(caches)
-            mx.eval([layer.state for layer in copied])
+            mx.async_eval([layer.state for layer in copied])
             return copied, sum(layer.nbytes for layer in copied)
 
         self.cache.insert(token_ids, snapshot)

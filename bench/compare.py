@@ -1,0 +1,244 @@
+"""Our server vs mlx_lm.server on one model, same workloads, one run; plus the in-process engine rate.
+
+    python -m bench.compare --random-shape qwen3-0.6b [--bits 4] --levels 1,4,8,16,32,64,128 \
+        --servers orchard,mlx_lm --engine-baseline --json $OUT/serving_qwen3.json --time-budget-s 480
+
+Builds (or takes, --model) a model folder; for each server: start it as a child process, wait
+until it answers, run bench.serving's workloads, stop it; then (--engine-baseline) measure
+bench.engine_throughput's orchard rate at the same levels and uniform prompt/gen sizes in a child
+process. Everything lands in one JSON, rewritten after each step, so a run cut short leaves its
+partial results. On Linux dev machines run it whole under scripts/loopback.sh (Ray inside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from bench.compare_tables import acceptance_checks, comparison_tables
+from bench.servers import SERVERS, OrchardKnobs, ServerProcess, free_port, mlx_lm_spec, orchard_spec
+from bench.serving import _run, add_load_arguments, run_suite, settings_from_args, suite_tables, to_jsonable, write_json
+from bench.serving_tables import show
+from bench.serving_workloads import LoadSettings
+
+REPO = Path(__file__).resolve().parents[1]
+# Time-budget shares: mlx_lm.server streams more slowly at high concurrency; the engine run is short.
+PHASE_WEIGHTS = {"orchard": 1.0, "mlx_lm": 1.3, "engine": 0.4}
+STOP_RESERVE_S = 20.0  # stopping a server (Ray shutdown) within its phase
+END_RESERVE_S = 10.0  # tables and the final JSON
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="mlx-lm model folder (random-weight WordLevel models give exact token counts)")
+    src.add_argument("--random-shape", help="build a random model: qwen3-0.6b, llama-3.1-8b, tiny")
+    p.add_argument("--bits", type=int, default=None, help="quantize the random model (group 64)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--servers", default="orchard,mlx_lm", help=f"subset of {','.join(SERVERS)}, in run order")
+    p.add_argument("--engine-baseline", action="store_true", help="also the in-process engine rate (uniform sizes)")
+    p.add_argument("--json", required=True, help="the report (rewritten after every step)")
+    p.add_argument("--log-dir", help="server logs (default: next to --json)")
+    p.add_argument("--time-budget-s", type=float, default=480.0, help="the whole run, model build included")
+    p.add_argument("--startup-timeout-s", type=float, default=240.0)
+    p.add_argument("--prefill-batch", type=int, default=8, help="ours: cb_prefill_batch_size")
+    p.add_argument("--chunked-prefill-tokens", type=int, default=2048, help="ours: cb_chunked_prefill_tokens")
+    p.add_argument("--context-length", type=int, default=None, help="ours: context_length (default: the model's)")
+    p.add_argument("--throughput-optimized", action="store_true", help="ours: RAY_SERVE_THROUGHPUT_OPTIMIZED=1")
+    p.add_argument("--mlx-prompt-concurrency", type=int, default=16, help="mlx_lm.server --prompt-concurrency")
+    add_load_arguments(p)
+    return p.parse_args(argv)
+
+
+# ---- facts about the run
+def _python_json(code: str, timeout_s: float = 60.0) -> Optional[dict]:
+    """Run a snippet in a child Python (keeps MLX and Ray out of this process); its last stdout line is JSON."""
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
+                              cwd=REPO, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def machine_facts() -> Optional[dict]:
+    return _python_json(
+        "import json\nfrom bench.engine_throughput import machine_info\ninfo = machine_info()\n"
+        "try:\n import ray; info['ray'] = ray.__version__\nexcept Exception: info['ray'] = None\n"
+        "import aiohttp; info['aiohttp'] = aiohttp.__version__\nprint(json.dumps(info))"
+    )
+
+
+def git_commit() -> Optional[str]:
+    if os.environ.get("ORCHARD_COMMIT"):
+        return os.environ["ORCHARD_COMMIT"]
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        return done.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def model_facts(model_path: str, args: argparse.Namespace) -> dict[str, Any]:
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    weights = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
+    return {
+        "path": model_path, "random_shape": args.random_shape, "model_type": config.get("model_type"),
+        "dtype": config.get("torch_dtype") or config.get("dtype"), "quantization": config.get("quantization"),
+        "vocab_size": config.get("vocab_size"), "max_position_embeddings": config.get("max_position_embeddings"),
+        "weights_gib": round(weights / 2**30, 3),
+    }
+
+
+def build_model(args: argparse.Namespace, folder: Path, timeout_s: float) -> str:
+    argv = [sys.executable, "-m", "bench.random_model", str(folder), "--shape", args.random_shape, "--dtype", args.dtype]
+    if args.bits:
+        argv += ["--bits", str(args.bits)]
+    started = time.perf_counter()
+    subprocess.run(argv, cwd=REPO, check=True, timeout=timeout_s)  # its own process: MLX memory is returned at exit
+    print(f"built random {args.random_shape} model in {time.perf_counter() - started:.1f} s", flush=True)
+    return str(folder)
+
+
+# ---- phases
+class Run:
+    """The report and the clock of one comparison."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.started = time.perf_counter()
+        self.deadline = self.started + args.time_budget_s - END_RESERVE_S
+        self.json_path = Path(args.json)
+        self.log_dir = Path(args.log_dir) if args.log_dir else self.json_path.parent / f"logs_{self.json_path.stem}"
+        self.report: dict[str, Any] = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": git_commit(), "machine": None, "model": None, "settings": None,
+            "servers": {}, "server_info": {}, "engine": None, "checks": [], "events": [],
+        }
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def phase_budget(self, phase: str, phases_left: list[str]) -> float:
+        total = sum(PHASE_WEIGHTS[p] for p in phases_left)
+        return self.left() * PHASE_WEIGHTS[phase] / total
+
+    def event(self, text: str) -> None:
+        stamp = round(time.perf_counter() - self.started, 1)
+        self.report["events"].append(f"{stamp:7.1f} s  {text}")
+        print(f"[compare {stamp:6.1f} s] {text}", flush=True)
+
+    def save(self) -> None:
+        self.report["checks"] = acceptance_checks(self.report)
+        write_json(self.json_path, self.report)
+
+
+def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSettings, budget_s: float) -> None:
+    args = run.args
+    port = free_port()
+    if name == "orchard":
+        knobs = OrchardKnobs(max(settings.levels + [settings.burst_size, settings.long_background + 1]),
+                             args.prefill_batch, args.chunked_prefill_tokens, args.context_length, args.throughput_optimized)
+        spec = orchard_spec(model_path, "bench-model", port, knobs)
+    else:
+        decode = max(settings.levels + [settings.burst_size, settings.long_background + 1])
+        spec = mlx_lm_spec(model_path, port, decode, args.mlx_prompt_concurrency)
+    phase_end = time.perf_counter() + budget_s
+    server = ServerProcess(spec, run.log_dir / f"{name}.log", REPO)
+    info: dict[str, Any] = {"argv": spec.argv[1:], "log": str(server.log_path), "target": to_jsonable(spec.target)}
+    run.report["server_info"][name] = info
+    run.event(f"starting {name} on port {port} (phase budget {budget_s:.0f} s)")
+    try:
+        server.start()
+        info["ready_s"] = round(server.wait_ready(min(args.startup_timeout_s, 0.6 * budget_s)), 1)
+        run.event(f"{name} ready after {info['ready_s']} s")
+        suite_deadline = phase_end - STOP_RESERVE_S
+
+        def on_result(suite: Any) -> None:  # after every level: a run cut short keeps what it measured
+            run.report["servers"][name] = to_jsonable(suite)
+            run.save()
+
+        suite = _run(run_suite(spec.target, settings, suite_deadline, on_result=on_result))
+        run.report["servers"][name] = to_jsonable(suite)
+        show(suite_tables(suite))
+    except Exception as exc:  # a server that fails to start or dies: recorded, and the next one still runs
+        info["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+        run.event(f"{name} failed: {type(exc).__name__}: {str(exc)[:2000]}")
+    finally:
+        stop_started = time.perf_counter()
+        server.stop()
+        info["stop_s"] = round(time.perf_counter() - stop_started, 1)
+        run.event(f"{name} stopped in {info['stop_s']} s")
+        run.save()
+
+
+def run_engine_phase(run: Run, model_path: str, settings: LoadSettings, budget_s: float) -> None:
+    """bench.engine_baseline in a child process; the levels it finished count even if the budget stops it."""
+    path = run.json_path.parent / f".{run.json_path.stem}_engine.json"
+    argv = [sys.executable, "-m", "bench.engine_baseline", "--model", model_path, "--levels",
+            ",".join(map(str, settings.levels)), "--prompt-tokens", str(settings.prompt_tokens),
+            "--gen-tokens", str(settings.gen_tokens), "--prefill-batch-size", str(run.args.prefill_batch),
+            "--prefill-chunk-tokens", str(run.args.chunked_prefill_tokens), "--seed", str(settings.seed), "--json", str(path)]
+    run.event(f"engine baseline (budget {budget_s:.0f} s)")
+    try:
+        subprocess.run(argv, cwd=REPO, timeout=max(5.0, budget_s), check=False)
+    except subprocess.TimeoutExpired:
+        run.event("engine baseline stopped by the time budget; keeping the levels it finished")
+    try:
+        run.report["engine"] = json.loads(path.read_text())
+        path.unlink()
+    except (OSError, ValueError) as exc:
+        run.report["engine"] = {"error": f"no engine results: {exc}"}
+    run.save()
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    args = parse_args(argv)
+    run = Run(args)
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    if set(servers) - set(SERVERS):
+        raise SystemExit(f"unknown servers {sorted(set(servers) - set(SERVERS))}; choose from {SERVERS}")
+    with tempfile.TemporaryDirectory(prefix="orchard-compare-") as tmp:
+        model_path = args.model or build_model(args, Path(tmp) / "model", timeout_s=max(30.0, 0.4 * run.left()))
+        run.report["model"] = model_facts(model_path, args)
+        run.report["machine"] = machine_facts()
+        settings = settings_from_args(args, run.report["model"]["vocab_size"])
+        run.report["settings"] = {"load": to_jsonable(settings), "compare": {k: v for k, v in vars(args).items() if k != "json"}}
+        _warn_context(run, settings)
+        run.save()
+        phases = servers + (["engine"] if args.engine_baseline else [])
+        for i, phase in enumerate(phases):
+            budget = run.phase_budget(phase, phases[i:])
+            if budget < 15.0:
+                run.event(f"skipping {phase}: {budget:.0f} s left")
+                continue
+            if phase == "engine":
+                run_engine_phase(run, model_path, settings, budget)
+            else:
+                run_server_phase(run, phase, model_path, settings, budget)
+    run.report["wall_s"] = round(time.perf_counter() - run.started, 1)
+    run.save()
+    print()
+    show(comparison_tables(run.report))
+    print(f"\nwrote {run.json_path} in {run.report['wall_s']} s")
+    return run.report
+
+
+def _warn_context(run: Run, settings: LoadSettings) -> None:
+    limit = run.args.context_length or run.report["model"].get("max_position_embeddings") or 0
+    need = settings.long_prompt_tokens + settings.long_gen_tokens + 32
+    if "long" in settings.workloads and limit and need > limit:
+        run.event(f"warning: long prompt ({need} tokens with template) exceeds the context ({limit}); "
+                  "use --long-prompt-tokens or --context-length")
+
+
+if __name__ == "__main__":
+    main()
