@@ -54,6 +54,11 @@ class KVBlockStore:
         if not blocks:
             return caches
         num_tokens = len(blocks) * self.cache.block_size
+        if all(isinstance(b.payload, mx.array) for b in blocks):
+            stacked = mx.concatenate([b.payload for b in blocks], axis=-2)  # [layers, k/v, 1, heads, tokens, dim]
+            for layer, layer_cache in enumerate(caches):
+                layer_cache.state = (stacked[layer, 0], stacked[layer, 1], num_tokens)
+            return caches
         for layer, layer_cache in enumerate(caches):
             keys = mx.concatenate([b.payload[layer][0] for b in blocks], axis=2)
             values = mx.concatenate([b.payload[layer][1] for b in blocks], axis=2)
@@ -63,22 +68,28 @@ class KVBlockStore:
     def insert(self, token_ids: Sequence[int], caches: LayerCaches | Any) -> None:
         """Cache the full blocks of token_ids, whose KV is at the start of `caches`.
 
-        `caches` may be a callable returning the caches, so the copy is made only
-        when a block is actually new.
+        `caches` may be a callable returning the caches, so that copy is made only when
+        a block is actually new. New blocks always form the chain's tail, so their KV is
+        gathered once, as one array over all layers, and each block copies its slice.
         """
-        source: list[LayerCaches] = []
+        block_size = self.cache.block_size
+        num_blocks = len(token_ids) // block_size
+        tail: list[tuple[int, Any]] = []  # (first new block index, gathered KV)
 
-        def payload(index: int) -> tuple[list[tuple[mx.array, mx.array]], int]:
-            if not source:
-                source.append(caches() if callable(caches) else caches)
-            start, end = index * self.cache.block_size, (index + 1) * self.cache.block_size
-            # Copies, so a block never keeps its source cache's whole buffer alive.
-            arrays = [
-                (mx.array(layer.keys[..., start:end, :]), mx.array(layer.values[..., start:end, :]))
-                for layer in source[0]
-            ]
-            mx.async_eval(arrays)  # materialise off the critical path; the source buffer is released after
-            return arrays, sum(k.nbytes + v.nbytes for k, v in arrays)
+        def payload(index: int) -> tuple[Any, int]:
+            if not tail:
+                layers = caches() if callable(caches) else caches
+                tail.append((index, _gather(layers, index * block_size, num_blocks * block_size)))
+            first, gathered = tail[0]
+            start, end = (index - first) * block_size, (index - first + 1) * block_size
+            if isinstance(gathered, mx.array):
+                block = mx.array(gathered[..., start:end, :])  # a copy: frees the source once evaluated
+                nbytes = block.nbytes
+            else:
+                block = [(mx.array(k[..., start:end, :]), mx.array(v[..., start:end, :])) for k, v in gathered]
+                nbytes = sum(k.nbytes + v.nbytes for k, v in block)
+            mx.async_eval(block)  # materialise off the critical path
+            return block, nbytes
 
         self.cache.insert(token_ids, payload)
 
@@ -92,3 +103,13 @@ class KVBlockStore:
             return copied, sum(layer.nbytes for layer in copied)
 
         self.cache.insert(token_ids, snapshot)
+
+
+def _gather(layers: LayerCaches, start: int, end: int) -> Any:
+    """KV of tokens [start, end) of every layer: one [layers, 2, 1, heads, tokens, dim] array
+    when all layers share a shape, else a list of per-layer (keys, values)."""
+    pairs = [(layer.keys[..., start:end, :], layer.values[..., start:end, :]) for layer in layers]
+    shapes = {(k.shape, v.shape, k.dtype, v.dtype) for k, v in pairs}
+    if len(shapes) == 1 and pairs[0][0].shape == pairs[0][1].shape:
+        return mx.stack([mx.stack(pair) for pair in pairs])
+    return pairs
