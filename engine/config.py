@@ -7,6 +7,8 @@ from typing import Any
 
 from engine.errors import InvalidRequestError
 
+MIN_PREFIX_CACHE_BYTES = 1 << 20
+
 # Bodega (and our serve_config.yaml) name -> EngineConfig field.
 BODEGA_ALIASES = {
     "cb_max_num_seqs": "max_num_seqs",
@@ -54,8 +56,15 @@ class EngineConfig:
             raise InvalidRequestError("'context_length' must be >= 2", param="context_length")
         if self.queue_size is not None and self.queue_size < 0:
             raise InvalidRequestError("'queue_size' must be >= 0", param="queue_size")
-        if self.prefix_cache_bytes is not None and self.prefix_cache_bytes < 0:
-            raise InvalidRequestError("'prefix_cache_bytes' must be >= 0", param="prefix_cache_bytes")
+        if self.prefix_cache_bytes is not None and not (
+            self.prefix_cache_bytes == 0 or self.prefix_cache_bytes >= MIN_PREFIX_CACHE_BYTES
+        ):
+            # Bodega's prompt_cache_size counts cached prompts; ours is a byte budget, so refuse small numbers.
+            raise InvalidRequestError(
+                "'prefix_cache_bytes' (alias 'prompt_cache_size') is the prefix cache's byte budget: "
+                f"0 or at least {MIN_PREFIX_CACHE_BYTES} (1 MiB), got {self.prefix_cache_bytes}",
+                param="prefix_cache_bytes",
+            )
         if self.prefix_block_size < 1:
             raise InvalidRequestError("'prefix_block_size' must be >= 1", param="prefix_block_size")
         if self.queue_timeout is not None and self.queue_timeout <= 0:

@@ -66,3 +66,10 @@ def test_unknown_and_duplicate_options_are_refused():
         EngineConfig.from_options(max_num_seqs=4, cb_max_num_seqs=8)
     with pytest.raises(InvalidRequestError, match="max_decode_seqs"):
         EngineConfig(max_decode_seqs=0)
+
+
+def test_prompt_cache_size_is_a_byte_budget_and_slot_counts_are_refused():
+    assert EngineConfig.from_options(prompt_cache_size=2 << 30).prefix_cache_bytes == 2 << 30
+    assert EngineConfig(prefix_cache_bytes=0).prefix_cache_bytes == 0
+    with pytest.raises(InvalidRequestError, match="byte budget"):
+        EngineConfig.from_options(prompt_cache_size=10)
