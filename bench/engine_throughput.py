@@ -171,12 +171,13 @@ class OrchardRunner(Runner):
 
     name = "orchard"
 
-    def __init__(self, model_path: str, prefill_batch_size: int, prefill_chunk_tokens: int):
+    def __init__(self, model_path: str, prefill_batch_size: int, prefill_chunk_tokens: int, prefix_cache: bool):
         from engine.runner.loader import load_model
 
         self.loaded = load_model(model_path)
         self.prefill_batch_size = prefill_batch_size
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.prefix_cache = prefix_cache
         self._core = None
         self._core_concurrency = 0
         self._next_id = 0
@@ -191,6 +192,7 @@ class OrchardRunner(Runner):
                 max_decode_seqs=concurrency,
                 max_prefill_seqs=self.prefill_batch_size,
                 prefill_chunk_tokens=self.prefill_chunk_tokens,
+                enable_prefix_cache=self.prefix_cache,
             )
             self._core = EngineCore(self.loaded, config)
             self._core_concurrency = concurrency
@@ -241,7 +243,7 @@ def build_runners(names: list[str], model_path: str, args) -> list[Runner]:
             runners.append(MlxBatchRunner(model, args.prefill_batch_size))
     if "orchard" in names and orchard_importable():
         try:
-            runners.append(OrchardRunner(model_path, args.prefill_batch_size, args.prefill_chunk_tokens))
+            runners.append(OrchardRunner(model_path, args.prefill_batch_size, args.prefill_chunk_tokens, args.prefix_cache == "on"))
         except Exception:
             traceback.print_exc()
             print("[orchard] load_model failed, skipping its column")
@@ -411,6 +413,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--warmup-tokens", type=int, default=16, help="new tokens in each warm-up run")
     p.add_argument("--prefill-batch-size", type=int, default=8)
     p.add_argument("--prefill-chunk-tokens", type=int, default=2048)
+    # Off by default: mlx-lm's BatchGenerator has no prefix cache, and these prompts never share a prefix,
+    # so "on" measures the cache's bookkeeping cost alone.
+    p.add_argument("--prefix-cache", choices=["on", "off"], default="off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write results here")
     return p.parse_args(argv)
