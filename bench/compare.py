@@ -53,6 +53,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--chunked-prefill-tokens", type=int, default=2048, help="ours: cb_chunked_prefill_tokens")
     p.add_argument("--context-length", type=int, default=None, help="ours: context_length (default: the model's)")
     p.add_argument("--throughput-optimized", action="store_true", help="ours: RAY_SERVE_THROUGHPUT_OPTIMIZED=1")
+    p.add_argument("--prefix-cache", choices=["on", "off"], default="on", help="ours and the engine baseline")
+    p.add_argument("--orchard-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="ours: another model entry field, e.g. stream_chunks_per_s=250 (repeatable)")
     p.add_argument("--mlx-prompt-concurrency", type=int, default=16, help="mlx_lm.server --prompt-concurrency")
     add_load_arguments(p)
     return p.parse_args(argv)
@@ -146,7 +149,8 @@ def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSetting
     port = free_port()
     if name == "orchard":
         knobs = OrchardKnobs(max(settings.levels + [settings.burst_size, settings.long_background + 1]),
-                             args.prefill_batch, args.chunked_prefill_tokens, args.context_length, args.throughput_optimized)
+                             args.prefill_batch, args.chunked_prefill_tokens, args.context_length, args.throughput_optimized,
+                             args.prefix_cache == "on", list(args.orchard_arg))
         spec = orchard_spec(model_path, "bench-model", port, knobs)
     else:
         decode = max(settings.levels + [settings.burst_size, settings.long_background + 1])
@@ -172,6 +176,8 @@ def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSetting
     except Exception as exc:  # a server that fails to start or dies: recorded, and the next one still runs
         info["error"] = f"{type(exc).__name__}: {exc}"[:4000]
         run.event(f"{name} failed: {type(exc).__name__}: {str(exc)[:2000]}")
+        if name == "orchard":
+            save_ray_log_tails(run.log_dir / "ray_serve_tails.log")
     finally:
         stop_started = time.perf_counter()
         server.stop()
@@ -180,13 +186,26 @@ def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSetting
         run.save()
 
 
+def save_ray_log_tails(dest: Path, lines: int = 200) -> None:
+    """The ends of Ray Serve's own logs (replica tracebacks live there, not in the launcher's output)."""
+    logs = Path(tempfile.gettempdir()) / "ray" / "session_latest" / "logs" / "serve"
+    parts = []
+    for path in sorted(logs.glob("*.log")):
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"==== {path.name}\n" + "\n".join(tail))
+    if parts:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text("\n".join(parts))
+
+
 def run_engine_phase(run: Run, model_path: str, settings: LoadSettings, budget_s: float) -> None:
     """bench.engine_baseline in a child process; the levels it finished count even if the budget stops it."""
     path = run.json_path.parent / f".{run.json_path.stem}_engine.json"
     argv = [sys.executable, "-m", "bench.engine_baseline", "--model", model_path, "--levels",
             ",".join(map(str, settings.levels)), "--prompt-tokens", str(settings.prompt_tokens),
             "--gen-tokens", str(settings.gen_tokens), "--prefill-batch-size", str(run.args.prefill_batch),
-            "--prefill-chunk-tokens", str(run.args.chunked_prefill_tokens), "--seed", str(settings.seed), "--json", str(path)]
+            "--prefill-chunk-tokens", str(run.args.chunked_prefill_tokens), "--prefix-cache", run.args.prefix_cache,
+            "--seed", str(settings.seed), "--json", str(path)]
     run.event(f"engine baseline (budget {budget_s:.0f} s)")
     try:
         subprocess.run(argv, cwd=REPO, timeout=max(5.0, budget_s), check=False)

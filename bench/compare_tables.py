@@ -102,8 +102,8 @@ def acceptance_checks(report: dict, throughput_workload: str = "mixed") -> list[
         checks.append(_check(f"{server} burst {b.burst_size} TTFT P95 / lone TTFT", b.p95_over_lone, "<= 3",
                              None if b.p95_over_lone != b.p95_over_lone else b.p95_over_lone <= 3))
     for server, l in _scenario(report, "long", LongPromptResult).items():
-        # The literal reading: ITL P99 inside the prefill window vs the streams' median; whole-run P99 too.
-        for label, value in (("during its prefill", l.during_p99_over_p50), ("whole run", l.p99_over_p50)):
+        # ITL P99 inside the prefill window vs the decode-only median (whole-window P99 as a hint).
+        for label, value in (("during prefill / decode-only P50", l.during_p99_over_p50), ("whole window", l.p99_over_p50)):
             checks.append(_check(f"{server} ITL P99 / P50 of {l.background_streams} streams, "
                                  f"{l.long_prompt_words}-token prompt, {label}", value, "< 4",
                                  None if value != value else value < 4))

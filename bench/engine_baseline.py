@@ -28,6 +28,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--warmup-tokens", type=int, default=16)
     p.add_argument("--prefill-batch-size", type=int, default=8)
     p.add_argument("--prefill-chunk-tokens", type=int, default=2048)
+    p.add_argument("--prefix-cache", choices=["on", "off"], default="on", help="as the server runs (on by default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", required=True)
     return p.parse_args(argv)
@@ -47,7 +48,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     report = {"machine": machine_info(), "model": info, "settings": vars(args), "results": [], "error": None}
     _write(path, report)
     started = time.perf_counter()
-    runner = OrchardRunner(args.model, args.prefill_batch_size, args.prefill_chunk_tokens)
+    runner = OrchardRunner(args.model, args.prefill_batch_size, args.prefill_chunk_tokens, args.prefix_cache == "on")
     print(f"[engine] loaded in {time.perf_counter() - started:.1f} s", flush=True)
     try:
         for concurrency in levels:

@@ -25,6 +25,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 READY_LINE = "ORCHARD READY"
+SHUTDOWN_TIMEOUT_S = 8.0  # then ray.shutdown() ends every actor anyway
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -39,6 +40,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--queue-size", type=int, default=512)
     p.add_argument("--context-length", type=int, default=None, help="default: the model's own")
     p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other model entry field (YAML value), e.g. max_ongoing_requests=1024")
     p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2, help="Ray's logical CPUs")
     p.add_argument("--throughput-optimized", action="store_true", help="RAY_SERVE_THROUGHPUT_OPTIMIZED=1")
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
@@ -58,6 +61,11 @@ def model_entry_args(args: argparse.Namespace, model_id: str) -> dict[str, Any]:
     }
     if args.context_length:
         entry["context_length"] = args.context_length
+    for item in args.model_arg:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--model-arg wants KEY=VALUE, got {item!r}")
+        entry[key.strip()] = yaml.safe_load(value)
     return entry
 
 
@@ -99,6 +107,18 @@ def wait_running(timeout_s: float, stopped: Callable[[], bool]) -> None:
         time.sleep(0.5)
 
 
+def _shutdown_serve(timeout_s: float) -> None:
+    """serve.shutdown() with a shorter wait: direct ingress (RAY_SERVE_THROUGHPUT_OPTIMIZED) drains for ~30 s."""
+    from ray import serve
+    from ray.serve.context import _get_global_client, _set_global_client
+
+    try:
+        _get_global_client().shutdown(timeout_s=timeout_s)
+        _set_global_client(None)
+    except Exception:  # no Serve running, or a private API that moved: the public call
+        serve.shutdown()
+
+
 def _set_environment(args: argparse.Namespace) -> None:
     # Ray's workers inherit this environment: they must import deployments/ and engine/ from this tree.
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -138,7 +158,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"orchard server failed: {type(exc).__name__}: {exc}", flush=True)
         code = 2
     finally:
-        serve.shutdown()
+        _shutdown_serve(SHUTDOWN_TIMEOUT_S)
         ray.shutdown()
         print("orchard server stopped", flush=True)
     return code

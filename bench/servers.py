@@ -39,6 +39,8 @@ class OrchardKnobs:
     chunked_prefill_tokens: int = 2048
     context_length: Optional[int] = None
     throughput_optimized: bool = False
+    prefix_cache: bool = True
+    model_args: list[str] = field(default_factory=list)  # KEY=VALUE, more model entry fields
 
 
 def free_port() -> int:
@@ -56,6 +58,10 @@ def orchard_spec(model_path: str, model_id: str, port: int, knobs: OrchardKnobs)
         argv += ["--context-length", str(knobs.context_length)]
     if knobs.throughput_optimized:
         argv.append("--throughput-optimized")
+    if not knobs.prefix_cache:
+        argv.append("--no-prefix-cache")
+    for item in knobs.model_args:
+        argv += ["--model-arg", item]
     target = Target(f"http://127.0.0.1:{port}", model_id, "orchard", extra_body={"ignore_eos": True})
     return ServerSpec("orchard", argv, target, health_path="/health")
 

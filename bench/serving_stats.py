@@ -129,44 +129,54 @@ def _fill_latencies(result: LevelResult, records: list[RequestRecord]) -> None:
 
 @dataclass
 class LongPromptResult:
-    """`background` streams decode; one long prompt arrives; how much do they stall while it is prefilled?"""
+    """`background` streams decode; one long prompt arrives; how much do they stall while it is prefilled?
+
+    Windows on the background streams' reads: `before` = decode only (the baseline median), `during` =
+    long prompt sent -> its first token (+ a grace for the read that ends the stall), whole = both and after.
+    """
 
     background_streams: int
     long_prompt_words: int
-    long_ttft_s: float = float("nan")  # = the prefill window: long prompt sent -> its first token
-    itl_p50_ms: float = float("nan")  # background streams, whole run
-    itl_p99_ms: float = float("nan")
-    itl_p50_ms_during: float = float("nan")  # reads arriving during the long prompt's prefill window
+    long_ttft_s: float = float("nan")  # = the prefill window
+    itl_p50_ms_before: float = float("nan")
+    itl_p99_ms_before: float = float("nan")
+    itl_p50_ms_during: float = float("nan")
     itl_p99_ms_during: float = float("nan")
     itl_max_ms_during: float = float("nan")
-    p99_over_p50: float = float("nan")  # acceptance: whole-run P99 / median < 4
-    during_p99_over_p50: float = float("nan")  # P99 inside the window / whole-run median
+    itl_p50_ms: float = float("nan")  # whole steady window (before + during + a short tail)
+    itl_p99_ms: float = float("nan")
+    during_p99_over_p50: float = float("nan")  # acceptance: P99 while prefilling / decode-only median < 4
+    p99_over_p50: float = float("nan")  # whole window; depends on how long the window is, so only a hint
     background_tokens: float = 0.0
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
     note: str = ""
 
 
+def _p50_p99(records: list[RequestRecord], start: float, end: float) -> tuple[float, float, list[float]]:
+    values, weights = itl_samples(records, start, end)
+    return _ms(percentile(values, 50, weights)), _ms(percentile(values, 99, weights)), values
+
+
 def summarize_long(
-    background: list[RequestRecord], long: Optional[RequestRecord], long_words: int, grace_s: float, note: str = ""
+    background: list[RequestRecord], long: Optional[RequestRecord], steady_from: float, long_words: int,
+    grace_s: float, note: str = "",
 ) -> LongPromptResult:
     result = LongPromptResult(len(background), long_words, note=note)
     result.errors, result.error_samples = _errors(background + ([long] if long else []))
     result.background_tokens = sum(r.completion_tokens for r in background)
-    values, weights = itl_samples(background)
-    result.itl_p50_ms = _ms(percentile(values, 50, weights))
-    result.itl_p99_ms = _ms(percentile(values, 99, weights))
+    result.itl_p50_ms, result.itl_p99_ms, _ = _p50_p99(background, steady_from, float("inf"))
     if long is None or long.first_token_at is None:
         return result
     result.long_ttft_s = long.first_token_at - long.sent_at
-    # The read that ends a stall arrives with (or just after) the long prompt's first token.
-    during, dweights = itl_samples(background, long.sent_at, long.first_token_at + grace_s)
-    result.itl_p50_ms_during = _ms(percentile(during, 50, dweights))
-    result.itl_p99_ms_during = _ms(percentile(during, 99, dweights))
+    result.itl_p50_ms_before, result.itl_p99_ms_before, _ = _p50_p99(background, steady_from, long.sent_at)
+    p50, p99, during = _p50_p99(background, long.sent_at, long.first_token_at + grace_s)
+    result.itl_p50_ms_during, result.itl_p99_ms_during = p50, p99
     result.itl_max_ms_during = _ms(max(during)) if during else float("nan")
+    if result.itl_p50_ms_before > 0:
+        result.during_p99_over_p50 = round(result.itl_p99_ms_during / result.itl_p50_ms_before, 3)
     if result.itl_p50_ms > 0:
         result.p99_over_p50 = round(result.itl_p99_ms / result.itl_p50_ms, 3)
-        result.during_p99_over_p50 = round(result.itl_p99_ms_during / result.itl_p50_ms, 3)
     return result
 
 

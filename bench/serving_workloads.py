@@ -29,7 +29,9 @@ SCENARIO_WORKLOADS = ("long", "burst")
 WORKLOADS = SWEEP_WORKLOADS + SCENARIO_WORKLOADS
 WORKLOAD_IDS = {name: i for i, name in enumerate(WORKLOADS)}  # seeds prompts per workload
 LONG_READY_TOKENS = 8  # background streams count as running once each has this many tokens
-LONG_GRACE_S = 0.3  # a stall ends with the read right after the long prompt's first token (<= one coalescing window)
+LONG_GRACE_S = 0.1  # a stall ends with the read right after the long prompt's first token (~ one coalescing window)
+LONG_BASELINE_S = 1.0  # decode-only time before the long prompt is sent
+LONG_TAIL_S = 0.5  # background streams kept open after the long prompt finished
 
 
 @dataclass
@@ -161,7 +163,8 @@ async def run_sweep_level(
 
 
 async def run_long(client: StreamClient, settings: LoadSettings, hard: float) -> LongPromptResult:
-    """`long_background` streams decode; once all run, one long prompt arrives; the streams are closed after it."""
+    """`long_background` streams decode; once all run (and a decode-only baseline is recorded), one long
+    prompt arrives; the streams are closed shortly after its first token."""
     rng = _rng(settings, "long")
     vocab, stagger = settings.vocab_size, settings.stagger_ms / 1e3
     bg_specs = [
@@ -171,28 +174,26 @@ async def run_long(client: StreamClient, settings: LoadSettings, hard: float) ->
     bg = [RequestRecord(time.perf_counter(), s.prompt_words, s.max_tokens) for s in bg_specs]
     tasks = [asyncio.create_task(_delayed(i * stagger, client.stream, s, r)) for i, (s, r) in enumerate(zip(bg_specs, bg))]
     long_record: Optional[RequestRecord] = None
-    note = ""
+    steady_from, notes = float("inf"), []
     try:
         ready = await _poll(lambda: all(r.tokens_so_far() >= LONG_READY_TOKENS or r.end_at for r in bg), hard)
-        if not ready or any(r.end_at for r in bg):
-            note = "background streams did not all start"
-            return summarize_long(bg, None, settings.long_prompt_tokens, LONG_GRACE_S, note=note)
+        running = sum(1 for r in bg if not r.end_at)
+        if not ready or running < len(bg) / 2:
+            notes.append(f"background streams did not start: {running} of {len(bg)} running")
+            return summarize_long(bg, None, steady_from, settings.long_prompt_tokens, LONG_GRACE_S, "; ".join(notes))
         steady_from = time.perf_counter()
+        await _sleep_until(min(hard, steady_from + LONG_BASELINE_S))  # decode-only ITL: the median to compare with
         long_spec = make_spec(rng, settings.long_prompt_tokens, settings.long_gen_tokens, vocab)
         long_record = RequestRecord(time.perf_counter(), long_spec.prompt_words, long_spec.max_tokens)
-        long_task = asyncio.create_task(client.stream(long_spec, long_record))
-        if await _wait_or_cancel([long_task], hard):
-            note = "long prompt cut by the hard deadline"
-        # Let the background streams run on a little: their recovery belongs to the picture.
-        tail = min(2.0, max(0.5, long_record.ttft_s or 0.5))
-        await asyncio.sleep(max(0.0, min(tail, hard - time.perf_counter())))
-        if any(r.end_at and not r.cancelled for r in bg):
-            note = (note + "; " if note else "") + "a background stream ended before the long prompt was done"
+        if await _wait_or_cancel([asyncio.create_task(client.stream(long_spec, long_record))], hard):
+            notes.append("long prompt cut by the hard deadline")
+        await _sleep_until(min(hard, time.perf_counter() + LONG_TAIL_S))  # the streams' recovery
+        ended = sum(1 for r in bg if r.end_at)  # EOS where the server cannot ignore it, or an error
+        if ended:
+            notes.append(f"{ended} of {len(bg)} background streams ended early")
     finally:
         await _wait_or_cancel(tasks, time.perf_counter())  # close the background streams now
-    for record in bg:  # ITL only from the steady state on: the streams' own start-up is not the question
-        record.arrivals = [a for a in record.arrivals if a.at >= steady_from] or record.arrivals[-1:]
-    return summarize_long(bg, long_record, settings.long_prompt_tokens, LONG_GRACE_S, note=note)
+    return summarize_long(bg, long_record, steady_from, settings.long_prompt_tokens, LONG_GRACE_S, "; ".join(notes))
 
 
 async def run_burst(client: StreamClient, settings: LoadSettings, hard: float) -> BurstResult:
@@ -209,6 +210,10 @@ async def run_burst(client: StreamClient, settings: LoadSettings, hard: float) -
 async def _delayed(delay_s: float, fn: Callable[..., Awaitable], *args) -> None:
     await asyncio.sleep(delay_s)
     await fn(*args)
+
+
+async def _sleep_until(when: float) -> None:
+    await asyncio.sleep(max(0.0, when - time.perf_counter()))
 
 
 async def _poll(condition: Callable[[], bool], hard: float, interval_s: float = 0.005) -> bool:

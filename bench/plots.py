@@ -1,0 +1,99 @@
+"""PNG plots from a bench.compare JSON: system throughput and TTFT P95 against concurrency, one line per server.
+
+    python -m bench.plots results.json --out DIR     # needs matplotlib (not on the GPU image: run it here)
+
+Writes DIR/<json stem>_throughput.png and DIR/<json stem>_ttft_p95.png, one panel per sweep
+workload, log2 x axis; the throughput panel of `uniform` also shows the in-process engine rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional
+
+SWEEPS = ("mixed", "uniform", "same")
+STYLE = {"orchard": dict(color="tab:green", marker="o"), "mlx_lm": dict(color="tab:blue", marker="s"),
+         "engine (in-process)": dict(color="gray", marker="x", linestyle="--")}
+
+
+def series(report: dict, workload: str, key: str, scale: float = 1.0) -> dict[str, tuple[list[int], list[float]]]:
+    """server -> (levels, values) for one workload; missing or null values are left out."""
+    out = {}
+    for server, suite in (report.get("servers") or {}).items():
+        rows = sorted((l["concurrency"], l[key]) for l in (suite or {}).get("levels") or []
+                      if l["workload"] == workload and l.get(key) is not None)
+        if rows:
+            out[server] = ([c for c, _ in rows], [v * scale for _, v in rows])
+    return out
+
+
+def engine_series(report: dict) -> Optional[tuple[list[int], list[float]]]:
+    rows = sorted((r["concurrency"], r["tok_per_s"]) for r in (report.get("engine") or {}).get("results") or [])
+    return ([c for c, _ in rows], [v for _, v in rows]) if rows else None
+
+
+def title_of(report: dict) -> str:
+    model = report.get("model") or {}
+    quant = model.get("quantization")
+    kind = f"{quant['bits']}-bit" if quant else (model.get("dtype") or "")
+    gpu = ((report.get("machine") or {}).get("nvidia_smi") or "").split(",")[0] or (report.get("machine") or {}).get("default_device", "")
+    commit = (report.get("git_commit") or "")[:8]
+    return f"{model.get('random_shape') or model.get('model_type')} {kind} · {gpu} · {commit} · {report.get('date', '')[:10]}"
+
+
+def plot_metric(report: dict, key: str, ylabel: str, path: Path, scale: float = 1.0, with_engine: bool = False) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(w, series(report, w, key, scale)) for w in SWEEPS]
+    panels = [(w, s) for w, s in panels if s]
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    for ax, (workload, lines) in zip(axes[0], panels):
+        if with_engine and workload == "uniform" and (engine := engine_series(report)):
+            lines = {**lines, "engine (in-process)": engine}
+        for name, (xs, ys) in lines.items():
+            ax.plot(xs, ys, label=name, **STYLE.get(name, {}))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({x for xs, _ in lines.values() for x in xs}))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(ylabel)
+        ax.set_title(workload)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(title_of(report), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv: Optional[list[str]] = None) -> list[Path]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json", help="a bench.compare report")
+    p.add_argument("--out", default=None, help="output folder (default: next to the JSON)")
+    args = p.parse_args(argv)
+    src = Path(args.json)
+    report = json.loads(src.read_text())
+    out = Path(args.out) if args.out else src.parent
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key, ylabel, suffix, scale, engine in (
+        ("system_tok_s", "system tokens/s (all streams)", "throughput", 1.0, True),
+        ("ttft_p95_s", "TTFT P95 (ms)", "ttft_p95", 1e3, False),
+    ):
+        path = out / f"{src.stem}_{suffix}.png"
+        if plot_metric(report, key, ylabel, path, scale, engine):
+            written.append(path)
+            print(f"wrote {path}")
+    return written
+
+
+if __name__ == "__main__":
+    main()
