@@ -281,7 +281,7 @@ def bench_level(runner: Runner, concurrency: int, args, vocab_size: int) -> RunR
 def run_all(runners: list[Runner], levels: list[int], args, vocab_size: int) -> list[RunResult]:
     # Engines alternate inside each level so slow drift of the machine hits all of them alike.
     results, failed = [], set()
-    for concurrency in levels:
+    for concurrency, _repetition in ((c, r) for c in levels for r in range(args.repeat)):
         for runner in runners:
             if runner.name in failed or not runner.supports(concurrency):
                 continue
@@ -315,8 +315,16 @@ def _ratio(num: Optional[RunResult], den: Optional[RunResult]) -> str:
     return f"{num.tok_per_s / den.tok_per_s:.2f}x"
 
 
+def median_results(results: list[RunResult]) -> dict[tuple[str, int], RunResult]:
+    """With --repeat, the run of median throughput stands for each (engine, concurrency)."""
+    groups: dict[tuple[str, int], list[RunResult]] = {}
+    for result in results:
+        groups.setdefault((result.engine, result.concurrency), []).append(result)
+    return {key: sorted(runs, key=lambda r: r.tok_per_s)[len(runs) // 2] for key, runs in groups.items()}
+
+
 def format_tables(results: list[RunResult], levels: list[int], engines: list[str]) -> str:
-    by_key = {(r.engine, r.concurrency): r for r in results}
+    by_key = median_results(results)
     step_at_1 = by_key.get(("mlx_step", 1))
     header = ["concurrency"] + [f"{e} tok/s" for e in engines]
     if "orchard" in engines:
@@ -416,6 +424,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     # Off by default: mlx-lm's BatchGenerator has no prefix cache, and these prompts never share a prefix,
     # so "on" measures the cache's bookkeeping cost alone.
     p.add_argument("--prefix-cache", choices=["on", "off"], default="off")
+    # Runs on the lent machines vary by up to 30%: repeat each level (engines alternating), report medians.
+    p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write results here")
     return p.parse_args(argv)
