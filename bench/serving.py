@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 from bench.serving_client import StreamClient, Target
 from bench.serving_stats import BurstResult, LevelResult, LongPromptResult
-from bench.serving_tables import burst_table, level_table, long_table, show
+from bench.serving_tables import level_note, burst_table, level_table, long_table, show
 from bench.serving_workloads import (
     SWEEP_WORKLOADS,
     WORKLOADS,
@@ -111,13 +111,13 @@ async def _run_unit(client: StreamClient, settings: LoadSettings, unit: Unit, so
     elif unit.workload == "burst":
         suite.burst = r = await run_burst(client, settings, hard)
         print(f"  {tag} lone ttft {r.lone_ttft_s * 1e3:8.1f} ms  burst ttft p95 {r.ttft_p95_s * 1e3:8.1f} ms  "
-              f"({r.p95_over_lone:.2f}x)  err {r.errors} {r.note}", flush=True)
+              f"({r.p95_over_lone:.2f}x)  err {r.errors} slow connects {r.slow_connects} {r.note}", flush=True)
     else:
         level = await run_sweep_level(client, settings, unit.workload, unit.concurrency, soft, hard)
         suite.levels.append(level)
         print(f"  {tag} {level.system_tok_s:9.1f} tok/s  ttft mean {level.ttft_mean_s * 1e3:8.1f} p95 "
               f"{level.ttft_p95_s * 1e3:8.1f} ms  itl p50 {level.itl_p50_ms:7.2f} p99 {level.itl_p99_ms:7.2f} ms  "
-              f"reqs {level.requests} err {level.errors} {level.note}", flush=True)
+              f"reqs {level.requests} err {level.errors} {level_note(level)}", flush=True)
 
 
 def suite_tables(suite: SuiteResult) -> list:

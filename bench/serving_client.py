@@ -59,6 +59,7 @@ class RequestRecord:
     cached_tokens: Optional[int] = None
     error: Optional[str] = None
     cancelled: bool = False  # the benchmark closed it on purpose (not an error)
+    connect_s: Optional[float] = None  # new TCP connection's set-up time (seconds at 1 s+: a full listen backlog)
 
     @property
     def first_token_at(self) -> Optional[float]:
@@ -155,7 +156,7 @@ class StreamClient:
 
     async def __aenter__(self) -> "StreamClient":
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, trace_configs=[_connect_timer()])
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -183,7 +184,7 @@ class StreamClient:
 
     async def _consume(self, url: str, body: dict[str, Any], record: RequestRecord) -> None:
         assert self._session is not None
-        async with self._session.post(url, json=body) as resp:
+        async with self._session.post(url, json=body, trace_request_ctx=record) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:300]
                 record.error = f"HTTP {resp.status}: {text}"
@@ -203,6 +204,23 @@ class StreamClient:
                     record.arrivals.append(Arrival(now, float(words)))
             if not done and record.error is None:
                 record.error = "stream ended without [DONE]"
+
+
+def _connect_timer() -> aiohttp.TraceConfig:
+    """Times new connections: a server whose listen backlog overflows shows up as 1 s, 3 s, ... connects."""
+
+    async def start(_session: Any, ctx: Any, _params: Any) -> None:
+        ctx.connect_started = time.perf_counter()
+
+    async def end(_session: Any, ctx: Any, _params: Any) -> None:
+        record = ctx.trace_request_ctx
+        if isinstance(record, RequestRecord):
+            record.connect_s = time.perf_counter() - ctx.connect_started
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_start.append(start)
+    trace.on_connection_create_end.append(end)
+    return trace
 
 
 def _note_usage(record: RequestRecord, usage: Optional[dict[str, Any]]) -> None:

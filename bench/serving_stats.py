@@ -17,6 +17,7 @@ import numpy as np
 from bench.serving_client import RequestRecord
 
 MAX_ERROR_SAMPLES = 5
+SLOW_CONNECT_S = 0.5
 
 
 def percentile(values: Sequence[float], q: float, weights: Optional[Sequence[float]] = None) -> float:
@@ -67,6 +68,7 @@ class LevelResult:
     errors: int = 0
     cancelled: int = 0
     short: int = 0  # finished with fewer tokens than max_tokens (EOS on servers that cannot ignore it)
+    slow_connects: int = 0  # TCP connect >= SLOW_CONNECT_S (SYN retransmits: the server's accept backlog overflowed)
     wall_s: float = 0.0
     generated_tokens: float = 0.0
     system_tok_s: float = 0.0  # all generated tokens / (first send -> last end)
@@ -94,6 +96,7 @@ def summarize_level(workload: str, concurrency: int, records: list[RequestRecord
     result.errors, result.error_samples = _errors(records)
     result.cancelled = sum(r.cancelled for r in records)
     result.short = sum(1 for r in records if r.ok and r.completion_tokens + 0.5 < r.max_tokens)
+    result.slow_connects = sum(1 for r in records if (r.connect_s or 0.0) >= SLOW_CONNECT_S)
     start, end = min(r.sent_at for r in records), max(r.end_at for r in records)
     result.wall_s = end - start
     result.generated_tokens = sum(r.completion_tokens for r in records)
@@ -187,6 +190,7 @@ class BurstResult:
     burst_size: int
     prompt_words: int
     stagger_ms: float
+    slow_connects: int = 0
     lone_ttft_s: float = float("nan")  # median of the lone runs
     lone_ttfts_s: list[float] = field(default_factory=list)
     ttft_mean_s: float = float("nan")
@@ -205,6 +209,7 @@ def summarize_burst(lone: list[RequestRecord], burst: list[RequestRecord], stagg
     words = burst[0].prompt_words if burst else 0
     result = BurstResult(len(burst), words, stagger_ms, note=note)
     result.errors, result.error_samples = _errors(lone + burst)
+    result.slow_connects = sum(1 for r in burst if (r.connect_s or 0.0) >= SLOW_CONNECT_S)
     result.lone_ttfts_s = [r.ttft_s for r in lone if r.ttft_s is not None]
     if result.lone_ttfts_s:
         result.lone_ttft_s = float(np.median(result.lone_ttfts_s))

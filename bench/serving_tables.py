@@ -66,10 +66,19 @@ def level_table(server: str, levels: Sequence[Any]) -> Table:
         [l.workload, str(l.concurrency), str(l.requests), str(l.errors), fmt(l.system_tok_s),
          fmt(l.ttft_mean_s * 1e3), fmt(l.ttft_p50_s * 1e3), fmt(l.ttft_p95_s * 1e3),
          fmt(l.itl_p50_ms, 2), fmt(l.itl_p99_ms, 2), fmt(l.req_tok_s_mean), fmt(l.reads_per_s), fmt(l.tokens_per_read, 2),
-         l.note or ("short " + str(l.short) if l.short else "")]
+         level_note(l)]
         for l in levels
     ]
     return Table(f"[{server}] concurrency sweep (closed loop)", header, rows)
+
+
+def level_note(level: Any) -> str:
+    parts = [level.note] if level.note else []
+    if level.short:
+        parts.append(f"{level.short} short")
+    if getattr(level, "slow_connects", 0):
+        parts.append(f"{level.slow_connects} slow connects")
+    return "; ".join(parts)
 
 
 def long_table(results: dict[str, Any]) -> Table:
