@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from bench.compare_tables import acceptance_checks, comparison_tables
 from bench.servers import SERVERS, OrchardKnobs, ServerProcess, free_port, mlx_lm_spec, orchard_spec
-from bench.serving import _run, add_load_arguments, run_suite, settings_from_args, suite_tables, to_jsonable, write_json
+from bench.serving import run_async, add_load_arguments, run_suite, settings_from_args, suite_tables, to_jsonable, write_json
 from bench.serving_tables import show
 from bench.serving_workloads import LoadSettings
 
@@ -170,7 +170,7 @@ def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSetting
             run.report["servers"][name] = to_jsonable(suite)
             run.save()
 
-        suite = _run(run_suite(spec.target, settings, suite_deadline, on_result=on_result))
+        suite = run_async(run_suite(spec.target, settings, suite_deadline, on_result=on_result))
         run.report["servers"][name] = to_jsonable(suite)
         show(suite_tables(suite))
     except Exception as exc:  # a server that fails to start or dies: recorded, and the next one still runs
@@ -205,6 +205,7 @@ def run_engine_phase(run: Run, model_path: str, settings: LoadSettings, budget_s
             ",".join(map(str, settings.levels)), "--prompt-tokens", str(settings.prompt_tokens),
             "--gen-tokens", str(settings.gen_tokens), "--prefill-batch-size", str(run.args.prefill_batch),
             "--prefill-chunk-tokens", str(run.args.chunked_prefill_tokens), "--prefix-cache", run.args.prefix_cache,
+            "--stagger-ms", str(settings.stagger_ms),
             "--seed", str(settings.seed), "--json", str(path)]
     run.event(f"engine baseline (budget {budget_s:.0f} s)")
     try:

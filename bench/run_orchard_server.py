@@ -26,6 +26,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 READY_LINE = "ORCHARD READY"
 SHUTDOWN_TIMEOUT_S = 8.0  # then ray.shutdown() ends every actor anyway
+OBJECT_STORE_BYTES = 1 << 30
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -141,7 +142,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     model_id = args.model_id or Path(args.model).resolve().name
     stop = {"now": False}
     started = time.monotonic()
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    # Stream chunks are tiny: a small object store spares /dev/shm (Ray would reserve 30% of RAM).
+    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False, object_store_memory=OBJECT_STORE_BYTES)
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own handlers
         signal.signal(sig, lambda *_: stop.update(now=True))
     code = 0

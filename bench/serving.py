@@ -191,14 +191,15 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--name", default="server", help="label in tables and JSON")
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (ours, vLLM; not mlx_lm.server)")
-    p.add_argument("--vocab-size", type=int, required=True, help="prompt words are t0 .. t<vocab-17>")
+    p.add_argument("--vocab-size", type=int, default=500,
+                   help="prompt words are t0 .. t<vocab-17> (one token each in bench.random_model tokenizers)")
     p.add_argument("--time-budget-s", type=float, default=600.0)
     p.add_argument("--json", help="write results here")
     add_load_arguments(p)
     return p.parse_args(argv)
 
 
-def _run(coro: Any) -> Any:
+def run_async(coro: Any) -> Any:
     try:
         import uvloop  # the client must not be the bottleneck at 128 streams
     except ImportError:
@@ -215,7 +216,7 @@ def main(argv: Optional[list[str]] = None) -> SuiteResult:
     target = Target(args.base_url, args.model, args.name, args.endpoint, {"ignore_eos": True} if args.ignore_eos else {})
     deadline = time.perf_counter() + args.time_budget_s
     save = (lambda s: write_json(Path(args.json), {"settings": settings, "suite": s})) if args.json else None
-    suite = _run(run_suite(target, settings, deadline, on_result=save))
+    suite = run_async(run_suite(target, settings, deadline, on_result=save))
     show(suite_tables(suite))
     if save is not None:
         save(suite)

@@ -58,10 +58,10 @@ class LoadSettings:
     requests_per_worker: int = 2
     requests_per_worker_high: int = 1
     high_from: int = 32  # levels >= this use requests_per_worker_high
-    # Between request starts of one wave: at 0-0.5 ms mlx_lm.server's accept backlog overflows (SYN retries, seconds
-    # of TTFT); 1 ms costs an all-at-once wave of 64 streams ~64 ms against the in-process engine.
-    stagger_ms: float = 1.0
-    warmup_tokens: int = 8  # 0: no warm-up
+    # Between request starts of one wave: at 0-1 ms mlx_lm.server's accept backlog (5) overflows at 128 streams
+    # (SYN retries: seconds of TTFT). The engine baseline replays the same arrival spacing.
+    stagger_ms: float = 2.0
+    warmup_tokens: int = 16  # 0: no warm-up
     seed: int = 0
     request_timeout_s: float = 300.0
 

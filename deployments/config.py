@@ -62,6 +62,9 @@ class ModelConfig(BaseModel):
     cb_chunked_prefill_tokens: int = Field(2048, ge=0)
     cb_enable_prefix_cache: bool = True
     prompt_cache_size: int | None = Field(None, ge=0)
+    # Ours, not Bodega's: stream chunks per second for all of this model's streams together (the time
+    # window per stream grows with the number of streams, 20-250 ms); fewer chunks, less Ray overhead.
+    stream_chunks_per_s: float = Field(250.0, gt=0)
     chat_template_file: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
