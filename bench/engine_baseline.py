@@ -22,7 +22,7 @@ from typing import Optional
 
 import mlx.core as mx
 
-from bench.engine_throughput import OrchardRunner, Trace, free_memory, machine_info, make_prompts, model_info, summarize
+from bench.engine_throughput import OrchardRunner, Trace, free_memory, step_into, machine_info, make_prompts, model_info, summarize
 
 
 class StaggeredOrchardRunner(OrchardRunner):
@@ -48,10 +48,7 @@ class StaggeredOrchardRunner(OrchardRunner):
             if not core.has_unfinished_requests():
                 time.sleep(max(0.0, arrivals[submitted] - time.perf_counter()))
                 continue
-            outputs = core.step()
-            now = time.perf_counter()
-            for out in outputs:
-                trace.add(out.request_id, len(out.new_token_ids), now)
+            step_into(core, trace)
         trace.end = time.perf_counter()
         return trace
 

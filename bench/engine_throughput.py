@@ -97,6 +97,14 @@ def summarize(engine: str, num_seqs: int, prompt_tokens: int, gen_tokens: int, t
 
 
 
+def step_into(core, trace: Trace) -> None:
+    """One engine step; its tokens are recorded at the moment they come back."""
+    outputs = core.step()
+    now = time.perf_counter()
+    for out in outputs:
+        trace.add(out.request_id, len(out.new_token_ids), now)
+
+
 # ---- engines
 class Runner:
     """One engine: ``run`` submits all prompts at once and generates them to completion."""
@@ -208,10 +216,7 @@ class OrchardRunner(Runner):
             core.add_request(Request(request_id=f"r{self._next_id}", prompt_token_ids=prompt, sampling=params))
             self._next_id += 1
         while core.has_unfinished_requests():
-            outputs = core.step()
-            now = time.perf_counter()
-            for out in outputs:
-                trace.add(out.request_id, len(out.new_token_ids), now)
+            step_into(core, trace)
         trace.end = time.perf_counter()
         return trace
 
