@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
+from engine.sampling.guided import GuidedDecoding
 
 MAX_TOP_LOGPROBS = 20
 _UINT32 = 2**32
@@ -37,6 +38,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    # Structured output: the text generated must match this (None: free text).
+    guided: GuidedDecoding | None = None
 
     @property
     def is_greedy(self) -> bool:
