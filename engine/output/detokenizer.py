@@ -84,7 +84,7 @@ class WindowSource:
         return new_text
 
 
-def _is_byte_level(tokenizer: Any) -> bool:
+def is_byte_level(tokenizer: Any) -> bool:
     try:
         decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
     except (AttributeError, ValueError):
@@ -92,7 +92,7 @@ def _is_byte_level(tokenizer: Any) -> bool:
     return decoder.get("type") == "ByteLevel"
 
 
-def _byte_level_table(tokenizer: Any) -> list[bytes]:
+def byte_level_table(tokenizer: Any) -> list[bytes]:
     size = len(tokenizer)
     table = [_token_bytes(t or "") for t in tokenizer.convert_ids_to_tokens(list(range(size)))]
     for token_id, added in tokenizer.added_tokens_decoder.items():
@@ -103,8 +103,8 @@ def _byte_level_table(tokenizer: Any) -> list[bytes]:
 
 def text_source_factory(tokenizer: Any) -> Callable[[], TextSource]:
     """Built once per model: the id -> bytes table is shared by every request."""
-    if _is_byte_level(tokenizer):
-        table = _byte_level_table(tokenizer)
+    if is_byte_level(tokenizer):
+        table = byte_level_table(tokenizer)
         return lambda: ByteLevelSource(table)
     return lambda: WindowSource(tokenizer)
 
