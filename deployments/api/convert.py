@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from engine.errors import InvalidRequestError
+from engine.sampling.guided import GuidedDecoding
 from engine.sampling.params import SamplingParams, make_logit_bias
 from deployments.api.schemas import (
     AssistantMessage,
@@ -21,7 +22,7 @@ from deployments.protocol import ChatPrompt, GenerateJob, TextPrompt
 
 
 def chat_job(body: ChatCompletionRequest, request_id: str, log_id: str) -> GenerateJob:
-    _refuse_unsupported_chat_fields(body)
+    _refuse_common_unsupported(body)
     if body.max_tokens is not None and body.max_completion_tokens is not None and (
         body.max_tokens != body.max_completion_tokens
     ):
@@ -72,7 +73,35 @@ def _sampling(body: _SamplingFields, max_tokens: int | None, *, logprobs: bool, 
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        guided=_guided(body),
     )
+
+
+def _guided(body: _SamplingFields) -> GuidedDecoding | None:
+    """response_format (OpenAI) or one of vLLM's guided_* extras -> what the output must match."""
+    asked = []
+    fmt = body.response_format
+    if fmt is not None and fmt.type == "json_object":
+        asked.append(GuidedDecoding("json_object", "", param="response_format"))
+    elif fmt is not None and fmt.type == "json_schema":
+        schema = fmt.json_schema.schema_
+        if schema is None:  # a named format without a schema: any JSON object
+            asked.append(GuidedDecoding("json_object", "", param="response_format"))
+        else:
+            asked.append(GuidedDecoding("json_schema", json.dumps(schema), param="response_format"))
+    if body.guided_json is not None:
+        text = body.guided_json if isinstance(body.guided_json, str) else json.dumps(body.guided_json)
+        asked.append(GuidedDecoding("json_schema", text, param="guided_json"))
+    if body.guided_regex is not None:
+        asked.append(GuidedDecoding("regex", body.guided_regex, param="guided_regex"))
+    if body.guided_choice is not None:
+        asked.append(GuidedDecoding("choice", json.dumps(body.guided_choice), param="guided_choice"))
+    if len(asked) > 1:
+        raise InvalidRequestError(
+            "Give one output constraint: " + ", ".join(f"'{g.param}'" for g in asked) + " were all set",
+            param=asked[1].param,
+        )
+    return asked[0] if asked else None
 
 
 def _refuse_common_unsupported(body: _SamplingFields) -> None:
@@ -80,15 +109,6 @@ def _refuse_common_unsupported(body: _SamplingFields) -> None:
         raise InvalidRequestError("Only n=1 is supported", param="n")
     if body.stream_options is not None and not body.stream:
         raise InvalidRequestError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
-
-
-def _refuse_unsupported_chat_fields(body: ChatCompletionRequest) -> None:
-    _refuse_common_unsupported(body)
-    if body.response_format is not None and body.response_format.type != "text":
-        raise InvalidRequestError(
-            f"response_format '{body.response_format.type}' is not supported yet; only 'text'",
-            param="response_format",
-        )
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:

@@ -1,14 +1,14 @@
 """OpenAI request bodies (chat completions, completions) as pydantic models.
 
 Unknown top-level fields are refused (as OpenAI does), so a misspelt sampling field never
-goes silently unused. Fields of later issues (tools, response_format) are shape-checked now.
+goes silently unused. Fields of later issues (tools) are shape-checked now.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Strict(BaseModel):
@@ -114,15 +114,23 @@ class NamedToolChoice(_Strict):
 
 
 class JsonSchemaFormat(_Strict):
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
+    strict: bool | None = None  # accepted: the schema is always enforced
 
 
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_matches_type(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs a 'json_schema' object")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError(f"'json_schema' is only allowed when the type is 'json_schema', not '{self.type}'")
+        return self
 
 
 class StreamOptions(_Strict):
@@ -150,6 +158,11 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored (no per-user accounting here)
+    response_format: ResponseFormat | None = None
+    # vLLM's structured-output extras (at most one of them, and not with a JSON response_format).
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -158,7 +171,6 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None

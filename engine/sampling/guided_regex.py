@@ -1,8 +1,8 @@
 """Each GuidedDecoding kind as one regex over the output text (cheap: no vocabulary involved).
 
-JSON schemas go through outlines-core's converter, with three repairs: keywords it would
-silently ignore are refused; bounded integers/numbers get exact range regexes (it ignores
-minimum/maximum); free-form objects, arrays and `{}` get a depth-limited JSON regex instead
+JSON schemas go through outlines-core's converter, with repairs: keywords it would
+silently ignore are refused; integers/numbers get exact range regexes (it ignores
+minimum/maximum) with capped digit counts; string formats get ASCII-exact regexes; free-form objects, arrays and `{}` get a depth-limited JSON regex instead
 of its depth-3 one, whose index takes ~10 s to build over a 49k vocabulary.
 """
 
@@ -16,7 +16,7 @@ from outlines_core.json_schema import BOOLEAN, NULL, NUMBER, STRING, build_regex
 
 from engine.errors import InvalidRequestError
 from engine.sampling.guided import GuidedDecoding
-from engine.sampling.number_regex import NUMERIC_BOUNDS, EmptyRangeError, bounded_numeric_regex
+from engine.sampling.number_regex import EmptyRangeError, numeric_regex
 
 # outlines-core's default: at most one space where JSON allows whitespace, so a model cannot
 # spend its whole budget on blank lines.
@@ -58,6 +58,25 @@ FREE_DEPTH = 2
 JSON_OBJECT_REGEX = _object_regex(json_value_regex(FREE_DEPTH - 1))
 
 
+_DATE = r"[0-9]{4}-((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9-]{0,30}[a-zA-Z0-9])?"
+# ASCII-only and bounded: outlines-core's own use \d (any Unicode digit), an unbounded year,
+# optional time zones (RFC 3339 requires one) and, for `time`, an escaped backslash for the dot.
+# Feb 29 is left out: a regex cannot know leap years.
+FORMAT_REGEXES = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": f"{_DATE}T{_TIME}",
+    "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+    "email": rf"[a-zA-Z0-9_%+-]{{1,32}}(\.[a-zA-Z0-9_%+-]{{1,32}}){{0,2}}@{_LABEL}(\.{_LABEL}){{0,3}}\.[a-zA-Z]{{2,12}}",
+    "hostname": rf"{_LABEL}(\.{_LABEL}){{0,4}}",
+    "ipv4": rf"{_OCTET}(\.{_OCTET}){{3}}",
+    "uri": rf"https?://{_LABEL}(\.{_LABEL}){{0,4}}(/[a-zA-Z0-9._%-]{{0,32}}){{0,6}}",
+}
+
+
 def escape_literal(text: str) -> str:
     """A literal for outlines-core's regex dialect (Rust regex-syntax)."""
     return "".join("\\" + ch if ch in r"\.+*?()|[]{}^$" else ch for ch in text)
@@ -77,6 +96,16 @@ def guided_regex(guided: GuidedDecoding) -> str:
     if guided.kind == "json_schema":
         return _schema_regex(guided)
     _fail(guided, f"unknown structured-output kind '{guided.kind}'")
+
+
+def json_schema_regex(schema: dict | str, param: str = "response_format") -> str:
+    """The regex of a JSON schema, for callers that embed it in a larger regex (forced tool calls).
+
+    Prefer it to outlines-core's build_regex_from_schema, which ignores numeric bounds and
+    cannot bound free-form values.
+    """
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    return guided_regex(GuidedDecoding("json_schema", text, param=param))
 
 
 def _fail(guided: GuidedDecoding, message: str) -> None:
@@ -108,11 +137,11 @@ def _schema_regex(guided: GuidedDecoding) -> str:
         rewritten = _rewrite(schema, "#", slots)
         regex = build_regex_from_schema(json.dumps(rewritten), WHITESPACE)
     except (ValueError, TypeError) as exc:
-        _fail(guided, f"unsupported JSON schema: {str(exc).splitlines()[0]}")
+        _fail(guided, f"cannot use this JSON schema: {str(exc).splitlines()[0]}")
     for name, slot_regex in slots.items():
         quoted = f'"{name}"'
         if quoted not in regex:
-            _fail(guided, "unsupported JSON schema: a bounded number or free-form value sits where it cannot be honoured")
+            _fail(guided, "cannot use this JSON schema: a number or free-form value sits where it cannot be honoured")
         regex = regex.replace(quoted, f"({slot_regex})")
     return regex
 
@@ -147,11 +176,19 @@ def _rewrite(node: Any, path: str, slots: dict[str, str]) -> Any:
 def _slot_regex(node: dict, path: str) -> str | None:
     """Our own regex for nodes outlines-core would get wrong or make huge; None for the others."""
     kind = node.get("type")
-    if kind in ("integer", "number") and any(k in node for k in NUMERIC_BOUNDS):
+    if kind in ("integer", "number") and not any(k in node for k in ("enum", "const")):
         try:
-            return bounded_numeric_regex(node)
+            return numeric_regex(node)
         except EmptyRangeError as exc:
             raise ValueError(f"{exc} at {path}") from None
+    if kind == "string" and "pattern" in node and ("minLength" in node or "maxLength" in node):
+        raise ValueError(f"'pattern' together with 'minLength'/'maxLength' at {path} is not supported")
+    if kind == "string" and "format" in node:
+        if any(k in node for k in ("pattern", "minLength", "maxLength")):
+            raise ValueError(f"'format' together with 'pattern'/'minLength'/'maxLength' at {path} is not supported")
+        if node["format"] not in FORMAT_REGEXES:
+            raise ValueError(f"string format '{node['format']}' at {path} is not supported (supported: {', '.join(FORMAT_REGEXES)})")
+        return f'"{FORMAT_REGEXES[node["format"]]}"'
     if set(node) <= _ANNOTATIONS:  # {}: any value
         return json_value_regex(FREE_DEPTH)
     free_object = kind == "object" and not any(
@@ -164,4 +201,4 @@ def _slot_regex(node: dict, path: str) -> str | None:
     return None
 
 
-__all__ = ["JSON_OBJECT_REGEX", "UNSUPPORTED_KEYWORDS", "escape_literal", "guided_regex", "json_value_regex"]
+__all__ = ["FORMAT_REGEXES", "JSON_OBJECT_REGEX", "UNSUPPORTED_KEYWORDS", "escape_literal", "guided_regex", "json_schema_regex", "json_value_regex"]

@@ -1,6 +1,6 @@
 """Regexes for JSON integers and numbers within bounds (outlines-core ignores minimum/maximum).
 
-Integers are matched exactly. Numbers use integer bounds inside the real ones (ceil of the
+Bounded integers are matched exactly. Numbers use integer bounds inside the real ones (ceil of the
 minimum, floor of the maximum) and no exponent, so every match is within bounds, though a
 few valid values (e.g. 2.7 under maximum 2.9) cannot be generated.
 """
@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import math
 
-FRACTION = r"(\.[0-9]+)?"
-ZERO_FRACTION = r"(\.0+)?"
+# Digit counts are capped (a double holds ~16 significant digits) so that a weak model cannot
+# write digits until max_tokens; every capped output is still a valid JSON number.
+MAX_FRACTION_DIGITS = 15
+FRACTION = rf"(\.[0-9]{{1,{MAX_FRACTION_DIGITS}}})?"
+ZERO_FRACTION = rf"(\.0{{1,{MAX_FRACTION_DIGITS}}})?"
+NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+MAX_INTEGER_DIGITS = 18
+UNBOUNDED_INTEGER = rf"-?(0|[1-9][0-9]{{0,{MAX_INTEGER_DIGITS - 1}}})"
+UNBOUNDED_NUMBER = rf"{UNBOUNDED_INTEGER}{FRACTION}([eE][+-]?[0-9]{{1,3}})?"
 
 
 class EmptyRangeError(ValueError):
@@ -77,7 +84,8 @@ def _integer_bounds(schema: dict) -> tuple[int | None, int | None]:
         candidate = math.ceil(schema["exclusiveMaximum"]) - 1
         high = candidate if high is None else min(high, candidate)
     if low is not None and high is not None and low > high:
-        raise EmptyRangeError(f"no {'integer' if schema.get('type') == 'integer' else 'value'} lies within the bounds")
+        given = ", ".join(f"{k} {schema[k]}" for k in NUMERIC_BOUNDS if k in schema)
+        raise EmptyRangeError(f"the bounds ({given}) leave no {'integer' if schema.get('type') == 'integer' else 'value'}")
     return low, high
 
 
@@ -104,14 +112,14 @@ def number_range_regex(low: int | None, high: int | None) -> str:
     return "(" + "|".join(parts) + ")"
 
 
-def bounded_numeric_regex(schema: dict) -> str:
-    """The regex for an integer or number schema node that carries bounds."""
+def numeric_regex(schema: dict) -> str:
+    """The regex for an integer or number schema node, with or without bounds."""
+    if not any(k in schema for k in NUMERIC_BOUNDS):
+        return UNBOUNDED_INTEGER if schema.get("type") == "integer" else UNBOUNDED_NUMBER
     low, high = _integer_bounds(schema)
     if schema.get("type") == "integer":
         return integer_range_regex(low, high)
     return number_range_regex(low, high)
 
 
-NUMERIC_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-
-__all__ = ["EmptyRangeError", "NUMERIC_BOUNDS", "bounded_numeric_regex", "digits_between", "integer_range_regex", "number_range_regex"]
+__all__ = ["EmptyRangeError", "NUMERIC_BOUNDS", "numeric_regex", "digits_between", "integer_range_regex", "number_range_regex"]

@@ -61,7 +61,10 @@ def _hash_uniform(seeds: mx.array, steps: mx.array, vocab_size: int) -> mx.array
     x = x ^ (x >> 13)
     x = x * mx.array(0xC2B2AE35, mx.uint32)
     x = x ^ (x >> 16)
-    return ((x >> 8).astype(mx.float32) + 0.5) * (1.0 / (1 << 24))
+    uniform = ((x >> 8).astype(mx.float32) + 0.5) * (1.0 / (1 << 24))
+    # The top value rounds to 1.0 in float32, whose Gumbel noise is +inf: it would beat every
+    # logit, even a masked (-inf) one. Clamp to the largest float32 below 1.
+    return mx.minimum(uniform, mx.array(1.0 - 2.0**-24, mx.float32))
 
 
 class BatchSampler:
