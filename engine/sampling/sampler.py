@@ -86,6 +86,8 @@ class BatchSampler:
         self.max_top_logprobs = max((p.top_logprobs for p in params), default=0)
         self.penalised_rows = [i for i, p in enumerate(params) if p.has_penalties]
         self.guided_rows = [i for i, r in enumerate(rows) if r.guide is not None]
+        self._guided_row_ids = mx.array(self.guided_rows, mx.int32)
+        self._bit_shifts = mx.arange(32, dtype=mx.int32)
         self._bias = self._build_bias(params)
 
     @property
@@ -127,15 +129,20 @@ class BatchSampler:
         return logits
 
     def _apply_guides(self, logits: mx.array) -> mx.array:
-        """-inf for tokens the guided rows' automata forbid; unguided rows keep all-ones masks (exact)."""
-        batch, vocab = logits.shape
+        """-inf for tokens the guided rows' automata forbid; other rows are not touched (exact)."""
+        vocab = logits.shape[-1]
         words = self.rows[self.guided_rows[0]].guide.compiled.mask_words
-        bits = np.full((batch, words), -1, dtype=np.int32)
-        for row in self.guided_rows:
-            self.rows[row].guide.write_mask(bits[row])
-        shifts = mx.arange(32, dtype=mx.int32)
-        allowed = ((mx.array(bits)[:, :, None] >> shifts) & 1).reshape(batch, words * 32)[:, :vocab]
-        return mx.where(allowed.astype(mx.bool_), logits, mx.array(-float("inf"), logits.dtype))
+        bits = np.empty((len(self.guided_rows), words), dtype=np.int32)
+        for i, row in enumerate(self.guided_rows):
+            self.rows[row].guide.write_mask(bits[i])
+        # Unpack the bitmasks on the device: [G, words, 32] bits -> [G, vocab] booleans.
+        allowed = ((mx.array(bits)[:, :, None] >> self._bit_shifts) & 1).reshape(len(bits), words * 32)[:, :vocab]
+        neg_inf = mx.array(-float("inf"), logits.dtype)
+        if len(self.guided_rows) == logits.shape[0]:
+            return mx.where(allowed.astype(mx.bool_), logits, neg_inf)
+        rows = self._guided_row_ids
+        logits[rows] = mx.where(allowed.astype(mx.bool_), logits[rows], neg_inf)
+        return logits
 
     def _apply_penalties(self, logits: mx.array) -> mx.array:
         rows, cols, rep, pres, freq, counts = [], [], [], [], [], []

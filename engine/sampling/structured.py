@@ -15,7 +15,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -27,7 +27,9 @@ from engine.sampling.guided import GuidedDecoding
 from engine.sampling.guided_regex import guided_regex
 
 logger = logging.getLogger(__name__)
-INDEX_CACHE_SIZE = 64
+# Compiled guides kept per process (an index over a 150k vocabulary can take tens of MB).
+INDEX_CACHE_SIZE = 32
+MASKS_PER_GUIDE = 64
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
@@ -100,32 +102,44 @@ def vocabulary_for(tokenizer: Any, model_vocab_size: int, eos_token_ids: frozens
         return found
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CompiledGuide:
     """A guided request's automaton over one vocabulary; shared by every request that asks for it."""
 
     index: Index
     eos_token_id: int
     mask_words: int
+    # Bitmask rows by automaton state, filled by the engine thread only: writing a state that allows
+    # most of a 150k vocabulary (inside a string) costs ~0.3 ms; copying a cached row ~1 us.
+    masks: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def mask_of(self, state: int, guide: Guide) -> np.ndarray:
+        row = self.masks.get(state)
+        if row is None:
+            row = np.empty(self.mask_words, dtype=np.int32)
+            guide.write_mask_into(row.ctypes.data, row.size, row.itemsize)
+            if len(self.masks) < MASKS_PER_GUIDE:
+                self.masks[state] = row
+        return row
 
 
 class _IndexCache:
-    """Process-wide LRU of compiled indexes keyed by (vocabulary key, kind, spec); one build per key."""
+    """Process-wide LRU of compiled guides keyed by (vocabulary key, kind, spec); one build per key."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._done: OrderedDict[tuple, Index] = OrderedDict()
+        self._done: OrderedDict[tuple, CompiledGuide] = OrderedDict()
         self._building: dict[tuple, Future] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: tuple) -> Index | None:
+    def get(self, key: tuple) -> CompiledGuide | None:
         with self._lock:
             index = self._done.get(key)
             if index is not None:
                 self._done.move_to_end(key)
             return index
 
-    def get_or_build(self, key: tuple, build) -> Index:
+    def get_or_build(self, key: tuple, build) -> CompiledGuide:
         with self._lock:
             if key in self._done:
                 self._done.move_to_end(key)
@@ -184,20 +198,18 @@ class GuideCompiler:
             vocab = _VOCABULARIES.get(self._tokenizer)
         if vocab is None:
             return None
-        index = _INDEXES.get((vocab.key, guided.kind, guided.spec))
-        return CompiledGuide(index, vocab.eos_token_id, vocab.mask_words) if index is not None else None
+        return _INDEXES.get((vocab.key, guided.kind, guided.spec))
 
     def compile(self, guided: GuidedDecoding) -> CompiledGuide:
         """Build (or reuse) the guide; 0.01-1 s on a miss, so call it off the engine thread."""
         regex = guided_regex(guided)
         vocab = self.vocabulary
-        index = _INDEXES.get_or_build((vocab.key, guided.kind, guided.spec), lambda: self._build(guided, regex, vocab))
-        return CompiledGuide(index, vocab.eos_token_id, vocab.mask_words)
+        return _INDEXES.get_or_build((vocab.key, guided.kind, guided.spec), lambda: self._build(guided, regex, vocab))
 
     @staticmethod
-    def _build(guided: GuidedDecoding, regex: str, vocab: TokenVocabulary) -> Index:
+    def _build(guided: GuidedDecoding, regex: str, vocab: TokenVocabulary) -> CompiledGuide:
         try:
-            return Index(regex, vocab.vocabulary)
+            return CompiledGuide(Index(regex, vocab.vocabulary), vocab.eos_token_id, vocab.mask_words)
         except (ValueError, RuntimeError, TypeError) as exc:  # bad regex syntax, or no token can start it
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise InvalidRequestError(
@@ -232,7 +244,7 @@ class GuideState:
         if self.finished:
             row.fill(-1)
             return
-        self._guide.write_mask_into(row.ctypes.data, row.size, row.itemsize)
+        row[:] = self.compiled.mask_of(self._guide.get_state(), self._guide)
 
 
 __all__ = ["CompiledGuide", "GuideCompiler", "GuideState", "TokenVocabulary", "build_vocabulary", "vocabulary_for"]
