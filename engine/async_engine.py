@@ -17,9 +17,9 @@ from typing import AsyncIterator, Callable
 
 from engine.core import EngineCore, EngineStats
 from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
-from engine.output.events import Finish, RequestOutput, TextDelta
+from engine.output.events import Finish, RequestOutput, TextDelta, Usage
 from engine.output.mailbox import Mailbox
-from engine.request import Request
+from engine.request import FinishReason, Request
 
 logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.2
@@ -77,7 +77,7 @@ class AsyncEngine:
         self._stats: EngineStats | None = None
         self._dead: OrchardError | None = None
         self._compiler = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="orchard-guides")
-        self._compiling: set[str] = set()
+        self._compiling: dict[str, Request] = {}
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> None:
@@ -123,13 +123,13 @@ class AsyncEngine:
 
     def _compile_then_add(self, request: Request) -> None:
         """A new structured-output spec compiles in a worker; the engine thread keeps decoding."""
-        self._compiling.add(request.request_id)
+        self._compiling[request.request_id] = request
         future = self._compiler.submit(self.core.guides.compile, request.sampling.guided)
         loop = self._loop
         future.add_done_callback(lambda done: loop.call_soon_threadsafe(self._compiled, request, done))
 
     def _compiled(self, request: Request, future: Future) -> None:
-        self._compiling.discard(request.request_id)
+        self._compiling.pop(request.request_id, None)
         mailbox = self._mailboxes.get(request.request_id)
         if mailbox is None:  # aborted (or the engine died) while compiling
             return
@@ -145,8 +145,12 @@ class AsyncEngine:
         self._commands.put(_Add(request))
 
     def abort(self, request_id: str) -> None:
-        if request_id in self._compiling:  # not in the engine yet: drop it when its compile ends
-            self._mailboxes.pop(request_id, None)
+        request = self._compiling.pop(request_id, None)
+        if request is not None:  # not in the engine yet: finish it here, drop it when its compile ends
+            mailbox = self._mailboxes.pop(request_id, None)
+            if mailbox is not None:
+                usage = Usage(request.num_prompt_tokens, 0)
+                mailbox.put(RequestOutput(request_id, finish=Finish(FinishReason.ABORT, usage)))
             return
         self._commands.put(_Abort(request_id))
 

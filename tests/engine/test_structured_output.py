@@ -216,6 +216,29 @@ def test_a_new_schema_compiles_without_stalling_other_streams(tiny_bpe_llama, pr
     assert len(during) >= 10 and max(gaps) < (answered - submitted) / 2, gaps
 
 
+def test_a_request_aborted_while_its_schema_compiles_never_runs(tiny_bpe_llama, prompt):
+    schema = {"type": "object", "properties": {f"gone{time.time_ns()}": {"type": "object"}}}
+
+    async def scenario():
+        engine = AsyncEngine(lambda: EngineCore(tiny_bpe_llama, EngineConfig()))
+        await engine.start()
+        try:
+            guided = GuidedDecoding("json_schema", json.dumps(schema))
+            stream = engine.submit(Request("gone", prompt, SamplingParams(max_tokens=5, guided=guided)))
+            engine.abort("gone")
+            deltas, finish = await collect(stream)
+            while engine.core.guides.cached(guided) is None:  # the compile still finishes (and is cached)
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            return deltas, finish, engine.stats()
+        finally:
+            await engine.shutdown()
+
+    deltas, finish, stats = asyncio.run(scenario())
+    assert deltas == [] and finish.reason.value == "abort" and finish.usage.completion_tokens == 0
+    assert stats.num_steps == 0 and stats.num_waiting == 0
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     from engine.models.default_model import default_model_path
