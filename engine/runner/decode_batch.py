@@ -30,10 +30,10 @@ class PendingStep:
     def read(self) -> list[SampledToken]:
         mx.eval(self.sampled.arrays())
         token_ids = self.sampled.token_ids.tolist()
-        logprobs = self.sampled.token_logprobs.tolist()
+        logprobs = self.sampled.token_logprobs.tolist() if self.sampled.token_logprobs is not None else None
         tops = self._read_top_logprobs()
         return [
-            SampledToken(rid, token_ids[i], logprobs[i], tops[i] if tops else ())
+            SampledToken(rid, token_ids[i], logprobs[i] if logprobs else None, tops[i] if tops else ())
             for i, rid in enumerate(self.request_ids)
         ]
 

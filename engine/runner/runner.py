@@ -20,7 +20,7 @@ from engine.kv.batch_cache import (
     extract_request_cache,
     new_request_cache,
 )
-from engine.kv.block_store import KVBlockStore, default_budget_bytes, prefix_cache_mode
+from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes, default_budget_bytes, prefix_cache_mode
 from engine.kv.prefix_cache import PrefixCache
 from engine.request import Request
 from engine.runner.decode_batch import DecodeBatch, PendingStep, new_row_sampling
@@ -47,6 +47,9 @@ class ModelRunner:
         self._batch_requests: dict[str, Request] = {}
         self._pending: PendingStep | None = None
         self._num_steps = 0
+        # Freed buffers of sizes that will not recur (prefill shapes, batch resizes) would
+        # otherwise pile up in MLX's buffer cache until device memory runs out.
+        self._previous_cache_limit = mx.set_cache_limit(buffer_cache_limit_bytes())
         self.prefix_cache: PrefixCache | None = None
         mode = prefix_cache_mode(self.model) if config.enable_prefix_cache else None
         if mode is not None:
@@ -61,13 +64,12 @@ class ModelRunner:
                 self._forget(request_id)
             needs_history = any(r.sampling.needs_token_history for r in scheduled.decode_requests)
             sampled = self._read_pending() if needs_history else []
-            batch_before = list(self.batch.request_ids)
             dispatched = self._dispatch_decode(scheduled.decode_requests)
             first_tokens = self._run_prefill(scheduled.prefill_chunks)
             if not needs_history:
                 sampled = self._read_pending()
             self._pending = dispatched
-            self._maybe_clear_cache(bool(scheduled.prefill_chunks) or batch_before != self.batch.request_ids)
+            self._maybe_clear_cache()
         return RunnerOutput(sampled + first_tokens)
 
     def _forget(self, request_id: str) -> None:
@@ -186,14 +188,14 @@ class ModelRunner:
         return self._prefill_caches[request.request_id]
 
     # ---- housekeeping ----------------------------------------------------
-    def _maybe_clear_cache(self, shapes_changed: bool) -> None:
-        """Release MLX's buffer cache when buffer sizes change (prefill, batch resize).
+    def _maybe_clear_cache(self) -> None:
+        """Release MLX's buffer cache now and then; its cap (set at start) bounds it in between.
 
-        Freed buffers of sizes that will not recur otherwise pile up in the cache
-        (as mlx-lm does, clear after prompt processing and every few hundred steps).
+        Not on every prefill or batch change: releasing and re-allocating device buffers
+        each step costs more than the step's own bookkeeping under steady arrivals.
         """
         self._num_steps += 1
-        if shapes_changed or self._num_steps % CLEAR_CACHE_EVERY_STEPS == 0:
+        if self._num_steps % CLEAR_CACHE_EVERY_STEPS == 0:
             mx.clear_cache()
 
     def kv_cache_bytes(self) -> int:
@@ -221,3 +223,4 @@ class ModelRunner:
             self.prefix_cache.evict_all_unlocked()
         self.batch.caches = []
         mx.clear_cache()
+        mx.set_cache_limit(self._previous_cache_limit)
