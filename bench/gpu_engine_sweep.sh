@@ -16,8 +16,9 @@ source .gpu/activate.sh
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 python3 -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency "${LEVELS:-1,8,32,64,128}" \
   --repeat "${REPEAT:-5}" --json "$OUT/engine_throughput.json" 2>&1 | tail -n 40 > "$OUT/engine_throughput.txt"
-for shape in qwen3-0.6b ${SKIP_8B:+}${SKIP_8B:-llama-3.1-8b}; do
-  [ "$shape" = 1 ] && continue
+shapes="qwen3-0.6b"
+[ -z "${SKIP_8B:-}" ] && shapes="$shapes llama-3.1-8b"
+for shape in $shapes; do
   python3 -m bench.prefix_cache ttft --random-shape "$shape" --json "$OUT/prefix_ttft_${shape}.json" \
     2>&1 | tail -n 5 | sed "s/^/${shape}: /" >> "$OUT/prefix_ttft.txt"
 done
