@@ -1,8 +1,8 @@
 """Prefill forwards: write prompt chunks to their caches; a chunk that completes its prompt
 also yields the logits of its last position, from which the first token is sampled.
 
-Logits are only computed where needed: a short batch of completing chunks computes them
-in its one forward and keeps each row's last; otherwise the chunks' bodies are written
+Logits are only computed where needed: a short batch with completing chunks computes them
+in its one forward and keeps the completing rows' last positions; otherwise the chunks' bodies are written
 without logits (MLX never evaluates the unused lm_head) and a one-token tail forward of
 the completing rows gives them.
 """
@@ -19,9 +19,10 @@ from engine.scheduler.output import PrefillChunk
 
 # Largest number of prompt tokens per row in one forward call (bounds activation memory).
 MAX_FORWARD_TOKENS = 2048
-# Up to this many rows x positions, one forward computes full logits ([rows, positions, vocab]):
-# one pass over the weights instead of two, at the cost of a bounded logits buffer.
-SHORT_FORWARD_LOGITS_TOKENS = 512
+# Up to this many rows x positions, one forward computes full logits ([rows, positions, vocab],
+# ~0.6 GB at 2,048 x 152k in bf16) and keeps the completing rows' last: a second forward costs
+# more than that (a fixed per-forward cost of several ms on the GPU, measured on the H100).
+SHORT_FORWARD_LOGITS_TOKENS = 2048
 
 
 @dataclass
@@ -36,9 +37,9 @@ class PrefillResult:
 def run_prefill(model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches]) -> PrefillResult:
     completing = [i for i, c in enumerate(chunks) if c.completes_prefill]
     lengths = [c.num_tokens for c in chunks]
-    if len(completing) == len(chunks) and len(chunks) * max(lengths) <= SHORT_FORWARD_LOGITS_TOKENS:
+    if completing and len(chunks) * max(lengths) <= SHORT_FORWARD_LOGITS_TOKENS:
         caches, logits = _forward_with_logits(model, chunks, caches)
-        return PrefillResult(caches, chunks, logits)
+        return PrefillResult(caches, [chunks[i] for i in completing], logits[mx.array(completing)])
     bodies = [list(c.token_ids[:-1]) if c.completes_prefill else list(c.token_ids) for c in chunks]
     with_body = [i for i, body in enumerate(bodies) if body]
     written = _forward_bodies(model, [bodies[i] for i in with_body], [caches[i] for i in with_body])
