@@ -6,6 +6,7 @@ model_server.py wraps it as a Serve deployment; tests and local_backend.py use i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -16,6 +17,7 @@ from engine.errors import EngineDeadError, OrchardError
 from engine.output.events import Finish, TextDelta
 from engine.parsers.events import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
 from engine.parsers.registry import OutputParser, ParserNames, resolve_parser_names
+from engine.sampling.params import SamplingParams
 from deployments.coalesce import coalesce
 from deployments.config import ModelConfig
 from deployments.memory import memory_usage
@@ -91,7 +93,8 @@ class ModelService:
         try:
             prompt = self._encoder.encode(job.prompt)
             plan = plan_output(self.parser_names, job, prompt.text)
-            stream = self._engine.submit(Request(job.request_id, prompt.token_ids, plan.sampling))
+            sampling = self._clamped(plan.sampling, len(prompt.token_ids)) if job.clamp_max_tokens else plan.sampling
+            stream = self._engine.submit(Request(job.request_id, prompt.token_ids, sampling))
         except OrchardError as exc:
             logger.info("request %s (%s) refused: %s", job.request_id, job.log_id, exc.message)
             yield StreamChunk(error=exc)
@@ -135,6 +138,12 @@ class ModelService:
             return TokenCount(len(self._encoder.encode(prompt).token_ids))
         except OrchardError as exc:
             return TokenCount(error=exc)
+
+    def _clamped(self, sampling: SamplingParams, num_prompt: int) -> SamplingParams:
+        room = self._engine.core.context_length - num_prompt
+        if sampling.max_tokens is not None and room >= 1 and sampling.max_tokens > room:
+            return dataclasses.replace(sampling, max_tokens=room)
+        return sampling  # a prompt that leaves no room is refused by the engine, naming it
 
     def _window_s(self) -> float:
         return min(MAX_WINDOW_S, max(MIN_WINDOW_S, self._active_streams / self.config.stream_chunks_per_s))

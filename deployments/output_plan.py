@@ -27,11 +27,14 @@ def plan_output(names: ParserNames, job: GenerateJob, prompt_text: str) -> Outpu
     if not isinstance(prompt, ChatPrompt):  # /v1/completions: raw text, no parsing
         return OutputPlan(job.sampling, None)
     tools = prompt.tools if prompt.tools and prompt.tool_choice != "none" else None
-    options = ParseOptions(tools=tools, parallel_tool_calls=prompt.parallel_tool_calls, prompt_text=prompt_text)
+    forced = bool(tools) and prompt.tool_choice in ("required", "function")
     sampling = job.sampling
     if names.keeps_special_tokens(tools_enabled=bool(tools)):
         sampling = dataclasses.replace(sampling, skip_special_tokens=False)
-    if tools and prompt.tool_choice in ("required", "function"):
-        regex = forced_call_regex(names, tools, prompt.tool_name if prompt.tool_choice == "function" else None)
+    if forced:
+        regex = forced_call_regex(names, tools or [], prompt.tool_name if prompt.tool_choice == "function" else None)
         sampling = dataclasses.replace(sampling, guided=GuidedDecoding("regex", regex))
+        # The call is written from the first token, even where the prompt opened a <think> block.
+        prompt_text = ""
+    options = ParseOptions(tools=tools, parallel_tool_calls=prompt.parallel_tool_calls, prompt_text=prompt_text)
     return OutputPlan(sampling, build_output_parser(names, options))

@@ -48,6 +48,9 @@ class GenerateJob:
     sampling: SamplingParams
     stream: bool  # False: the model sends one chunk at the end instead of time-coalesced ones
     log_id: str = ""  # the HTTP X-Request-Id, for log lines
+    # Anthropic's max_tokens is a ceiling (Claude Code asks for 32,000 whatever the model): the model
+    # side lowers it to the room the context leaves instead of refusing the request.
+    clamp_max_tokens: bool = False
 
 
 @dataclass

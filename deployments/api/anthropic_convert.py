@@ -35,7 +35,8 @@ def messages_job(body: MessagesRequest, request_id: str, log_id: str) -> Generat
         top_k=body.top_k or 0,
         stop=tuple(body.stop_sequences or ()),
     )
-    return GenerateJob(request_id, chat_prompt(body), sampling, stream=body.stream, log_id=log_id)
+    prompt = chat_prompt(body)
+    return GenerateJob(request_id, prompt, sampling, stream=body.stream, log_id=log_id, clamp_max_tokens=True)
 
 
 def chat_prompt(body: _MessagesFields) -> ChatPrompt:

@@ -26,7 +26,10 @@ def literal(text: str) -> str:
 
 
 def _json_regex(schema: dict[str, Any]) -> str:
-    return build_regex_from_schema(json.dumps(schema))
+    try:
+        return build_regex_from_schema(json.dumps(schema))
+    except Exception as exc:  # outlines-core refuses some schema features (raises ValueError and others)
+        raise InvalidRequestError(f"A tool's parameters schema cannot be enforced: {exc}", param="tools") from exc
 
 
 def _parameters(tool: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ text is released as soon as no marker can start inside it, whatever the chunk bo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,11 @@ class MarkerLexer:
         self._buffer = buffer[end:]
         return Text(buffer[:end])
 
-    def tokens(self, markers_of_state) -> list[Token]:
-        """All tokens available now; `markers_of_state()` is asked again after each token."""
-        out = []
+    def tokens(self, markers_of_state: Callable[[], tuple[str, ...]]) -> Iterator[Token]:
+        """The tokens available now, lazily: `markers_of_state()` is asked again before each token,
+        after the caller has handled the previous one (and perhaps changed state)."""
         while (token := self.next(markers_of_state())) is not None:
-            out.append(token)
-        return out
+            yield token
 
 
 def _earliest(buffer: str, markers: tuple[str, ...]) -> tuple[int, str] | None:

@@ -65,7 +65,7 @@ def _dump(arguments: dict[str, Any]) -> str:
 
 # ---- Hermes / Qwen3: <tool_call>{"name": ..., "arguments": {...}}</tool_call> -------------------
 _HERMES_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)+)"')
-_HERMES_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*(.*?)\s*\}\s*$', re.DOTALL)
+_HERMES_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*', re.DOTALL)
 
 
 def parse_hermes(body: str, types: ParamTypes) -> list[ParsedCall]:
@@ -86,8 +86,15 @@ def _salvage_hermes(body: str) -> ParsedCall:
     name = _HERMES_NAME.search(body)
     if name is None:
         raise MalformedCall("no function name in the tool call")
-    arguments = _HERMES_ARGS.search(body)
-    return ParsedCall(json.loads(f'"{name.group(1)}"'), arguments.group(1) if arguments else "{}")
+    found = _HERMES_ARGS.search(body)
+    if found is None:
+        return ParsedCall(json.loads(f'"{name.group(1)}"'), "{}")
+    rest = body[found.end():]
+    try:  # the arguments object itself may be whole (e.g. only the wrapper's brace is missing)
+        arguments, _ = json.JSONDecoder().raw_decode(rest)
+        return ParsedCall(json.loads(f'"{name.group(1)}"'), _dump(arguments))
+    except ValueError:
+        return ParsedCall(json.loads(f'"{name.group(1)}"'), rest.rstrip().removesuffix("}").rstrip())
 
 
 # ---- Qwen3-Coder: <tool_call><function=NAME><parameter=KEY>value</parameter></function></tool_call>
