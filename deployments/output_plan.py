@@ -33,7 +33,7 @@ def plan_output(names: ParserNames, job: GenerateJob, prompt_text: str) -> Outpu
         sampling = dataclasses.replace(sampling, skip_special_tokens=False)
     if forced:
         regex = forced_call_regex(names, tools or [], prompt.tool_name if prompt.tool_choice == "function" else None)
-        sampling = dataclasses.replace(sampling, guided=GuidedDecoding("regex", regex))
+        sampling = dataclasses.replace(sampling, guided=GuidedDecoding("regex", regex, param="tool_choice"))
         # The call is written from the first token, even where the prompt opened a <think> block.
         prompt_text = ""
     options = ParseOptions(tools=tools, parallel_tool_calls=prompt.parallel_tool_calls, prompt_text=prompt_text)

@@ -85,7 +85,7 @@ class WindowSource:
         return new_text
 
 
-def _is_byte_level(tokenizer: Any) -> bool:
+def is_byte_level(tokenizer: Any) -> bool:
     try:
         decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
     except (AttributeError, ValueError):
@@ -93,7 +93,7 @@ def _is_byte_level(tokenizer: Any) -> bool:
     return decoder.get("type") == "ByteLevel"
 
 
-def _byte_level_table(tokenizer: Any, skip_special_tokens: bool) -> list[bytes]:
+def byte_level_table(tokenizer: Any, skip_special_tokens: bool = True) -> list[bytes]:
     size = len(tokenizer)
     table = [_token_bytes(t or "") for t in tokenizer.convert_ids_to_tokens(list(range(size)))]
     for token_id, added in tokenizer.added_tokens_decoder.items():
@@ -105,12 +105,12 @@ def _byte_level_table(tokenizer: Any, skip_special_tokens: bool) -> list[bytes]:
 def text_source_factory(tokenizer: Any) -> Callable[[bool], TextSource]:
     """Built once per model: the id -> bytes tables (special tokens skipped or kept) are shared by
     every request; the one keeping special tokens is built when first asked for."""
-    if _is_byte_level(tokenizer):
-        tables: dict[bool, list[bytes]] = {True: _byte_level_table(tokenizer, True)}
+    if is_byte_level(tokenizer):
+        tables: dict[bool, list[bytes]] = {True: byte_level_table(tokenizer, True)}
 
         def byte_level(skip_special_tokens: bool = True) -> TextSource:
             if skip_special_tokens not in tables:
-                tables[skip_special_tokens] = _byte_level_table(tokenizer, skip_special_tokens)
+                tables[skip_special_tokens] = byte_level_table(tokenizer, skip_special_tokens)
             return ByteLevelSource(tables[skip_special_tokens])
 
         return byte_level
