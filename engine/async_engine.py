@@ -11,6 +11,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
@@ -23,6 +24,8 @@ from engine.request import Request
 logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.2
 IDLE_POLL_S = 0.5
+# Structured-output compiles run here: outlines-core releases the GIL while it builds an index.
+COMPILE_THREADS = 2
 
 
 @dataclass
@@ -73,6 +76,8 @@ class AsyncEngine:
         self._core: EngineCore | None = None
         self._stats: EngineStats | None = None
         self._dead: OrchardError | None = None
+        self._compiler = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="orchard-guides")
+        self._compiling: set[str] = set()
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> None:
@@ -89,6 +94,7 @@ class AsyncEngine:
         self._commands.put(_Shutdown())
         await asyncio.to_thread(self._thread.join)
         self._thread = None
+        self._compiler.shutdown(wait=False, cancel_futures=True)
 
     @property
     def core(self) -> EngineCore:
@@ -106,10 +112,42 @@ class AsyncEngine:
             raise InvalidRequestError(f"Duplicate request id '{request.request_id}'", param="request_id")
         mailbox = Mailbox()
         self._mailboxes[request.request_id] = mailbox
-        self._commands.put(_Add(request))
+        guided = request.sampling.guided
+        if guided is not None and request.guide is None:
+            request.guide = self.core.guides.cached(guided)
+        if guided is not None and request.guide is None:
+            self._compile_then_add(request)
+        else:
+            self._commands.put(_Add(request))
         return RequestStream(self, request.request_id, mailbox)
 
+    def _compile_then_add(self, request: Request) -> None:
+        """A new structured-output spec compiles in a worker; the engine thread keeps decoding."""
+        self._compiling.add(request.request_id)
+        future = self._compiler.submit(self.core.guides.compile, request.sampling.guided)
+        loop = self._loop
+        future.add_done_callback(lambda done: loop.call_soon_threadsafe(self._compiled, request, done))
+
+    def _compiled(self, request: Request, future: Future) -> None:
+        self._compiling.discard(request.request_id)
+        mailbox = self._mailboxes.get(request.request_id)
+        if mailbox is None:  # aborted (or the engine died) while compiling
+            return
+        error = future.exception()
+        if error is not None:
+            if not isinstance(error, OrchardError):
+                logger.error("structured output compile failed", exc_info=error)
+                error = InvalidRequestError(f"Could not compile the output constraint: {error!r}", param="response_format")
+            del self._mailboxes[request.request_id]
+            mailbox.put_error(error)
+            return
+        request.guide = future.result()
+        self._commands.put(_Add(request))
+
     def abort(self, request_id: str) -> None:
+        if request_id in self._compiling:  # not in the engine yet: drop it when its compile ends
+            self._mailboxes.pop(request_id, None)
+            return
         self._commands.put(_Abort(request_id))
 
     def stats(self) -> EngineStats:
@@ -127,6 +165,7 @@ class AsyncEngine:
             self._core = self._build_core()
             self._core.runner.warmup()
             self._stats = self._core.stats()
+            self._compiler.submit(self._core.guides.warm)  # the vocabulary, so a first schema waits less
         except BaseException as exc:  # report any build failure to start()'s caller
             self._loop.call_soon_threadsafe(_resolve, ready, exc)
             return

@@ -18,6 +18,7 @@ from engine.runner.runner import ModelRunner
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.sampling.params import SamplingParams
+from engine.sampling.structured import GuideCompiler
 
 THROUGHPUT_WINDOW_S = 10.0
 
@@ -47,6 +48,7 @@ class EngineCore:
         self.scheduler = Scheduler(self.config, prefix_cache=self.runner.prefix_cache)
         self._states: dict[str, RequestOutputState] = {}
         self._text_source = text_source_factory(loaded.tokenizer)
+        self.guides = GuideCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
         self._num_steps = 0
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -65,6 +67,8 @@ class EngineCore:
         if any(not 0 <= t < vocab_size for t in request.prompt_token_ids):
             raise InvalidRequestError("The prompt holds token ids outside the vocabulary", param="prompt")
         request.sampling.validate(vocab_size)
+        if request.sampling.guided is not None:
+            self.guides.check(request.sampling.guided)
         max_tokens = request.sampling.max_tokens
         room = self.context_length - num_prompt
         if room < 1 or (max_tokens is not None and max_tokens > room):
@@ -82,6 +86,8 @@ class EngineCore:
         if request.request_id in self._states:
             raise InvalidRequestError(f"Duplicate request id '{request.request_id}'", param="request_id")
         self.validate(request)
+        if request.sampling.guided is not None and request.guide is None:
+            request.guide = self.guides.compile(request.sampling.guided)  # AsyncEngine compiles off-thread first
         self.scheduler.add_request(request)
         self._states[request.request_id] = RequestOutputState(
             request, self._text_source, self.loaded.eos_token_ids

@@ -12,6 +12,7 @@ from engine.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.kv.prefix_cache import CachedBlock
+    from engine.sampling.structured import CompiledGuide
 
 
 class RequestStatus(IntEnum):
@@ -69,6 +70,8 @@ class Request:
     prefix_blocks: list["CachedBlock"] = field(default_factory=list)
     stop_reason: str | int | None = None
     error: OrchardError | None = None
+    # Structured output: the compiled automaton for sampling.guided, set before scheduling.
+    guide: "CompiledGuide | None" = None
     _output_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:

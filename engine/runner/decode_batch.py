@@ -17,6 +17,7 @@ from engine.request import Request
 from engine.runner.outputs import SampledToken, TopLogprob
 from engine.sampling.params import seed_to_uint32
 from engine.sampling.sampler import BatchSampler, RowSampling, SampledBatch
+from engine.sampling.structured import GuideState
 
 
 @dataclass
@@ -51,7 +52,8 @@ def new_row_sampling(request: Request, rng: random.Random) -> RowSampling:
     params = request.sampling
     seed = params.seed if params.seed is not None else rng.getrandbits(32)
     prompt_set = frozenset(request.prompt_token_ids) if params.repetition_penalty != 1.0 else frozenset()
-    return RowSampling(params=params, seed=seed_to_uint32(seed), prompt_token_set=prompt_set)
+    guide = GuideState(request.guide, replay=request.output_token_ids) if request.guide is not None else None
+    return RowSampling(params=params, seed=seed_to_uint32(seed), prompt_token_set=prompt_set, guide=guide)
 
 
 @dataclass
@@ -105,11 +107,11 @@ class DecodeBatch:
 
     @staticmethod
     def record_tokens(sampled: list[SampledToken], rows: dict[str, RowSampling]) -> None:
-        """Feed read-back tokens to the rows whose penalties count them."""
+        """Feed read-back tokens to the rows whose penalties or guides follow them."""
         for token in sampled:
             row = rows.get(token.request_id)
             if row is not None and row.params.needs_token_history:
-                row.generated_counts[token.token_id] += 1
+                row.record(token.token_id)
 
     def top_logprob_counts(self) -> list[int]:
         return [self.rows[rid].params.top_logprobs for rid in self.request_ids]

@@ -63,8 +63,15 @@ class ModelRunner:
             for request_id in scheduled.freed_request_ids:
                 self._forget(request_id)
             needs_history = any(r.sampling.needs_token_history for r in scheduled.decode_requests)
-            sampled = self._read_pending() if needs_history else []
-            dispatched = self._dispatch_decode(scheduled.decode_requests)
+            sampled = []
+            logits = self._dispatch_forward(scheduled.decode_requests)
+            if needs_history:
+                # Penalties and guides need the previous step's tokens before sampling, not before
+                # the forward: the device runs this step's forward while they are read back.
+                if logits is not None:
+                    mx.async_eval(logits)
+                sampled = self._read_pending()
+            dispatched = self._dispatch_sampling(logits, scheduled.decode_requests)
             first_tokens = self._run_prefill(scheduled.prefill_chunks)
             if not needs_history:
                 sampled = self._read_pending()
@@ -84,7 +91,7 @@ class ModelRunner:
         self.batch.record_tokens(sampled, self._rows)
         return sampled
 
-    def _dispatch_decode(self, requests: list[Request]) -> PendingStep | None:
+    def _dispatch_forward(self, requests: list[Request]) -> mx.array | None:
         joiner_caches = {r.request_id: self._joiner_cache(r) for r in requests if r.request_id not in self.batch.rows}
         self._cache_leaving_rows({r.request_id for r in requests})
         previous_ids = list(self.batch.request_ids)
@@ -92,7 +99,11 @@ class ModelRunner:
         if not self.batch.request_ids:
             return None
         inputs = self._decode_inputs(previous_ids, keep_rows)
-        logits = self.model(inputs[:, None], cache=self.batch.caches)[:, -1, :]
+        return self.model(inputs[:, None], cache=self.batch.caches)[:, -1, :]
+
+    def _dispatch_sampling(self, logits: mx.array | None, requests: list[Request]) -> PendingStep | None:
+        if logits is None:
+            return None
         by_id = {r.request_id: r for r in requests}
         steps = [by_id[rid].num_decode_steps - 1 for rid in self.batch.request_ids]
         sampled = self.batch.sampler.sample(logits, steps)

@@ -7,7 +7,7 @@ tokenizer and masks each step's logits so only matching continuations remain.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 GuidedKind = Literal["json_schema", "json_object", "regex", "choice"]
@@ -20,6 +20,8 @@ class GuidedDecoding:
 
     kind: GuidedKind
     spec: str = ""
+    # The request field that asked for it, named in errors ("response_format", "tool_choice", ...).
+    param: str = field(default="response_format", compare=False)
 
 
 __all__ = ["GuidedDecoding", "GuidedKind"]

@@ -40,19 +40,25 @@ class SamplingParams:
     top_logprobs: int = 0
     # Structured output: the text generated must match this (None: free text).
     guided: GuidedDecoding | None = None
+    # False keeps special tokens in the text (output parsers read markers that are special tokens).
+    skip_special_tokens: bool = True
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
 
     @property
-    def needs_token_history(self) -> bool:
-        """Penalties read the tokens generated so far, so they need them before the next step."""
+    def has_penalties(self) -> bool:
         return (
             self.repetition_penalty != 1.0
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+    @property
+    def needs_token_history(self) -> bool:
+        """Penalties and guides read the tokens generated so far, so they need them before the next step."""
+        return self.has_penalties or self.guided is not None
 
     @property
     def needs_top_k_filter(self) -> bool:

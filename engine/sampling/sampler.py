@@ -13,18 +13,28 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import numpy as np
 
 from engine.sampling.params import SamplingParams
+from engine.sampling.structured import GuideState
 
 
 @dataclass
 class RowSampling:
-    """One batch row's sampling parameters plus the history its penalties need."""
+    """One batch row's sampling parameters plus the history its penalties and guide need."""
 
     params: SamplingParams
     seed: int  # uint32
     prompt_token_set: frozenset[int] = frozenset()
     generated_counts: Counter = field(default_factory=Counter)
+    guide: GuideState | None = None  # structured output: where the text so far leaves the automaton
+
+    def record(self, token_id: int) -> None:
+        """A token this row really sampled: count it for penalties, advance the guide."""
+        if self.params.has_penalties:
+            self.generated_counts[token_id] += 1
+        if self.guide is not None:
+            self.guide.advance(token_id)
 
 
 @dataclass
@@ -73,12 +83,13 @@ class BatchSampler:
         self.min_ps = mx.array([p.min_p for p in params], mx.float32)
         self.max_top_logprobs = max((p.top_logprobs for p in params), default=0)
         self.wants_logprobs = any(p.logprobs for p in params)
-        self.penalised_rows = [i for i, p in enumerate(params) if p.needs_token_history]
+        self.penalised_rows = [i for i, p in enumerate(params) if p.has_penalties]
+        self.guided_rows = [i for i, r in enumerate(rows) if r.guide is not None]
         self._bias = self._build_bias(params)
 
     @property
     def needs_token_history(self) -> bool:
-        return bool(self.penalised_rows)
+        return bool(self.penalised_rows or self.guided_rows)
 
     def _build_bias(self, params: list[SamplingParams]) -> tuple[mx.array, mx.array] | None:
         flat_ids, values = [], []
@@ -92,7 +103,7 @@ class BatchSampler:
 
     def sample(self, logits: mx.array, steps: list[int]) -> SampledBatch:
         """logits: [B, V] of the model; steps: each row's decode step index (for seeded noise)."""
-        if self.all_greedy and self._bias is None and not self.penalised_rows and not self.wants_logprobs:
+        if self.all_greedy and self._bias is None and not self.needs_token_history and not self.wants_logprobs:
             # The common fast path: one argmax kernel, in the model's dtype.
             return SampledBatch(mx.argmax(logits, axis=-1).astype(mx.uint32))
         logits = logits.astype(mx.float32)
@@ -113,7 +124,20 @@ class BatchSampler:
             logits = flat.reshape(logits.shape)
         if self.penalised_rows:
             logits = self._apply_penalties(logits)
+        if self.guided_rows:
+            logits = self._apply_guides(logits)
         return logits
+
+    def _apply_guides(self, logits: mx.array) -> mx.array:
+        """-inf for tokens the guided rows' automata forbid; unguided rows keep all-ones masks (exact)."""
+        batch, vocab = logits.shape
+        words = self.rows[self.guided_rows[0]].guide.compiled.mask_words
+        bits = np.full((batch, words), -1, dtype=np.int32)
+        for row in self.guided_rows:
+            self.rows[row].guide.write_mask(bits[row])
+        shifts = mx.arange(32, dtype=mx.int32)
+        allowed = ((mx.array(bits)[:, :, None] >> shifts) & 1).reshape(batch, words * 32)[:, :vocab]
+        return mx.where(allowed.astype(mx.bool_), logits, mx.array(-float("inf"), logits.dtype))
 
     def _apply_penalties(self, logits: mx.array) -> mx.array:
         rows, cols, rep, pres, freq, counts = [], [], [], [], [], []
