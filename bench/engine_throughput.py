@@ -393,7 +393,8 @@ def machine_info() -> dict:
 
 def git_commit() -> Optional[str]:
     repo = Path(__file__).resolve().parent.parent
-    return _command_output(["git", "-C", str(repo), "rev-parse", "HEAD"]) or os.environ.get("ORCHARD_COMMIT")
+    # The env var first: the device's copy of the tree may carry a stale .git.
+    return os.environ.get("ORCHARD_COMMIT") or _command_output(["git", "-C", str(repo), "rev-parse", "HEAD"])
 
 
 def model_info(model_path: str, shape: Optional[str]) -> dict:

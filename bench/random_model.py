@@ -125,9 +125,13 @@ def build_random_model(config: dict[str, Any], dtype: str, seed: int) -> nn.Modu
     return model
 
 
-def write_tokenizer(out_dir: Path, vocab_size: int) -> None:
-    """A WordLevel tokenizer with one word per id ("t0", "t1", ...) so every id decodes."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def write_tokenizer(out_dir: Path, vocab_size: int, byte_level_decoder: bool = False) -> None:
+    """A WordLevel tokenizer with one word per id ("t0", "t1", ...) so every id decodes.
+
+    With `byte_level_decoder`, tokens decode like a byte-level BPE vocabulary's (Qwen, Llama 3:
+    concatenated, no spaces), so servers detokenize it the way they do the real models'.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     num_words = vocab_size - len(SPECIAL_TOKENS)
     vocab = {f"t{i}": i for i in range(num_words)}
@@ -135,7 +139,9 @@ def write_tokenizer(out_dir: Path, vocab_size: int) -> None:
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS))  # already in vocab: ids stay at the top
-    tokenizer.save(str(out_dir / "tokenizer.json"))  # no decoder: tokens are joined with spaces
+    if byte_level_decoder:
+        tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.save(str(out_dir / "tokenizer.json"))  # without a decoder, tokens are joined with spaces
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
@@ -169,7 +175,7 @@ def make_random_model(
     # donate_model frees each shard after writing: the model is never held twice.
     save_model(out, model, donate_model=True)
     save_config(config, out / "config.json")
-    write_tokenizer(out, config["vocab_size"])
+    write_tokenizer(out, config["vocab_size"], byte_level_decoder=True)
     return out
 
 

@@ -12,11 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.models.names import DEFAULT_MODEL_ID
+from engine.parsers.registry import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
 
 # `model_path: default` means the embedded SmolLM2 model, converted on first use by the model's replica.
 DEFAULT_MODEL_PATH = "default"
-# Parsers Bodega documents; the parsing itself lands in a later issue, the names are checked now.
-KNOWN_PARSERS = ("qwen3", "glm4_moe", "qwen3_coder", "qwen3_moe", "qwen3_next", "qwen3_vl", "harmony", "minimax_m2")
+# Bodega's parser names (engine/parsers/registry.py); unset ones are inferred from the chat template.
+KNOWN_PARSERS = {"tool_call_parser": TOOL_PARSER_NAMES, "reasoning_parser": REASONING_PARSER_NAMES}
 SUPPORTED_MODEL_TYPES = ("lm",)
 _MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,255}$")
 # Serve's config builder writes a log file named after the application, so '/' cannot be in an
@@ -79,9 +80,10 @@ class ModelConfig(BaseModel):
 
     @field_validator("tool_call_parser", "reasoning_parser")
     @classmethod
-    def _known_parser(cls, value: str | None) -> str | None:
-        if value is not None and value not in KNOWN_PARSERS:
-            raise ValueError(f"unknown parser '{value}' (choose from {', '.join(KNOWN_PARSERS)})")
+    def _known_parser(cls, value: str | None, info: Any) -> str | None:
+        known = KNOWN_PARSERS[info.field_name]
+        if value is not None and value not in known:
+            raise ValueError(f"unknown parser '{value}' (choose from {', '.join(known)})")
         return value
 
     @model_validator(mode="after")

@@ -22,12 +22,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import ModelNotFoundError, OrchardError
 from deployments.admin import admin_router
+from deployments.api.anthropic_convert import chat_prompt, messages_job
+from deployments.api.anthropic_render import MessageMeta, MessagesRenderer
+from deployments.api.anthropic_schemas import CountTokensRequest, MessagesRequest
 from deployments.api.convert import chat_job, completion_job
-from deployments.api.errors import WireError, http_error, validation_error, wire_error
+from deployments.api.errors import WireError, as_anthropic, http_error, validation_error, wire_error
 from deployments.api.render import ChatRenderer, CompletionRenderer, ResponseMeta
 from deployments.api.responses import ModelCard, ModelList
 from deployments.api.schemas import ChatCompletionRequest, CompletionRequest
-from deployments.api.sse import SSE_DONE, SSE_HEADERS, sse_event, sse_events
+from deployments.api.sse import SSE_HEADERS
 from deployments.config import IngressConfig
 from deployments.protocol import GenerateJob, StreamChunk
 from deployments.registry import ModelEntry, ModelStatus, Registry
@@ -38,7 +41,8 @@ logger = logging.getLogger("ray.serve.orchard")
 REQUEST_ID: ContextVar[str] = ContextVar("orchard_request_id", default="-")
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
-Renderer = ChatRenderer | CompletionRenderer
+Renderer = ChatRenderer | CompletionRenderer | MessagesRenderer
+ANTHROPIC_PATHS = "/v1/messages"  # these routes answer errors in Anthropic's shape
 
 
 class RequestIdMiddleware:
@@ -89,6 +93,7 @@ def create_app(registry: Registry, enable_admin: bool = True) -> FastAPI:
     app.add_middleware(RequestIdMiddleware)
     _install_error_handlers(app)
     app.include_router(openai_router(registry))
+    app.include_router(anthropic_router(registry))
     app.include_router(admin_router(registry, enable_admin))
     return app
 
@@ -123,6 +128,29 @@ def openai_router(registry: Registry) -> APIRouter:
         if entry is None:
             raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model")
         return _model_card(entry).dump()
+
+    return router
+
+
+def anthropic_router(registry: Registry) -> APIRouter:
+    """Anthropic's Messages API; the `anthropic-version` / `anthropic-beta` headers are tolerated."""
+    router = APIRouter()
+
+    @router.post("/v1/messages")
+    async def messages(body: MessagesRequest) -> Response:
+        message_id = f"msg_{uuid.uuid4().hex}"
+        job = messages_job(body, message_id, REQUEST_ID.get())
+        renderer = MessagesRenderer(MessageMeta(message_id, body.model))
+        return await _generation_response(registry, body.model, job, renderer)
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountTokensRequest) -> dict[str, Any]:
+        prompt = chat_prompt(body)
+        client = await registry.route(body.model)
+        counted = await client.count_tokens(prompt)
+        if counted.error is not None:
+            raise counted.error
+        return {"input_tokens": counted.input_tokens}
 
     return router
 
@@ -173,19 +201,23 @@ async def _sse_body(first: StreamChunk, chunks: AsyncIterator[StreamChunk], rend
     while True:
         if chunk.error is not None:  # headers are sent: report the error in the stream, as OpenAI does
             logger.info("stream failed: %s [request %s]", chunk.error.message, REQUEST_ID.get())
-            yield sse_event(wire_error(chunk.error).body)
+            yield renderer.sse_error(wire_error(chunk.error))
             break
-        payloads = renderer.stream_payloads(chunk)
-        if payloads:
-            yield sse_events(payloads)
+        text = renderer.sse(chunk)
+        if text:
+            yield text
         if chunk.is_last:
             break
         chunk = await anext(chunks)
-    yield SSE_DONE
+    end = renderer.sse_end()
+    if end:
+        yield end
 
 
 # ---- errors -------------------------------------------------------------------------------
-def _error_response(error: WireError) -> JSONResponse:
+def _error_response(request: Request, error: WireError) -> JSONResponse:
+    if request.url.path.startswith(ANTHROPIC_PATHS):
+        error = as_anthropic(error)
     return JSONResponse(error.body, status_code=error.status, headers=error.headers)
 
 
@@ -193,20 +225,20 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OrchardError)
     async def orchard_error(request: Request, exc: OrchardError) -> JSONResponse:
         logger.info("%s %s -> %s: %s [request %s]", request.method, request.url.path, exc.code, exc.message, REQUEST_ID.get())
-        return _error_response(wire_error(exc))
+        return _error_response(request, wire_error(exc))
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error_response(validation_error(list(exc.errors())))
+        return _error_response(request, validation_error(list(exc.errors())))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error_response(http_error(exc.status_code, str(exc.detail)))
+        return _error_response(request, http_error(exc.status_code, str(exc.detail)))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unexpected error on %s %s [request %s]", request.method, request.url.path, REQUEST_ID.get())
-        return _error_response(wire_error(exc))
+        return _error_response(request, wire_error(exc))
 
 
 # ---- the Serve deployment ---------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import AsyncIterator
 from engine.errors import ModelLoadError, ModelNotFoundError
 from deployments.config import ModelConfig
 from deployments.model_service import EngineBuilder, ModelService, build_async_engine
-from deployments.protocol import GenerateJob, ModelInfo, QueueStats, StreamChunk
+from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
 from deployments.registry import DeploymentState, ModelStatus
 
 
@@ -20,6 +20,9 @@ class LocalModelClient:
 
     def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         return self._service.generate(job)
+
+    async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
+        return await self._service.count_tokens(prompt)
 
     async def info(self) -> ModelInfo:
         return self._service.info()

@@ -13,7 +13,7 @@ from ray.serve import Application
 
 from deployments.config import ModelConfig, serve_app_name
 from deployments.model_service import ModelService
-from deployments.protocol import GenerateJob, ModelInfo, QueueStats, StreamChunk
+from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
 
 MODEL_SERVER_DEPLOYMENT = "ModelServer"  # the registry recognises model applications by this name
 
@@ -33,6 +33,9 @@ class ModelServer:
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         async for chunk in self.service.generate(job):
             yield chunk
+
+    async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
+        return await self.service.count_tokens(prompt)
 
     async def info(self) -> ModelInfo:
         return self.service.info()

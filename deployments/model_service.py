@@ -6,6 +6,7 @@ model_server.py wraps it as a Serve deployment; tests and local_backend.py use i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -14,11 +15,15 @@ from typing import AsyncIterator, Callable
 from engine import AsyncEngine, EngineConfig, EngineCore, Request
 from engine.errors import EngineDeadError, OrchardError
 from engine.output.events import Finish, TextDelta
+from engine.parsers.events import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
+from engine.parsers.registry import OutputParser, ParserNames, resolve_parser_names
+from engine.sampling.params import SamplingParams
 from deployments.coalesce import coalesce
 from deployments.config import ModelConfig
 from deployments.memory import memory_usage
+from deployments.output_plan import plan_output
 from deployments.prompts import PromptEncoder, TokenTexts
-from deployments.protocol import GenerateJob, ModelInfo, QueueStats, StreamChunk
+from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
 
 # A child of Serve's logger, so replica log lines carry Serve's request id too.
 logger = logging.getLogger("ray.serve.orchard")
@@ -60,6 +65,7 @@ class ModelService:
         self._engine = build_engine(config)
         self._prompts: PromptEncoder | None = None
         self._token_texts: TokenTexts | None = None
+        self.parser_names = ParserNames()
         self._active_streams = 0
         self.created_at = 0
 
@@ -69,8 +75,14 @@ class ModelService:
         tokenizer = self._engine.core.loaded.tokenizer
         self._prompts = PromptEncoder(tokenizer)
         self._token_texts = TokenTexts(tokenizer)
+        self.parser_names = resolve_parser_names(
+            self.config.tool_call_parser, self.config.reasoning_parser, getattr(tokenizer, "chat_template", None)
+        )
         self.created_at = int(time.time())
-        logger.info("model %s ready in %.1f s", self.model_id, time.monotonic() - started)
+        logger.info(
+            "model %s ready in %.1f s (tool-call parser %s, reasoning parser %s)", self.model_id,
+            time.monotonic() - started, self.parser_names.tool, self.parser_names.reasoning,
+        )
 
     async def shutdown(self) -> None:
         await self._engine.shutdown()
@@ -79,35 +91,59 @@ class ModelService:
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         """Chunks of the job's output; errors (even validation ones) arrive as a last chunk."""
         try:
-            prompt_ids = self._encoder.token_ids(job.prompt)
-            stream = self._engine.submit(Request(job.request_id, prompt_ids, job.sampling))
+            prompt = self._encoder.encode(job.prompt)
+            plan = plan_output(self.parser_names, job, prompt.text)
+            sampling = self._clamped(plan.sampling, len(prompt.token_ids)) if job.clamp_max_tokens else plan.sampling
+            stream = self._engine.submit(Request(job.request_id, prompt.token_ids, sampling))
         except OrchardError as exc:
             logger.info("request %s (%s) refused: %s", job.request_id, job.log_id, exc.message)
             yield StreamChunk(error=exc)
             return
-        logger.info("request %s (%s) started: %d prompt tokens", job.request_id, job.log_id, len(prompt_ids))
+        num_prompt = len(prompt.token_ids)
+        logger.info("request %s (%s) started: %d prompt tokens", job.request_id, job.log_id, num_prompt)
         self._active_streams += 1
         last: StreamChunk | None = None
         try:
             window = self._window_s if job.stream else _whole_output
+            parsed = self._chunks(stream, plan.parser, num_prompt)
             # aclosing: a client that goes away closes the chain at once, aborting the request.
-            async with contextlib.aclosing(coalesce(self._chunks(stream), window)) as chunks:
+            async with contextlib.aclosing(coalesce(parsed, window)) as chunks:
                 async for last in chunks:
                     yield last
         finally:
             self._active_streams -= 1
             self._log_end(job, last)
 
-    async def _chunks(self, stream: AsyncIterator[TextDelta | Finish]) -> AsyncIterator[StreamChunk]:
+    async def _chunks(
+        self, stream: AsyncIterator[TextDelta | Finish], parser: OutputParser | None, num_prompt: int
+    ) -> AsyncIterator[StreamChunk]:
+        prompt_tokens: int | None = num_prompt  # told once, with the first chunk
         try:
             async for event in stream:
                 if isinstance(event, TextDelta):
-                    logprobs = self._texts.logprob_infos(event.logprobs)
-                    yield StreamChunk(text=event.text, num_tokens=len(event.token_ids), logprobs=logprobs)
+                    chunk = StreamChunk(num_tokens=len(event.token_ids), logprobs=self._texts.logprob_infos(event.logprobs))
+                    _add_text(chunk, event.text, parser)
                 else:
-                    yield StreamChunk(finish=event)
+                    chunk = StreamChunk(finish=event)
+                    if parser is not None:
+                        _add_events(chunk, parser.finish())
+                chunk.prompt_tokens, prompt_tokens = prompt_tokens, None
+                yield chunk
         except OrchardError as exc:  # queue full / timeout / engine death surface here
             yield StreamChunk(error=exc)
+
+    async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
+        """The prompt tokens a generation request with this prompt would have."""
+        try:
+            return TokenCount(len(self._encoder.encode(prompt).token_ids))
+        except OrchardError as exc:
+            return TokenCount(error=exc)
+
+    def _clamped(self, sampling: SamplingParams, num_prompt: int) -> SamplingParams:
+        room = self._engine.core.context_length - num_prompt
+        if sampling.max_tokens is not None and room >= 1 and sampling.max_tokens > room:
+            return dataclasses.replace(sampling, max_tokens=room)
+        return sampling  # a prompt that leaves no room is refused by the engine, naming it
 
     def _window_s(self) -> float:
         return min(MAX_WINDOW_S, max(MIN_WINDOW_S, self._active_streams / self.config.stream_chunks_per_s))
@@ -170,3 +206,20 @@ class ModelService:
 
 def _whole_output() -> None:
     return None
+
+
+def _add_text(chunk: StreamChunk, text: str, parser: OutputParser | None) -> None:
+    if parser is None:
+        chunk.text += text
+    elif text:
+        _add_events(chunk, parser.feed(text))
+
+
+def _add_events(chunk: StreamChunk, events: list[ParsedEvent]) -> None:
+    for event in events:
+        if isinstance(event, ContentDelta):
+            chunk.merge(StreamChunk(text=event.text))
+        elif isinstance(event, ReasoningDelta):
+            chunk.merge(StreamChunk(reasoning=event.text))
+        elif isinstance(event, ToolCallDelta):
+            chunk.merge(StreamChunk(tool_calls=[event]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
@@ -9,35 +10,46 @@ from engine.output.events import TokenLogprob
 from deployments.protocol import ChatPrompt, TextPrompt, TokenLogprobInfo, TopTokenLogprob
 
 
+@dataclass
+class EncodedPrompt:
+    token_ids: list[int]
+    text: str  # the rendered chat prompt ("" for token-id prompts): output parsers read its end
+
+
 class PromptEncoder:
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
 
     def token_ids(self, prompt: ChatPrompt | TextPrompt) -> list[int]:
-        if isinstance(prompt, ChatPrompt):
-            return self._chat_token_ids(prompt)
-        if prompt.token_ids is not None:
-            return list(prompt.token_ids)
-        return list(self._tokenizer.encode(prompt.text or ""))
+        return self.encode(prompt).token_ids
 
-    def _chat_token_ids(self, prompt: ChatPrompt) -> list[int]:
+    def encode(self, prompt: ChatPrompt | TextPrompt) -> EncodedPrompt:
+        if isinstance(prompt, ChatPrompt):
+            text = self._chat_text(prompt)
+            # The template already holds any BOS/special tokens the model expects.
+            return EncodedPrompt(list(self._tokenizer.encode(text, add_special_tokens=False)), text)
+        if prompt.token_ids is not None:
+            return EncodedPrompt(list(prompt.token_ids), "")
+        return EncodedPrompt(list(self._tokenizer.encode(prompt.text or "")), prompt.text or "")
+
+    def _chat_text(self, prompt: ChatPrompt) -> str:
         if not getattr(self._tokenizer, "chat_template", None):
             raise InvalidRequestError(
                 "This model has no chat template: use /v1/completions, or load it with chat_template_file",
                 param="messages",
             )
+        # tool_choice "none": the model is not shown the tools, so it has nothing to call.
+        tools = prompt.tools if prompt.tools and prompt.tool_choice != "none" else None
         try:
-            text = self._tokenizer.apply_chat_template(
+            return self._tokenizer.apply_chat_template(
                 prompt.messages,
-                tools=prompt.tools,
+                tools=tools,
                 add_generation_prompt=True,
                 tokenize=False,
                 **prompt.template_kwargs,
             )
         except Exception as exc:  # jinja raises many types (TemplateError, TypeError, raise_exception's)
             raise InvalidRequestError(f"The chat template could not render these messages: {exc}", param="messages")
-        # The template already holds any BOS/special tokens the model expects.
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
 
 
 class TokenTexts:

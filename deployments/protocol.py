@@ -7,20 +7,30 @@ output of one or more engine steps (a Ray handle stream carries only ~2,000 item
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Literal, Protocol
 
 from engine.errors import OrchardError
 from engine.output.events import Finish
+from engine.parsers.events import ToolCallDelta
 from engine.sampling.params import SamplingParams
+
+ToolChoiceMode = Literal["auto", "none", "required", "function"]
 
 
 @dataclass
 class ChatPrompt:
-    """Messages rendered by the model's chat template (content already flattened to text)."""
+    """Messages rendered by the model's chat template (content already flattened to text).
+
+    `tools` are OpenAI-style function definitions. tool_choice "required" / "function" (naming
+    `tool_name`) makes the model side constrain the output to one call in the model's markup.
+    """
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tool_choice: ToolChoiceMode = "auto"
+    tool_name: str | None = None
+    parallel_tool_calls: bool = True
 
 
 @dataclass
@@ -38,6 +48,9 @@ class GenerateJob:
     sampling: SamplingParams
     stream: bool  # False: the model sends one chunk at the end instead of time-coalesced ones
     log_id: str = ""  # the HTTP X-Request-Id, for log lines
+    # Anthropic's max_tokens is a ceiling (Claude Code asks for 32,000 whatever the model): the model
+    # side lowers it to the room the context leaves instead of refusing the request.
+    clamp_max_tokens: bool = False
 
 
 @dataclass
@@ -59,13 +72,21 @@ class TokenLogprobInfo:
 
 @dataclass
 class StreamChunk:
-    """Text and tokens since the previous chunk; the last chunk has `finish` or `error`."""
+    """Output since the previous chunk; the last chunk has `finish` or `error`.
+
+    `text` is the content (all the text when the model has no output parser), `reasoning` the
+    reasoning text and `tool_calls` the tool-call deltas the model side parsed out of the output.
+    Within a chunk they come in that order. The first chunk carries the prompt's token count.
+    """
 
     text: str = ""
     num_tokens: int = 0
     logprobs: list[TokenLogprobInfo] | None = None
     finish: Finish | None = None
     error: OrchardError | None = None
+    reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    prompt_tokens: int | None = None
 
     @property
     def is_last(self) -> bool:
@@ -73,11 +94,30 @@ class StreamChunk:
 
     def merge(self, later: "StreamChunk") -> None:
         self.text += later.text
+        self.reasoning += later.reasoning
+        for delta in later.tool_calls:
+            last = self.tool_calls[-1] if self.tool_calls else None
+            if last is not None and last.index == delta.index:
+                self.tool_calls[-1] = ToolCallDelta(
+                    last.index, last.arguments + delta.arguments, last.id or delta.id, last.name or delta.name
+                )
+            else:
+                self.tool_calls.append(delta)
         self.num_tokens += later.num_tokens
         if later.logprobs is not None:
             self.logprobs = (self.logprobs or []) + later.logprobs
+        if self.prompt_tokens is None:
+            self.prompt_tokens = later.prompt_tokens
         self.finish = later.finish or self.finish
         self.error = later.error or self.error
+
+
+@dataclass
+class TokenCount:
+    """A prompt's token count, or why it could not be rendered (errors travel as values over Ray)."""
+
+    input_tokens: int = 0
+    error: OrchardError | None = None
 
 
 @dataclass
@@ -120,6 +160,8 @@ class ModelClient(Protocol):
     """How the ingress talks to one model, wherever it runs."""
 
     def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]: ...
+
+    async def count_tokens(self, prompt: ChatPrompt) -> TokenCount: ...
 
     async def info(self) -> ModelInfo: ...
 

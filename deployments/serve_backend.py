@@ -18,7 +18,7 @@ from ray.serve.schema import ApplicationStatus
 from engine.errors import EngineDeadError, ModelLoadError, ModelNotFoundError, OrchardError, QueueFullError
 from deployments.config import ModelConfig, model_id_of_app, serve_app_name
 from deployments.model_server import MODEL_SERVER_DEPLOYMENT, build_model_application
-from deployments.protocol import GenerateJob, ModelInfo, QueueStats, StreamChunk
+from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
 from deployments.registry import DeploymentState, ModelStatus
 
 logger = logging.getLogger("ray.serve.orchard")
@@ -53,6 +53,12 @@ class RayModelClient:
         finally:
             if not finished:  # the client went away: cancel the replica's generator, aborting the request
                 response.cancel()
+
+    async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
+        try:
+            return await self._handle.count_tokens.remote(prompt)
+        except (RayServeException, RayError) as exc:
+            return TokenCount(error=ray_failure(self._model_id, exc))
 
     async def info(self) -> ModelInfo:
         return await self._handle.info.remote()

@@ -50,8 +50,9 @@ FINISH_REASON_OF_STATUS = {
 class Request:
     """One generation request.
 
-    The prompt's last token is not prefilled: it is the first decode step's input,
-    so prefill never needs logits and every sampled token comes from a decode step.
+    The whole prompt is prefilled; the chunk that completes it also samples the first
+    token from its last position (no extra step before the first token). Every later
+    token comes from a decode step that feeds the previous one.
     """
 
     request_id: str
@@ -61,7 +62,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     # KV entries computed (or scheduled to be) for this request.
     num_computed_tokens: int = 0
-    # Decode steps dispatched; reaches max_tokens before the last token is read back.
+    # Tokens whose sampling is dispatched (the prefill's first token counts as one);
+    # reaches max_tokens before the last token is read back.
     num_decode_steps: int = 0
     num_cached_tokens: int = 0
     # Prefix-cache blocks this request reuses; locked from admission until it finishes.
@@ -95,7 +97,7 @@ class Request:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return self.num_prompt_tokens - 1
+        return self.num_prompt_tokens
 
     @property
     def is_prefilling(self) -> bool:

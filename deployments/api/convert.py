@@ -13,12 +13,13 @@ from deployments.api.schemas import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    NamedToolChoice,
     SystemMessage,
     TextPart,
     ToolMessage,
     _SamplingFields,
 )
-from deployments.protocol import ChatPrompt, GenerateJob, TextPrompt
+from deployments.protocol import ChatPrompt, GenerateJob, TextPrompt, ToolChoiceMode
 
 
 def chat_job(body: ChatCompletionRequest, request_id: str, log_id: str) -> GenerateJob:
@@ -34,12 +35,36 @@ def chat_job(body: ChatCompletionRequest, request_id: str, log_id: str) -> Gener
     if top_logprobs and not body.logprobs:
         raise InvalidRequestError("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
     sampling = _sampling(body, max_tokens, logprobs=body.logprobs, top_logprobs=top_logprobs)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    mode, tool_name = tool_choice(body.tool_choice, tools)
     prompt = ChatPrompt(
         messages=[_template_message(m) for m in body.messages],
-        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
+        tools=tools,
         template_kwargs=dict(body.chat_template_kwargs or {}),
+        tool_choice=mode,
+        tool_name=tool_name,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
     )
     return GenerateJob(request_id, prompt, sampling, stream=body.stream, log_id=log_id)
+
+
+def tool_choice(
+    choice: str | NamedToolChoice | None, tools: list[dict[str, Any]] | None, param: str = "tool_choice"
+) -> tuple[ToolChoiceMode, str | None]:
+    """OpenAI's tool_choice as (mode, function name); a choice that needs tools must have them."""
+    if choice is None or choice in ("auto", "none"):
+        return ("auto" if choice is None else choice), None  # type: ignore[return-value]
+    if not tools:
+        raise InvalidRequestError(f"'{param}' requires 'tools' to be given", param=param)
+    if choice == "required":
+        return "required", None
+    assert isinstance(choice, NamedToolChoice)
+    names = [t["function"]["name"] for t in tools]
+    if choice.function.name not in names:
+        raise InvalidRequestError(
+            f"'{param}' names the function '{choice.function.name}', which is not in 'tools'", param=param
+        )
+    return "function", choice.function.name
 
 
 def completion_job(body: CompletionRequest, request_id: str, log_id: str) -> GenerateJob:
@@ -115,6 +140,8 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
     """A message as chat templates expect it: text content, tool-call arguments as objects."""
     role = "system" if isinstance(message, SystemMessage) else message.role  # templates rarely know 'developer'
     rendered: dict[str, Any] = {"role": role, "content": _text_content(message.content)}
+    if isinstance(message, AssistantMessage) and message.reasoning_content:
+        rendered["reasoning_content"] = message.reasoning_content  # templates that show past reasoning
     if isinstance(message, AssistantMessage) and message.tool_calls:
         rendered["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}

@@ -86,3 +86,23 @@ def validation_error(errors: list[dict[str, Any]]) -> WireError:
 def _describe(error: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
     return f"{loc}: {error.get('msg', 'invalid')}" if loc else str(error.get("msg", "invalid"))
+
+
+# ---- Anthropic's shape: same statuses, {"type": "error", "error": {"type", "message"}} ------------
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
+                    429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    type_ = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": type_, "message": message}}
+
+
+def as_anthropic(error: WireError) -> WireError:
+    """An error mapped by the rules above, in Anthropic's body (the Messages routes answer so)."""
+    message = error.body["error"]["message"]
+    param = error.body["error"].get("param")
+    if param and error.status == 400 and param not in message:
+        message = f"{param}: {message}"  # Anthropic's bodies have no 'param': name it in the message
+    return WireError(error.status, anthropic_error_body(error.status, message), error.headers)

@@ -16,12 +16,20 @@ from deployments.api.responses import (
     ChatLogprobs,
     CompletionChoice,
     CompletionLogprobs,
+    FunctionCallDeltaOut,
+    FunctionCallOut,
     PromptTokensDetails,
     TextCompletion,
     TokenLogprobOut,
+    ToolCallDeltaOut,
+    ToolCallOut,
     TopLogprobOut,
     UsageOut,
 )
+from engine.parsers.events import ToolCallDelta
+from engine.request import FinishReason
+from deployments.api.errors import WireError
+from deployments.api.sse import SSE_DONE, sse_event, sse_events
 from deployments.protocol import StreamChunk, TokenLogprobInfo
 
 
@@ -41,8 +49,38 @@ def usage_out(usage: Usage) -> UsageOut:
     )
 
 
-def finish_reason(finish: Finish | None) -> str | None:
-    return finish.reason.value if finish is not None else None
+def finish_reason(finish: Finish | None, called_tools: bool = False) -> str | None:
+    """OpenAI's reason; a generation that stopped after tool calls finished with "tool_calls"."""
+    if finish is None:
+        return None
+    if called_tools and finish.reason is FinishReason.STOP:
+        return "tool_calls"
+    return finish.reason.value
+
+
+def tool_calls_out(deltas: list[ToolCallDelta]) -> list[ToolCallOut]:
+    """Whole calls from deltas (in one chunk: the coalesced output of a whole generation)."""
+    calls: dict[int, ToolCallOut] = {}
+    for delta in deltas:
+        call = calls.get(delta.index)
+        if call is None:
+            calls[delta.index] = ToolCallOut(id=delta.id or "", function=FunctionCallOut(name=delta.name or "", arguments=delta.arguments))
+        else:
+            call.function.arguments += delta.arguments
+    return [calls[i] for i in sorted(calls)]
+
+
+def tool_call_deltas_out(deltas: list[ToolCallDelta]) -> list[ToolCallDeltaOut]:
+    """OpenAI's stream shape: a call's first delta {index, id, type, function: {name, arguments: ""}},
+    then {index, function: {arguments: fragment}}."""
+    out = []
+    for delta in deltas:
+        if delta.id is not None:
+            head = FunctionCallDeltaOut(name=delta.name or "", arguments="")
+            out.append(ToolCallDeltaOut(index=delta.index, id=delta.id, type="function", function=head))
+        if delta.arguments:
+            out.append(ToolCallDeltaOut(index=delta.index, function=FunctionCallDeltaOut(arguments=delta.arguments)))
+    return out
 
 
 def chat_logprobs(infos: list[TokenLogprobInfo] | None) -> ChatLogprobs | None:
@@ -60,19 +98,43 @@ def chat_logprobs(infos: list[TokenLogprobInfo] | None) -> ChatLogprobs | None:
     return ChatLogprobs(content=content, refusal=None)
 
 
-class ChatRenderer:
+class _OpenAIStream:
+    """OpenAI's SSE: `data:` lines, errors as an error object, `data: [DONE]` at the end."""
+
+    def stream_payloads(self, chunk: StreamChunk) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def sse(self, chunk: StreamChunk) -> str:
+        payloads = self.stream_payloads(chunk)
+        return sse_events(payloads) if payloads else ""
+
+    def sse_error(self, error: WireError) -> str:
+        return sse_event(error.body)
+
+    def sse_end(self) -> str:
+        return SSE_DONE
+
+
+class ChatRenderer(_OpenAIStream):
     def __init__(self, meta: ResponseMeta, include_usage: bool = False) -> None:
         self._meta = meta
         self._include_usage = include_usage
         self._sent_role = False
+        self._called_tools = False
 
     def completion(self, total: StreamChunk) -> dict[str, Any]:
         assert total.finish is not None
+        calls = tool_calls_out(total.tool_calls)
+        message = AssistantMessageOut(content=total.text or (None if calls else ""), refusal=None)
+        if total.reasoning:
+            message.reasoning_content = total.reasoning
+        if calls:
+            message.tool_calls = calls
         choice = ChatChoice(
             index=0,
-            message=AssistantMessageOut(content=total.text, refusal=None),
+            message=message,
             logprobs=chat_logprobs(total.logprobs),
-            finish_reason=finish_reason(total.finish),
+            finish_reason=finish_reason(total.finish, bool(calls)),
         )
         meta = self._meta
         response = ChatCompletion(
@@ -81,15 +143,22 @@ class ChatRenderer:
         return response.dump()
 
     def stream_payloads(self, chunk: StreamChunk) -> list[dict[str, Any]]:
-        """OpenAI's order: a role chunk, content chunks, an empty-delta finish chunk, a usage chunk."""
+        """OpenAI's order: a role chunk, reasoning / content / tool-call chunks, an empty-delta
+        finish chunk, a usage chunk."""
         payloads = []
         if not self._sent_role:
             self._sent_role = True
             payloads.append(self._chunk(ChatDelta(role="assistant", content=""), None, None))
+        if chunk.reasoning:
+            payloads.append(self._chunk(ChatDelta(reasoning_content=chunk.reasoning), None, None))
         if chunk.text or chunk.logprobs:
             payloads.append(self._chunk(ChatDelta(content=chunk.text), chat_logprobs(chunk.logprobs), None))
+        if chunk.tool_calls:
+            self._called_tools = True
+            for delta in tool_call_deltas_out(chunk.tool_calls):  # one per chunk, as OpenAI streams them
+                payloads.append(self._chunk(ChatDelta(tool_calls=[delta]), None, None))
         if chunk.finish is not None:
-            payloads.append(self._chunk(ChatDelta(), None, finish_reason(chunk.finish)))
+            payloads.append(self._chunk(ChatDelta(), None, finish_reason(chunk.finish, self._called_tools)))
             if self._include_usage:
                 payloads.append(self._usage_chunk(chunk.finish.usage))
         return payloads
@@ -109,7 +178,7 @@ class ChatRenderer:
         ).dump()
 
 
-class CompletionRenderer:
+class CompletionRenderer(_OpenAIStream):
     def __init__(self, meta: ResponseMeta, include_usage: bool = False) -> None:
         self._meta = meta
         self._include_usage = include_usage

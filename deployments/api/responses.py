@@ -58,10 +58,23 @@ class CompletionLogprobs(_Out):
     text_offset: list[int]
 
 
+class FunctionCallOut(_Out):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(_Out):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessageOut(_Out):
     role: Literal["assistant"] = "assistant"
     content: str | None
     refusal: str | None = None
+    reasoning_content: str | None = None  # vLLM's / DeepSeek's field for reasoning text
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(_Out):
@@ -81,9 +94,26 @@ class ChatCompletion(_Out):
     system_fingerprint: str | None = None
 
 
+class FunctionCallDeltaOut(_Out):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDeltaOut(_Out):
+    """OpenAI's streamed tool call: the first delta of a call has id, type and name; later ones
+    only index and argument fragments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDeltaOut
+
+
 class ChatDelta(_Out):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDeltaOut] | None = None
 
 
 class ChatChunkChoice(_Out):

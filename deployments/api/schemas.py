@@ -78,6 +78,7 @@ class AssistantMessage(_Lenient):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     refusal: str | None = None
+    reasoning_content: str | None = None  # replayed from our own (or vLLM's) earlier answers
 
 
 class ToolMessage(_Lenient):
@@ -91,7 +92,7 @@ ChatMessage = Annotated[
 ]
 
 
-# ---- tools and formats (validated now, implemented in later issues) ------------------
+# ---- tools and formats ------------------------------------------------------------------
 class FunctionDefinition(_Strict):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = None

@@ -20,6 +20,7 @@ from engine.kv.prefix_cache import CachedBlock, PrefixCache
 
 FALLBACK_BUDGET_BYTES = 1 << 30
 DEVICE_MEMORY_FRACTION = 0.1
+BUFFER_CACHE_FRACTION = 0.05
 
 
 def prefix_cache_mode(model: Any) -> str | None:
@@ -32,13 +33,22 @@ def prefix_cache_mode(model: Any) -> str | None:
     return None
 
 
+def _device_memory_bytes() -> int:
+    try:
+        return int(mx.device_info().get("memory_size", 0))
+    except (AttributeError, RuntimeError, ValueError):
+        return 0
+
+
 def default_budget_bytes() -> int:
     """A tenth of the device's memory (unified memory on Apple silicon), else 1 GiB."""
-    try:
-        memory = int(mx.device_info().get("memory_size", 0))
-    except (AttributeError, RuntimeError, ValueError):
-        memory = 0
+    memory = _device_memory_bytes()
     return int(memory * DEVICE_MEMORY_FRACTION) if memory else FALLBACK_BUDGET_BYTES
+
+
+def buffer_cache_limit_bytes() -> int:
+    """Cap on MLX's cache of freed buffers: a twentieth of the device's memory, at least 1 GiB."""
+    return max(FALLBACK_BUDGET_BYTES, int(_device_memory_bytes() * BUFFER_CACHE_FRACTION))
 
 
 class KVBlockStore:

@@ -56,15 +56,16 @@ class ByteLevelSource:
 class WindowSource:
     """Any tokenizer: decode a sliding window and emit what it adds once the text is complete."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
         self._ids: list[int] = []
         self._prefix_start = 0
         self._read_start = 0
         self._prefix_text = ""  # decode of ids[prefix_start:read_start], kept to decode once per token
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True)
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
 
     def add_token(self, token_id: int) -> str:
         self._ids.append(token_id)
@@ -92,21 +93,28 @@ def is_byte_level(tokenizer: Any) -> bool:
     return decoder.get("type") == "ByteLevel"
 
 
-def byte_level_table(tokenizer: Any) -> list[bytes]:
+def byte_level_table(tokenizer: Any, skip_special_tokens: bool = True) -> list[bytes]:
     size = len(tokenizer)
     table = [_token_bytes(t or "") for t in tokenizer.convert_ids_to_tokens(list(range(size)))]
     for token_id, added in tokenizer.added_tokens_decoder.items():
         if token_id < size:
-            table[token_id] = b"" if added.special else added.content.encode("utf-8")
+            table[token_id] = b"" if added.special and skip_special_tokens else added.content.encode("utf-8")
     return table
 
 
-def text_source_factory(tokenizer: Any) -> Callable[[], TextSource]:
-    """Built once per model: the id -> bytes table is shared by every request."""
+def text_source_factory(tokenizer: Any) -> Callable[[bool], TextSource]:
+    """Built once per model: the id -> bytes tables (special tokens skipped or kept) are shared by
+    every request; the one keeping special tokens is built when first asked for."""
     if is_byte_level(tokenizer):
-        table = byte_level_table(tokenizer)
-        return lambda: ByteLevelSource(table)
-    return lambda: WindowSource(tokenizer)
+        tables: dict[bool, list[bytes]] = {True: byte_level_table(tokenizer, True)}
+
+        def byte_level(skip_special_tokens: bool = True) -> TextSource:
+            if skip_special_tokens not in tables:
+                tables[skip_special_tokens] = byte_level_table(tokenizer, skip_special_tokens)
+            return ByteLevelSource(tables[skip_special_tokens])
+
+        return byte_level
+    return lambda skip_special_tokens=True: WindowSource(tokenizer, skip_special_tokens)
 
 
 class IncrementalDetokenizer:

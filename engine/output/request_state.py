@@ -18,13 +18,15 @@ class TokenVerdict:
 
 
 class RequestOutputState:
-    def __init__(self, request: Request, text_source: Callable[[], TextSource], eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self, request: Request, text_source: Callable[[bool], TextSource], eos_token_ids: frozenset[int]
+    ) -> None:
         self.request = request
         params = request.sampling
         # A guided request always ends at EOS: its guide only allows EOS once the text is complete.
         keep_eos = params.ignore_eos and params.guided is None
         self._stop_ids = frozenset(params.stop_token_ids) | (frozenset() if keep_eos else eos_token_ids)
-        self._detokenizer = IncrementalDetokenizer(text_source(), params.stop)
+        self._detokenizer = IncrementalDetokenizer(text_source(params.skip_special_tokens), params.stop)
 
     def on_token(self, sampled: SampledToken) -> TokenVerdict:
         request = self.request

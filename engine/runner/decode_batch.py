@@ -31,10 +31,10 @@ class PendingStep:
     def read(self) -> list[SampledToken]:
         mx.eval(self.sampled.arrays())
         token_ids = self.sampled.token_ids.tolist()
-        logprobs = self.sampled.token_logprobs.tolist()
+        logprobs = self.sampled.token_logprobs.tolist() if self.sampled.token_logprobs is not None else None
         tops = self._read_top_logprobs()
         return [
-            SampledToken(rid, token_ids[i], logprobs[i], tops[i] if tops else ())
+            SampledToken(rid, token_ids[i], logprobs[i] if logprobs else None, tops[i] if tops else ())
             for i, rid in enumerate(self.request_ids)
         ]
 
@@ -48,10 +48,17 @@ class PendingStep:
         ]
 
 
+def new_row_sampling(request: Request, rng: random.Random) -> RowSampling:
+    params = request.sampling
+    seed = params.seed if params.seed is not None else rng.getrandbits(32)
+    prompt_set = frozenset(request.prompt_token_ids) if params.repetition_penalty != 1.0 else frozenset()
+    guide = GuideState(request.guide, replay=request.output_token_ids) if request.guide is not None else None
+    return RowSampling(params=params, seed=seed_to_uint32(seed), prompt_token_set=prompt_set, guide=guide)
+
+
 @dataclass
 class DecodeBatch:
     vocab_size: int
-    rng: random.Random
     request_ids: list[str] = field(default_factory=list)
     caches: LayerCaches = field(default_factory=list)
     rows: dict[str, RowSampling] = field(default_factory=dict)
@@ -62,7 +69,9 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self.request_ids)
 
-    def update_membership(self, requests: list[Request], joiner_caches: dict[str, LayerCaches]) -> list[int]:
+    def update_membership(
+        self, requests: list[Request], joiner_caches: dict[str, LayerCaches], all_rows: dict[str, RowSampling]
+    ) -> list[int]:
         """Make the batch exactly `requests` (kept rows keep their order, joiners go last).
 
         Returns the previous row index of each kept row, to gather their next inputs.
@@ -78,12 +87,12 @@ class DecodeBatch:
             self.request_ids = [self.request_ids[i] for i in keep_rows]
             self.rows = {rid: self.rows[rid] for rid in self.request_ids}
         if joiners:
-            self._add_joiners(joiners, [joiner_caches[r.request_id] for r in joiners])
+            self._add_joiners(joiners, [joiner_caches[r.request_id] for r in joiners], all_rows)
         rows = [self.rows[rid] for rid in self.request_ids]
         self.sampler = BatchSampler(rows, self.vocab_size) if rows else None
         return keep_rows
 
-    def _add_joiners(self, joiners: list[Request], caches: list[LayerCaches]) -> None:
+    def _add_joiners(self, joiners: list[Request], caches: list[LayerCaches], all_rows: dict[str, RowSampling]) -> None:
         if not self.request_ids and len(joiners) == 1:
             # A lone sequence decodes on its own cache: no padding mask, as fast as mlx-lm's generate_step.
             self.caches, self.is_batched = caches[0], False
@@ -93,20 +102,14 @@ class DecodeBatch:
             self.caches = extend_batch_cache(self.caches, merge_request_caches(caches))
             self.is_batched = True
         for request in joiners:
-            self.rows[request.request_id] = self._row_sampling(request)
+            self.rows[request.request_id] = all_rows[request.request_id]
             self.request_ids.append(request.request_id)
 
-    def _row_sampling(self, request: Request) -> RowSampling:
-        params = request.sampling
-        seed = params.seed if params.seed is not None else self.rng.getrandbits(32)
-        prompt_set = frozenset(request.prompt_token_ids) if params.repetition_penalty != 1.0 else frozenset()
-        guide = GuideState(request.guide, replay=request.output_token_ids) if request.guide is not None else None
-        return RowSampling(params=params, seed=seed_to_uint32(seed), prompt_token_set=prompt_set, guide=guide)
-
-    def record_tokens(self, sampled: list[SampledToken]) -> None:
+    @staticmethod
+    def record_tokens(sampled: list[SampledToken], rows: dict[str, RowSampling]) -> None:
         """Feed read-back tokens to the rows whose penalties or guides follow them."""
         for token in sampled:
-            row = self.rows.get(token.request_id)
+            row = rows.get(token.request_id)
             if row is not None and row.params.needs_token_history:
                 row.record(token.token_id)
 
@@ -114,6 +117,4 @@ class DecodeBatch:
         return [self.rows[rid].params.top_logprobs for rid in self.request_ids]
 
 
-
-
-__all__ = ["DecodeBatch", "PendingStep"]
+__all__ = ["DecodeBatch", "PendingStep", "new_row_sampling"]

@@ -15,7 +15,7 @@ class TopLogprob:
 class SampledToken:
     request_id: str
     token_id: int
-    logprob: float
+    logprob: float | None  # None unless the request asked for logprobs
     top_logprobs: tuple[TopLogprob, ...] = ()
 
 

@@ -1,7 +1,8 @@
 """The only place that calls the model: batched prefill chunks and pipelined decode.
 
-Decode is pipelined like mlx-lm's own loop: step N's forward is queued on the
-device before step N-1's tokens are read back, so Python bookkeeping overlaps
+A chunk that completes its prompt samples the request's first token at once (read back
+in the same step). Decode is pipelined like mlx-lm's own loop: step N's forward is queued
+on the device before step N-1's tokens are read back, so Python bookkeeping overlaps
 device work. Rows whose penalties need the previous token force a read first.
 """
 
@@ -14,22 +15,21 @@ import mlx.core as mx
 from engine.config import EngineConfig
 from engine.kv.batch_cache import (
     LayerCaches,
+    cache_arrays,
     cache_nbytes,
-    eval_caches,
     extract_request_cache,
-    merge_request_caches,
     new_request_cache,
 )
-from engine.kv.block_store import KVBlockStore, default_budget_bytes, prefix_cache_mode
+from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes, default_budget_bytes, prefix_cache_mode
 from engine.kv.prefix_cache import PrefixCache
 from engine.request import Request
-from engine.runner.decode_batch import DecodeBatch, PendingStep
+from engine.runner.decode_batch import DecodeBatch, PendingStep, new_row_sampling
 from engine.runner.loader import LoadedModel
 from engine.runner.outputs import RunnerOutput, SampledToken
+from engine.runner.prefill import PrefillResult, run_prefill
+from engine.sampling.sampler import BatchSampler, RowSampling
 from engine.scheduler.output import PrefillChunk, SchedulerOutput
 
-# Largest number of prompt tokens per row in one forward call (bounds activation memory).
-MAX_FORWARD_TOKENS = 2048
 CLEAR_CACHE_EVERY_STEPS = 256
 
 
@@ -38,12 +38,18 @@ class ModelRunner:
         self.model = loaded.model
         self.config = config
         self.stream = mx.new_stream(mx.default_device())
-        rng = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
-        self.batch = DecodeBatch(vocab_size=loaded.vocab_size, rng=rng)
+        self._rng = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
+        self.batch = DecodeBatch(vocab_size=loaded.vocab_size)
         self._prefill_caches: dict[str, LayerCaches] = {}
+        # Sampling rows of requests past their first token, and each joiner's first decode input.
+        self._rows: dict[str, RowSampling] = {}
+        self._next_inputs: dict[str, int] = {}
         self._batch_requests: dict[str, Request] = {}
         self._pending: PendingStep | None = None
         self._num_steps = 0
+        # Freed buffers of sizes that will not recur (prefill shapes, batch resizes) would
+        # otherwise pile up in MLX's buffer cache until device memory runs out.
+        self._previous_cache_limit = mx.set_cache_limit(buffer_cache_limit_bytes())
         self.prefix_cache: PrefixCache | None = None
         mode = prefix_cache_mode(self.model) if config.enable_prefix_cache else None
         if mode is not None:
@@ -55,10 +61,9 @@ class ModelRunner:
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         with mx.stream(self.stream):
             for request_id in scheduled.freed_request_ids:
-                self._prefill_caches.pop(request_id, None)
+                self._forget(request_id)
             needs_history = any(r.sampling.needs_token_history for r in scheduled.decode_requests)
             sampled = []
-            batch_before = list(self.batch.request_ids)
             logits = self._dispatch_forward(scheduled.decode_requests)
             if needs_history:
                 # Penalties and guides need the previous step's tokens before sampling, not before
@@ -67,28 +72,33 @@ class ModelRunner:
                     mx.async_eval(logits)
                 sampled = self._read_pending()
             dispatched = self._dispatch_sampling(logits, scheduled.decode_requests)
-            self._run_prefill(scheduled.prefill_chunks)
+            first_tokens = self._run_prefill(scheduled.prefill_chunks)
             if not needs_history:
                 sampled = self._read_pending()
             self._pending = dispatched
-            self._maybe_clear_cache(bool(scheduled.prefill_chunks) or batch_before != self.batch.request_ids)
-        return RunnerOutput(sampled)
+            self._maybe_clear_cache()
+        return RunnerOutput(sampled + first_tokens)
+
+    def _forget(self, request_id: str) -> None:
+        self._prefill_caches.pop(request_id, None)
+        self._rows.pop(request_id, None)
+        self._next_inputs.pop(request_id, None)
 
     def _read_pending(self) -> list[SampledToken]:
         if self._pending is None:
             return []
         sampled = self._pending.read()
-        self.batch.record_tokens(sampled)
+        self.batch.record_tokens(sampled, self._rows)
         return sampled
 
     def _dispatch_forward(self, requests: list[Request]) -> mx.array | None:
         joiner_caches = {r.request_id: self._joiner_cache(r) for r in requests if r.request_id not in self.batch.rows}
         self._cache_leaving_rows({r.request_id for r in requests})
         previous_ids = list(self.batch.request_ids)
-        keep_rows = self.batch.update_membership(requests, joiner_caches)
+        keep_rows = self.batch.update_membership(requests, joiner_caches, self._rows)
         if not self.batch.request_ids:
             return None
-        inputs = self._decode_inputs(previous_ids, keep_rows, requests)
+        inputs = self._decode_inputs(previous_ids, keep_rows)
         return self.model(inputs[:, None], cache=self.batch.caches)[:, -1, :]
 
     def _dispatch_sampling(self, logits: mx.array | None, requests: list[Request]) -> PendingStep | None:
@@ -100,8 +110,8 @@ class ModelRunner:
         mx.async_eval(sampled.arrays())
         return PendingStep(list(self.batch.request_ids), sampled, self.batch.top_logprob_counts())
 
-    def _decode_inputs(self, previous_ids: list[str], keep_rows: list[int], requests: list[Request]) -> mx.array:
-        """Kept rows feed their pending sampled token (still lazy); joiners their last prompt token."""
+    def _decode_inputs(self, previous_ids: list[str], keep_rows: list[int]) -> mx.array:
+        """Kept rows feed their pending sampled token (still lazy); joiners their first token."""
         parts = []
         if keep_rows:
             assert self._pending is not None and self._pending.request_ids == previous_ids
@@ -110,21 +120,15 @@ class ModelRunner:
                 parts.append(previous_tokens)
             else:
                 parts.append(previous_tokens[mx.array(keep_rows)])
-        by_id = {r.request_id: r for r in requests}
         joiner_ids = self.batch.request_ids[len(keep_rows) :]
         if joiner_ids:
-            parts.append(mx.array([by_id[rid].prompt_token_ids[-1] for rid in joiner_ids], mx.uint32))
+            parts.append(mx.array([self._next_inputs.pop(rid) for rid in joiner_ids], mx.uint32))
         return parts[0] if len(parts) == 1 else mx.concatenate(parts)
 
     def _joiner_cache(self, request: Request) -> LayerCaches:
-        """The finished prefill cache of a request joining decode; its prompt blocks feed the prefix cache."""
+        """The finished prefill cache of a request joining decode."""
         self._batch_requests[request.request_id] = request
-        cache = self._prefill_caches.pop(request.request_id, None)
-        if cache is None:
-            return self._request_cache(request)
-        if self._blocks is not None and not self.prefix_cache.snapshot_only:
-            self._blocks.insert(request.prompt_token_ids[: request.num_prefill_tokens], cache)
-        return cache
+        return self._prefill_caches.pop(request.request_id)
 
     def _cache_leaving_rows(self, staying: set[str]) -> None:
         """Feed the KV of requests leaving the batch (prompt and generated tokens) to the prefix cache."""
@@ -147,26 +151,39 @@ class ModelRunner:
         return self._blocks.request_cache(request.prefix_blocks)
 
     # ---- prefill ---------------------------------------------------------
-    def _run_prefill(self, chunks: list[PrefillChunk]) -> None:
+    def _run_prefill(self, chunks: list[PrefillChunk]) -> list[SampledToken]:
+        """Write this step's prompt chunks; completing ones sample their first token (read back now)."""
         if not chunks:
-            return
+            return []
         caches = [self._prefill_cache(chunk.request) for chunk in chunks]
-        if len(chunks) == 1:
-            self._forward_prompt(mx.array(chunks[0].token_ids, mx.uint32)[None], caches[0])
-            self._maybe_snapshot(chunks[0], caches[0])
-            return
-        merged = merge_request_caches(caches)
-        lengths = [chunk.num_tokens for chunk in chunks]
-        longest = max(lengths)
-        padding = [longest - n for n in lengths]
-        tokens = mx.array([list(c.token_ids) + [0] * p for c, p in zip(chunks, padding)], mx.uint32)
-        if any(padding):
-            for layer in merged:
-                layer.prepare(lengths=lengths, right_padding=padding)
-        self._forward_prompt(tokens, merged, finalize=any(padding))
-        for row, chunk in enumerate(chunks):
-            self._prefill_caches[chunk.request.request_id] = extract_request_cache(merged, row)
-            self._maybe_snapshot(chunk, self._prefill_caches[chunk.request.request_id])
+        result = run_prefill(self.model, chunks, caches)
+        for chunk, cache in zip(chunks, result.caches):
+            self._prefill_caches[chunk.request.request_id] = cache
+        first_tokens = self._sample_first_tokens(result) if result.completing else []
+        for chunk, cache in zip(chunks, result.caches):
+            self._maybe_snapshot(chunk, cache)
+            if chunk.completes_prefill and self._blocks is not None and not self.prefix_cache.snapshot_only:
+                self._blocks.insert(chunk.request.prompt_token_ids, cache)
+        return first_tokens
+
+    def _sample_first_tokens(self, result: PrefillResult) -> list[SampledToken]:
+        requests = [chunk.request for chunk in result.completing]
+        rows = [self._row_sampling(request) for request in requests]
+        sampled = BatchSampler(rows, self.batch.vocab_size).sample(result.last_logits, [0] * len(rows))
+        mx.eval([*sampled.arrays(), *(cache_arrays(c) for c in result.caches)])
+        step = PendingStep([r.request_id for r in requests], sampled, [r.params.top_logprobs for r in rows])
+        tokens = step.read()
+        for token in tokens:
+            self._next_inputs[token.request_id] = token.token_id
+        self.batch.record_tokens(tokens, self._rows)
+        return tokens
+
+    def _row_sampling(self, request: Request) -> RowSampling:
+        """A request's sampling row, made once: its seed and token history follow it into decode."""
+        row = self._rows.get(request.request_id)
+        if row is None:
+            row = self._rows[request.request_id] = new_row_sampling(request, self._rng)
+        return row
 
     def _maybe_snapshot(self, chunk: PrefillChunk, cache: LayerCaches) -> None:
         """In snapshot mode, a chunk ending on a block boundary leaves a whole-cache snapshot."""
@@ -176,30 +193,20 @@ class ModelRunner:
         if end % self.prefix_cache.block_size == 0 and end > len(chunk.request.prefix_blocks) * self.prefix_cache.block_size:
             self._blocks.insert_snapshot(chunk.request.prompt_token_ids[:end], cache)
 
-    def _forward_prompt(self, tokens: mx.array, caches: LayerCaches, finalize: bool = False) -> None:
-        """Write [B, L] prompt tokens to the caches; logits are never materialised."""
-        for start in range(0, tokens.shape[1], MAX_FORWARD_TOKENS):
-            self.model(tokens[:, start : start + MAX_FORWARD_TOKENS], cache=caches)
-            eval_caches(caches)
-        if finalize:
-            for layer in caches:
-                layer.finalize()
-            eval_caches(caches)
-
     def _prefill_cache(self, request: Request) -> LayerCaches:
         if request.request_id not in self._prefill_caches:
             self._prefill_caches[request.request_id] = self._request_cache(request)
         return self._prefill_caches[request.request_id]
 
     # ---- housekeeping ----------------------------------------------------
-    def _maybe_clear_cache(self, shapes_changed: bool) -> None:
-        """Release MLX's buffer cache when buffer sizes change (prefill, batch resize).
+    def _maybe_clear_cache(self) -> None:
+        """Release MLX's buffer cache now and then; its cap (set at start) bounds it in between.
 
-        Freed buffers of sizes that will not recur otherwise pile up in the cache
-        (as mlx-lm does, clear after prompt processing and every few hundred steps).
+        Not on every prefill or batch change: releasing and re-allocating device buffers
+        each step costs more than the step's own bookkeeping under steady arrivals.
         """
         self._num_steps += 1
-        if shapes_changed or self._num_steps % CLEAR_CACHE_EVERY_STEPS == 0:
+        if self._num_steps % CLEAR_CACHE_EVERY_STEPS == 0:
             mx.clear_cache()
 
     def kv_cache_bytes(self) -> int:
@@ -221,7 +228,10 @@ class ModelRunner:
         self._pending = None
         self._prefill_caches.clear()
         self._batch_requests.clear()
+        self._rows.clear()
+        self._next_inputs.clear()
         if self.prefix_cache is not None:
             self.prefix_cache.evict_all_unlocked()
         self.batch.caches = []
         mx.clear_cache()
+        mx.set_cache_limit(self._previous_cache_limit)

@@ -40,6 +40,8 @@ class SamplingParams:
     top_logprobs: int = 0
     # Structured output: the text generated must match this (None: free text).
     guided: GuidedDecoding | None = None
+    # False keeps special tokens in the text (output parsers read markers that are special tokens).
+    skip_special_tokens: bool = True
 
     @property
     def is_greedy(self) -> bool:

@@ -42,7 +42,8 @@ class SampledBatch:
     """Lazy results of one step; `read()` turns them into Python values."""
 
     token_ids: mx.array
-    token_logprobs: mx.array
+    # None when no row asked for logprobs (saves the log-softmax on every step).
+    token_logprobs: mx.array | None = None
     top_ids: mx.array | None = None
     top_logprobs: mx.array | None = None
 
@@ -84,6 +85,7 @@ class BatchSampler:
         self.uses_min_p = any(p.min_p > 0.0 for p in params)
         self.min_ps = mx.array([p.min_p for p in params], mx.float32)
         self.max_top_logprobs = max((p.top_logprobs for p in params), default=0)
+        self.wants_logprobs = any(p.logprobs for p in params)
         self.penalised_rows = [i for i, p in enumerate(params) if p.has_penalties]
         self.guided_rows = [i for i, r in enumerate(rows) if r.guide is not None]
         self._guided_row_ids = mx.array(self.guided_rows, mx.int32)
@@ -106,14 +108,17 @@ class BatchSampler:
 
     def sample(self, logits: mx.array, steps: list[int]) -> SampledBatch:
         """logits: [B, V] of the model; steps: each row's decode step index (for seeded noise)."""
+        if self.all_greedy and self._bias is None and not self.needs_token_history and not self.wants_logprobs:
+            # The common fast path: one argmax kernel, in the model's dtype.
+            return SampledBatch(mx.argmax(logits, axis=-1).astype(mx.uint32))
         logits = logits.astype(mx.float32)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         processed = self._apply_processors(logits)
-        token_ids = self._choose_tokens(processed, steps)
-        token_logprobs = mx.take_along_axis(logprobs, token_ids[:, None], axis=-1)[:, 0]
-        result = SampledBatch(token_ids, token_logprobs)
-        if self.max_top_logprobs:
-            result.top_ids, result.top_logprobs = self._top_logprobs(logprobs)
+        result = SampledBatch(self._choose_tokens(processed, steps))
+        if self.wants_logprobs:
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            result.token_logprobs = mx.take_along_axis(logprobs, result.token_ids[:, None], axis=-1)[:, 0]
+            if self.max_top_logprobs:
+                result.top_ids, result.top_logprobs = self._top_logprobs(logprobs)
         return result
 
     def _apply_processors(self, logits: mx.array) -> mx.array:

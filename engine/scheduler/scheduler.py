@@ -119,10 +119,11 @@ class Scheduler:
         return chunks
 
     def _reuse_cached_prefix(self, request: Request) -> None:
-        """Skip the prompt's longest cached block prefix (never the last prompt token: it is decoded)."""
+        """Skip the prompt's longest cached block prefix (never the last prompt token: its logits
+        give the first output token)."""
         if self.prefix_cache is None or request.num_computed_tokens:
             return
-        blocks = self.prefix_cache.match(request.prompt_token_ids, max_tokens=request.num_prefill_tokens)
+        blocks = self.prefix_cache.match(request.prompt_token_ids, max_tokens=request.num_prefill_tokens - 1)
         self.prefix_cache.lock(blocks)
         request.prefix_blocks = blocks
         request.num_cached_tokens = request.num_computed_tokens = len(blocks) * self.prefix_cache.block_size
@@ -132,6 +133,8 @@ class Scheduler:
         num_tokens = remaining if budget is None else min(remaining, budget)
         chunks.append(PrefillChunk(request, request.num_computed_tokens, num_tokens))
         request.num_computed_tokens += num_tokens
+        if not request.is_prefilling:
+            request.num_decode_steps = 1  # the completing chunk samples the first token
         return None if budget is None else budget - num_tokens
 
     def _prefill_target(self, request: Request) -> int:

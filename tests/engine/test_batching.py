@@ -99,3 +99,20 @@ def test_seeded_sampling_is_reproducible_whatever_the_neighbours(tiny_llama):
     assert_same_stream(alone, batched["s"])
     other_seed = run_alone(tiny_llama, "s", prompt, SamplingParams(max_tokens=16, temperature=1.0, seed=43, ignore_eos=True))
     assert other_seed.token_ids != alone.token_ids
+
+
+@pytest.mark.parametrize("prompt_len", [1, 7, 40])
+def test_greedy_stream_matches_mlx_lm_generate_step(tiny_llama, prompt_len):
+    """An independent reference: mlx-lm's own single-stream loop gives the same tokens and logprobs
+    (the first from the prefill's last position, the rest from decode steps)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    prompt = random_prompts(1, seed=prompt_len, max_len=prompt_len + 1)[0][:prompt_len]
+    prompt = prompt + [7] * (prompt_len - len(prompt))
+    sampling = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=True)
+    ours = run_alone(tiny_llama, "r", prompt, sampling)
+    reference = generate_step(mx.array(prompt, mx.uint32), tiny_llama.model, max_tokens=10)
+    tokens, logprobs = zip(*((int(t), float(lp[t].item())) for t, lp in reference))
+    assert ours.token_ids == list(tokens)
+    assert max(abs(a - b) for a, b in zip(ours.logprobs, logprobs)) < LOGPROB_TOLERANCE

@@ -31,11 +31,10 @@ def step_counts(scheduler: Scheduler) -> tuple[dict[str, int], dict[str, int]]:
 def test_chunked_prefill_splits_a_prompt_by_the_token_budget():
     scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=8))
     scheduler.add_request(make_request("a", prompt_len=21, max_tokens=3))
-    # 20 tokens are prefilled (the last prompt token is the first decode input).
+    # All 21 prompt tokens are prefilled; the completing chunk samples the first of the 3 tokens.
     assert step_counts(scheduler) == ({"a": 8}, {})
     assert step_counts(scheduler) == ({"a": 8}, {})
-    assert step_counts(scheduler) == ({"a": 4}, {})
-    assert step_counts(scheduler) == ({}, {"a": 1})
+    assert step_counts(scheduler) == ({"a": 5}, {})
     assert step_counts(scheduler) == ({}, {"a": 1})
     assert step_counts(scheduler) == ({}, {"a": 1})
     assert not scheduler.has_unfinished_requests()
@@ -45,11 +44,12 @@ def test_long_prefill_shares_steps_with_running_decodes():
     scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=10))
     scheduler.add_request(make_request("d1", prompt_len=1, max_tokens=10))
     scheduler.add_request(make_request("d2", prompt_len=1, max_tokens=10))
-    assert step_counts(scheduler) == ({}, {})  # admitted; nothing to prefill
+    assert step_counts(scheduler) == ({"d1": 1, "d2": 1}, {})  # one-token prompts sample at once
     scheduler.add_request(make_request("long", prompt_len=31, max_tokens=2))
     assert step_counts(scheduler) == ({"long": 10}, {"d1": 1, "d2": 1})
     assert step_counts(scheduler) == ({"long": 10}, {"d1": 1, "d2": 1})
     assert step_counts(scheduler) == ({"long": 10}, {"d1": 1, "d2": 1})
+    assert step_counts(scheduler) == ({"long": 1}, {"d1": 1, "d2": 1})
     assert step_counts(scheduler) == ({}, {"d1": 1, "d2": 1, "long": 1})
 
 
@@ -57,38 +57,41 @@ def test_budget_is_shared_first_come_first_served():
     scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=10, max_prefill_seqs=4))
     for rid, n in (("a", 7), ("b", 7), ("c", 7)):
         scheduler.add_request(make_request(rid, prompt_len=n, max_tokens=1))
-    assert step_counts(scheduler) == ({"a": 6, "b": 4}, {})
-    assert step_counts(scheduler) == ({"b": 2, "c": 6}, {"a": 1})
-    assert step_counts(scheduler) == ({}, {"b": 1, "c": 1})
+    # max_tokens=1: each request's only token comes from its completing chunk, no decode step.
+    assert step_counts(scheduler) == ({"a": 7, "b": 3}, {})
+    assert step_counts(scheduler) == ({"b": 4, "c": 6}, {})
+    assert step_counts(scheduler) == ({"c": 1}, {})
+    assert not scheduler.has_unfinished_requests()
 
 
 def test_chunking_disabled_prefills_whole_prompts():
     scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=0))
     scheduler.add_request(make_request("a", prompt_len=5000, max_tokens=1))
-    assert step_counts(scheduler) == ({"a": 4999}, {})
-    assert step_counts(scheduler) == ({}, {"a": 1})
+    assert step_counts(scheduler) == ({"a": 5000}, {})
+    assert not scheduler.has_unfinished_requests()
 
 
 def test_max_prefill_seqs_limits_requests_starting_per_step():
     scheduler = Scheduler(EngineConfig(max_prefill_seqs=2))
     for i in range(5):
         scheduler.add_request(make_request(f"r{i}", prompt_len=4, max_tokens=1))
-    assert step_counts(scheduler) == ({"r0": 3, "r1": 3}, {})
-    assert step_counts(scheduler) == ({"r2": 3, "r3": 3}, {"r0": 1, "r1": 1})
-    assert step_counts(scheduler) == ({"r4": 3}, {"r2": 1, "r3": 1})
-    assert step_counts(scheduler) == ({}, {"r4": 1})
+    assert step_counts(scheduler) == ({"r0": 4, "r1": 4}, {})
+    assert step_counts(scheduler) == ({"r2": 4, "r3": 4}, {})
+    assert step_counts(scheduler) == ({"r4": 4}, {})
+    assert not scheduler.has_unfinished_requests()
 
 
 def test_max_decode_seqs_bounds_running_requests():
     scheduler = Scheduler(EngineConfig(max_decode_seqs=2, max_prefill_seqs=8))
     for i, max_tokens in enumerate((1, 3, 3)):
         scheduler.add_request(make_request(f"r{i}", prompt_len=2, max_tokens=max_tokens))
-    assert step_counts(scheduler) == ({"r0": 1, "r1": 1}, {})
+    assert step_counts(scheduler) == ({"r0": 2, "r1": 2}, {})
     assert scheduler.num_waiting == 1
-    assert step_counts(scheduler) == ({}, {"r0": 1, "r1": 1})
-    # r0 finished, so r2 is admitted while r1 keeps decoding.
-    assert step_counts(scheduler) == ({"r2": 1}, {"r1": 1})
+    # r0 finished with its first token, so r2 is admitted while r1 keeps decoding.
+    assert step_counts(scheduler) == ({"r2": 2}, {"r1": 1})
     assert step_counts(scheduler) == ({}, {"r1": 1, "r2": 1})
+    assert step_counts(scheduler) == ({}, {"r2": 1})
+    assert not scheduler.has_unfinished_requests()
 
 
 def test_abort_frees_running_kv_next_step_and_drops_waiting():
@@ -96,7 +99,7 @@ def test_abort_frees_running_kv_next_step_and_drops_waiting():
     running, waiting = make_request("run", 3, max_tokens=9), make_request("wait", 3)
     scheduler.add_request(running)
     scheduler.add_request(waiting)
-    assert step_counts(scheduler) == ({"run": 2}, {})
+    assert step_counts(scheduler) == ({"run": 3}, {})
     scheduler.finish_request(running, RequestStatus.FINISHED_ABORTED)
     scheduler.finish_request(waiting, RequestStatus.FINISHED_ABORTED)
     out = scheduler.schedule()
@@ -129,7 +132,7 @@ def test_queue_timeout_expires_waiting_requests_with_an_error():
     scheduler = Scheduler(EngineConfig(max_decode_seqs=1, queue_timeout=5.0), clock=lambda: now[0])
     scheduler.add_request(make_request("a", 3, max_tokens=100, arrival=0.0))
     scheduler.add_request(make_request("b", 3, arrival=0.0))
-    assert step_counts(scheduler) == ({"a": 2}, {})
+    assert step_counts(scheduler) == ({"a": 3}, {})
     now[0] = 5.0
     assert scheduler.schedule().expired_requests == []
     now[0] = 5.5
@@ -141,10 +144,10 @@ def test_queue_timeout_expires_waiting_requests_with_an_error():
     assert [r.request_id for r in out.decode_requests] == ["a"]
 
 
-def test_one_token_prompt_goes_straight_to_decode():
+def test_one_token_prompt_samples_its_first_token_in_its_prefill_step():
     scheduler = Scheduler(EngineConfig())
-    scheduler.add_request(make_request("a", 1, max_tokens=2))
-    assert step_counts(scheduler) == ({}, {})
+    scheduler.add_request(make_request("a", 1, max_tokens=3))
+    assert step_counts(scheduler) == ({"a": 1}, {})
     assert step_counts(scheduler) == ({}, {"a": 1})
     assert step_counts(scheduler) == ({}, {"a": 1})
     assert not scheduler.has_unfinished_requests()

@@ -1,0 +1,125 @@
+"""Anthropic Messages API request bodies (POST /v1/messages, /v1/messages/count_tokens).
+
+Top-level fields are checked strictly (Anthropic refuses unknown ones too); content blocks and
+tools ignore keys we do not use, so `cache_control`, `citations` and the like are accepted anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    cache_control: dict[str, Any] | None = None  # prompt caching hint: our prefix cache needs none
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: str
+
+
+class ImageBlock(_Block):
+    type: Literal["image"]
+    source: dict[str, Any]
+
+
+class DocumentBlock(_Block):
+    type: Literal["document"]
+    source: dict[str, Any]
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[Annotated[Union[TextBlock, ImageBlock, DocumentBlock], Field(discriminator="type")]] = ""
+    is_error: bool = False
+
+
+class ThinkingBlock(_Block):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(_Block):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+ContentBlock = Annotated[
+    Union[TextBlock, ImageBlock, DocumentBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+    Field(discriminator="type"),
+]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    # "system" is not Anthropic's, but clients replaying OpenAI-style histories send it: accepted.
+    role: Literal["user", "assistant", "system"]
+    content: str | list[ContentBlock]
+
+
+class ToolDefinition(_Block):
+    type: Literal["custom"] | None = None  # server tools (web_search, bash, ...) are not ours to run
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+
+class ToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class ThinkingConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
+
+
+class _MessagesFields(_Strict):
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+    # Ours (as on the OpenAI route): extra chat-template switches, e.g. {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class MessagesRequest(_MessagesFields):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    metadata: dict[str, Any] | None = None  # e.g. Claude Code's user_id: accepted, unused
+    # Accepted and unused: they concern Anthropic's own service.
+    service_tier: str | None = None
+    container: Any = None
+    context_management: Any = None
+    mcp_servers: list[Any] | None = None
+
+
+class CountTokensRequest(_MessagesFields):
+    pass

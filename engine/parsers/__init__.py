@@ -1,0 +1,1 @@
+"""Output parsers: model text -> content, reasoning and tool-call deltas (plain Python, no MLX)."""

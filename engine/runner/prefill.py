@@ -1,0 +1,123 @@
+"""Prefill forwards: write prompt chunks to their caches; a chunk that completes its prompt
+also yields the logits of its last position, from which the first token is sampled.
+
+Logits are only computed where needed: a short batch with completing chunks computes them
+in its one forward and keeps the completing rows' last positions; otherwise the chunks' bodies are written
+without logits (MLX never evaluates the unused lm_head) and a one-token tail forward of
+the completing rows gives them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from engine.kv.batch_cache import LayerCaches, eval_caches, extract_request_cache, merge_request_caches
+from engine.scheduler.output import PrefillChunk
+
+# Largest number of prompt tokens per row in one forward call (bounds activation memory).
+MAX_FORWARD_TOKENS = 2048
+# Up to this many rows x positions, one forward computes full logits ([rows, positions, vocab],
+# ~0.6 GB at 2,048 x 152k in bf16) and keeps the completing rows' last: a second forward costs
+# more than that (a fixed per-forward cost of several ms on the GPU, measured on the H100).
+SHORT_FORWARD_LOGITS_TOKENS = 2048
+
+
+@dataclass
+class PrefillResult:
+    # Each chunk's request cache after this step, in chunk order.
+    caches: list[LayerCaches]
+    # The chunks that completed their prompt, and their last position's logits [len(completing), vocab].
+    completing: list[PrefillChunk]
+    last_logits: mx.array | None
+
+
+def run_prefill(model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches]) -> PrefillResult:
+    completing = [i for i, c in enumerate(chunks) if c.completes_prefill]
+    lengths = [c.num_tokens for c in chunks]
+    if completing and len(chunks) * max(lengths) <= SHORT_FORWARD_LOGITS_TOKENS:
+        caches, logits = _forward_with_logits(model, chunks, caches)
+        return PrefillResult(caches, [chunks[i] for i in completing], logits[mx.array(completing)])
+    bodies = [list(c.token_ids[:-1]) if c.completes_prefill else list(c.token_ids) for c in chunks]
+    with_body = [i for i, body in enumerate(bodies) if body]
+    written = _forward_bodies(model, [bodies[i] for i in with_body], [caches[i] for i in with_body])
+    caches = list(caches)
+    for i, cache in zip(with_body, written):
+        caches[i] = cache
+    if not completing:
+        return PrefillResult(caches, [], None)
+    tail_tokens = [chunks[i].token_ids[-1] for i in completing]
+    tail_caches, logits = _forward_tail(model, tail_tokens, [caches[i] for i in completing])
+    for i, cache in zip(completing, tail_caches):
+        caches[i] = cache
+    return PrefillResult(caches, [chunks[i] for i in completing], logits)
+
+
+def _forward_with_logits(
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches]
+) -> tuple[list[LayerCaches], mx.array]:
+    if len(chunks) == 1:
+        logits = model(mx.array(chunks[0].token_ids, mx.uint32)[None], cache=caches[0])[:, -1, :]
+        return caches, logits
+    lengths = [c.num_tokens for c in chunks]
+    merged, tokens, padded = _merge_right_padded(caches, [list(c.token_ids) for c in chunks])
+    all_logits = model(tokens, cache=merged)
+    logits = all_logits[mx.arange(len(chunks)), mx.array(lengths) - 1]
+    if padded:
+        for layer in merged:
+            layer.finalize()
+    return [extract_request_cache(merged, row) for row in range(len(chunks))], logits
+
+
+def _forward_bodies(model: Any, bodies: list[list[int]], caches: list[LayerCaches]) -> list[LayerCaches]:
+    """Write token bodies ([rows] of lists) to their caches; no logits are evaluated."""
+    if not bodies:
+        return []
+    if len(bodies) == 1:
+        _forward_windows(model, mx.array(bodies[0], mx.uint32)[None], caches[0])
+        return caches
+    merged, tokens, padded = _merge_right_padded(caches, bodies)
+    _forward_windows(model, tokens, merged)
+    if padded:
+        for layer in merged:
+            layer.finalize()
+        eval_caches(merged)
+    return [extract_request_cache(merged, row) for row in range(len(bodies))]
+
+
+def _forward_windows(model: Any, tokens: mx.array, caches: LayerCaches) -> None:
+    for start in range(0, tokens.shape[1], MAX_FORWARD_TOKENS):
+        model(tokens[:, start : start + MAX_FORWARD_TOKENS], cache=caches)
+        eval_caches(caches)
+
+
+def _forward_tail(
+    model: Any, tokens: list[int], caches: list[LayerCaches]
+) -> tuple[list[LayerCaches], mx.array]:
+    """One token per row on top of each cache: the last prompt position's logits."""
+    inputs = mx.array(tokens, mx.uint32)[:, None]
+    if len(tokens) == 1:
+        return caches, model(inputs, cache=caches[0])[:, -1, :]
+    merged = merge_request_caches(caches)
+    logits = model(inputs, cache=merged)[:, -1, :]
+    return [extract_request_cache(merged, row) for row in range(len(tokens))], logits
+
+
+def _merge_right_padded(
+    caches: list[LayerCaches], token_rows: list[list[int]]
+) -> tuple[LayerCaches, mx.array, bool]:
+    """Batch per-request caches for rows of different lengths, padding each row on the right."""
+    merged = merge_request_caches(caches)
+    lengths = [len(row) for row in token_rows]
+    longest = max(lengths)
+    padding = [longest - n for n in lengths]
+    tokens = mx.array([row + [0] * p for row, p in zip(token_rows, padding)], mx.uint32)
+    if any(padding):
+        for layer in merged:
+            layer.prepare(lengths=lengths, right_padding=padding)
+    return merged, tokens, any(padding)
+
+
+__all__ = ["MAX_FORWARD_TOKENS", "PrefillResult", "run_prefill"]

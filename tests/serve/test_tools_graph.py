@@ -1,0 +1,281 @@
+"""Tools, reasoning and the Anthropic Messages API end to end: serve_config's graph on Ray Serve with a
+tiny model speaking SmolLM2's real tokenizer and a Qwen3 tool template, driven by the official
+`openai` and `anthropic` clients. Forced calls (tool_choice required / any) rely on the engine's
+structured-output masks: a random model writes a valid call only through them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import anthropic
+import httpx
+import jsonschema
+import openai
+import pytest
+import yaml
+from pydantic import TypeAdapter
+
+from deployments.config import serve_app_name
+from tests.serve.conftest import ServeCluster, wait_until
+from tests.support.tiny_models import write_smollm2_tokenizer_model
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "tests" / "support" / "qwen3_tools.jinja"
+CLAUDE_CODE_REQUEST = Path(__file__).parent / "data" / "claude_code_request.json"
+MODEL = "tiny/tools"
+CONTEXT = 1536
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Berlin", "Tokyo"]},
+                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
+OPENAI_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                                  "parameters": WEATHER_SCHEMA}}]
+ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER_SCHEMA}]
+QUESTION = "What is the weather in Paris?"
+MARKUP = ("<tool_call", "</tool_call", "<think>", "</think>")
+
+
+@dataclass
+class ToolsGraph:
+    cluster: ServeCluster
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.cluster.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def anthropic(self) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=self.cluster.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tools_graph(serve_cluster, tmp_path_factory) -> ToolsGraph:
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    root = tmp_path_factory.mktemp("tools-graph")
+    model_path = write_smollm2_tokenizer_model(root / "model", {"max_position_embeddings": 4096}, seed=1, scale=3.0)
+    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
+    ingress, model_app = config["applications"]
+    ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5)
+    model_app = copy.deepcopy(model_app)
+    model_app["name"] = serve_app_name(MODEL)
+    # No parser names: qwen3's tool-call and <think> parsers are inferred from the template.
+    model_app["args"].update(model_id=MODEL, model_path=str(model_path), context_length=CONTEXT,
+                             chat_template_file=str(TEMPLATE))
+    schema = ServeDeploySchema.model_validate({"applications": [ingress, model_app]})
+    _get_global_client().deploy_apps(schema, _blocking=True)  # what `serve run serve_config.yaml` does
+    with httpx.Client(base_url=serve_cluster.base_url, timeout=60) as http:
+        wait_until(lambda: _running(http), 90, what=f"{MODEL} running")
+    return ToolsGraph(serve_cluster)
+
+
+def _running(http: httpx.Client) -> bool:
+    response = http.get("/v1/admin/loaded-models")
+    return response.status_code == 200 and any(
+        m["id"] == MODEL and m["status"] == "running" for m in response.json()["data"])
+
+
+def _no_markup(text: str | None) -> bool:
+    return not any(marker in (text or "") for marker in MARKUP)
+
+
+# ---- OpenAI ------------------------------------------------------------------------------------
+@dataclass
+class OpenAITurn:
+    content: str | None
+    reasoning: str | None
+    tool_calls: list[dict]
+    finish_reason: str
+    prompt_tokens: int
+
+
+def _openai_turn(client: openai.OpenAI, stream: bool, **request) -> OpenAITurn:
+    request = {"model": MODEL, "temperature": 0, **request}
+    if not stream:
+        response = client.chat.completions.create(**request)
+        message = response.choices[0].message
+        calls = [c.model_dump() for c in message.tool_calls or []]
+        reasoning = (message.model_extra or {}).get("reasoning_content")
+        return OpenAITurn(message.content, reasoning, calls, response.choices[0].finish_reason,
+                          response.usage.prompt_tokens)
+    chunks = list(client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+    content, reasoning, calls, reason = "", "", {}, None
+    for chunk in chunks[:-1]:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        reason = chunk.choices[0].finish_reason or reason
+        for part in delta.tool_calls or []:
+            if part.index not in calls:  # OpenAI's first delta of a call: id, type, name, empty arguments
+                assert part.id and part.type == "function" and part.function.name and part.function.arguments == ""
+                calls[part.index] = {"id": part.id, "type": "function",
+                                     "function": {"name": part.function.name, "arguments": ""}}
+            else:  # later deltas: index and an argument fragment only
+                assert part.id is None and part.function.name is None
+                calls[part.index]["function"]["arguments"] += part.function.arguments
+    return OpenAITurn(content or None, reasoning or None, [calls[i] for i in sorted(calls)], reason,
+                      chunks[-1].usage.prompt_tokens)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_openai_two_round_tool_loop(tools_graph, stream):
+    client = tools_graph.openai()
+    messages = [{"role": "user", "content": QUESTION}]
+    first = _openai_turn(client, stream, messages=messages, tools=OPENAI_TOOLS, tool_choice="required",
+                         max_tokens=80)
+    assert first.finish_reason == "tool_calls" and first.content is None, first
+    (call,) = first.tool_calls
+    assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER_SCHEMA)
+
+    messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": call["id"], "content": '{"temperature": 18, "sky": "sunny"}'}]
+    final = _openai_turn(client, stream, messages=messages, tools=OPENAI_TOOLS, max_tokens=12)
+    assert final.finish_reason == "length" and final.content and _no_markup(final.content)
+    assert final.tool_calls == [] and final.prompt_tokens > first.prompt_tokens
+
+
+def test_openai_streamed_tool_call_equals_the_whole_one(tools_graph):
+    client = tools_graph.openai()
+    request = {"messages": [{"role": "user", "content": QUESTION}], "tools": OPENAI_TOOLS, "max_tokens": 80,
+               "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    whole, streamed = _openai_turn(client, False, **request), _openai_turn(client, True, **request)
+    strip_ids = lambda calls: [{**c, "id": None} for c in calls]  # noqa: E731
+    assert strip_ids(whole.tool_calls) == strip_ids(streamed.tool_calls) and len(whole.tool_calls) == 1
+    assert whole.finish_reason == streamed.finish_reason == "tool_calls"
+
+
+def test_openai_reasoning_is_separated(tools_graph):
+    client = tools_graph.openai()
+    messages = [{"role": "user", "content": QUESTION}]
+    for stream in (False, True):
+        thinking = _openai_turn(client, stream, messages=messages, max_tokens=16,
+                                extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        # The prompt opens <think> and the model never closes it: everything is reasoning.
+        assert thinking.reasoning and _no_markup(thinking.reasoning) and not thinking.content
+        plain = _openai_turn(client, stream, messages=messages, max_tokens=16,
+                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert plain.content and plain.reasoning is None
+    whole = _openai_turn(client, False, messages=messages, max_tokens=16,
+                         extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    assert whole.reasoning == thinking.reasoning  # streamed == whole (greedy)
+
+
+# ---- Anthropic ---------------------------------------------------------------------------------
+GREEDY = {"temperature": 0}  # this anthropic SDK has no temperature argument: sent as an extra field
+
+
+def _anthropic_turn(client: anthropic.Anthropic, stream: bool, **request) -> anthropic.types.Message:
+    request = {"model": MODEL, "extra_body": GREEDY, **request}
+    if not stream:
+        return client.messages.create(**request)
+    with client.messages.stream(**request) as events:
+        kinds = [event.type for event in events]
+        message = events.get_final_message()
+    assert kinds[:1] == ["message_start"] and kinds[-2:] == ["message_delta", "message_stop"], kinds
+    return message
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_anthropic_two_round_tool_loop(tools_graph, stream):
+    client = tools_graph.anthropic()
+    messages = [{"role": "user", "content": QUESTION}]
+    first = _anthropic_turn(client, stream, messages=messages, tools=ANTHROPIC_TOOLS, max_tokens=80,
+                            tool_choice={"type": "any"})
+    assert first.stop_reason == "tool_use", first
+    (use,) = [block for block in first.content if block.type == "tool_use"]
+    assert use.name == "get_weather" and use.id.startswith("toolu_")
+    jsonschema.validate(use.input, WEATHER_SCHEMA)
+
+    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18 C, sunny"}]}]
+    final = _anthropic_turn(client, stream, messages=messages, tools=ANTHROPIC_TOOLS, max_tokens=12)
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 12
+    assert [b.type for b in final.content] == ["text"] and _no_markup(final.content[0].text)
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens > first.usage.input_tokens
+
+
+def test_anthropic_thinking_blocks_match_openai_reasoning(tools_graph):
+    messages = [{"role": "user", "content": QUESTION}]
+    reasoning = _openai_turn(tools_graph.openai(), False, messages=messages, max_tokens=16,
+                             extra_body={"chat_template_kwargs": {"enable_thinking": True}}).reasoning
+    client = tools_graph.anthropic()
+    for stream in (False, True):
+        message = _anthropic_turn(client, stream, messages=messages, max_tokens=16,
+                                  thinking={"type": "enabled", "budget_tokens": 1024})
+        assert [b.type for b in message.content] == ["thinking"] and message.content[0].thinking == reasoning
+        plain = _anthropic_turn(client, stream, messages=messages, max_tokens=16, thinking={"type": "disabled"})
+        assert [b.type for b in plain.content] == ["text"] and plain.content[0].text
+
+
+def test_count_tokens_equals_the_prompt_tokens_of_the_same_request(tools_graph):
+    client = tools_graph.anthropic()
+    request = {
+        "model": MODEL,
+        "system": [{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": QUESTION},
+                     {"role": "assistant", "content": "Let me think."},
+                     {"role": "user", "content": [{"type": "text", "text": "Go on."}]}],
+        "tools": ANTHROPIC_TOOLS,
+    }
+    counted = client.messages.count_tokens(**request).input_tokens
+    for _ in range(2):  # the second request reads its prompt from the prefix cache
+        usage = client.messages.create(**request, max_tokens=4, extra_body=GREEDY).usage
+        assert usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens == counted
+    assert usage.cache_read_input_tokens > 0
+    assert client.messages.count_tokens(**{**request, "tools": None}).input_tokens < counted
+
+
+def test_claude_code_request_is_accepted_and_answered(tools_graph):
+    """A recorded Claude Code request body, as sent (model name aside): system blocks with cache_control,
+    a thinking + tool_use turn and its tool_result, tools with input_schema, metadata, max_tokens 32000."""
+    body = json.loads(CLAUDE_CODE_REQUEST.read_text())
+    body["model"] = MODEL
+    headers = {"anthropic-version": "2023-06-01", "x-api-key": "unused", "user-agent": "claude-cli/2.0.1 (external, cli)",
+               "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14"}
+    with httpx.Client(base_url=tools_graph.cluster.base_url, timeout=60) as http:
+        response = http.post("/v1/messages?beta=true", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    adapter = TypeAdapter(anthropic.types.RawMessageStreamEvent)
+    payloads = _named_sse(response.text)
+    assert payloads[1] == {"type": "ping"}
+    events = [adapter.validate_python(e) for e in payloads if e["type"] != "ping"]
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["message_start", "content_block_start"]
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    # thinking is enabled: the answer is one thinking block; max_tokens 32000 is lowered to the room left.
+    assert events[1].content_block.type == "thinking" and kinds.count("content_block_start") == 1
+    assert {e.delta.type for e in events if e.type == "content_block_delta"} == {"thinking_delta"}
+    prompt_tokens = events[0].message.usage.input_tokens
+    final = events[-2]
+    assert final.delta.stop_reason == "max_tokens" and final.usage.output_tokens == CONTEXT - prompt_tokens
+
+
+def test_anthropic_errors_have_anthropic_bodies(tools_graph):
+    client = tools_graph.anthropic()
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.messages.create(model="no-such-model", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert missing.value.body == {"type": "error", "error": {
+        "type": "not_found_error", "message": "The model 'no-such-model' does not exist"}}
+    with pytest.raises(anthropic.BadRequestError) as bad_choice:
+        client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+                               tools=ANTHROPIC_TOOLS, tool_choice={"type": "tool", "name": "nope"})
+    assert bad_choice.value.body["error"]["type"] == "invalid_request_error"
+    assert "nope" in bad_choice.value.body["error"]["message"]
+
+
+def _named_sse(text: str) -> list[dict]:
+    """Anthropic's SSE: each event is `event: NAME` + `data: JSON`, names matching the payload types."""
+    events = []
+    for block in text.strip().split("\n\n"):
+        name_line, data_line = block.split("\n")
+        payload = json.loads(data_line.removeprefix("data: "))
+        assert name_line == f"event: {payload['type']}"
+        events.append(payload)
+    return events

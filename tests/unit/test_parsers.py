@@ -1,0 +1,114 @@
+"""Output parsers on recorded outputs of each family: whole, split at every byte, random splits."""
+
+from __future__ import annotations
+
+import codecs
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.parsers.events import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta, merge_events
+from engine.parsers.lexer import Marker, MarkerLexer, Text
+from engine.parsers.registry import ParseOptions, ParserNames, build_output_parser, infer_parser_names
+from tests.unit.parser_recordings import QWEN3, RECORDINGS, WEATHER_TOOLS, Recording
+
+IDS = [r.name for r in RECORDINGS]
+MARKUP = ("<tool_call", "</tool_call", "<think", "</think", "<|", "<function=", "<parameter", "<arg_", "<invoke",
+          "minimax:")
+
+
+def parse(recording: Recording, pieces: list[str]) -> list[ParsedEvent]:
+    counter = itertools.count()
+    options = ParseOptions(tools=recording.tools, parallel_tool_calls=recording.parallel_tool_calls,
+                           prompt_text=recording.prompt_text, new_id=lambda: f"call_{next(counter)}")
+    parser = build_output_parser(recording.names, options)
+    assert parser is not None
+    events: list[ParsedEvent] = []
+    for piece in pieces:
+        events += parser.feed(piece)
+    return events + parser.finish()
+
+
+def utf8_pieces(text: str, cuts: list[int]) -> list[str]:
+    """The text's UTF-8 bytes cut at `cuts`, decoded incrementally as the detokenizer streams them."""
+    data = text.encode()
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    bounds = [0, *sorted(set(cuts)), len(data)]
+    return [decoder.decode(data[a:b], final=b == len(data)) for a, b in zip(bounds, bounds[1:])]
+
+
+@pytest.mark.parametrize("recording", RECORDINGS, ids=IDS)
+def test_whole_output_gives_the_recorded_events(recording):
+    assert merge_events(parse(recording, [recording.output])) == recording.expected
+
+
+@pytest.mark.parametrize("recording", RECORDINGS, ids=IDS)
+def test_split_at_every_byte_gives_the_same_events(recording):
+    size = len(recording.output.encode())
+    for cut in range(1, size):
+        assert merge_events(parse(recording, utf8_pieces(recording.output, [cut]))) == recording.expected, cut
+    one_byte_each = utf8_pieces(recording.output, list(range(1, size)))
+    events = parse(recording, one_byte_each)
+    assert merge_events(events) == recording.expected
+    for event in events:  # streamed piecemeal, still no markup in content or reasoning
+        if isinstance(event, (ContentDelta, ReasoningDelta)):
+            assert not any(m in event.text for m in MARKUP) or "tags" in recording.name, event
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_random_splits_give_the_same_events(data):
+    recording = data.draw(st.sampled_from(RECORDINGS))
+    size = len(recording.output.encode())
+    cuts = data.draw(st.lists(st.integers(1, max(1, size - 1)), max_size=12))
+    assert merge_events(parse(recording, utf8_pieces(recording.output, cuts))) == recording.expected
+
+
+def test_content_streams_before_the_call_is_complete():
+    recording = RECORDINGS[0]
+    head = recording.output.split("<tool_call>")[0] + "<tool_c"
+    counter = itertools.count()
+    parser = build_output_parser(QWEN3, ParseOptions(tools=WEATHER_TOOLS, new_id=lambda: f"call_{next(counter)}"))
+    events = merge_events(parser.feed(head))
+    # All of the reasoning and the content is out; only the partial marker (and whitespace) waits.
+    assert events == recording.expected[:2]
+    events = parser.feed('all>\n{"name": "get_weather", "arguments": {"city": "Pa')
+    assert events == []  # a call goes out whole, never half
+
+
+def test_lexer_holds_back_only_possible_marker_prefixes():
+    lexer = MarkerLexer()
+    lexer.feed("a < b <tool")
+    assert list(lexer.tokens(lambda: ("<tool_call>",))) == [Text("a < b ")]
+    lexer.feed("_call>x")
+    assert list(lexer.tokens(lambda: ("<tool_call>",))) == [Marker("<tool_call>"), Text("x")]
+    lexer.feed("<tool")
+    lexer.finish()
+    assert list(lexer.tokens(lambda: ("<tool_call>",))) == [Text("<tool")]
+
+
+def test_plain_models_and_tool_less_requests_get_no_parser():
+    assert build_output_parser(ParserNames(None, None), ParseOptions(tools=WEATHER_TOOLS)) is None
+    assert build_output_parser(ParserNames("qwen3", None), ParseOptions(tools=None)) is None
+
+
+def test_tool_markup_stays_content_when_tools_are_off():
+    parser = build_output_parser(QWEN3, ParseOptions(tools=None))
+    text = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    events = merge_events(parser.feed(text) + parser.finish())
+    assert events == [ContentDelta(text)]
+    assert not any(isinstance(e, ToolCallDelta) for e in events)
+
+
+@pytest.mark.parametrize("template, expected", [
+    ("{{ '<|start|>assistant<|channel|>final<|message|>' }}", ParserNames("harmony", "harmony")),
+    ("<tool_call>{{ tool_call | tojson }}</tool_call> <think>", ParserNames("qwen3", "qwen3")),
+    ("<tool_call>\n<function={{ name }}>\n<parameter={{ k }}>", ParserNames("qwen3_coder", None)),
+    ("<tool_call>{{ name }}<arg_key>{{ k }}</arg_key> </think>", ParserNames("glm4_moe", "qwen3")),
+    ("<minimax:tool_call><invoke name=...> <think>", ParserNames("minimax_m2", "qwen3")),
+    ("{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}", ParserNames(None, None)),
+])
+def test_parser_names_inferred_from_the_chat_template(template, expected):
+    assert infer_parser_names(template) == expected
