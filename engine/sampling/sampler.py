@@ -112,7 +112,9 @@ class BatchSampler:
             # The common fast path: one argmax kernel, in the model's dtype.
             return SampledBatch(mx.argmax(logits, axis=-1).astype(mx.uint32))
         logits = logits.astype(mx.float32)
-        processed = self._apply_processors(logits)
+        # Penalties and guides assign into their input: give them their own array, so that the
+        # logprobs below stay the model's own distribution.
+        processed = self._apply_processors(mx.array(logits) if self.needs_token_history else logits)
         result = SampledBatch(self._choose_tokens(processed, steps))
         if self.wants_logprobs:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

@@ -160,6 +160,27 @@ def test_a_guide_rebuilt_from_output_tokens_matches_the_running_one(tiny_bpe_lla
     assert out.token_ids[-1] == compiled.eos_token_id
 
 
+def test_logprobs_of_guided_rows_are_the_models_own(tiny_bpe_llama):
+    """The mask decides the token, not the reported distribution (as for penalties and bias)."""
+    import mlx.core as mx
+
+    from engine.sampling.sampler import BatchSampler, RowSampling
+
+    compiled = EngineCore(tiny_bpe_llama, EngineConfig()).guides.compile(GuidedDecoding("choice", '["yes"]'))
+    params = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3, guided=GuidedDecoding("choice", '["yes"]'))
+    free = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3)
+    rows = [RowSampling(params, 0, guide=GuideState(compiled)), RowSampling(free, 0)]
+    logits = mx.random.normal((2, tiny_bpe_llama.vocab_size), key=mx.random.key(0))
+    sampled = BatchSampler(rows, tiny_bpe_llama.vocab_size).sample(logits, [0, 0])
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    token_ids = sampled.token_ids.tolist()
+    assert tiny_bpe_llama.tokenizer.decode([token_ids[0]]) in ("y", "ye", "yes")  # the guide chose it
+    assert token_ids[1] == int(mx.argmax(logits[1]))
+    for row in range(2):
+        assert abs(sampled.token_logprobs[row].item() - logprobs[row, token_ids[row]].item()) < 1e-6
+        assert sampled.top_ids[row].tolist() == mx.argsort(-logprobs[row])[:3].tolist()
+
+
 def test_invalid_specs_are_refused_before_queueing(tiny_bpe_llama, prompt):
     async def scenario():
         engine = AsyncEngine(lambda: EngineCore(tiny_bpe_llama, EngineConfig()))
