@@ -1,19 +1,17 @@
 """Regexes that force a tool call (`tool_choice: required` or a named function) in a family's markup.
 
-The JSON parts come from outlines-core's schema compiler; the engine's structured-output masks
+The JSON parts come from the engine's schema converter (outlines-core underneath); the engine's structured-output masks
 then let even a weak model write only a valid call. One call per forced request.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
-
-from outlines_core.json_schema import build_regex_from_schema
 
 from engine.errors import InvalidRequestError
 from engine.parsers.registry import HARMONY, TOOL_FORMATS, ParserNames
 from engine.parsers.tool_formats import GLM4_MOE, HERMES, MINIMAX_M2, QWEN3_CODER
+from engine.sampling.guided_regex import json_schema_regex
 
 _META = set("\\.+*?()|[]{}^$")
 # Text values of XML-style parameters: anything but the start of the next tag.
@@ -26,10 +24,12 @@ def literal(text: str) -> str:
 
 
 def _json_regex(schema: dict[str, Any]) -> str:
+    # The engine's converter, not outlines-core's directly: it enforces numeric bounds, refuses what a
+    # regex cannot enforce, and keeps free-form parameters ({"type": "object"}) fast to compile.
     try:
-        return build_regex_from_schema(json.dumps(schema))
-    except Exception as exc:  # outlines-core refuses some schema features (raises ValueError and others)
-        raise InvalidRequestError(f"A tool's parameters schema cannot be enforced: {exc}", param="tools") from exc
+        return json_schema_regex(schema, param="tools")
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(f"A tool's parameters schema cannot be enforced: {exc.message}", param="tools") from None
 
 
 def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
