@@ -87,7 +87,7 @@ class ProbeResult:
     compile_ttft_s: float  # never-seen schema: compile + queue + prefill + first step
     cached_ttft_s: float
     free_ttft_s: float
-    compile_window_s: float
+    compile_window_s: float  # submit -> compiled (gaps "during" are measured in this window)
     gap_during_p50_ms: float
     gap_during_max_ms: float
     gap_before_p50_ms: float
@@ -179,13 +179,15 @@ class Bench:
         before_start = time.perf_counter()
         await asyncio.sleep(0.5)
         guided = GuidedDecoding("json_schema", json.dumps(probe_schema(str(time.time_ns()))))
+        compiled_at = asyncio.ensure_future(self._compiled_at(guided))
         first = await self._ttft(self.request(self.prompt(rng), 1, guided))
+        compile_end = await compiled_at
         cached = await self._ttft(self.request(self.prompt(rng), 1, guided))
         free = await self._ttft(self.request(self.prompt(rng), 1))
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        compile_start, compile_end = first.submitted, first.submitted + first.ttft
+        compile_start = first.submitted
         during = _gaps(background, compile_start, compile_end)
         before = _gaps(background, before_start, compile_start)
         return ProbeResult(
@@ -194,6 +196,12 @@ class Bench:
             gap_during_p50_ms=_ms(statistics.median(during)) if during else 0.0, gap_during_max_ms=_ms(max(during, default=0.0)),
             gap_before_p50_ms=_ms(statistics.median(before)) if before else 0.0, gap_before_max_ms=_ms(max(before, default=0.0)),
         )
+
+    async def _compiled_at(self, guided) -> float:
+        """When the compile worker finished (the window in which only compiling, not prefill, happens)."""
+        while self.engine.core.guides.cached(guided) is None:
+            await asyncio.sleep(0.002)
+        return time.perf_counter()
 
     async def _ttft(self, request) -> "_Timed":
         submitted = time.perf_counter()
