@@ -17,22 +17,11 @@ import random
 from pathlib import Path
 
 from bench.random_model import CHATML_TEMPLATE, SPECIAL_TOKENS
+from engine.output.detokenizer import bytes_to_unicode
 
 JSON_FRAGMENTS = ['{"', '"}', '":', '": ', '", "', '","', ', "', '{ "', '" }', "[{", "}]", "},", '": "', "true",
                   "false", "null", " true", " false", " null", "\n", "  ", "    ", "\n  ", '\\"', "\\n"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    codes, extra = list(printable), 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            codes.append(256 + extra)
-            extra += 1
-    return {byte: chr(code) for byte, code in zip(printable, codes)}
 
 
 def _pieces(count: int, seed: int) -> list[bytes]:

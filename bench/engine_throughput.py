@@ -465,15 +465,19 @@ def main(argv: Optional[list[str]] = None) -> list[RunResult]:
     return results
 
 
-def write_report(path: Path, args: argparse.Namespace, info: dict, results: list[RunResult]) -> None:
-    report = {
+def report_header(args: argparse.Namespace, info: dict) -> dict:
+    """What every bench report starts with: when, which commit, machine, model and settings."""
+    return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),
         "machine": machine_info(),
         "model": info,
         "settings": {k: v for k, v in vars(args).items() if k != "json"},
-        "results": [asdict(r) for r in results],
     }
+
+
+def write_report(path: Path, args: argparse.Namespace, info: dict, results: list[RunResult]) -> None:
+    report = {**report_header(args, info), "results": [asdict(r) for r in results]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
     print(f"\nwrote {path}")

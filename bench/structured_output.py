@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import statistics
 import tempfile
@@ -30,7 +29,7 @@ from typing import Optional
 
 import numpy as np
 
-from bench.engine_throughput import git_commit, machine_info, model_info
+from bench.engine_throughput import model_info, report_header
 
 BENCH_SCHEMA = {
     "type": "object",
@@ -311,15 +310,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
             write_byte_level_tokenizer(Path(model_path), vocab_size)  # replaces the WordLevel one
         info = model_info(model_path, args.random_shape)
         results = asyncio.run(run_bench(model_path, args))
-    report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
-        "machine": machine_info(),
-        "model": info,
-        "settings": {k: v for k, v in vars(args).items() if k != "json"},
-        "bench_schema": BENCH_SCHEMA,
-        **results,
-    }
+    report = {**report_header(args, info), "bench_schema": BENCH_SCHEMA, **results}
     print(f"\nthroughput mixed/free (median of {args.repeat}): {results['throughput_ratio_median']:.3f}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

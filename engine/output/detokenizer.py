@@ -23,8 +23,8 @@ class TextSource(Protocol):
 
 
 @lru_cache(maxsize=1)
-def _unicode_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode map used by byte-level BPE vocabularies."""
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     codes, extra = list(printable), 0
     for byte in range(256):
@@ -32,7 +32,12 @@ def _unicode_to_byte() -> dict[str, int]:
             printable.append(byte)
             codes.append(256 + extra)
             extra += 1
-    return {chr(code): byte for byte, code in zip(printable, codes)}
+    return {byte: chr(code) for byte, code in zip(printable, codes)}
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def _token_bytes(token: str) -> bytes:
