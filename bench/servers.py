@@ -19,6 +19,7 @@ from typing import Any, Optional
 import httpx
 
 from bench.serving_client import Target
+from engine.backend import BACKEND_DEFAULTS
 
 SERVERS = ("orchard", "mlx_lm")
 
@@ -71,7 +72,9 @@ def mlx_lm_spec(model_path: str, port: int, decode_concurrency: int, prompt_conc
             "--decode-concurrency", str(decode_concurrency), "--prompt-concurrency", str(prompt_concurrency)]
     # "default_model" is the --model folder; any other name would be loaded as a path or Hub repo.
     # mlx_lm.server has no ignore_eos (it ignores unknown fields); random models rarely emit EOS.
-    return ServerSpec("mlx_lm", argv, Target(f"http://127.0.0.1:{port}", "default_model", "mlx_lm"))
+    # The same MLX backend settings as our engine applies to itself, so the servers differ only in themselves.
+    env = {name: os.environ.get(name, value) for name, value in BACKEND_DEFAULTS.items()}
+    return ServerSpec("mlx_lm", argv, Target(f"http://127.0.0.1:{port}", "default_model", "mlx_lm"), env=env)
 
 
 class ServerProcess:

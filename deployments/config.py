@@ -61,6 +61,8 @@ class ModelConfig(BaseModel):
     cb_prefill_batch_size: int = Field(8, ge=1)
     cb_completion_batch_size: int = Field(32, ge=1)
     cb_chunked_prefill_tokens: int = Field(2048, ge=0)
+    # Ours: prompt tokens all prefilling requests together per step (0: chunks x cb_prefill_batch_size).
+    prefill_step_tokens: int = Field(8192, ge=0)
     cb_enable_prefix_cache: bool = True
     prompt_cache_size: int | None = Field(None, ge=0)
     # Ours, not Bodega's: stream chunks per second for all of this model's streams together (the time
@@ -121,6 +123,7 @@ class ModelConfig(BaseModel):
             "cb_prefill_batch_size": prefill,
             "cb_completion_batch_size": decode,
             "cb_chunked_prefill_tokens": self.cb_chunked_prefill_tokens,
+            "prefill_step_tokens": self.prefill_step_tokens,
             "cb_enable_prefix_cache": self.cb_enable_prefix_cache,
             "prompt_cache_size": self.prompt_cache_size,
             "context_length": self.context_length,

@@ -7,6 +7,10 @@ can be used and tested without importing MLX.
 from importlib import import_module
 from typing import Any
 
+from engine.backend import apply_backend_defaults
+
+apply_backend_defaults()  # before any MLX GPU work in this process (MLX reads them once)
+
 _EXPORTS = {
     "EngineConfig": "engine.config",
     "EngineCore": "engine.core",

@@ -25,14 +25,21 @@ class EngineConfig:
     """Knobs of one engine instance.
 
     max_num_seqs bounds waiting + running requests; queue_size bounds the waiting
-    ones alone (None: only max_num_seqs applies). prefill_chunk_tokens is the
-    per-step prefill token budget (0: whole prompts in one step).
+    ones alone (None: only max_num_seqs applies). prefill_chunk_tokens is the most
+    prompt tokens one request prefills per step (0: whole prompts in one step), as
+    mlx-lm's prefill step size; prefill_step_tokens bounds all prefilling requests
+    together per step (0: only chunks x max_prefill_seqs).
     """
 
     max_num_seqs: int = 256
     max_prefill_seqs: int = 8
     max_decode_seqs: int = 32
     prefill_chunk_tokens: int = 2048
+    prefill_step_tokens: int = 8192
+    # Pad prefill forwards to a few lengths and warm them at load (runner/prefill_shapes.py);
+    # None: on with a GPU, off on the CPU (where padding only costs). Models with plain KV caches only.
+    pad_prefill_shapes: bool | None = None
+    prefill_warmup_seconds: float = 120.0
     context_length: int | None = None
     queue_size: int | None = None
     queue_timeout: float | None = None
@@ -50,8 +57,9 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_prefill_seqs", "max_decode_seqs"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"'{name}' must be >= 1", param=name)
-        if self.prefill_chunk_tokens < 0:
-            raise InvalidRequestError("'prefill_chunk_tokens' must be >= 0", param="prefill_chunk_tokens")
+        for name in ("prefill_chunk_tokens", "prefill_step_tokens"):
+            if getattr(self, name) < 0:
+                raise InvalidRequestError(f"'{name}' must be >= 0", param=name)
         if self.context_length is not None and self.context_length < 2:
             raise InvalidRequestError("'context_length' must be >= 2", param="context_length")
         if self.queue_size is not None and self.queue_size < 0:
@@ -67,11 +75,20 @@ class EngineConfig:
             )
         if self.prefix_block_size < 1:
             raise InvalidRequestError("'prefix_block_size' must be >= 1", param="prefix_block_size")
+        if self.prefill_warmup_seconds < 0:
+            raise InvalidRequestError("'prefill_warmup_seconds' must be >= 0", param="prefill_warmup_seconds")
         if self.queue_timeout is not None and self.queue_timeout <= 0:
             raise InvalidRequestError("'queue_timeout' must be > 0 seconds", param="queue_timeout")
 
     @property
     def prefill_token_budget(self) -> int | None:
+        """Prompt tokens all prefilling requests may compute in one step (None: unbounded, also
+        when chunking is off: whole prompts, however long)."""
+        return (self.prefill_chunk_tokens and self.prefill_step_tokens) or None
+
+    @property
+    def prefill_chunk_limit(self) -> int | None:
+        """Prompt tokens one request may compute in one step (None: its whole prompt)."""
         return self.prefill_chunk_tokens or None
 
     @classmethod

@@ -5,6 +5,9 @@ Logits are only computed where needed: a short batch with completing chunks comp
 in its one forward and keeps the completing rows' last positions; otherwise the chunks' bodies are written
 without logits (MLX never evaluates the unused lm_head) and a one-token tail forward of
 the completing rows gives them.
+
+With `pad_shapes`, rows are grouped by length and each forward is right-padded to a bucket
+length (prefill_shapes.py), so the GPU meets few distinct shapes.
 """
 
 from __future__ import annotations
@@ -15,14 +18,11 @@ from typing import Any
 import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, eval_caches, extract_request_cache, merge_request_caches
+from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, bucket_length, group_rows
 from engine.scheduler.output import PrefillChunk
 
 # Largest number of prompt tokens per row in one forward call (bounds activation memory).
 MAX_FORWARD_TOKENS = 2048
-# Up to this many rows x positions, one forward computes full logits ([rows, positions, vocab],
-# ~0.6 GB at 2,048 x 152k in bf16) and keeps the completing rows' last: a second forward costs
-# more than that (a fixed per-forward cost of several ms on the GPU, measured on the H100).
-SHORT_FORWARD_LOGITS_TOKENS = 2048
 
 
 @dataclass
@@ -34,15 +34,37 @@ class PrefillResult:
     last_logits: mx.array | None
 
 
-def run_prefill(model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches]) -> PrefillResult:
+def run_prefill(
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], pad_shapes: bool = False
+) -> PrefillResult:
+    if not pad_shapes:
+        return _prefill_rows(model, chunks, caches, pad_shapes)
+    results = []
+    out_caches: list[LayerCaches] = list(caches)
+    for group in group_rows([c.num_tokens for c in chunks]):
+        result = _prefill_rows(model, [chunks[i] for i in group], [caches[i] for i in group], pad_shapes)
+        for i, cache in zip(group, result.caches):
+            out_caches[i] = cache
+        results.append(result)
+    with_logits = [r for r in results if r.completing]
+    if not with_logits:
+        return PrefillResult(out_caches, [], None)
+    completing = [chunk for r in with_logits for chunk in r.completing]
+    logits = with_logits[0].last_logits if len(with_logits) == 1 else mx.concatenate([r.last_logits for r in with_logits])
+    return PrefillResult(out_caches, completing, logits)
+
+
+def _prefill_rows(model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], pad: bool) -> PrefillResult:
+    """One forward of these rows (plus a one-token tail forward where the logits need it)."""
     completing = [i for i, c in enumerate(chunks) if c.completes_prefill]
     lengths = [c.num_tokens for c in chunks]
-    if completing and len(chunks) * max(lengths) <= SHORT_FORWARD_LOGITS_TOKENS:
-        caches, logits = _forward_with_logits(model, chunks, caches)
+    width = bucket_length(max(lengths)) if pad else max(lengths)
+    if completing and len(chunks) * width <= SHORT_FORWARD_LOGITS_TOKENS:
+        caches, logits = _forward_with_logits(model, chunks, caches, pad)
         return PrefillResult(caches, [chunks[i] for i in completing], logits[mx.array(completing)])
     bodies = [list(c.token_ids[:-1]) if c.completes_prefill else list(c.token_ids) for c in chunks]
     with_body = [i for i, body in enumerate(bodies) if body]
-    written = _forward_bodies(model, [bodies[i] for i in with_body], [caches[i] for i in with_body])
+    written = _forward_bodies(model, [bodies[i] for i in with_body], [caches[i] for i in with_body], pad)
     caches = list(caches)
     for i, cache in zip(with_body, written):
         caches[i] = cache
@@ -56,13 +78,14 @@ def run_prefill(model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches
 
 
 def _forward_with_logits(
-    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches]
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], pad: bool
 ) -> tuple[list[LayerCaches], mx.array]:
-    if len(chunks) == 1:
+    lengths = [c.num_tokens for c in chunks]
+    width = bucket_length(max(lengths)) if pad else max(lengths)
+    if len(chunks) == 1 and lengths[0] == width:
         logits = model(mx.array(chunks[0].token_ids, mx.uint32)[None], cache=caches[0])[:, -1, :]
         return caches, logits
-    lengths = [c.num_tokens for c in chunks]
-    merged, tokens, padded = _merge_right_padded(caches, [list(c.token_ids) for c in chunks])
+    merged, tokens, padded = _merge_right_padded(caches, [list(c.token_ids) for c in chunks], width)
     all_logits = model(tokens, cache=merged)
     logits = all_logits[mx.arange(len(chunks)), mx.array(lengths) - 1]
     if padded:
@@ -71,14 +94,18 @@ def _forward_with_logits(
     return [extract_request_cache(merged, row) for row in range(len(chunks))], logits
 
 
-def _forward_bodies(model: Any, bodies: list[list[int]], caches: list[LayerCaches]) -> list[LayerCaches]:
+def _forward_bodies(
+    model: Any, bodies: list[list[int]], caches: list[LayerCaches], pad: bool
+) -> list[LayerCaches]:
     """Write token bodies ([rows] of lists) to their caches; no logits are evaluated."""
     if not bodies:
         return []
-    if len(bodies) == 1:
+    longest = max(len(body) for body in bodies)
+    width = bucket_length(longest) if pad and longest <= MAX_FORWARD_TOKENS else longest
+    if len(bodies) == 1 and len(bodies[0]) == width:
         _forward_windows(model, mx.array(bodies[0], mx.uint32)[None], caches[0])
         return caches
-    merged, tokens, padded = _merge_right_padded(caches, bodies)
+    merged, tokens, padded = _merge_right_padded(caches, bodies, width)
     _forward_windows(model, tokens, merged)
     if padded:
         for layer in merged:
@@ -106,13 +133,12 @@ def _forward_tail(
 
 
 def _merge_right_padded(
-    caches: list[LayerCaches], token_rows: list[list[int]]
+    caches: list[LayerCaches], token_rows: list[list[int]], width: int
 ) -> tuple[LayerCaches, mx.array, bool]:
-    """Batch per-request caches for rows of different lengths, padding each row on the right."""
+    """Batch per-request caches for rows of different lengths, padding each row on the right to `width`."""
     merged = merge_request_caches(caches)
     lengths = [len(row) for row in token_rows]
-    longest = max(lengths)
-    padding = [longest - n for n in lengths]
+    padding = [width - n for n in lengths]
     tokens = mx.array([row + [0] * p for row, p in zip(token_rows, padding)], mx.uint32)
     if any(padding):
         for layer in merged:

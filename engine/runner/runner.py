@@ -27,6 +27,8 @@ from engine.runner.decode_batch import DecodeBatch, PendingStep, new_row_samplin
 from engine.runner.loader import LoadedModel
 from engine.runner.outputs import RunnerOutput, SampledToken
 from engine.runner.prefill import PrefillResult, run_prefill
+from engine.runner.prefill_shapes import warmup_shapes
+from engine.runner.warmup import warm_prefill_shapes
 from engine.sampling.sampler import BatchSampler, RowSampling
 from engine.scheduler.output import PrefillChunk, SchedulerOutput
 
@@ -56,6 +58,7 @@ class ModelRunner:
             budget = config.prefix_cache_bytes if config.prefix_cache_bytes is not None else default_budget_bytes()
             self.prefix_cache = PrefixCache(config.prefix_block_size, budget, snapshot_only=mode == "snapshots")
         self._blocks = KVBlockStore(self.model, self.prefix_cache) if self.prefix_cache else None
+        self.pad_prefill_shapes = _resolve_pad_shapes(config.pad_prefill_shapes, self.model)
 
     # ---- one engine step -------------------------------------------------
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
@@ -156,7 +159,7 @@ class ModelRunner:
         if not chunks:
             return []
         caches = [self._prefill_cache(chunk.request) for chunk in chunks]
-        result = run_prefill(self.model, chunks, caches)
+        result = run_prefill(self.model, chunks, caches, self.pad_prefill_shapes)
         for chunk, cache in zip(chunks, result.caches):
             self._prefill_caches[chunk.request.request_id] = cache
         first_tokens = self._sample_first_tokens(result) if result.completing else []
@@ -218,11 +221,18 @@ class ModelRunner:
         return self._pending is not None or len(self.batch) > 0 or bool(self._prefill_caches)
 
     def warmup(self) -> None:
-        """Run one tiny forward so the first real request does not pay for kernel set-up."""
+        """Build kernels before the first request: one tiny forward, and every padded prefill shape."""
         with mx.stream(self.stream):
             cache = new_request_cache(self.model)
             logits = self.model(mx.array([[0, 1]], mx.uint32), cache=cache)
             mx.eval(logits)
+            if self.pad_prefill_shapes:
+                shapes = warmup_shapes(
+                    self.config.max_prefill_seqs, self.config.prefill_token_budget, self.config.prefill_chunk_limit
+                )
+                new_cache = lambda: new_request_cache(self.model)  # noqa: E731
+                warm_prefill_shapes(self.model, shapes, new_cache, self.config.prefill_warmup_seconds)
+            mx.clear_cache()
 
     def close(self) -> None:
         self._pending = None
@@ -235,3 +245,10 @@ class ModelRunner:
         self.batch.caches = []
         mx.clear_cache()
         mx.set_cache_limit(self._previous_cache_limit)
+
+
+def _resolve_pad_shapes(setting: bool | None, model) -> bool:
+    """Padding needs caches that take right padding and cut it off exactly: plain KV caches."""
+    if prefix_cache_mode(model) != "blocks":
+        return False
+    return setting if setting is not None else mx.default_device().type == mx.gpu

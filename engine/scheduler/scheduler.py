@@ -1,8 +1,9 @@
 """Token-budget scheduler: plain Python, no MLX.
 
 Each step every decoding request computes one token, and prefilling requests
-share a per-step prefill token budget (chunked prefill), so a long prompt is
-spread over many steps and never freezes the streams already running.
+share a per-step prefill token budget, each taking at most one chunk (chunked
+prefill), so a long prompt is spread over many steps and never freezes the
+streams already running, while a burst of short prompts starts in few steps.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ class Scheduler:
 
     def _add_chunk(self, request: Request, budget: int | None, chunks: list[PrefillChunk]) -> int | None:
         remaining = self._prefill_target(request) - request.num_computed_tokens
-        num_tokens = remaining if budget is None else min(remaining, budget)
+        limits = [n for n in (budget, self.config.prefill_chunk_limit) if n is not None]
+        num_tokens = min([remaining, *limits])
         chunks.append(PrefillChunk(request, request.num_computed_tokens, num_tokens))
         request.num_computed_tokens += num_tokens
         if not request.is_prefilling:

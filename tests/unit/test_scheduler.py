@@ -54,7 +54,7 @@ def test_long_prefill_shares_steps_with_running_decodes():
 
 
 def test_budget_is_shared_first_come_first_served():
-    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=10, max_prefill_seqs=4))
+    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=10, prefill_step_tokens=10, max_prefill_seqs=4))
     for rid, n in (("a", 7), ("b", 7), ("c", 7)):
         scheduler.add_request(make_request(rid, prompt_len=n, max_tokens=1))
     # max_tokens=1: each request's only token comes from its completing chunk, no decode step.
@@ -62,6 +62,25 @@ def test_budget_is_shared_first_come_first_served():
     assert step_counts(scheduler) == ({"b": 4, "c": 6}, {})
     assert step_counts(scheduler) == ({"c": 1}, {})
     assert not scheduler.has_unfinished_requests()
+
+
+def test_each_request_takes_at_most_one_chunk_of_the_step_budget():
+    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=8, prefill_step_tokens=20, max_prefill_seqs=4))
+    for rid in ("a", "b", "c"):
+        scheduler.add_request(make_request(rid, prompt_len=12, max_tokens=1))
+    assert step_counts(scheduler) == ({"a": 8, "b": 8, "c": 4}, {})
+    assert step_counts(scheduler) == ({"a": 4, "b": 4, "c": 8}, {})
+    assert not scheduler.has_unfinished_requests()
+
+
+def test_step_budget_zero_leaves_only_chunks_and_max_prefill_seqs():
+    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=100, prefill_step_tokens=0, max_prefill_seqs=3))
+    for rid in ("a", "b", "c", "d"):
+        scheduler.add_request(make_request(rid, prompt_len=150, max_tokens=1))
+    assert step_counts(scheduler) == ({"a": 100, "b": 100, "c": 100}, {})
+    assert step_counts(scheduler) == ({"a": 50, "b": 50, "c": 50}, {})
+    assert step_counts(scheduler) == ({"d": 100}, {})
+    assert step_counts(scheduler) == ({"d": 50}, {})
 
 
 def test_chunking_disabled_prefills_whole_prompts():

@@ -1,0 +1,77 @@
+"""Padded prefill shapes: few distinct forward shapes, so GPU kernels and plans are built once.
+
+MLX's GPU backends build kernels and attention plans for each new input shape: on an H100 the
+first forward at a new prefill shape cost 70-190 ms against 8-20 ms warm (bench/attention_probe.py).
+Serving meets a new prompt length nearly every step, so each forward's length is padded up to a
+bucket, rows of very different lengths go to separate forwards, and the buckets are warmed at load.
+Plain Python: no MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Powers of two up to 256, then steps of 256 up to 2,048 (a prefill window's largest size).
+LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
+# A forward this small costs its fixed overhead whatever its padding.
+SMALL_FORWARD_TOKENS = 1024
+# Rows join a forward while its padded size stays within this multiple of its real tokens
+# (a second forward costs a fixed ~8-10 ms on an H100 whatever its size).
+MAX_PADDING_FACTOR = 2.0
+# Up to this many rows x positions, one forward computes full logits ([rows, positions, vocab],
+# ~0.6 GB at 2,048 x 152k in bf16) and keeps the completing rows' last: a second forward costs
+# more than that.
+SHORT_FORWARD_LOGITS_TOKENS = 2048
+
+
+def bucket_length(n: int) -> int:
+    """The padded length of an n-token forward (n itself beyond the largest bucket)."""
+    for bucket in LENGTH_BUCKETS:
+        if n <= bucket:
+            return bucket
+    return n
+
+
+def group_rows(lengths: list[int]) -> list[list[int]]:
+    """Split row indices into forwards, longest first, bounding each forward's padding."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    real = 0
+    for index in order:
+        if groups:
+            rows, width = len(groups[-1]) + 1, bucket_length(lengths[groups[-1][0]])
+            padded = rows * width
+            if padded <= SMALL_FORWARD_TOKENS or padded <= MAX_PADDING_FACTOR * (real + lengths[index]):
+                groups[-1].append(index)
+                real += lengths[index]
+                continue
+        groups.append([index])
+        real = lengths[index]
+    return [sorted(group) for group in groups]
+
+
+@dataclass(frozen=True)
+class WarmupShape:
+    rows: int
+    length: int
+    # Whether the rows complete their prompts (the forward then also yields first-token logits).
+    completing: bool
+
+
+def warmup_shapes(max_rows: int, step_tokens: int | None, chunk_tokens: int | None) -> list[WarmupShape]:
+    """The padded shapes a step commonly produces (up to the step budget), smallest first.
+
+    Rows that complete their prompts take the one-forward-with-logits path up to
+    SHORT_FORWARD_LOGITS_TOKENS; beyond it both kinds share the bodies' forward.
+    """
+    longest = bucket_length(min(chunk_tokens or LENGTH_BUCKETS[-1], LENGTH_BUCKETS[-1]))
+    limit = max(step_tokens or max_rows * longest, SMALL_FORWARD_TOKENS)
+    shapes = []
+    for length in (b for b in LENGTH_BUCKETS if b <= longest):
+        for rows in range(1, max_rows + 1):
+            if rows > 1 and rows * length > limit:
+                break
+            shapes.append(WarmupShape(rows, length, completing=True))
+            if rows * length <= SHORT_FORWARD_LOGITS_TOKENS:
+                shapes.append(WarmupShape(rows, length, completing=False))
+    return sorted(shapes, key=lambda s: (s.rows * s.length, s.rows, not s.completing))

@@ -1,0 +1,42 @@
+"""Warm-up at load: run one forward per padded prefill shape, so no request pays for building them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import mlx.core as mx
+
+from engine.kv.batch_cache import LayerCaches, cache_arrays
+from engine.request import Request
+from engine.runner.prefill import run_prefill
+from engine.runner.prefill_shapes import WarmupShape
+from engine.sampling.params import SamplingParams
+from engine.scheduler.output import PrefillChunk
+
+log = logging.getLogger(__name__)
+
+
+def warm_prefill_shapes(
+    model: Any, shapes: list[WarmupShape], new_cache: Callable[[], LayerCaches], time_budget_s: float
+) -> int:
+    """Run the shapes in order until the time budget is spent; returns how many ran."""
+    started = time.monotonic()
+    done = 0
+    for shape in shapes:
+        if time.monotonic() - started > time_budget_s:
+            log.warning("prefill warm-up stopped after %.0f s: %d of %d shapes", time_budget_s, done, len(shapes))
+            break
+        # A non-completing chunk is the start of a longer prompt: one token more.
+        prompt = [0] * (shape.length if shape.completing else shape.length + 1)
+        chunks = [
+            PrefillChunk(Request(f"warmup-{row}", prompt, SamplingParams(max_tokens=1)), 0, shape.length)
+            for row in range(shape.rows)
+        ]
+        result = run_prefill(model, chunks, [new_cache() for _ in chunks], pad_shapes=True)
+        outputs = [cache_arrays(cache) for cache in result.caches]
+        mx.eval(outputs if result.last_logits is None else [*outputs, result.last_logits])
+        done += 1
+    log.info("prefill warm-up: %d shapes in %.1f s", done, time.monotonic() - started)
+    return done

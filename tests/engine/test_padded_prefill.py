@@ -1,0 +1,68 @@
+"""Padded prefill shapes (the GPU default) are invisible to each request: padded == unpadded."""
+
+from __future__ import annotations
+
+from engine import EngineConfig, EngineCore, Request, SamplingParams
+from engine.kv.batch_cache import new_request_cache
+from engine.runner.prefill_shapes import warmup_shapes
+from engine.runner.warmup import warm_prefill_shapes
+from tests.engine.test_batching import assert_same_stream, params, random_prompts, run_alone
+from tests.engine.test_prefix_cache_engine import greedy, uncached, words
+from tests.support.drive import Arrival, run_core
+
+PADDED = dict(pad_prefill_shapes=True, prefill_warmup_seconds=0)
+
+
+def test_padded_staggered_requests_match_each_run_alone_unpadded(tiny_llama):
+    # Lengths 1-69 and chunks of 24 give ragged rows, several buckets and split groups.
+    prompts = random_prompts(12, seed=11, max_len=70)
+    arrivals = [Arrival(i // 3, Request(f"r{i}", prompts[i], params(i))) for i in range(12)]
+    config = EngineConfig(max_prefill_seqs=4, prefill_chunk_tokens=24, prefill_step_tokens=64, **PADDED)
+    core = EngineCore(tiny_llama, config)
+    assert core.runner.pad_prefill_shapes
+    batched = run_core(core, arrivals)
+    for i in range(12):
+        alone = run_alone(tiny_llama, f"r{i}", prompts[i], params(i), pad_prefill_shapes=False)
+        assert_same_stream(alone, batched[f"r{i}"])
+
+
+def test_padded_whole_prompt_prefill_matches_unpadded(tiny_llama):
+    prompt = random_prompts(1, seed=5, max_len=60)[0] + list(range(37))
+    sampling = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=True)
+    unpadded = run_alone(tiny_llama, "a", prompt, sampling, prefill_chunk_tokens=0, pad_prefill_shapes=False)
+    padded = run_alone(tiny_llama, "a", prompt, sampling, prefill_chunk_tokens=0, **PADDED)
+    assert_same_stream(unpadded, padded)
+
+
+def test_padded_prefix_cache_hit_matches_no_cache(tiny_llama):
+    shared = words(70, seed=1)
+    core = EngineCore(tiny_llama, EngineConfig(prefix_block_size=8, **PADDED))
+    run_core(core, [Arrival(0, Request("first", shared + [3, 4, 5], greedy()))])
+    second_prompt = shared + [9, 8, 7, 6]
+    hit = run_core(core, [Arrival(0, Request("second", second_prompt, greedy()))])["second"]
+    assert hit.finish.usage.cached_tokens == 64
+    assert_same_stream(uncached(tiny_llama, second_prompt, greedy()), hit)
+
+
+def test_warmup_runs_every_shape_and_leaves_no_state(tiny_llama):
+    config = EngineConfig(max_prefill_seqs=2, prefill_chunk_tokens=32, prefill_step_tokens=64, pad_prefill_shapes=True)
+    shapes = warmup_shapes(config.max_prefill_seqs, config.prefill_token_budget, config.prefill_chunk_limit)
+    assert [(s.rows, s.length, s.completing) for s in shapes] == [
+        (1, 16, True), (1, 16, False), (1, 32, True), (1, 32, False),
+        (2, 16, True), (2, 16, False), (2, 32, True), (2, 32, False),
+    ]
+    core = EngineCore(tiny_llama, config)
+    ran = warm_prefill_shapes(core.runner.model, shapes, lambda: new_request_cache(core.runner.model), 60.0)
+    assert ran == len(shapes)
+    core.runner.warmup()
+    assert not core.runner.holds_state() and core.runner.kv_cache_bytes() == 0
+    prompt = random_prompts(1, seed=9, max_len=40)[0]
+    after = run_core(core, [Arrival(0, Request("a", prompt, params(0)))])["a"]
+    assert_same_stream(run_alone(tiny_llama, "a", prompt, params(0)), after)
+
+
+def test_warmup_stops_at_its_time_budget(tiny_llama):
+    shapes = warmup_shapes(8, 8192, 2048)
+    model = tiny_llama.model
+    assert warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.0) == 0
+    assert 1 <= warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.05) < len(shapes)

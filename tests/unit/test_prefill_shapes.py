@@ -1,0 +1,51 @@
+"""Padded prefill shapes: buckets, row grouping bounds, warm-up shape lists (no MLX)."""
+
+from __future__ import annotations
+
+import sys
+
+from hypothesis import given, strategies as st
+
+from engine.runner.prefill_shapes import (
+    LENGTH_BUCKETS,
+    MAX_PADDING_FACTOR,
+    SMALL_FORWARD_TOKENS,
+    bucket_length,
+    group_rows,
+    warmup_shapes,
+)
+
+
+def test_bucket_length_rounds_up_to_the_next_bucket():
+    assert [bucket_length(n) for n in (1, 16, 17, 100, 257, 513, 2047, 2048)] == [
+        16, 16, 32, 128, 512, 768, 2048, 2048]
+    assert bucket_length(3000) == 3000  # beyond the largest bucket: unpadded windows
+
+
+@given(st.lists(st.integers(1, 2048), min_size=1, max_size=8))
+def test_groups_cover_each_row_once_and_bound_their_padding(lengths):
+    groups = group_rows(lengths)
+    assert sorted(i for group in groups for i in group) == list(range(len(lengths)))
+    for group in groups:
+        padded = len(group) * bucket_length(max(lengths[i] for i in group))
+        real = sum(lengths[i] for i in group)
+        assert len(group) == 1 or padded <= max(SMALL_FORWARD_TOKENS, MAX_PADDING_FACTOR * real)
+
+
+def test_rows_of_similar_length_share_one_forward():
+    assert group_rows([520] * 8) == [list(range(8))]
+    assert group_rows([2000, 10]) == [[0], [1]]
+
+
+def test_warmup_shapes_stay_within_the_step_budget_smallest_first():
+    shapes = warmup_shapes(8, 8192, 2048)
+    sizes = [s.rows * s.length for s in shapes]
+    assert sizes == sorted(sizes)
+    assert all(s.length in LENGTH_BUCKETS and 1 <= s.rows <= 8 for s in shapes)
+    assert all(s.rows == 1 or s.rows * s.length <= 8192 for s in shapes)
+    assert {(1, 2048, True), (8, 1024, True), (4, 512, False)} <= {(s.rows, s.length, s.completing) for s in shapes}
+
+
+def test_prefill_shapes_do_not_import_mlx():
+    assert "engine.runner.prefill_shapes" in sys.modules
+    assert all(not name.startswith("mlx") for name in vars(sys.modules["engine.runner.prefill_shapes"]))
