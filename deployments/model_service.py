@@ -107,7 +107,7 @@ class ModelService:
             window = self._window_s if job.stream else _whole_output
             parsed = self._chunks(stream, plan.parser, num_prompt)
             # aclosing: a client that goes away closes the chain at once, aborting the request.
-            async with contextlib.aclosing(coalesce(parsed, window)) as chunks:
+            async with contextlib.aclosing(coalesce(parsed, window, hold=stream.hold)) as chunks:
                 async for last in chunks:
                     yield last
         finally:

@@ -57,6 +57,11 @@ class RequestStream:
     def __aiter__(self) -> AsyncIterator[TextDelta | Finish]:
         return self._iterate()
 
+    async def hold(self, timeout_s: float | None) -> None:
+        """Wait until the request ends or timeout_s passes, taking nothing: meanwhile the engine's
+        deltas merge in the mailbox, so a consumer that holds between reads wakes once, not per token."""
+        await self._mailbox.wait_end(timeout_s)
+
     async def _iterate(self) -> AsyncIterator[TextDelta | Finish]:
         try:
             while not self._mailbox.closed:

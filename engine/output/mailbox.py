@@ -18,6 +18,7 @@ class Mailbox:
         self._finish: Finish | None = None
         self._error: OrchardError | None = None
         self._ready = asyncio.Event()
+        self._ended = asyncio.Event()
         self.closed = False
 
     def put(self, output: RequestOutput) -> None:
@@ -31,10 +32,22 @@ class Mailbox:
         if output.error is not None:
             self._error = output.error
         self._ready.set()
+        if self.has_ended:
+            self._ended.set()
 
     def put_error(self, error: OrchardError) -> None:
         self._error = error
         self._ready.set()
+        self._ended.set()
+
+    async def wait_end(self, timeout_s: float | None) -> None:
+        """Return when the request has ended (finish or error) or after timeout_s (None: no limit)."""
+        if self.has_ended:
+            return
+        try:
+            await asyncio.wait_for(self._ended.wait(), timeout_s)
+        except TimeoutError:
+            pass
 
     @property
     def has_ended(self) -> bool:

@@ -10,7 +10,8 @@ import pytest
 
 from deployments.coalesce import coalesce
 from deployments.protocol import StreamChunk
-from engine.output.events import Finish, Usage
+from engine.output.events import Finish, RequestOutput, TextDelta, Usage
+from engine.output.mailbox import Mailbox
 from engine.request import FinishReason
 
 FINISH = Finish(FinishReason.LENGTH, Usage(3, 40))
@@ -86,3 +87,47 @@ def test_a_failing_source_raises_to_the_reader():
 
     with pytest.raises(RuntimeError, match="engine exploded"):
         asyncio.run(scenario())
+
+
+async def _mailbox_scenario(window_s: float | None, deltas: int = 60, gap_s: float = 0.002):
+    """An engine-like producer posts one-token deltas to a Mailbox; the source reads it as the model service does."""
+    loop = asyncio.get_running_loop()
+    mailbox, reads = Mailbox(), []
+
+    async def source():
+        while not mailbox.closed:
+            item = await mailbox.take()
+            reads.append(item)
+            if isinstance(item, TextDelta):
+                yield StreamChunk(text=item.text, num_tokens=len(item.token_ids))
+            else:
+                yield StreamChunk(finish=item)
+
+    async def produce() -> float:
+        for i in range(deltas):
+            await asyncio.sleep(gap_s)
+            mailbox.put(RequestOutput("r", delta=TextDelta(f"w{i} ", [i])))
+        mailbox.put(RequestOutput("r", finish=FINISH))
+        return loop.time()
+
+    producer = asyncio.create_task(produce())
+    out, times = [], []
+    async for chunk in coalesce(source(), lambda: window_s, hold=mailbox.wait_end):
+        out.append(chunk)
+        times.append(loop.time())
+    return out, times, reads, await producer
+
+
+def test_with_a_hold_the_source_is_read_once_per_window_and_the_finish_is_not_held_back():
+    out, times, reads, finished_at = asyncio.run(_mailbox_scenario(0.03))
+    assert out[0].text == "w0 "
+    assert 2 < len(out) < 15 and len(reads) <= len(out) + 1  # one read per chunk, not one per delta
+    assert "".join(c.text for c in out) == "".join(f"w{i} " for i in range(60))
+    assert out[-1].finish is FINISH and all(c.finish is None for c in out[:-1])
+    assert times[-1] - finished_at < 0.015  # the request's end wakes the hold at once
+
+
+def test_with_a_hold_and_no_window_the_source_is_read_at_the_start_and_the_end():
+    out, _, reads, _ = asyncio.run(_mailbox_scenario(None))
+    assert len(out) == 1 and out[0].num_tokens == 60 and out[0].finish is FINISH
+    assert len(reads) == 3  # the first delta, the rest merged, the finish

@@ -1,0 +1,79 @@
+"""In-process burst (no HTTP): TTFT of N prompts added at once vs a lone prompt's, through EngineCore.
+
+    python -m bench.engine_burst --random-shape qwen3-0.6b --burst 32 --prompt-tokens 512 --json out.json
+
+Separates the engine's share of bench.serving's burst figure from the HTTP / Ray share. Prints
+each step of the burst (prefill tokens, decode rows, milliseconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+
+from bench.engine_throughput import git_commit, machine_info
+from bench.random_model import make_random_model
+from engine import EngineConfig, EngineCore, Request, SamplingParams
+from engine.runner.loader import load_model
+
+
+def first_token_times(core: EngineCore, prompts: list[list[int]], gen_tokens: int, steps: list[dict]) -> list[float]:
+    sampling = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
+    started = time.perf_counter()
+    ids = [f"b{random.random()}" for _ in prompts]
+    for request_id, prompt in zip(ids, prompts):
+        core.add_request(Request(request_id, prompt, sampling))
+    ttft: dict[str, float] = {}
+    while core.has_unfinished_requests():
+        t = time.perf_counter()
+        waiting = len(core.scheduler.waiting)
+        outputs = core.step()
+        now = time.perf_counter()
+        steps.append({"ms": round(1e3 * (now - t), 2), "waiting_before": waiting,
+                      "first_tokens": sum(1 for o in outputs if o.request_id not in ttft and o.delta)})
+        for output in outputs:
+            if output.request_id not in ttft and output.delta is not None and output.delta.token_ids:
+                ttft[output.request_id] = now - started
+    return [ttft[request_id] for request_id in ids]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--random-shape", default="tiny")
+    parser.add_argument("--burst", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--gen-tokens", type=int, default=32)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    loaded = load_model(str(make_random_model(tempfile.mkdtemp(prefix="orchard-eb-"), args.random_shape)))
+    core = EngineCore(loaded, EngineConfig(max_decode_seqs=128))
+    started = time.perf_counter()
+    core.runner.warmup()
+    warmup_s = time.perf_counter() - started
+    rng = random.Random(0)
+    vocab = loaded.vocab_size - 16
+    prompt = lambda: [rng.randrange(vocab) for _ in range(args.prompt_tokens)]  # noqa: E731
+    first_token_times(core, [prompt() for _ in range(args.burst)], args.gen_tokens, [])  # first-use costs
+    lone = [first_token_times(core, [prompt()], args.gen_tokens, [])[0] for _ in range(3)]
+    steps: list[dict] = []
+    burst = sorted(first_token_times(core, [prompt() for _ in range(args.burst)], args.gen_tokens, steps))
+    p95 = burst[min(len(burst) - 1, round(0.95 * (len(burst) - 1)))]
+    report = {
+        "commit": git_commit(), "machine": machine_info(), "shape": args.random_shape, "burst": args.burst,
+        "prompt_tokens": args.prompt_tokens, "warmup_s": round(warmup_s, 1),
+        "lone_ttft_ms": round(1e3 * statistics.median(lone), 1), "burst_ttft_p95_ms": round(1e3 * p95, 1),
+        "burst_ttft_ms": [round(1e3 * t, 1) for t in burst], "ratio": round(p95 / statistics.median(lone), 2),
+        "burst_steps": steps[:20],
+    }
+    print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
