@@ -31,7 +31,7 @@ from bench.serving_workloads import LoadSettings
 
 REPO = Path(__file__).resolve().parents[1]
 # Time-budget shares: mlx_lm.server streams more slowly at high concurrency; the engine run is short.
-PHASE_WEIGHTS = {"orchard": 1.0, "mlx_lm": 1.3, "engine": 0.4}
+PHASE_WEIGHTS = {"orchard": 1.0, "orchard_local": 0.8, "mlx_lm": 1.3, "engine": 0.4}
 STOP_RESERVE_S = 20.0  # stopping a server (Ray shutdown) within its phase
 END_RESERVE_S = 10.0  # tables and the final JSON
 
@@ -147,11 +147,11 @@ class Run:
 def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSettings, budget_s: float) -> None:
     args = run.args
     port = free_port()
-    if name == "orchard":
+    if name in ("orchard", "orchard_local"):
         knobs = OrchardKnobs(max(settings.levels + [settings.burst_size, settings.long_background + 1]),
                              args.prefill_batch, args.chunked_prefill_tokens, args.context_length, args.throughput_optimized,
                              args.prefix_cache == "on", list(args.orchard_arg))
-        spec = orchard_spec(model_path, "bench-model", port, knobs)
+        spec = orchard_spec(model_path, "bench-model", port, knobs, name)
     else:
         decode = max(settings.levels + [settings.burst_size, settings.long_background + 1])
         spec = mlx_lm_spec(model_path, port, decode, args.mlx_prompt_concurrency)

@@ -29,6 +29,9 @@ class StaggeredOrchardRunner(OrchardRunner):
     """Our EngineCore, request i added `i * stagger_s` after the start (0: all at once, as engine_throughput)."""
 
     stagger_s = 0.0
+    # The last run's mean wall and engine-thread CPU milliseconds per engine step.
+    step_ms_mean = 0.0
+    step_cpu_ms_mean = 0.0
 
     def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
         from engine import Request, SamplingParams
@@ -38,6 +41,7 @@ class StaggeredOrchardRunner(OrchardRunner):
         trace = Trace(start=time.perf_counter())
         arrivals = [trace.start + i * self.stagger_s for i in range(len(prompts))]
         submitted = 0
+        before = core.stats()
         while submitted < len(prompts) or core.has_unfinished_requests():
             now = time.perf_counter()
             while submitted < len(prompts) and arrivals[submitted] <= now:
@@ -50,6 +54,10 @@ class StaggeredOrchardRunner(OrchardRunner):
                 continue
             step_into(core, trace)
         trace.end = time.perf_counter()
+        after = core.stats()
+        steps = max(1, after.num_steps - before.num_steps)
+        self.step_ms_mean = 1e3 * (after.step_seconds_total - before.step_seconds_total) / steps
+        self.step_cpu_ms_mean = 1e3 * (after.step_cpu_seconds_total - before.step_cpu_seconds_total) / steps
         return trace
 
 
@@ -61,7 +69,7 @@ def bench_level(runner: StaggeredOrchardRunner, concurrency: int, args, vocab_si
     # after `mixed` has decoded as far at every level).
     runner.run(warm, args.warmup_tokens or args.gen_tokens)
     free_memory()
-    timed = {}
+    timed, steps_ms = {}, {}
     for name, stagger_ms, seed_tag in (("staggered", args.stagger_ms, 0), ("at_once", 0.0, 2)):
         runner.stagger_s = stagger_ms / 1e3
         prompts = make_prompts(concurrency, args.prompt_tokens, vocab_size, [args.seed, concurrency, seed_tag])
@@ -69,10 +77,12 @@ def bench_level(runner: StaggeredOrchardRunner, concurrency: int, args, vocab_si
         result = summarize(runner.name, concurrency, args.prompt_tokens, args.gen_tokens, runner.run(prompts, args.gen_tokens))
         result.peak_memory_gb = mx.get_peak_memory() / 1e9
         timed[name] = result
+        steps_ms[name] = (round(runner.step_ms_mean, 3), round(runner.step_cpu_ms_mean, 3))
         free_memory()
     record = asdict(timed["staggered"])
     record.update(stagger_ms=args.stagger_ms, at_once_tok_per_s=timed["at_once"].tok_per_s,
-                  at_once_complete=timed["at_once"].complete)
+                  at_once_complete=timed["at_once"].complete, step_ms_mean=steps_ms["staggered"][0],
+                  step_cpu_ms_mean=steps_ms["staggered"][1])
     return record
 
 
@@ -114,7 +124,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             report["results"].append(record)
             _write(path, report)
             print(f"  [engine] c={concurrency:<4} {record['tok_per_s']:9.1f} tok/s ({args.stagger_ms:g} ms apart), "
-                  f"{record['at_once_tok_per_s']:9.1f} all at once  complete {record['complete']}", flush=True)
+                  f"{record['at_once_tok_per_s']:9.1f} all at once  complete {record['complete']}  "
+                  f"{record['step_ms_mean']:.2f} ms/step (thread CPU {record['step_cpu_ms_mean']:.2f})", flush=True)
     except Exception as exc:  # the levels measured so far stay in the JSON
         traceback.print_exc()
         report["error"] = f"{type(exc).__name__}: {exc}"

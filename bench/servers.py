@@ -21,7 +21,7 @@ import httpx
 from bench.serving_client import Target
 from engine.backend import BACKEND_DEFAULTS
 
-SERVERS = ("orchard", "mlx_lm")
+SERVERS = ("orchard", "orchard_local", "mlx_lm")  # orchard_local: our HTTP stack without Ray
 
 
 @dataclass
@@ -50,8 +50,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def orchard_spec(model_path: str, model_id: str, port: int, knobs: OrchardKnobs) -> ServerSpec:
-    argv = [sys.executable, "-m", "bench.run_orchard_server", "--model", model_path, "--model-id", model_id,
+def orchard_spec(model_path: str, model_id: str, port: int, knobs: OrchardKnobs, name: str = "orchard") -> ServerSpec:
+    launcher = "bench.run_orchard_local" if name == "orchard_local" else "bench.run_orchard_server"
+    argv = [sys.executable, "-m", launcher, "--model", model_path, "--model-id", model_id,
             "--port", str(port), "--decode-batch", str(knobs.decode_batch), "--prefill-batch", str(knobs.prefill_batch),
             "--chunked-prefill-tokens", str(knobs.chunked_prefill_tokens),
             "--max-num-seqs", str(max(512, 2 * knobs.decode_batch))]
@@ -63,8 +64,8 @@ def orchard_spec(model_path: str, model_id: str, port: int, knobs: OrchardKnobs)
         argv.append("--no-prefix-cache")
     for item in knobs.model_args:
         argv += ["--model-arg", item]
-    target = Target(f"http://127.0.0.1:{port}", model_id, "orchard", extra_body={"ignore_eos": True})
-    return ServerSpec("orchard", argv, target, health_path="/health")
+    target = Target(f"http://127.0.0.1:{port}", model_id, name, extra_body={"ignore_eos": True})
+    return ServerSpec(name, argv, target, health_path="/health")
 
 
 def mlx_lm_spec(model_path: str, port: int, decode_concurrency: int, prompt_concurrency: int) -> ServerSpec:

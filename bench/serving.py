@@ -118,6 +118,10 @@ async def _run_unit(client: StreamClient, settings: LoadSettings, unit: Unit, so
         print(f"  {tag} {level.system_tok_s:9.1f} tok/s  ttft mean {level.ttft_mean_s * 1e3:8.1f} p95 "
               f"{level.ttft_p95_s * 1e3:8.1f} ms  itl p50 {level.itl_p50_ms:7.2f} p99 {level.itl_p99_ms:7.2f} ms  "
               f"reqs {level.requests} err {level.errors} {level_note(level)}", flush=True)
+        if level.engine is not None:
+            e = level.engine
+            print(f"  {tag} engine: {e.steps} steps, {e.step_ms_mean:.2f} ms/step (thread CPU {e.step_cpu_ms_mean:.2f}), "
+                  f"busy {e.busy_fraction:.0%}, model process {e.process_cpus:.2f} CPUs", flush=True)
 
 
 def suite_tables(suite: SuiteResult) -> list:

@@ -33,6 +33,17 @@ class Target:
 
 
 @dataclass
+class EngineCounters:
+    """One read of our server's engine counters (cumulative since the model started)."""
+
+    at: float
+    steps: int
+    step_s: float
+    step_cpu_s: float
+    process_cpu_s: float
+
+
+@dataclass
 class RequestSpec:
     prompt: str
     prompt_words: int
@@ -162,6 +173,20 @@ class StreamClient:
     async def __aexit__(self, *exc: Any) -> None:
         assert self._session is not None
         await self._session.close()
+
+    async def engine_counters(self) -> Optional[EngineCounters]:
+        """Our server's engine counters for the target model (/v1/queue/stats); None from other servers."""
+        assert self._session is not None
+        try:
+            async with self._session.get(self.target.base_url + "/v1/queue/stats") as resp:
+                rows = (await resp.json())["models"] if resp.status == 200 else []
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError):
+            return None
+        row = next((r for r in rows if isinstance(r, dict) and r.get("id") == self.target.model), None)
+        if row is None or row.get("engine_steps_total") is None:
+            return None
+        return EngineCounters(time.perf_counter(), row["engine_steps_total"], row["engine_step_seconds_total"],
+                              row["engine_step_cpu_seconds_total"], row["process_cpu_seconds_total"])
 
     async def stream(self, spec: RequestSpec, record: Optional[RequestRecord] = None) -> RequestRecord:
         """Stream one request; pass `record` to watch it fill in while it runs (the long-prompt workload)."""

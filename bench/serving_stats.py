@@ -14,7 +14,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from bench.serving_client import RequestRecord
+from bench.serving_client import EngineCounters, RequestRecord
 
 MAX_ERROR_SAMPLES = 5
 SLOW_CONNECT_S = 0.5
@@ -58,6 +58,30 @@ def _errors(records: Sequence[RequestRecord]) -> tuple[int, list[str]]:
 
 
 @dataclass
+class EngineWindow:
+    """Our engine between two counter reads around a level: where the steps' time went."""
+
+    steps: int
+    step_ms_mean: float  # wall time per engine step (the decode inter-token time while all decode)
+    step_cpu_ms_mean: float  # the engine thread's CPU time per step; wall >> CPU: waiting (device or GIL)
+    busy_fraction: float  # time inside steps / window
+    process_cpus: float  # the model process's CPU seconds per second, all threads (engine, event loop, Ray)
+
+
+def engine_window(before: Optional[EngineCounters], after: Optional[EngineCounters]) -> Optional[EngineWindow]:
+    if before is None or after is None or after.steps <= before.steps or after.at <= before.at:
+        return None
+    steps, wall = after.steps - before.steps, after.at - before.at
+    return EngineWindow(
+        steps=steps,
+        step_ms_mean=1e3 * (after.step_s - before.step_s) / steps,
+        step_cpu_ms_mean=1e3 * (after.step_cpu_s - before.step_cpu_s) / steps,
+        busy_fraction=(after.step_s - before.step_s) / wall,
+        process_cpus=(after.process_cpu_s - before.process_cpu_s) / wall,
+    )
+
+
+@dataclass
 class LevelResult:
     """One workload at one concurrency level (closed loop: `concurrency` workers, requests back to back)."""
 
@@ -85,6 +109,7 @@ class LevelResult:
     cached_tokens_mean: Optional[float] = None
     error_samples: list[str] = field(default_factory=list)
     note: str = ""  # e.g. "stopped early: time budget"
+    engine: Optional[EngineWindow] = None  # our server only
 
 
 def summarize_level(workload: str, concurrency: int, records: list[RequestRecord], note: str = "") -> LevelResult:

@@ -20,6 +20,7 @@ from bench.serving_stats import (
     LevelResult,
     LongPromptResult,
     summarize_burst,
+    engine_window,
     summarize_level,
     summarize_long,
 )
@@ -154,14 +155,18 @@ async def run_sweep_level(
     client: StreamClient, settings: LoadSettings, workload: str, concurrency: int, soft: float, hard: float
 ) -> LevelResult:
     specs = sweep_specs(settings, workload, concurrency)
+    before = await client.engine_counters()
     records, cut = await closed_loop(client, specs, soft, hard, settings.stagger_ms / 1e3)
+    after = await client.engine_counters()
     planned = sum(len(s) for s in specs)
     note = ""
     if len(records) < planned:
         note = f"time budget: {len(records)} of {planned} requests"
     if cut:
         note = (note + "; " if note else "") + "hard deadline cancelled in-flight requests"
-    return summarize_level(workload, concurrency, records, note)
+    level = summarize_level(workload, concurrency, records, note)
+    level.engine = engine_window(before, after)
+    return level
 
 
 async def run_long(client: StreamClient, settings: LoadSettings, hard: float) -> LongPromptResult:

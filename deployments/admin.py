@@ -137,4 +137,8 @@ def _queue_row(row: ModelQueueStats) -> dict[str, Any]:
         "tokens_per_s": stats.tokens_per_s if stats else None,
         "prompt_tokens_total": stats.prompt_tokens_total if stats else None,
         "generation_tokens_total": stats.generation_tokens_total if stats else None,
+        "engine_steps_total": stats.steps_total if stats else None,
+        "engine_step_seconds_total": stats.step_seconds_total if stats else None,
+        "engine_step_cpu_seconds_total": stats.step_cpu_seconds_total if stats else None,
+        "process_cpu_seconds_total": stats.process_cpu_seconds_total if stats else None,
     }

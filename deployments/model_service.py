@@ -186,6 +186,10 @@ class ModelService:
             prompt_tokens_total=stats.prompt_tokens_total,
             generation_tokens_total=stats.generation_tokens_total,
             tokens_per_s=round(stats.generation_tokens_per_s, 2),
+            steps_total=stats.num_steps,
+            step_seconds_total=round(stats.step_seconds_total, 4),
+            step_cpu_seconds_total=round(stats.step_cpu_seconds_total, 4),
+            process_cpu_seconds_total=round(time.process_time(), 4),
         )
 
     def check_health(self) -> None:

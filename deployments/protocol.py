@@ -154,6 +154,12 @@ class QueueStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     tokens_per_s: float
+    # Engine steps, their wall and engine-thread CPU seconds, and the model process's CPU seconds
+    # (all threads): deltas between two reads show where a step's time goes under load.
+    steps_total: int
+    step_seconds_total: float
+    step_cpu_seconds_total: float
+    process_cpu_seconds_total: float
 
 
 class ModelClient(Protocol):

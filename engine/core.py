@@ -32,6 +32,10 @@ class EngineStats:
     queue_size: int | None
     kv_cache_bytes: int
     num_steps: int
+    # Wall and engine-thread CPU seconds inside step(): their ratio per step tells a device- or
+    # GIL-bound step (wall >> CPU) from a Python-bound one.
+    step_seconds_total: float
+    step_cpu_seconds_total: float
     prompt_tokens_total: int
     generation_tokens_total: int
     generation_tokens_per_s: float
@@ -50,6 +54,8 @@ class EngineCore:
         self._text_source = text_source_factory(loaded.tokenizer)
         self.guides = GuideCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
         self._num_steps = 0
+        self._step_seconds_total = 0.0
+        self._step_cpu_seconds_total = 0.0
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._recent_generation: list[tuple[float, int]] = []
@@ -106,11 +112,14 @@ class EngineCore:
 
     # ---- the step --------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        started, started_cpu = time.perf_counter(), time.thread_time()
         scheduled = self.scheduler.schedule()
         sampled = self.runner.execute(scheduled)
         outputs = self._expired_outputs(scheduled)
         outputs += self._update(sampled)
         self._count(scheduled, outputs)
+        self._step_seconds_total += time.perf_counter() - started
+        self._step_cpu_seconds_total += time.thread_time() - started_cpu
         return outputs
 
     def _update(self, result: RunnerOutput) -> list[RequestOutput]:
@@ -156,6 +165,8 @@ class EngineCore:
             queue_size=self.config.queue_size,
             kv_cache_bytes=self.runner.kv_cache_bytes(),
             num_steps=self._num_steps,
+            step_seconds_total=self._step_seconds_total,
+            step_cpu_seconds_total=self._step_cpu_seconds_total,
             prompt_tokens_total=self._prompt_tokens_total,
             generation_tokens_total=self._generation_tokens_total,
             generation_tokens_per_s=rate,

@@ -63,6 +63,10 @@ def test_requests_join_and_leave_without_waiting_for_the_batch_to_drain(tiny_lla
             if output.finish is not None:
                 finished_at[output.request_id] = step
     assert finished_at["short"] < finished_at["long"] - 10
+    # Every step is counted, with its wall time and the engine thread's CPU time inside it.
+    stats = core.stats()
+    assert stats.num_steps == 45
+    assert stats.step_seconds_total > 0 and 0 < stats.step_cpu_seconds_total <= stats.step_seconds_total * 1.05 + 0.01
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 16])

@@ -229,6 +229,8 @@ def test_closing_a_stream_aborts_it_and_frees_its_kv(alpha):
 
     stats = asyncio.run(scenario())
     assert stats["running"] == 0 and stats["kv_cache_bytes"] == 0 and stats["generation_tokens_total"] < 500
+    assert stats["engine_steps_total"] >= 1 and stats["engine_step_seconds_total"] > 0
+    assert stats["process_cpu_seconds_total"] >= stats["engine_step_cpu_seconds_total"] > 0
 
 
 async def _idle_stats(stack) -> dict | None:
