@@ -6,8 +6,9 @@ in its one forward and keeps the completing rows' last positions; otherwise the 
 without logits (MLX never evaluates the unused lm_head) and a one-token tail forward of
 the completing rows gives them.
 
-With `pad_shapes`, rows are grouped by length and each forward is right-padded to a bucket
-length (prefill_shapes.py), so the GPU meets few distinct shapes.
+With `pad_shapes`, rows are grouped by cache offset and length and each forward is right-padded
+to a bucket length (prefill_shapes.py), so the GPU meets few distinct shapes; rows of one
+forward share a plain batched cache (plain_prefill.py).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from typing import Any
 import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, eval_caches, extract_request_cache, merge_request_caches
+from engine.runner.plain_prefill import cache_offset, plain_prefill, split_for_logits
 from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, bucket_length, group_rows
 from engine.scheduler.output import PrefillChunk
 
 # Largest number of prompt tokens per row in one forward call (bounds activation memory).
 MAX_FORWARD_TOKENS = 2048
+# Sizes the padded path's logits budget where the caller does not say (Qwen3's vocabulary).
+DEFAULT_VOCAB_SIZE = 151936
 
 
 @dataclass
@@ -35,17 +39,46 @@ class PrefillResult:
 
 
 def run_prefill(
-    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], pad_shapes: bool = False
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], pad_shapes: bool = False,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
 ) -> PrefillResult:
+    """Padded shapes (plain KVCache models only) run rows sharing a cache offset as plain batches."""
     if not pad_shapes:
         return _prefill_rows(model, chunks, caches, pad_shapes)
     results = []
     out_caches: list[LayerCaches] = list(caches)
-    for group in group_rows([c.num_tokens for c in chunks]):
-        result = _prefill_rows(model, [chunks[i] for i in group], [caches[i] for i in group], pad_shapes)
+    for group in _padded_groups(chunks, caches, vocab_size):
+        group_chunks, group_caches = [chunks[i] for i in group], [caches[i] for i in group]
+        if group_chunks[0].num_tokens > MAX_FORWARD_TOKENS:  # a long row alone, in windows
+            result = _prefill_rows(model, group_chunks, group_caches, pad_shapes)
+        else:
+            new_caches, logits = plain_prefill(model, group_chunks, group_caches)
+            result = PrefillResult(new_caches, [c for c in group_chunks if c.completes_prefill], logits)
         for i, cache in zip(group, result.caches):
             out_caches[i] = cache
         results.append(result)
+    return _combined(out_caches, results)
+
+
+def _padded_groups(chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int) -> list[list[int]]:
+    """Forwards of rows sharing a cache offset and a padded length; rows beyond one window go alone."""
+    by_offset: dict[int, list[int]] = {}
+    groups = []
+    for i, chunk in enumerate(chunks):
+        if chunk.num_tokens > MAX_FORWARD_TOKENS:
+            groups.append([i])
+        else:
+            by_offset.setdefault(cache_offset(caches[i]), []).append(i)
+    for rows in by_offset.values():
+        for group in group_rows([chunks[i].num_tokens for i in rows]):
+            indices = [rows[i] for i in group]
+            lengths = [chunks[i].num_tokens for i in indices]
+            completing = [chunks[i].completes_prefill for i in indices]
+            groups += [[indices[j] for j in part] for part in split_for_logits(lengths, completing, vocab_size)]
+    return groups
+
+
+def _combined(out_caches: list[LayerCaches], results: list[PrefillResult]) -> PrefillResult:
     with_logits = [r for r in results if r.completing]
     if not with_logits:
         return PrefillResult(out_caches, [], None)

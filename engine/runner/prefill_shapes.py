@@ -18,9 +18,9 @@ SMALL_FORWARD_TOKENS = 1024
 # Rows join a forward while its padded size stays within this multiple of its real tokens
 # (a second forward costs a fixed ~8-10 ms on an H100 whatever its size).
 MAX_PADDING_FACTOR = 2.0
-# Up to this many rows x positions, one forward computes full logits ([rows, positions, vocab],
-# ~0.6 GB at 2,048 x 152k in bf16) and keeps the completing rows' last: a second forward costs
-# more than that.
+# Unpadded path: up to this many rows x positions, one forward computes full logits ([rows,
+# positions, vocab], ~0.6 GB at 2,048 x 152k in bf16) and keeps the completing rows' last: a
+# second forward costs more than that.
 SHORT_FORWARD_LOGITS_TOKENS = 2048
 
 
@@ -54,15 +54,18 @@ def group_rows(lengths: list[int]) -> list[list[int]]:
 class WarmupShape:
     rows: int
     length: int
-    # Whether the rows complete their prompts (the forward then also yields first-token logits).
-    completing: bool
+    # Rows of different lengths completing their prompts: one forward with full logits
+    # (equal-length rows write their bodies, then one token each; other chunks need no logits).
+    ragged: bool
 
 
-def warmup_shapes(max_rows: int, step_tokens: int | None, chunk_tokens: int | None) -> list[WarmupShape]:
+def warmup_shapes(
+    max_rows: int, step_tokens: int | None, chunk_tokens: int | None, vocab_size: int, logits_budget: int
+) -> list[WarmupShape]:
     """The padded shapes a step commonly produces (up to the step budget), smallest first.
 
-    Rows that complete their prompts take the one-forward-with-logits path up to
-    SHORT_FORWARD_LOGITS_TOKENS; beyond it both kinds share the bodies' forward.
+    Ragged forwards exist only where their full logits fit `logits_budget` elements (else the
+    rows are split into smaller forwards, themselves warmed).
     """
     longest = bucket_length(min(chunk_tokens or LENGTH_BUCKETS[-1], LENGTH_BUCKETS[-1]))
     limit = max(step_tokens or max_rows * longest, SMALL_FORWARD_TOKENS)
@@ -71,7 +74,7 @@ def warmup_shapes(max_rows: int, step_tokens: int | None, chunk_tokens: int | No
         for rows in range(1, max_rows + 1):
             if rows > 1 and rows * length > limit:
                 break
-            shapes.append(WarmupShape(rows, length, completing=True))
-            if rows * length <= SHORT_FORWARD_LOGITS_TOKENS:
-                shapes.append(WarmupShape(rows, length, completing=False))
-    return sorted(shapes, key=lambda s: (s.rows * s.length, s.rows, not s.completing))
+            shapes.append(WarmupShape(rows, length, ragged=False))
+            if rows > 1 and rows * length * vocab_size <= logits_budget:
+                shapes.append(WarmupShape(rows, length, ragged=True))
+    return sorted(shapes, key=lambda s: (s.rows * s.length, s.rows, s.ragged))

@@ -26,6 +26,7 @@ from engine.request import Request
 from engine.runner.decode_batch import DecodeBatch, PendingStep, new_row_sampling
 from engine.runner.loader import LoadedModel
 from engine.runner.outputs import RunnerOutput, SampledToken
+from engine.runner.plain_prefill import LOGITS_ELEMENTS_BUDGET
 from engine.runner.prefill import PrefillResult, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
 from engine.runner.warmup import warm_prefill_shapes
@@ -159,7 +160,7 @@ class ModelRunner:
         if not chunks:
             return []
         caches = [self._prefill_cache(chunk.request) for chunk in chunks]
-        result = run_prefill(self.model, chunks, caches, self.pad_prefill_shapes)
+        result = run_prefill(self.model, chunks, caches, self.pad_prefill_shapes, self.batch.vocab_size)
         for chunk, cache in zip(chunks, result.caches):
             self._prefill_caches[chunk.request.request_id] = cache
         first_tokens = self._sample_first_tokens(result) if result.completing else []
@@ -227,11 +228,13 @@ class ModelRunner:
             logits = self.model(mx.array([[0, 1]], mx.uint32), cache=cache)
             mx.eval(logits)
             if self.pad_prefill_shapes:
+                vocab = self.batch.vocab_size
                 shapes = warmup_shapes(
-                    self.config.max_prefill_seqs, self.config.prefill_token_budget, self.config.prefill_chunk_limit
+                    self.config.max_prefill_seqs, self.config.prefill_token_budget, self.config.prefill_chunk_limit,
+                    vocab, LOGITS_ELEMENTS_BUDGET,
                 )
                 new_cache = lambda: new_request_cache(self.model)  # noqa: E731
-                warm_prefill_shapes(self.model, shapes, new_cache, self.config.prefill_warmup_seconds)
+                warm_prefill_shapes(self.model, shapes, new_cache, self.config.prefill_warmup_seconds, vocab)
             mx.clear_cache()
 
     def close(self) -> None:

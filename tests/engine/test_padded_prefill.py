@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine import EngineConfig, EngineCore, Request, SamplingParams
+import engine.runner.plain_prefill as plain_prefill_module
 from engine.kv.batch_cache import new_request_cache
 from engine.runner.prefill_shapes import warmup_shapes
 from engine.runner.warmup import warm_prefill_shapes
@@ -46,13 +47,15 @@ def test_padded_prefix_cache_hit_matches_no_cache(tiny_llama):
 
 def test_warmup_runs_every_shape_and_leaves_no_state(tiny_llama):
     config = EngineConfig(max_prefill_seqs=2, prefill_chunk_tokens=32, prefill_step_tokens=64, pad_prefill_shapes=True)
-    shapes = warmup_shapes(config.max_prefill_seqs, config.prefill_token_budget, config.prefill_chunk_limit)
-    assert [(s.rows, s.length, s.completing) for s in shapes] == [
-        (1, 16, True), (1, 16, False), (1, 32, True), (1, 32, False),
-        (2, 16, True), (2, 16, False), (2, 32, True), (2, 32, False),
+    vocab = tiny_llama.vocab_size
+    shapes = warmup_shapes(
+        config.max_prefill_seqs, config.prefill_token_budget, config.prefill_chunk_limit, vocab, 64 * vocab
+    )
+    assert [(s.rows, s.length, s.ragged) for s in shapes] == [
+        (1, 16, False), (1, 32, False), (2, 16, False), (2, 16, True), (2, 32, False), (2, 32, True),
     ]
     core = EngineCore(tiny_llama, config)
-    ran = warm_prefill_shapes(core.runner.model, shapes, lambda: new_request_cache(core.runner.model), 60.0)
+    ran = warm_prefill_shapes(core.runner.model, shapes, lambda: new_request_cache(core.runner.model), 60.0, vocab)
     assert ran == len(shapes)
     core.runner.warmup()
     assert not core.runner.holds_state() and core.runner.kv_cache_bytes() == 0
@@ -62,7 +65,28 @@ def test_warmup_runs_every_shape_and_leaves_no_state(tiny_llama):
 
 
 def test_warmup_stops_at_its_time_budget(tiny_llama):
-    shapes = warmup_shapes(8, 8192, 2048)
+    vocab = tiny_llama.vocab_size
+    shapes = warmup_shapes(8, 8192, 2048, vocab, 1 << 30)
     model = tiny_llama.model
-    assert warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.0) == 0
-    assert 1 <= warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.05) < len(shapes)
+    assert warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.0, vocab) == 0
+    assert 1 <= warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.05, vocab) < len(shapes)
+
+
+def test_plain_batches_match_each_request_alone(tiny_llama):
+    """A burst of equal prompts (body + tail), ragged completions under a tiny logits budget (split
+    forwards), and second chunks sharing a nonzero cache offset, all equal to unpadded single runs."""
+    equal = random_prompts(1, seed=21, max_len=40)[0] * 2
+    ragged = [p + [7] * 20 for p in random_prompts(5, seed=22, max_len=30)]
+    prompts = [equal[:50]] * 3 + ragged + [list(range(1, 60)), list(range(2, 61))]
+    arrivals = [Arrival(0, Request(f"r{i}", prompts[i], params(i))) for i in range(len(prompts))]
+    config = EngineConfig(max_prefill_seqs=16, prefill_chunk_tokens=32, prefill_step_tokens=1024, **PADDED)
+    core = EngineCore(tiny_llama, config)
+    budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
+    plain_prefill_module.LOGITS_ELEMENTS_BUDGET = 2 * 32 * tiny_llama.vocab_size  # two ragged rows per forward
+    try:
+        batched = run_core(core, arrivals)
+    finally:
+        plain_prefill_module.LOGITS_ELEMENTS_BUDGET = budget
+    for i, prompt in enumerate(prompts):
+        alone = run_alone(tiny_llama, f"r{i}", prompt, params(i), pad_prefill_shapes=False)
+        assert_same_stream(alone, batched[f"r{i}"])

@@ -1,4 +1,4 @@
-"""Padded prefill shapes: buckets, row grouping bounds, warm-up shape lists (no MLX)."""
+"""Padded prefill shapes: buckets, row grouping bounds, logits splits, warm-up shape lists (no model)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from engine.runner.prefill_shapes import (
     group_rows,
     warmup_shapes,
 )
+from engine.runner.plain_prefill import split_for_logits
 
 
 def test_bucket_length_rounds_up_to_the_next_bucket():
@@ -37,13 +38,31 @@ def test_rows_of_similar_length_share_one_forward():
     assert group_rows([2000, 10]) == [[0], [1]]
 
 
+VOCAB = 151936
+
+
 def test_warmup_shapes_stay_within_the_step_budget_smallest_first():
-    shapes = warmup_shapes(8, 8192, 2048)
+    shapes = warmup_shapes(8, 8192, 2048, VOCAB, 1 << 30)
     sizes = [s.rows * s.length for s in shapes]
     assert sizes == sorted(sizes)
     assert all(s.length in LENGTH_BUCKETS and 1 <= s.rows <= 8 for s in shapes)
     assert all(s.rows == 1 or s.rows * s.length <= 8192 for s in shapes)
-    assert {(1, 2048, True), (8, 1024, True), (4, 512, False)} <= {(s.rows, s.length, s.completing) for s in shapes}
+    got = {(s.rows, s.length, s.ragged) for s in shapes}
+    assert {(1, 2048, False), (8, 1024, False), (4, 512, True)} <= got
+    # Ragged forwards only where their full logits fit the budget; never for one row.
+    assert all(s.rows * s.length * VOCAB <= 1 << 30 for s in shapes if s.ragged)
+    assert (8, 1024, True) not in got and not any(s.ragged and s.rows == 1 for s in shapes)
+
+
+def test_split_for_logits_keeps_full_logits_under_budget():
+    budget = split_for_logits.__globals__["LOGITS_ELEMENTS_BUDGET"]
+    vocab = budget // (512 * 4)  # four 512-token rows of logits fit
+    assert split_for_logits([512] * 10, [True] * 10, vocab) == [list(range(10))]  # equal lengths: body + tail
+    assert split_for_logits([500] * 10, [False] * 10, vocab) == [list(range(10))]  # no logits at all
+    ragged = split_for_logits([512, 500, 499, 480, 470, 460], [True] * 6, vocab)
+    assert ragged == [[0, 1, 2, 3], [4, 5]]
+    mixed = split_for_logits([512, 500, 499, 480, 470], [True, False, False, False, False], vocab)
+    assert [i for part in mixed for i in part] == list(range(5)) and all(len(p) <= 4 for p in mixed)
 
 
 def test_prefill_shapes_do_not_import_mlx():
