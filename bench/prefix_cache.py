@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("mode", choices=["ttft", "churn"])
     parser.add_argument("--model")
     parser.add_argument("--random-shape", default="tiny")
+    parser.add_argument("--bits", type=int, default=None, help="quantize the random model (group 64)")
     parser.add_argument("--prefix-tokens", type=int, default=2048)
     parser.add_argument("--suffix-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=4)
@@ -117,7 +118,8 @@ def main() -> None:
     parser.add_argument("--sample-every", type=int, default=50)
     parser.add_argument("--json")
     args = parser.parse_args()
-    path = args.model or str(make_random_model(tempfile.mkdtemp(prefix="orchard-pc-"), shape=args.random_shape))
+    path = args.model or str(make_random_model(
+        tempfile.mkdtemp(prefix="orchard-pc-"), shape=args.random_shape, quantize_bits=args.bits))
     loaded = load_model(path)
     report = {"mode": args.mode, "settings": vars(args), "machine": machine_info(), "commit": git_commit()}
     if args.mode == "ttft":
