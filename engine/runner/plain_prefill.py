@@ -40,17 +40,23 @@ def split_for_logits(lengths: list[int], completing: list[bool], vocab_size: int
 
 
 def plain_prefill(
-    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches]
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int
 ) -> tuple[list[LayerCaches], mx.array | None]:
-    """One forward of rows sharing a cache offset: their caches, and the completing rows' last logits."""
+    """One forward of rows sharing a cache offset: their caches, and the completing rows' last logits.
+
+    Full logits where they fit the budget (one forward); equal-length completions beyond it
+    write their bodies, then one token each (a second, decode-sized forward).
+    """
     lengths = [c.num_tokens for c in chunks]
+    width = bucket_length(max(lengths))
     completing = [i for i, c in enumerate(chunks) if c.completes_prefill]
     offset = cache_offset(caches[0])
     batch = _stack(caches, offset)
-    if completing and len(completing) == len(chunks) and len(set(lengths)) == 1 and lengths[0] > 1:
+    over_budget = len(chunks) * width * vocab_size > LOGITS_ELEMENTS_BUDGET
+    if completing and over_budget and len(completing) == len(chunks) and len(set(lengths)) == 1 and lengths[0] > 1:
         logits = _body_then_tail(model, chunks, batch)
     else:
-        out = model(_right_padded(chunks, bucket_length(max(lengths))), cache=batch)
+        out = model(_right_padded(chunks, width), cache=batch)
         logits = None
         if completing:
             logits = out[mx.array(completing), mx.array([lengths[i] - 1 for i in completing])]
@@ -62,7 +68,7 @@ def plain_prefill(
 def _body_then_tail(model: Any, chunks: list[PrefillChunk], batch: LayerCaches) -> mx.array:
     """Equal-length rows: the bodies without logits, then each row's last token alone for its logits."""
     length = chunks[0].num_tokens
-    body = _right_padded([c for c in chunks], bucket_length(length - 1), drop_last=True)
+    body = _right_padded(chunks, bucket_length(length - 1), drop_last=True)
     model(body, cache=batch)
     padding = body.shape[1] - (length - 1)
     for layer in batch:

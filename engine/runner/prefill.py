@@ -52,7 +52,7 @@ def run_prefill(
         if group_chunks[0].num_tokens > MAX_FORWARD_TOKENS:  # a long row alone, in windows
             result = _prefill_rows(model, group_chunks, group_caches, pad_shapes)
         else:
-            new_caches, logits = plain_prefill(model, group_chunks, group_caches)
+            new_caches, logits = plain_prefill(model, group_chunks, group_caches, vocab_size)
             result = PrefillResult(new_caches, [c for c in group_chunks if c.completes_prefill], logits)
         for i, cache in zip(group, result.caches):
             out_caches[i] = cache

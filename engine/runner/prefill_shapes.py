@@ -54,18 +54,16 @@ def group_rows(lengths: list[int]) -> list[list[int]]:
 class WarmupShape:
     rows: int
     length: int
-    # Rows of different lengths completing their prompts: one forward with full logits
-    # (equal-length rows write their bodies, then one token each; other chunks need no logits).
-    ragged: bool
+    # Whether the rows complete their prompts (the forward then also yields first-token logits:
+    # full logits within the budget, else bodies then one token each; see plain_prefill.py).
+    completing: bool
 
 
-def warmup_shapes(
-    max_rows: int, step_tokens: int | None, chunk_tokens: int | None, vocab_size: int, logits_budget: int
-) -> list[WarmupShape]:
+def warmup_shapes(max_rows: int, step_tokens: int | None, chunk_tokens: int | None) -> list[WarmupShape]:
     """The padded shapes a step commonly produces (up to the step budget), smallest first.
 
-    Ragged forwards exist only where their full logits fit `logits_budget` elements (else the
-    rows are split into smaller forwards, themselves warmed).
+    Rows of different lengths share their bucket's shapes; rows split to fit the logits
+    budget meet the smaller row counts, warmed too.
     """
     longest = bucket_length(min(chunk_tokens or LENGTH_BUCKETS[-1], LENGTH_BUCKETS[-1]))
     limit = max(step_tokens or max_rows * longest, SMALL_FORWARD_TOKENS)
@@ -74,7 +72,5 @@ def warmup_shapes(
         for rows in range(1, max_rows + 1):
             if rows > 1 and rows * length > limit:
                 break
-            shapes.append(WarmupShape(rows, length, ragged=False))
-            if rows > 1 and rows * length * vocab_size <= logits_budget:
-                shapes.append(WarmupShape(rows, length, ragged=True))
-    return sorted(shapes, key=lambda s: (s.rows * s.length, s.rows, s.ragged))
+            shapes += [WarmupShape(rows, length, completing=True), WarmupShape(rows, length, completing=False)]
+    return sorted(shapes, key=lambda s: (s.rows * s.length, s.rows, not s.completing))

@@ -26,7 +26,6 @@ from engine.request import Request
 from engine.runner.decode_batch import DecodeBatch, PendingStep, new_row_sampling
 from engine.runner.loader import LoadedModel
 from engine.runner.outputs import RunnerOutput, SampledToken
-from engine.runner.plain_prefill import LOGITS_ELEMENTS_BUDGET
 from engine.runner.prefill import PrefillResult, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
 from engine.runner.warmup import warm_prefill_shapes
@@ -230,8 +229,7 @@ class ModelRunner:
             if self.pad_prefill_shapes:
                 vocab = self.batch.vocab_size
                 shapes = warmup_shapes(
-                    self.config.max_prefill_seqs, self.config.prefill_token_budget, self.config.prefill_chunk_limit,
-                    vocab, LOGITS_ELEMENTS_BUDGET,
+                    self.config.max_prefill_seqs, self.config.prefill_token_budget, self.config.prefill_chunk_limit
                 )
                 new_cache = lambda: new_request_cache(self.model)  # noqa: E731
                 warm_prefill_shapes(self.model, shapes, new_cache, self.config.prefill_warmup_seconds, vocab)

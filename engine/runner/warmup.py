@@ -29,11 +29,11 @@ def warm_prefill_shapes(
         if time.monotonic() - started > time_budget_s:
             log.warning("prefill warm-up stopped after %.0f s: %d of %d shapes", time_budget_s, done, len(shapes))
             break
-        # Ragged: the first row at the bucket's length, the others one token shorter (same bucket).
-        lengths = [shape.length] + [shape.length - 1 if shape.ragged else shape.length] * (shape.rows - 1)
+        # A non-completing chunk is the start of a longer prompt: one token more.
+        prompt = [0] * (shape.length if shape.completing else shape.length + 1)
         chunks = [
-            PrefillChunk(Request(f"warmup-{row}", [0] * n, SamplingParams(max_tokens=1)), 0, n)
-            for row, n in enumerate(lengths)
+            PrefillChunk(Request(f"warmup-{row}", prompt, SamplingParams(max_tokens=1)), 0, shape.length)
+            for row in range(shape.rows)
         ]
         result = run_prefill(model, chunks, [new_cache() for _ in chunks], pad_shapes=True, vocab_size=vocab_size)
         outputs = [cache_arrays(cache) for cache in result.caches]

@@ -48,11 +48,10 @@ def test_padded_prefix_cache_hit_matches_no_cache(tiny_llama):
 def test_warmup_runs_every_shape_and_leaves_no_state(tiny_llama):
     config = EngineConfig(max_prefill_seqs=2, prefill_chunk_tokens=32, prefill_step_tokens=64, pad_prefill_shapes=True)
     vocab = tiny_llama.vocab_size
-    shapes = warmup_shapes(
-        config.max_prefill_seqs, config.prefill_token_budget, config.prefill_chunk_limit, vocab, 64 * vocab
-    )
-    assert [(s.rows, s.length, s.ragged) for s in shapes] == [
-        (1, 16, False), (1, 32, False), (2, 16, False), (2, 16, True), (2, 32, False), (2, 32, True),
+    shapes = warmup_shapes(config.max_prefill_seqs, config.prefill_token_budget, config.prefill_chunk_limit)
+    assert [(s.rows, s.length, s.completing) for s in shapes] == [
+        (1, 16, True), (1, 16, False), (1, 32, True), (1, 32, False),
+        (2, 16, True), (2, 16, False), (2, 32, True), (2, 32, False),
     ]
     core = EngineCore(tiny_llama, config)
     ran = warm_prefill_shapes(core.runner.model, shapes, lambda: new_request_cache(core.runner.model), 60.0, vocab)
@@ -66,7 +65,7 @@ def test_warmup_runs_every_shape_and_leaves_no_state(tiny_llama):
 
 def test_warmup_stops_at_its_time_budget(tiny_llama):
     vocab = tiny_llama.vocab_size
-    shapes = warmup_shapes(8, 8192, 2048, vocab, 1 << 30)
+    shapes = warmup_shapes(8, 8192, 2048)
     model = tiny_llama.model
     assert warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.0, vocab) == 0
     assert 1 <= warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.05, vocab) < len(shapes)
@@ -82,7 +81,8 @@ def test_plain_batches_match_each_request_alone(tiny_llama):
     config = EngineConfig(max_prefill_seqs=16, prefill_chunk_tokens=32, prefill_step_tokens=1024, **PADDED)
     core = EngineCore(tiny_llama, config)
     budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
-    plain_prefill_module.LOGITS_ELEMENTS_BUDGET = 2 * 32 * tiny_llama.vocab_size  # two ragged rows per forward
+    # Two 32-wide rows of full logits per forward: ragged completions split, equal ones take body + tail.
+    plain_prefill_module.LOGITS_ELEMENTS_BUDGET = 2 * 32 * tiny_llama.vocab_size
     try:
         batched = run_core(core, arrivals)
     finally:
@@ -90,3 +90,17 @@ def test_plain_batches_match_each_request_alone(tiny_llama):
     for i, prompt in enumerate(prompts):
         alone = run_alone(tiny_llama, f"r{i}", prompt, params(i), pad_prefill_shapes=False)
         assert_same_stream(alone, batched[f"r{i}"])
+
+
+def test_equal_prompts_over_the_logits_budget_write_bodies_then_one_token(tiny_llama):
+    prompt = random_prompts(1, seed=23, max_len=40)[0] + list(range(5, 25))
+    arrivals = [Arrival(0, Request(f"e{i}", prompt, params(i))) for i in range(3)]
+    core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=4, prefill_chunk_tokens=0, **PADDED))
+    budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
+    plain_prefill_module.LOGITS_ELEMENTS_BUDGET = tiny_llama.vocab_size  # full logits of one position only
+    try:
+        batched = run_core(core, arrivals)
+    finally:
+        plain_prefill_module.LOGITS_ELEMENTS_BUDGET = budget
+    for i in range(3):
+        assert_same_stream(run_alone(tiny_llama, f"e{i}", prompt, params(i), pad_prefill_shapes=False), batched[f"e{i}"])

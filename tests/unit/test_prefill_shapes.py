@@ -38,20 +38,14 @@ def test_rows_of_similar_length_share_one_forward():
     assert group_rows([2000, 10]) == [[0], [1]]
 
 
-VOCAB = 151936
-
-
 def test_warmup_shapes_stay_within_the_step_budget_smallest_first():
-    shapes = warmup_shapes(8, 8192, 2048, VOCAB, 1 << 30)
+    shapes = warmup_shapes(8, 8192, 2048)
     sizes = [s.rows * s.length for s in shapes]
     assert sizes == sorted(sizes)
     assert all(s.length in LENGTH_BUCKETS and 1 <= s.rows <= 8 for s in shapes)
     assert all(s.rows == 1 or s.rows * s.length <= 8192 for s in shapes)
-    got = {(s.rows, s.length, s.ragged) for s in shapes}
-    assert {(1, 2048, False), (8, 1024, False), (4, 512, True)} <= got
-    # Ragged forwards only where their full logits fit the budget; never for one row.
-    assert all(s.rows * s.length * VOCAB <= 1 << 30 for s in shapes if s.ragged)
-    assert (8, 1024, True) not in got and not any(s.ragged and s.rows == 1 for s in shapes)
+    got = {(s.rows, s.length, s.completing) for s in shapes}
+    assert {(1, 2048, True), (1, 2048, False), (8, 1024, True), (4, 512, False)} <= got
 
 
 def test_split_for_logits_keeps_full_logits_under_budget():
