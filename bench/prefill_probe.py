@@ -4,7 +4,6 @@
 
 Paths, each timed cold (first use of the shape) and warm (median of --repeat):
   engine      engine.runner.prefill.run_prefill as the runner calls it (padded shapes on a GPU)
-  one_forward the same with every completing batch taking the one-forward-with-logits path
   raw_body    one mlx-lm forward [N, tokens] into a fresh cache, the KV evaluated (no lm_head)
   raw_logits  the same forward with its last positions' logits evaluated (the full lm_head is computed)
 A burst of N prompts cannot get its first tokens sooner than raw_body allows on this backend.
@@ -23,12 +22,12 @@ from typing import Callable, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-import engine.runner.prefill as prefill_module
 from bench.engine_throughput import machine_info
 from bench.random_model import make_random_model
 from engine import Request, SamplingParams
 from engine.kv.batch_cache import cache_arrays, new_request_cache
 from engine.runner.loader import load_model
+from engine.runner.prefill import run_prefill
 from engine.scheduler.output import PrefillChunk
 
 
@@ -42,14 +41,14 @@ def timed(fn: Callable[[], None], repeat: int) -> tuple[float, float]:
     return round(times[0], 2), round(statistics.median(times[1:]), 2)
 
 
-def engine_path(model, prompts: list[list[int]], pad: bool) -> Callable[[], None]:
+def engine_path(model, prompts: list[list[int]], pad: bool, vocab: int) -> Callable[[], None]:
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
     def run() -> None:
         requests = [Request(f"p{i}", p, params) for i, p in enumerate(prompts)]
         chunks = [PrefillChunk(r, 0, len(r.prompt_token_ids)) for r in requests]
         caches = [new_request_cache(model) for _ in chunks]
-        result = prefill_module.run_prefill(model, chunks, caches, pad_shapes=pad)
+        result = run_prefill(model, chunks, caches, pad, vocab)
         mx.eval(result.last_logits, *(cache_arrays(c) for c in result.caches))
 
     return run
@@ -70,13 +69,7 @@ def raw_path(model, prompts: list[list[int]], with_logits: bool) -> Callable[[],
 def probe(model, rows: int, num_tokens: int, repeat: int, vocab: int, pad: bool) -> dict:
     prompts = [[(7 + 31 * r + 13 * i) % (vocab - 16) for i in range(num_tokens)] for r in range(rows)]
     out = {"rows": rows, "tokens": num_tokens}
-    out["engine"] = timed(engine_path(model, prompts, pad), repeat)
-    limit = prefill_module.SHORT_FORWARD_LOGITS_TOKENS
-    prefill_module.SHORT_FORWARD_LOGITS_TOKENS = 1 << 30
-    try:
-        out["one_forward"] = timed(engine_path(model, prompts, pad), repeat)
-    finally:
-        prefill_module.SHORT_FORWARD_LOGITS_TOKENS = limit
+    out["engine"] = timed(engine_path(model, prompts, pad, vocab), repeat)
     out["raw_body"] = timed(raw_path(model, prompts, False), repeat)
     out["raw_logits"] = timed(raw_path(model, prompts, True), repeat)
     mx.clear_cache()

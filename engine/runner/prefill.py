@@ -20,13 +20,11 @@ import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, eval_caches, extract_request_cache, merge_request_caches
 from engine.runner.plain_prefill import cache_offset, plain_prefill, split_for_logits
-from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, bucket_length, group_rows
+from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, group_rows
 from engine.scheduler.output import PrefillChunk
 
 # Largest number of prompt tokens per row in one forward call (bounds activation memory).
 MAX_FORWARD_TOKENS = 2048
-# Sizes the padded path's logits budget where the caller does not say (Qwen3's vocabulary).
-DEFAULT_VOCAB_SIZE = 151936
 
 
 @dataclass
@@ -39,18 +37,17 @@ class PrefillResult:
 
 
 def run_prefill(
-    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], pad_shapes: bool = False,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], pad_shapes: bool, vocab_size: int
 ) -> PrefillResult:
     """Padded shapes (plain KVCache models only) run rows sharing a cache offset as plain batches."""
     if not pad_shapes:
-        return _prefill_rows(model, chunks, caches, pad_shapes)
+        return _prefill_rows(model, chunks, caches)
     results = []
     out_caches: list[LayerCaches] = list(caches)
     for group in _padded_groups(chunks, caches, vocab_size):
         group_chunks, group_caches = [chunks[i] for i in group], [caches[i] for i in group]
-        if group_chunks[0].num_tokens > MAX_FORWARD_TOKENS:  # a long row alone, in windows
-            result = _prefill_rows(model, group_chunks, group_caches, pad_shapes)
+        if group_chunks[0].num_tokens > MAX_FORWARD_TOKENS:  # a long row alone, unpadded, in windows
+            result = _prefill_rows(model, group_chunks, group_caches)
         else:
             new_caches, logits = plain_prefill(model, group_chunks, group_caches, vocab_size)
             result = PrefillResult(new_caches, [c for c in group_chunks if c.completes_prefill], logits)
@@ -87,17 +84,16 @@ def _combined(out_caches: list[LayerCaches], results: list[PrefillResult]) -> Pr
     return PrefillResult(out_caches, completing, logits)
 
 
-def _prefill_rows(model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], pad: bool) -> PrefillResult:
-    """One forward of these rows (plus a one-token tail forward where the logits need it)."""
+def _prefill_rows(model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches]) -> PrefillResult:
+    """One unpadded forward of these rows (plus a one-token tail forward where the logits need it)."""
     completing = [i for i, c in enumerate(chunks) if c.completes_prefill]
-    lengths = [c.num_tokens for c in chunks]
-    width = bucket_length(max(lengths)) if pad else max(lengths)
+    width = max(c.num_tokens for c in chunks)
     if completing and len(chunks) * width <= SHORT_FORWARD_LOGITS_TOKENS:
-        caches, logits = _forward_with_logits(model, chunks, caches, pad)
+        caches, logits = _forward_with_logits(model, chunks, caches)
         return PrefillResult(caches, [chunks[i] for i in completing], logits[mx.array(completing)])
     bodies = [list(c.token_ids[:-1]) if c.completes_prefill else list(c.token_ids) for c in chunks]
     with_body = [i for i, body in enumerate(bodies) if body]
-    written = _forward_bodies(model, [bodies[i] for i in with_body], [caches[i] for i in with_body], pad)
+    written = _forward_bodies(model, [bodies[i] for i in with_body], [caches[i] for i in with_body])
     caches = list(caches)
     for i, cache in zip(with_body, written):
         caches[i] = cache
@@ -111,10 +107,10 @@ def _prefill_rows(model: Any, chunks: list[PrefillChunk], caches: list[LayerCach
 
 
 def _forward_with_logits(
-    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], pad: bool
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches]
 ) -> tuple[list[LayerCaches], mx.array]:
     lengths = [c.num_tokens for c in chunks]
-    width = bucket_length(max(lengths)) if pad else max(lengths)
+    width = max(lengths)
     if len(chunks) == 1 and lengths[0] == width:
         logits = model(mx.array(chunks[0].token_ids, mx.uint32)[None], cache=caches[0])[:, -1, :]
         return caches, logits
@@ -127,14 +123,11 @@ def _forward_with_logits(
     return [extract_request_cache(merged, row) for row in range(len(chunks))], logits
 
 
-def _forward_bodies(
-    model: Any, bodies: list[list[int]], caches: list[LayerCaches], pad: bool
-) -> list[LayerCaches]:
+def _forward_bodies(model: Any, bodies: list[list[int]], caches: list[LayerCaches]) -> list[LayerCaches]:
     """Write token bodies ([rows] of lists) to their caches; no logits are evaluated."""
     if not bodies:
         return []
-    longest = max(len(body) for body in bodies)
-    width = bucket_length(longest) if pad and longest <= MAX_FORWARD_TOKENS else longest
+    width = max(len(body) for body in bodies)
     if len(bodies) == 1 and len(bodies[0]) == width:
         _forward_windows(model, mx.array(bodies[0], mx.uint32)[None], caches[0])
         return caches
