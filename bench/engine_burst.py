@@ -47,10 +47,14 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--gen-tokens", type=int, default=32)
+    parser.add_argument("--prefix-cache", choices=["on", "off"], default="on")
+    parser.add_argument("--prefill-batch", type=int, default=8, help="max_prefill_seqs")
     parser.add_argument("--json")
     args = parser.parse_args()
     loaded = load_model(str(make_random_model(tempfile.mkdtemp(prefix="orchard-eb-"), args.random_shape)))
-    core = EngineCore(loaded, EngineConfig(max_decode_seqs=128))
+    config = EngineConfig(max_decode_seqs=128, max_prefill_seqs=args.prefill_batch,
+                          enable_prefix_cache=args.prefix_cache == "on")
+    core = EngineCore(loaded, config)
     started = time.perf_counter()
     core.runner.warmup()
     warmup_s = time.perf_counter() - started
@@ -64,7 +68,8 @@ def main() -> None:
     p95 = burst[min(len(burst) - 1, round(0.95 * (len(burst) - 1)))]
     report = {
         "commit": git_commit(), "machine": machine_info(), "shape": args.random_shape, "burst": args.burst,
-        "prompt_tokens": args.prompt_tokens, "warmup_s": round(warmup_s, 1),
+        "prompt_tokens": args.prompt_tokens, "prefix_cache": args.prefix_cache,
+        "prefill_batch": args.prefill_batch, "warmup_s": round(warmup_s, 1),
         "lone_ttft_ms": round(1e3 * statistics.median(lone), 1), "burst_ttft_p95_ms": round(1e3 * p95, 1),
         "burst_ttft_ms": [round(1e3 * t, 1) for t in burst], "ratio": round(p95 / statistics.median(lone), 2),
         "burst_steps": steps[:20],

@@ -60,7 +60,7 @@ def plain_forwards(loaded, prefix: list[int], suffix: list[int]) -> None:
     for start in range(0, len(prefix), 2048):
         model(mx.array([prefix[start:start + 2048]], mx.uint32), cache=cache)
         mx.eval(cache_arrays(cache))
-    for n in (16, 1):
+    for n in (16, 8, 4, 2, 1):
         for _ in range(3):
             t = time.perf_counter()
             logits = model(mx.array([suffix[:n]], mx.uint32), cache=cache)[:, -1, :]
@@ -77,8 +77,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--random-shape", default="tiny")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--bits", type=int, default=None, help="quantize the random model (group 64)")
     args = parser.parse_args()
-    loaded = load_model(str(make_random_model(tempfile.mkdtemp(prefix="orchard-tp-"), args.random_shape, args.dtype)))
+    loaded = load_model(str(make_random_model(tempfile.mkdtemp(prefix="orchard-tp-"), args.random_shape, args.dtype, args.bits)))
     rng = random.Random(0)
     vocab = loaded.vocab_size - 16
     prefix = [rng.randrange(vocab) for _ in range(2048)]

@@ -55,6 +55,15 @@ class KVBlockStore:
     def __init__(self, model: Any, cache: PrefixCache) -> None:
         self.model = model
         self.cache = cache
+        # New blocks' copies, materialised together by flush(): one async_eval per block cost
+        # more than the copies (~25 ms a step for 8 prompts of 512 tokens on an H100).
+        self._unevaluated: list[Any] = []
+
+    def flush(self) -> None:
+        """Start materialising the blocks inserted since the last flush, off the critical path."""
+        if self._unevaluated:
+            mx.async_eval(self._unevaluated)
+            self._unevaluated = []
 
     def request_cache(self, blocks: Sequence[CachedBlock]) -> LayerCaches:
         """A fresh per-request cache, pre-filled with the KV of the matched blocks."""
@@ -81,6 +90,7 @@ class KVBlockStore:
         `caches` may be a callable returning the caches, so that copy is made only when
         a block is actually new. New blocks always form the chain's tail, so their KV is
         gathered once, as one array over all layers, and each block copies its slice.
+        Call flush() once the step's inserts are done.
         """
         block_size = self.cache.block_size
         num_blocks = len(token_ids) // block_size
@@ -95,10 +105,11 @@ class KVBlockStore:
             if isinstance(gathered, mx.array):
                 block = mx.array(gathered[..., start:end, :])  # a copy: frees the source once evaluated
                 nbytes = block.nbytes
+                self._unevaluated.append(block)
             else:
                 block = [(mx.array(k[..., start:end, :]), mx.array(v[..., start:end, :])) for k, v in gathered]
                 nbytes = sum(k.nbytes + v.nbytes for k, v in block)
-            mx.async_eval(block)  # materialise off the critical path
+                self._unevaluated.extend(a for pair in block for a in pair)
             return block, nbytes
 
         self.cache.insert(token_ids, payload)
@@ -121,5 +132,6 @@ def _gather(layers: LayerCaches, start: int, end: int) -> Any:
     pairs = [(layer.keys[..., start:end, :], layer.values[..., start:end, :]) for layer in layers]
     shapes = {(k.shape, v.shape, k.dtype, v.dtype) for k, v in pairs}
     if len(shapes) == 1 and pairs[0][0].shape == pairs[0][1].shape:
-        return mx.stack([mx.stack(pair) for pair in pairs])
+        stacked = mx.stack([array for pair in pairs for array in pair])  # one copy, not one per layer
+        return stacked.reshape(len(pairs), 2, *stacked.shape[1:])
     return pairs

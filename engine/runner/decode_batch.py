@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from engine.kv import plain_batch
 from engine.kv.batch_cache import (
     LayerCaches,
     extend_batch_cache,
+    extract_request_cache,
     filter_batch_cache,
     merge_request_caches,
 )
@@ -65,6 +67,9 @@ class DecodeBatch:
     sampler: BatchSampler | None = None
     # False while one sequence runs on its plain (unbatched) mlx-lm cache.
     is_batched: bool = False
+    # Rows' left padding, host-side, while the batch is built from plain KV caches (kv/plain_batch.py);
+    # None for other cache types, which go through mlx-lm's merge / extend / filter.
+    padding: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -83,7 +88,7 @@ class DecodeBatch:
         if len(keep_rows) == len(self.request_ids) and not joiners:
             return keep_rows
         if len(keep_rows) != len(self.request_ids):
-            self.caches = filter_batch_cache(self.caches, keep_rows)
+            self._filter(keep_rows)
             self.request_ids = [self.request_ids[i] for i in keep_rows]
             self.rows = {rid: self.rows[rid] for rid in self.request_ids}
         if joiners:
@@ -92,18 +97,45 @@ class DecodeBatch:
         self.sampler = BatchSampler(rows, self.vocab_size) if rows else None
         return keep_rows
 
+    def row_cache(self, row: int) -> LayerCaches:
+        """One row's KV as a single-request cache (lazy slices: take it before the batch changes)."""
+        if not self.is_batched:
+            return self.caches
+        if self.padding is not None:
+            return plain_batch.row_cache(self.caches, self.padding, row)
+        return extract_request_cache(self.caches, row)
+
+    def _filter(self, keep_rows: list[int]) -> None:
+        if not keep_rows:
+            self.caches, self.padding, self.is_batched = [], None, False
+        elif self.padding is not None:
+            self.caches, self.padding = plain_batch.filter_rows(self.caches, self.padding, keep_rows)
+        else:
+            self.caches = filter_batch_cache(self.caches, keep_rows)
+
     def _add_joiners(self, joiners: list[Request], caches: list[LayerCaches], all_rows: dict[str, RowSampling]) -> None:
         if not self.request_ids and len(joiners) == 1:
             # A lone sequence decodes on its own cache: no padding mask, as fast as mlx-lm's generate_step.
-            self.caches, self.is_batched = caches[0], False
+            self.caches, self.is_batched, self.padding = caches[0], False, None
         else:
             if self.request_ids and not self.is_batched:
-                self.caches = merge_request_caches([self.caches])
-            self.caches = extend_batch_cache(self.caches, merge_request_caches(caches))
+                caches, self.caches, self.padding = [self.caches, *caches], [], []
+            elif not self.request_ids:
+                self.padding = []
+            if self.padding is not None and all(plain_batch.is_plain_request_cache(c) for c in caches):
+                self.caches, self.padding = plain_batch.append_rows(self.caches, self.padding, caches)
+            else:
+                self._extend_through_mlx_lm(caches)
             self.is_batched = True
         for request in joiners:
             self.rows[request.request_id] = all_rows[request.request_id]
             self.request_ids.append(request.request_id)
+
+    def _extend_through_mlx_lm(self, caches: list[LayerCaches]) -> None:
+        if self.padding:  # a plain batch meeting a joiner of another cache type (not seen in practice)
+            raise TypeError("a batch of plain KV caches cannot take rows of another cache type")
+        self.padding = None
+        self.caches = extend_batch_cache(self.caches, merge_request_caches(caches))
 
     @staticmethod
     def record_tokens(sampled: list[SampledToken], rows: dict[str, RowSampling]) -> None:

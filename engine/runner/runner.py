@@ -17,7 +17,6 @@ from engine.kv.batch_cache import (
     LayerCaches,
     cache_arrays,
     cache_nbytes,
-    extract_request_cache,
     new_request_cache,
 )
 from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes, default_budget_bytes, prefix_cache_mode
@@ -76,6 +75,8 @@ class ModelRunner:
                 sampled = self._read_pending()
             dispatched = self._dispatch_sampling(logits, scheduled.decode_requests)
             first_tokens = self._run_prefill(scheduled.prefill_chunks)
+            if self._blocks is not None:
+                self._blocks.flush()
             if not needs_history:
                 sampled = self._read_pending()
             self._pending = dispatched
@@ -142,10 +143,7 @@ class ModelRunner:
             if self._blocks is None or self.prefix_cache.snapshot_only:
                 continue
             token_ids = request.all_token_ids()[: request.num_computed_tokens]  # what the KV holds
-            if self.batch.is_batched:
-                self._blocks.insert(token_ids, lambda row=row: extract_request_cache(self.batch.caches, row))
-            else:
-                self._blocks.insert(token_ids, self.batch.caches)
+            self._blocks.insert(token_ids, lambda row=row: self.batch.row_cache(row))
 
     def _request_cache(self, request: Request) -> LayerCaches:
         """A new per-request cache holding the KV of the request's cached prefix blocks, if any."""

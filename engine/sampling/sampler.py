@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import mlx.core as mx
 import numpy as np
@@ -74,23 +75,46 @@ class BatchSampler:
     def __init__(self, rows: list[RowSampling], vocab_size: int) -> None:
         self.rows = rows
         self.vocab_size = vocab_size
-        params = [r.params for r in rows]
+        params = self._params = [r.params for r in rows]
         self.all_greedy = all(p.is_greedy for p in params)
-        self.temperatures = mx.array([p.temperature for p in params], mx.float32)
-        self.seeds = mx.array([r.seed for r in rows], mx.uint32)
         self.top_k = max((p.top_k for p in params), default=0)
-        self.top_ks = mx.array([p.top_k if p.top_k > 0 else vocab_size for p in params], mx.int32)
         self.uses_top_p = any(p.top_p < 1.0 for p in params)
-        self.top_ps = mx.array([p.top_p for p in params], mx.float32)
         self.uses_min_p = any(p.min_p > 0.0 for p in params)
-        self.min_ps = mx.array([p.min_p for p in params], mx.float32)
         self.max_top_logprobs = max((p.top_logprobs for p in params), default=0)
         self.wants_logprobs = any(p.logprobs for p in params)
         self.penalised_rows = [i for i, p in enumerate(params) if p.has_penalties]
         self.guided_rows = [i for i, r in enumerate(rows) if r.guide is not None]
-        self._guided_row_ids = mx.array(self.guided_rows, mx.int32)
-        self._bit_shifts = mx.arange(32, dtype=mx.int32)
         self._bias = self._build_bias(params)
+
+    # Per-row parameter arrays, made on first use: the batch is rebuilt whenever rows join or
+    # leave, and an all-greedy batch (the common case) never needs them.
+    @cached_property
+    def temperatures(self) -> mx.array:
+        return mx.array([p.temperature for p in self._params], mx.float32)
+
+    @cached_property
+    def seeds(self) -> mx.array:
+        return mx.array([r.seed for r in self.rows], mx.uint32)
+
+    @cached_property
+    def top_ks(self) -> mx.array:
+        return mx.array([p.top_k if p.top_k > 0 else self.vocab_size for p in self._params], mx.int32)
+
+    @cached_property
+    def top_ps(self) -> mx.array:
+        return mx.array([p.top_p for p in self._params], mx.float32)
+
+    @cached_property
+    def min_ps(self) -> mx.array:
+        return mx.array([p.min_p for p in self._params], mx.float32)
+
+    @cached_property
+    def _guided_row_ids(self) -> mx.array:
+        return mx.array(self.guided_rows, mx.int32)
+
+    @cached_property
+    def _bit_shifts(self) -> mx.array:
+        return mx.arange(32, dtype=mx.int32)
 
     @property
     def needs_token_history(self) -> bool:

@@ -53,6 +53,24 @@ def test_multi_turn_chat_reuses_the_generated_tokens_too(tiny_llama):
     assert_same_stream(uncached(tiny_llama, turn2_prompt, greedy()), turn2)
 
 
+def test_a_row_leaving_a_padded_batch_caches_its_own_generated_tokens(tiny_llama):
+    # Turn 1 decodes beside a longer and a shorter neighbour (so its batch row is left-padded)
+    # and leaves first; its prompt + generated KV, cut from the batch, must serve turn 2 exactly.
+    core = cached_core(tiny_llama)
+    turn1_prompt = words(30, seed=8)
+    arrivals = [
+        Arrival(0, Request("long", words(61, seed=9), greedy(30))),
+        Arrival(1, Request("t1", turn1_prompt, greedy(17))),
+        Arrival(2, Request("short", words(5, seed=10), greedy(30))),
+    ]
+    turn1 = run_core(core, arrivals)["t1"]
+    turn2_prompt = turn1_prompt + turn1.token_ids + [11, 12, 13]
+    turn2 = run_core(core, [Arrival(0, Request("t2", turn2_prompt, greedy()))])["t2"]
+    # The KV held 30 + 17 - 1 tokens (the last sampled one is never fed): 5 full blocks.
+    assert turn2.finish.usage.cached_tokens == 40
+    assert_same_stream(uncached(tiny_llama, turn2_prompt, greedy()), turn2)
+
+
 def test_conversations_sharing_a_prefix_never_see_each_others_tokens(tiny_llama):
     prefix = words(48, seed=3)
     a_prompt, b_prompt = prefix + words(20, seed=4), prefix + words(20, seed=5)
