@@ -163,9 +163,15 @@ class ModelRunner:
         first_tokens = self._sample_first_tokens(result) if result.completing else []
         for chunk, cache in zip(chunks, result.caches):
             self._maybe_snapshot(chunk, cache)
-            if chunk.completes_prefill and self._blocks is not None and not self.prefix_cache.snapshot_only:
+            if chunk.completes_prefill and self._has_uncached_prompt_blocks(chunk.request):
                 self._blocks.insert(chunk.request.prompt_token_ids, cache)
         return first_tokens
+
+    def _has_uncached_prompt_blocks(self, request: Request) -> bool:
+        """Whether the prompt holds full blocks beyond those it was served from (a full hit has none)."""
+        if self._blocks is None or self.prefix_cache.snapshot_only:
+            return False
+        return len(request.prefix_blocks) < len(request.prompt_token_ids) // self.prefix_cache.block_size
 
     def _sample_first_tokens(self, result: PrefillResult) -> list[SampledToken]:
         requests = [chunk.request for chunk in result.completing]
