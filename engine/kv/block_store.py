@@ -114,6 +114,33 @@ class KVBlockStore:
 
         self.cache.insert(token_ids, payload)
 
+    def insert_rows(self, prompts: Sequence[Sequence[int]], batch: LayerCaches, rows: Sequence[int]) -> bool:
+        """Cache the full blocks of several prompts whose KV is at the start of rows `rows` of one
+        batched cache (a padded prefill forward): the rows are gathered over all layers in one copy,
+        not one per prompt (on a GPU each layer's slice is a kernel launch). False, and nothing
+        done, where the layers' shapes differ (use insert per prompt)."""
+        block_size = self.cache.block_size
+        end = max(len(p) // block_size for p in prompts) * block_size
+        pairs = [(layer.keys[..., :end, :], layer.values[..., :end, :]) for layer in batch]
+        if len({(k.shape, v.shape, k.dtype, v.dtype) for k, v in pairs}) != 1 or pairs[0][0].shape != pairs[0][1].shape:
+            return False
+        gathered: list[mx.array] = []  # [layers, k/v, rows, heads, tokens, dim], made on first use
+
+        def payload_of(row: int):
+            def payload(index: int) -> tuple[Any, int]:
+                if not gathered:
+                    stacked = mx.stack([array for pair in pairs for array in pair])
+                    gathered.append(stacked.reshape(len(pairs), 2, *stacked.shape[1:]))
+                block = mx.array(gathered[0][:, :, row : row + 1, :, index * block_size : (index + 1) * block_size, :])
+                self._unevaluated.append(block)
+                return block, block.nbytes
+
+            return payload
+
+        for prompt, row in zip(prompts, rows):
+            self.cache.insert(prompt, payload_of(row))
+        return True
+
     def insert_snapshot(self, token_ids: Sequence[int], caches: LayerCaches) -> None:
         """Keep a copy of `caches`, which hold exactly token_ids (a whole number of blocks)."""
         assert len(token_ids) % self.cache.block_size == 0

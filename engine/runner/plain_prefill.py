@@ -41,8 +41,9 @@ def split_for_logits(lengths: list[int], completing: list[bool], vocab_size: int
 
 def plain_prefill(
     model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int
-) -> tuple[list[LayerCaches], mx.array | None]:
-    """One forward of rows sharing a cache offset: their caches, and the completing rows' last logits.
+) -> tuple[list[LayerCaches], mx.array | None, LayerCaches]:
+    """One forward of rows sharing a cache offset: their caches, the completing rows' last logits,
+    and the batched cache the rows' caches are views of (row i holds chunk i).
 
     Full logits where they fit the budget (one forward); equal-length completions beyond it
     write their bodies, then one token each (a second, decode-sized forward).
@@ -62,7 +63,7 @@ def plain_prefill(
             logits = out[mx.array(completing), mx.array([lengths[i] - 1 for i in completing])]
         else:
             mx.eval(cache_arrays(batch))
-    return [_row_cache(batch, row, offset + n) for row, n in enumerate(lengths)], logits
+    return [_row_cache(batch, row, offset + n) for row, n in enumerate(lengths)], logits, batch
 
 
 def _body_then_tail(model: Any, chunks: list[PrefillChunk], batch: LayerCaches) -> mx.array:

@@ -13,7 +13,7 @@ forward share a plain batched cache (plain_prefill.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -28,12 +28,22 @@ MAX_FORWARD_TOKENS = 2048
 
 
 @dataclass
+class SharedBatch:
+    """Rows of one padded forward: chunk i's cache is a view of row `rows.index(i)` of `caches`."""
+
+    caches: LayerCaches
+    rows: list[int]
+
+
+@dataclass
 class PrefillResult:
     # Each chunk's request cache after this step, in chunk order.
     caches: list[LayerCaches]
     # The chunks that completed their prompt, and their last position's logits [len(completing), vocab].
     completing: list[PrefillChunk]
     last_logits: mx.array | None
+    # Padded forwards' batched caches, for copying many rows' KV at once (prefix cache).
+    shared: list[SharedBatch] = field(default_factory=list)
 
 
 def run_prefill(
@@ -49,8 +59,9 @@ def run_prefill(
         if group_chunks[0].num_tokens > MAX_FORWARD_TOKENS:  # a long row alone, unpadded, in windows
             result = _prefill_rows(model, group_chunks, group_caches)
         else:
-            new_caches, logits = plain_prefill(model, group_chunks, group_caches, vocab_size)
-            result = PrefillResult(new_caches, [c for c in group_chunks if c.completes_prefill], logits)
+            new_caches, logits, batch = plain_prefill(model, group_chunks, group_caches, vocab_size)
+            completing = [c for c in group_chunks if c.completes_prefill]
+            result = PrefillResult(new_caches, completing, logits, [SharedBatch(batch, group)])
         for i, cache in zip(group, result.caches):
             out_caches[i] = cache
         results.append(result)
@@ -76,12 +87,13 @@ def _padded_groups(chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_
 
 
 def _combined(out_caches: list[LayerCaches], results: list[PrefillResult]) -> PrefillResult:
+    shared = [batch for r in results for batch in r.shared]
     with_logits = [r for r in results if r.completing]
     if not with_logits:
-        return PrefillResult(out_caches, [], None)
+        return PrefillResult(out_caches, [], None, shared)
     completing = [chunk for r in with_logits for chunk in r.completing]
     logits = with_logits[0].last_logits if len(with_logits) == 1 else mx.concatenate([r.last_logits for r in with_logits])
-    return PrefillResult(out_caches, completing, logits)
+    return PrefillResult(out_caches, completing, logits, shared)
 
 
 def _prefill_rows(model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches]) -> PrefillResult:
@@ -172,4 +184,4 @@ def _merge_right_padded(
     return merged, tokens, any(padding)
 
 
-__all__ = ["MAX_FORWARD_TOKENS", "PrefillResult", "run_prefill"]
+__all__ = ["MAX_FORWARD_TOKENS", "PrefillResult", "SharedBatch", "run_prefill"]

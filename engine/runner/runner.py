@@ -161,11 +161,25 @@ class ModelRunner:
         for chunk, cache in zip(chunks, result.caches):
             self._prefill_caches[chunk.request.request_id] = cache
         first_tokens = self._sample_first_tokens(result) if result.completing else []
-        for chunk, cache in zip(chunks, result.caches):
+        inserted = self._insert_shared_prompts(chunks, result)
+        for i, (chunk, cache) in enumerate(zip(chunks, result.caches)):
             self._maybe_snapshot(chunk, cache)
-            if chunk.completes_prefill and self._has_uncached_prompt_blocks(chunk.request):
+            if i not in inserted and chunk.completes_prefill and self._has_uncached_prompt_blocks(chunk.request):
                 self._blocks.insert(chunk.request.prompt_token_ids, cache)
         return first_tokens
+
+    def _insert_shared_prompts(self, chunks: list[PrefillChunk], result: PrefillResult) -> set[int]:
+        """Cache completed prompts of padded forwards from their batched cache, a forward at a time."""
+        inserted: set[int] = set()
+        for shared in result.shared:
+            wanted = [
+                (position, i) for position, i in enumerate(shared.rows)
+                if chunks[i].completes_prefill and self._has_uncached_prompt_blocks(chunks[i].request)
+            ]
+            prompts = [chunks[i].request.prompt_token_ids for _, i in wanted]
+            if len(wanted) > 1 and self._blocks.insert_rows(prompts, shared.caches, [p for p, _ in wanted]):
+                inserted.update(i for _, i in wanted)
+        return inserted
 
     def _has_uncached_prompt_blocks(self, request: Request) -> bool:
         """Whether the prompt holds full blocks beyond those it was served from (a full hit has none)."""

@@ -45,6 +45,20 @@ def test_padded_prefix_cache_hit_matches_no_cache(tiny_llama):
     assert_same_stream(uncached(tiny_llama, second_prompt, greedy()), hit)
 
 
+def test_prompts_cached_together_from_one_padded_forward_serve_later_hits_exactly(tiny_llama):
+    # Three prompts of different lengths and prefixes complete in one padded forward (at a nonzero
+    # shared cache offset for their second chunks); their blocks are copied from that forward's
+    # batch at once. Each later request extending one of them must hit its own rows' KV.
+    prompts = [words(45, seed=31), words(60, seed=32), words(38, seed=33)]
+    core = EngineCore(tiny_llama, EngineConfig(prefix_block_size=8, prefill_chunk_tokens=16, **PADDED))
+    run_core(core, [Arrival(0, Request(f"p{i}", p, greedy(2))) for i, p in enumerate(prompts)])
+    for i, prompt in enumerate(prompts):
+        follow_up = prompt + [5, 6, 7]
+        hit = run_core(core, [Arrival(0, Request(f"f{i}", follow_up, greedy()))])[f"f{i}"]
+        assert hit.finish.usage.cached_tokens == (len(prompt) // 8) * 8
+        assert_same_stream(uncached(tiny_llama, follow_up, greedy()), hit)
+
+
 def test_warmup_runs_every_shape_and_leaves_no_state(tiny_llama):
     config = EngineConfig(max_prefill_seqs=2, prefill_chunk_tokens=32, prefill_step_tokens=64, pad_prefill_shapes=True)
     vocab = tiny_llama.vocab_size
