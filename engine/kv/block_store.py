@@ -121,17 +121,13 @@ class KVBlockStore:
         done, where the layers' shapes differ (use insert per prompt)."""
         block_size = self.cache.block_size
         end = max(len(p) // block_size for p in prompts) * block_size
-        pairs = [(layer.keys[..., :end, :], layer.values[..., :end, :]) for layer in batch]
-        if len({(k.shape, v.shape, k.dtype, v.dtype) for k, v in pairs}) != 1 or pairs[0][0].shape != pairs[0][1].shape:
+        gathered = _gather(batch, 0, end)  # [layers, k/v, rows, heads, tokens, dim]; lazy until a block is new
+        if not isinstance(gathered, mx.array):
             return False
-        gathered: list[mx.array] = []  # [layers, k/v, rows, heads, tokens, dim], made on first use
 
         def payload_of(row: int):
             def payload(index: int) -> tuple[Any, int]:
-                if not gathered:
-                    stacked = mx.stack([array for pair in pairs for array in pair])
-                    gathered.append(stacked.reshape(len(pairs), 2, *stacked.shape[1:]))
-                block = mx.array(gathered[0][:, :, row : row + 1, :, index * block_size : (index + 1) * block_size, :])
+                block = mx.array(gathered[:, :, row : row + 1, :, index * block_size : (index + 1) * block_size, :])
                 self._unevaluated.append(block)
                 return block, block.nbytes
 

@@ -69,13 +69,35 @@ def _hash_uniform(seeds: mx.array, steps: mx.array, vocab_size: int) -> mx.array
     return mx.minimum(uniform, mx.array(1.0 - 2.0**-24, mx.float32))
 
 
+@dataclass(frozen=True)
+class RowParamArrays:
+    """The batch rows' sampling parameters as device arrays, in row order."""
+
+    temperatures: mx.array
+    seeds: mx.array
+    top_ks: mx.array  # 0 (off) stands as the vocabulary size
+    top_ps: mx.array
+    min_ps: mx.array
+
+    @classmethod
+    def of(cls, rows: list[RowSampling], vocab_size: int) -> "RowParamArrays":
+        params = [r.params for r in rows]
+        return cls(
+            temperatures=mx.array([p.temperature for p in params], mx.float32),
+            seeds=mx.array([r.seed for r in rows], mx.uint32),
+            top_ks=mx.array([p.top_k if p.top_k > 0 else vocab_size for p in params], mx.int32),
+            top_ps=mx.array([p.top_p for p in params], mx.float32),
+            min_ps=mx.array([p.min_p for p in params], mx.float32),
+        )
+
+
 class BatchSampler:
     """Sampling parameters of the current decode batch as arrays; rebuilt when rows change."""
 
     def __init__(self, rows: list[RowSampling], vocab_size: int) -> None:
         self.rows = rows
         self.vocab_size = vocab_size
-        params = self._params = [r.params for r in rows]
+        params = [r.params for r in rows]
         self.all_greedy = all(p.is_greedy for p in params)
         self.top_k = max((p.top_k for p in params), default=0)
         self.uses_top_p = any(p.top_p < 1.0 for p in params)
@@ -86,27 +108,11 @@ class BatchSampler:
         self.guided_rows = [i for i, r in enumerate(rows) if r.guide is not None]
         self._bias = self._build_bias(params)
 
-    # Per-row parameter arrays, made on first use: the batch is rebuilt whenever rows join or
-    # leave, and an all-greedy batch (the common case) never needs them.
     @cached_property
-    def temperatures(self) -> mx.array:
-        return mx.array([p.temperature for p in self._params], mx.float32)
-
-    @cached_property
-    def seeds(self) -> mx.array:
-        return mx.array([r.seed for r in self.rows], mx.uint32)
-
-    @cached_property
-    def top_ks(self) -> mx.array:
-        return mx.array([p.top_k if p.top_k > 0 else self.vocab_size for p in self._params], mx.int32)
-
-    @cached_property
-    def top_ps(self) -> mx.array:
-        return mx.array([p.top_p for p in self._params], mx.float32)
-
-    @cached_property
-    def min_ps(self) -> mx.array:
-        return mx.array([p.min_p for p in self._params], mx.float32)
+    def arrays(self) -> RowParamArrays:
+        """Made on first use: the batch is rebuilt whenever rows join or leave, and an all-greedy
+        batch (the common case) never needs them."""
+        return RowParamArrays.of(self.rows, self.vocab_size)
 
     @cached_property
     def _guided_row_ids(self) -> mx.array:
@@ -205,26 +211,26 @@ class BatchSampler:
         greedy = mx.argmax(logits, axis=-1).astype(mx.uint32)
         if self.all_greedy:
             return greedy
-        temps = mx.maximum(self.temperatures, 1e-6)[:, None]
+        temps = mx.maximum(self.arrays.temperatures, 1e-6)[:, None]
         scaled = self._filter(logits / temps)
-        uniform = _hash_uniform(self.seeds, mx.array(steps, mx.uint32), logits.shape[-1])
+        uniform = _hash_uniform(self.arrays.seeds, mx.array(steps, mx.uint32), logits.shape[-1])
         gumbel = -mx.log(-mx.log(uniform))
         sampled = mx.argmax(scaled + gumbel, axis=-1).astype(mx.uint32)
-        return mx.where(self.temperatures == 0.0, greedy, sampled)
+        return mx.where(self.arrays.temperatures == 0.0, greedy, sampled)
 
     def _filter(self, scaled: mx.array) -> mx.array:
         """Mask tokens outside top-k / top-p / min-p with -inf (rows that ask for them)."""
         neg_inf = mx.array(-float("inf"), scaled.dtype)
         if self.uses_min_p:
             probs = mx.softmax(scaled, axis=-1)
-            threshold = mx.max(probs, axis=-1, keepdims=True) * self.min_ps[:, None]
+            threshold = mx.max(probs, axis=-1, keepdims=True) * self.arrays.min_ps[:, None]
             scaled = mx.where(probs < threshold, neg_inf, scaled)
         if self.top_k or self.uses_top_p:
             sorted_desc = -mx.sort(-scaled, axis=-1)
             if self.top_k:
-                kth = mx.take_along_axis(sorted_desc, (self.top_ks - 1)[:, None], axis=-1)
+                kth = mx.take_along_axis(sorted_desc, (self.arrays.top_ks - 1)[:, None], axis=-1)
                 scaled = mx.where(scaled < kth, neg_inf, scaled)
-                sorted_desc = mx.where(mx.arange(scaled.shape[-1])[None] < self.top_ks[:, None], sorted_desc, neg_inf)
+                sorted_desc = mx.where(mx.arange(scaled.shape[-1])[None] < self.arrays.top_ks[:, None], sorted_desc, neg_inf)
             if self.uses_top_p:
                 scaled = self._top_p(scaled, sorted_desc, neg_inf)
         return scaled
@@ -233,7 +239,7 @@ class BatchSampler:
         sorted_probs = mx.softmax(sorted_desc, axis=-1)
         mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs
         # Keep each token whose preceding mass is below top_p; the threshold is the last kept logit.
-        keep = mass_before < self.top_ps[:, None]
+        keep = mass_before < self.arrays.top_ps[:, None]
         last_kept = mx.sum(keep, axis=-1, keepdims=True) - 1
         threshold = mx.take_along_axis(sorted_desc, last_kept, axis=-1)
         return mx.where(scaled < threshold, neg_inf, scaled)
