@@ -49,10 +49,13 @@ def main() -> None:
     parser.add_argument("--gen-tokens", type=int, default=32)
     parser.add_argument("--prefix-cache", choices=["on", "off"], default="on")
     parser.add_argument("--prefill-batch", type=int, default=8, help="max_prefill_seqs")
+    parser.add_argument("--step-tokens", type=int, default=8192, help="prefill_step_tokens")
+    parser.add_argument("--warmup-seconds", type=float, default=120.0, help="prefill_warmup_seconds")
     parser.add_argument("--json")
     args = parser.parse_args()
     loaded = load_model(str(make_random_model(tempfile.mkdtemp(prefix="orchard-eb-"), args.random_shape)))
     config = EngineConfig(max_decode_seqs=128, max_prefill_seqs=args.prefill_batch,
+                          prefill_step_tokens=args.step_tokens, prefill_warmup_seconds=args.warmup_seconds,
                           enable_prefix_cache=args.prefix_cache == "on")
     core = EngineCore(loaded, config)
     started = time.perf_counter()
@@ -69,7 +72,7 @@ def main() -> None:
     report = {
         "commit": git_commit(), "machine": machine_info(), "shape": args.random_shape, "burst": args.burst,
         "prompt_tokens": args.prompt_tokens, "prefix_cache": args.prefix_cache,
-        "prefill_batch": args.prefill_batch, "warmup_s": round(warmup_s, 1),
+        "prefill_batch": args.prefill_batch, "step_tokens": args.step_tokens, "warmup_s": round(warmup_s, 1),
         "lone_ttft_ms": round(1e3 * statistics.median(lone), 1), "burst_ttft_p95_ms": round(1e3 * p95, 1),
         "burst_ttft_ms": [round(1e3 * t, 1) for t in burst], "ratio": round(p95 / statistics.median(lone), 2),
         "burst_steps": steps[:20],

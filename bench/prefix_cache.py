@@ -1,10 +1,13 @@
 """Prefix cache figures, in process: TTFT of a hit vs a miss, and memory under prompt churn.
 
     python -m bench.prefix_cache ttft --random-shape qwen3-0.6b --prefix-tokens 2048 --json out.json
+    python -m bench.prefix_cache shared --random-shape llama-3.1-8b --bits 4 --concurrency 1,8,32
     python -m bench.prefix_cache churn --random-shape tiny --prompts 1000 --prompt-tokens 1024 --budget-mb 64
 
 `ttft`: each round sends a 2,048-token shared prefix with a new short suffix; round 0 misses
-(cold cache), later rounds hit. `churn`: distinct prompts one after another; records the
+(cold cache), later rounds hit. `shared` (cache on and off alternately, per concurrency level): one
+request with a shared prefix, then N at once with that prefix and distinct suffixes (agents sharing a
+system prompt); a first such wave on another prefix builds the shapes and is not counted. `churn`: distinct prompts one after another; records the
 cache's bytes, MLX active memory and process RSS every few prompts.
 """
 
@@ -83,6 +86,58 @@ def run_ttft(loaded, args) -> TtftResult:
     return result
 
 
+@dataclass
+class SharedWave:
+    cache: str
+    concurrency: int
+    ttft_mean_ms: float
+    ttft_p95_ms: float
+    wall_ms: float
+    gen_tok_s: float
+    cached_tokens: int
+
+
+def _wave(core: EngineCore, prompts: list[list[int]], gen_tokens: int) -> tuple[list[float], float, int]:
+    """Submit all prompts at once; their TTFTs, the wall time until all finished, cached tokens in all."""
+    sampling = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
+    started = time.perf_counter()
+    ids = [f"w{random.random()}" for _ in prompts]
+    for request_id, prompt in zip(ids, prompts):
+        core.add_request(Request(request_id, prompt, sampling))
+    first: dict[str, float] = {}
+    cached = 0
+    while core.has_unfinished_requests():
+        for output in core.step():
+            if output.request_id not in first and output.new_token_ids:
+                first[output.request_id] = time.perf_counter() - started
+            if output.finish is not None:
+                cached += output.finish.usage.cached_tokens
+    return [first[i] for i in ids], time.perf_counter() - started, cached
+
+
+def run_shared(loaded, args) -> list[SharedWave]:
+    rng = random.Random(2)
+    vocab = loaded.vocab_size - 16
+    tokens = lambda n: [rng.randrange(vocab) for _ in range(n)]  # noqa: E731
+    waves = []
+    for concurrency in [int(c) for c in args.concurrency.split(",")]:
+        for cache in ("on", "off"):
+            core = EngineCore(loaded, EngineConfig(enable_prefix_cache=cache == "on", prefix_cache_bytes=4 << 30,
+                                                   max_decode_seqs=max(32, concurrency)))
+            for counted in (False, True):  # the first wave builds this level's shapes
+                prefix = tokens(args.prefix_tokens)
+                _wave(core, [prefix + tokens(args.suffix_tokens)], args.gen_tokens)  # the prefix, seen once
+                ttft, wall, cached = _wave(
+                    core, [prefix + tokens(args.suffix_tokens) for _ in range(concurrency)], args.gen_tokens)
+            ttft.sort()
+            waves.append(SharedWave(cache, concurrency, round(1e3 * statistics.mean(ttft), 1),
+                                    round(1e3 * ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))], 1),
+                                    round(1e3 * wall, 1), round(concurrency * args.gen_tokens / wall, 1), cached))
+            print(waves[-1])
+            core.close()
+    return waves
+
+
 def run_churn(loaded, args) -> list[ChurnSample]:
     rng = random.Random(1)
     vocab = loaded.vocab_size - 16
@@ -104,7 +159,7 @@ def run_churn(loaded, args) -> list[ChurnSample]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["ttft", "churn"])
+    parser.add_argument("mode", choices=["ttft", "shared", "churn"])
     parser.add_argument("--model")
     parser.add_argument("--random-shape", default="tiny")
     parser.add_argument("--bits", type=int, default=None, help="quantize the random model (group 64)")
@@ -116,6 +171,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--budget-mb", type=int, default=64)
     parser.add_argument("--sample-every", type=int, default=50)
+    parser.add_argument("--concurrency", default="1,8,32", help="shared: requests per wave")
+    parser.add_argument("--gen-tokens", type=int, default=32, help="shared: new tokens per request")
     parser.add_argument("--json")
     args = parser.parse_args()
     path = args.model or str(make_random_model(
@@ -128,6 +185,8 @@ def main() -> None:
         print(f"miss TTFT median {statistics.median(result.miss_ttft_s) * 1e3:.1f} ms, "
               f"hit TTFT median {statistics.median(result.hit_ttft_s) * 1e3:.1f} ms, "
               f"speedup {result.speedup:.1f}x, cached tokens per hit {result.hit_cached_tokens[:3]}")
+    elif args.mode == "shared":
+        report["waves"] = [asdict(w) for w in run_shared(loaded, args)]
     else:
         samples = run_churn(loaded, args)
         report["samples"] = [asdict(s) for s in samples]

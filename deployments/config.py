@@ -68,6 +68,9 @@ class ModelConfig(BaseModel):
     # Ours, not Bodega's: stream chunks per second for all of this model's streams together (the time
     # window per stream grows with the number of streams, 20-250 ms); fewer chunks, less Ray overhead.
     stream_chunks_per_s: float = Field(250.0, gt=0)
+    # Ours: the model process's GIL switch interval (null: Python's 5 ms). The engine thread needs the GIL
+    # back after each device wait; behind Ray's threads it waited up to 5 ms each time (bench/README.md).
+    gil_switch_interval_ms: float | None = Field(0.5, gt=0)
     chat_template_file: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None

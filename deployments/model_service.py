@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 import time
 from typing import AsyncIterator, Callable
 
@@ -71,6 +72,8 @@ class ModelService:
 
     async def start(self) -> None:
         started = time.monotonic()
+        if self.config.gil_switch_interval_ms is not None:  # process-wide (under Ray each model has its own)
+            sys.setswitchinterval(self.config.gil_switch_interval_ms / 1000.0)
         await self._engine.start()
         tokenizer = self._engine.core.loaded.tokenizer
         self._prompts = PromptEncoder(tokenizer)

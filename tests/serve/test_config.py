@@ -122,3 +122,29 @@ def test_model_store_round_trip_and_bad_entries(tmp_path):
     assert [c.id for c in store.load()] == ["y"]  # the bad entry is skipped, not the whole list
     store.path.write_text("{not json")
     assert store.load() == []
+
+
+@pytest.mark.parametrize("interval_ms, expected_s", [(0.25, 0.00025), (None, 0.003)])
+def test_model_process_gil_switch_interval(tiny_models, interval_ms, expected_s):
+    """The model's process takes the configured switch interval at start; null leaves Python's setting."""
+    import asyncio
+    import sys
+
+    from deployments.model_service import ModelService
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(0.003)
+    service = ModelService(ModelConfig(model_path=str(tiny_models.alpha), gil_switch_interval_ms=interval_ms))
+
+    async def start_and_stop() -> float:
+        await service.start()
+        try:
+            return sys.getswitchinterval()
+        finally:
+            await service.shutdown()
+
+    try:
+        assert asyncio.run(start_and_stop()) == pytest.approx(expected_s)
+    finally:
+        sys.setswitchinterval(previous)
+    assert ModelConfig(model_path="x").gil_switch_interval_ms == 0.5
