@@ -48,7 +48,7 @@ def engine_path(model, prompts: list[list[int]], pad: bool, vocab: int) -> Calla
         requests = [Request(f"p{i}", p, params) for i, p in enumerate(prompts)]
         chunks = [PrefillChunk(r, 0, len(r.prompt_token_ids)) for r in requests]
         caches = [new_request_cache(model) for _ in chunks]
-        result = run_prefill(model, chunks, caches, pad, vocab)
+        result = run_prefill(model, chunks, caches, len(chunks) if pad else None, vocab)
         mx.eval(result.last_logits, *(cache_arrays(c) for c in result.caches))
 
     return run

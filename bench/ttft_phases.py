@@ -45,7 +45,7 @@ def hit_phases(core: EngineCore, prefix: list[int], suffix: list[int]) -> None:
         t = time.perf_counter(); cache = runner._request_cache(request); build = _ms(t)
         mx.eval(cache_arrays(cache)); assemble = _ms(t)
         chunk = scheduled.prefill_chunks[0]
-        t = time.perf_counter(); result = run_prefill(runner.model, [chunk], [cache], False, runner.batch.vocab_size); graph = _ms(t)
+        t = time.perf_counter(); result = run_prefill(runner.model, [chunk], [cache], None, runner.batch.vocab_size); graph = _ms(t)
         mx.eval(result.last_logits, cache_arrays(result.caches[0])); forward = _ms(t)
     print(f"hit phases ms: add {add} schedule {sched} cache-graph {build} cache-eval {assemble} "
           f"prefill-graph {graph} prefill-eval {forward}")

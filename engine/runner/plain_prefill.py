@@ -40,24 +40,26 @@ def split_for_logits(lengths: list[int], completing: list[bool], vocab_size: int
 
 
 def plain_prefill(
-    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int, padded_rows: int = 0
 ) -> tuple[list[LayerCaches], mx.array | None, LayerCaches]:
     """One forward of rows sharing a cache offset: their caches, the completing rows' last logits,
     and the batched cache the rows' caches are views of (row i holds chunk i).
 
     Full logits where they fit the budget (one forward); equal-length completions beyond it
-    write their bodies, then one token each (a second, decode-sized forward).
+    write their bodies, then one token each (a second, decode-sized forward). Up to `padded_rows`,
+    filler rows (token 0 on zero KV) follow the real ones; their outputs are never read.
     """
     lengths = [c.num_tokens for c in chunks]
     width = bucket_length(max(lengths))
     completing = [i for i, c in enumerate(chunks) if c.completes_prefill]
     offset = cache_offset(caches[0])
-    batch = _stack(caches, offset)
-    over_budget = len(chunks) * width * vocab_size > LOGITS_ELEMENTS_BUDGET
+    fillers = max(0, padded_rows - len(chunks))
+    batch = _stack(caches, offset, fillers)
+    over_budget = (len(chunks) + fillers) * width * vocab_size > LOGITS_ELEMENTS_BUDGET
     if completing and over_budget and len(completing) == len(chunks) and len(set(lengths)) == 1 and lengths[0] > 1:
-        logits = _body_then_tail(model, chunks, batch)
+        logits = _body_then_tail(model, chunks, batch, fillers)
     else:
-        out = model(_right_padded(chunks, width), cache=batch)
+        out = model(_right_padded(chunks, width, fillers=fillers), cache=batch)
         logits = None
         if completing:
             logits = out[mx.array(completing), mx.array([lengths[i] - 1 for i in completing])]
@@ -66,31 +68,35 @@ def plain_prefill(
     return [_row_cache(batch, row, offset + n) for row, n in enumerate(lengths)], logits, batch
 
 
-def _body_then_tail(model: Any, chunks: list[PrefillChunk], batch: LayerCaches) -> mx.array:
+def _body_then_tail(model: Any, chunks: list[PrefillChunk], batch: LayerCaches, fillers: int) -> mx.array:
     """Equal-length rows: the bodies without logits, then each row's last token alone for its logits."""
     length = chunks[0].num_tokens
-    body = _right_padded(chunks, bucket_length(length - 1), drop_last=True)
+    body = _right_padded(chunks, bucket_length(length - 1), drop_last=True, fillers=fillers)
     model(body, cache=batch)
     padding = body.shape[1] - (length - 1)
     for layer in batch:
         layer.trim(padding)  # the padded positions are overwritten by the tail
-    tail = mx.array([[c.token_ids[-1]] for c in chunks], mx.uint32)
-    return model(tail, cache=batch)[:, -1, :]
+    tail = mx.array([[c.token_ids[-1]] for c in chunks] + [[0]] * fillers, mx.uint32)
+    return model(tail, cache=batch)[: len(chunks), -1, :]
 
 
-def _right_padded(chunks: list[PrefillChunk], width: int, drop_last: bool = False) -> mx.array:
-    rows = [list(c.token_ids[:-1] if drop_last else c.token_ids) for c in chunks]
+def _right_padded(chunks: list[PrefillChunk], width: int, drop_last: bool = False, fillers: int = 0) -> mx.array:
+    rows = [list(c.token_ids[:-1] if drop_last else c.token_ids) for c in chunks] + [[]] * fillers
     return mx.array([row + [0] * (width - len(row)) for row in rows], mx.uint32)
 
 
-def _stack(caches: list[LayerCaches], offset: int) -> LayerCaches:
-    """The rows' caches as one plain batched cache per layer (a fresh one at offset 0)."""
+def _stack(caches: list[LayerCaches], offset: int, fillers: int) -> LayerCaches:
+    """The rows' caches as one plain batched cache per layer (a fresh one at offset 0), then zero KV
+    for the filler rows."""
     batch = []
     for layer in range(len(caches[0])):
         stacked = KVCache()
         if offset:
             keys = [c[layer].keys[..., :offset, :] for c in caches]
             values = [c[layer].values[..., :offset, :] for c in caches]
+            if fillers:
+                keys.append(mx.zeros((fillers, *keys[0].shape[1:]), keys[0].dtype))
+                values.append(mx.zeros((fillers, *values[0].shape[1:]), values[0].dtype))
             stacked.state = (_concat(keys), _concat(values), offset)
         batch.append(stacked)
     return batch

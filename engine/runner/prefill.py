@@ -6,9 +6,9 @@ in its one forward and keeps the completing rows' last positions; otherwise the 
 without logits (MLX never evaluates the unused lm_head) and a one-token tail forward of
 the completing rows gives them.
 
-With `pad_shapes`, rows are grouped by cache offset and length and each forward is right-padded
-to a bucket length (prefill_shapes.py), so the GPU meets few distinct shapes; rows of one
-forward share a plain batched cache (plain_prefill.py).
+With a padded-rows limit, rows are grouped by cache offset and length, each forward is right-padded
+to a bucket length and its row count to a row bucket (prefill_shapes.py), so the GPU meets few
+distinct shapes; rows of one forward share a plain batched cache (plain_prefill.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, eval_caches, extract_request_cache, merge_request_caches
 from engine.runner.plain_prefill import cache_offset, plain_prefill, split_for_logits
-from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, group_rows
+from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, bucket_length, group_rows, split_rows
 from engine.scheduler.output import PrefillChunk
 
 # Largest number of prompt tokens per row in one forward call (bounds activation memory).
@@ -47,25 +47,41 @@ class PrefillResult:
 
 
 def run_prefill(
-    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], pad_shapes: bool, vocab_size: int
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], padded_rows_limit: int | None,
+    vocab_size: int,
 ) -> PrefillResult:
-    """Padded shapes (plain KVCache models only) run rows sharing a cache offset as plain batches."""
-    if not pad_shapes:
+    """With a padded-rows limit (plain KVCache models only), rows sharing a cache offset run as
+    plain batches padded to a length bucket and a row bucket up to that limit; None: unpadded."""
+    if padded_rows_limit is None:
         return _prefill_rows(model, chunks, caches)
     results = []
     out_caches: list[LayerCaches] = list(caches)
-    for group in _padded_groups(chunks, caches, vocab_size):
+    for group, padded_rows in _padded_forwards(chunks, caches, vocab_size, padded_rows_limit):
         group_chunks, group_caches = [chunks[i] for i in group], [caches[i] for i in group]
         if group_chunks[0].num_tokens > MAX_FORWARD_TOKENS:  # a long row alone, unpadded, in windows
             result = _prefill_rows(model, group_chunks, group_caches)
         else:
-            new_caches, logits, batch = plain_prefill(model, group_chunks, group_caches, vocab_size)
+            new_caches, logits, batch = plain_prefill(model, group_chunks, group_caches, vocab_size, padded_rows)
             completing = [c for c in group_chunks if c.completes_prefill]
             result = PrefillResult(new_caches, completing, logits, [SharedBatch(batch, group)])
         for i, cache in zip(group, result.caches):
             out_caches[i] = cache
         results.append(result)
     return _combined(out_caches, results)
+
+
+def _padded_forwards(
+    chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int, max_rows: int
+) -> list[tuple[list[int], int]]:
+    """Each forward's chunk indices and padded row count (split_rows)."""
+    forwards = []
+    for group in _padded_groups(chunks, caches, vocab_size):
+        width = bucket_length(max(chunks[i].num_tokens for i in group))
+        start = 0
+        for part in split_rows(len(group), width, max(max_rows, len(group))):
+            forwards.append((group[start : start + part.rows], part.padded_rows))
+            start += part.rows
+    return forwards
 
 
 def _padded_groups(chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int) -> list[list[int]]:

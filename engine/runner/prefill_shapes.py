@@ -22,6 +22,9 @@ MAX_PADDING_FACTOR = 2.0
 # positions, vocab], ~0.6 GB at 2,048 x 152k in bf16) and keeps the completing rows' last: a
 # second forward costs more than that.
 SHORT_FORWARD_LOGITS_TOKENS = 2048
+# A forward's rows are padded up to a row bucket (powers of two and the row limit) while that adds at
+# most this share of rows, or the forward stays small; else they run as several bucket-sized forwards.
+MAX_ROW_PADDING = 0.25
 
 
 def bucket_length(n: int) -> int:
@@ -50,6 +53,43 @@ def group_rows(lengths: list[int]) -> list[list[int]]:
     return [sorted(group) for group in groups]
 
 
+# Row counts up to this are each their own bucket (the default prefill batch runs as before: any
+# count in one forward); beyond it, powers of two and the row limit (a 32-row limit warms 10 counts).
+EVERY_ROW_COUNT_UP_TO = 8
+
+
+def row_buckets(max_rows: int) -> list[int]:
+    """The row counts padded forwards run with."""
+    buckets = list(range(1, min(max_rows, EVERY_ROW_COUNT_UP_TO) + 1))
+    while buckets[-1] * 2 < max_rows:
+        buckets.append(buckets[-1] * 2)
+    return buckets + ([max_rows] if max_rows > buckets[-1] else [])
+
+
+@dataclass(frozen=True)
+class RowSlice:
+    """`rows` consecutive rows of a group, run as one forward of `padded_rows` rows."""
+
+    rows: int
+    padded_rows: int
+
+
+def split_rows(num_rows: int, length: int, max_rows: int) -> list[RowSlice]:
+    """Forwards for `num_rows` rows of padded `length`, each at a row bucket (few shapes to build)."""
+    buckets = row_buckets(max_rows)
+    slices: list[RowSlice] = []
+    left = num_rows
+    while left:
+        up = next((b for b in buckets if b >= left), None)
+        if up is not None and (up * length <= SMALL_FORWARD_TOKENS or up <= left * (1 + MAX_ROW_PADDING)):
+            slices.append(RowSlice(left, up))
+            break
+        down = max(b for b in buckets if b <= left)
+        slices.append(RowSlice(down, down))
+        left -= down
+    return slices
+
+
 @dataclass(frozen=True)
 class WarmupShape:
     rows: int
@@ -62,14 +102,14 @@ class WarmupShape:
 def warmup_shapes(max_rows: int, step_tokens: int | None, chunk_tokens: int | None) -> list[WarmupShape]:
     """The padded shapes a step commonly produces (up to the step budget), smallest first.
 
-    Rows of different lengths share their bucket's shapes; rows split to fit the logits
-    budget meet the smaller row counts, warmed too.
+    Rows of different lengths share their bucket's shapes, row counts their row bucket's
+    (split_rows); rows split to fit the logits budget meet the smaller buckets, warmed too.
     """
     longest = bucket_length(min(chunk_tokens or LENGTH_BUCKETS[-1], LENGTH_BUCKETS[-1]))
     limit = max(step_tokens or max_rows * longest, SMALL_FORWARD_TOKENS)
     shapes = []
     for length in (b for b in LENGTH_BUCKETS if b <= longest):
-        for rows in range(1, max_rows + 1):
+        for rows in row_buckets(max_rows):
             if rows > 1 and rows * length > limit:
                 break
             shapes += [WarmupShape(rows, length, completing=True), WarmupShape(rows, length, completing=False)]

@@ -157,7 +157,8 @@ class ModelRunner:
         if not chunks:
             return []
         caches = [self._prefill_cache(chunk.request) for chunk in chunks]
-        result = run_prefill(self.model, chunks, caches, self.pad_prefill_shapes, self.batch.vocab_size)
+        rows_limit = self.config.max_prefill_seqs if self.pad_prefill_shapes else None
+        result = run_prefill(self.model, chunks, caches, rows_limit, self.batch.vocab_size)
         for chunk, cache in zip(chunks, result.caches):
             self._prefill_caches[chunk.request.request_id] = cache
         first_tokens = self._sample_first_tokens(result) if result.completing else []
@@ -250,7 +251,9 @@ class ModelRunner:
                     self.config.max_prefill_seqs, self.config.prefill_token_budget, self.config.prefill_chunk_limit
                 )
                 new_cache = lambda: new_request_cache(self.model)  # noqa: E731
-                warm_prefill_shapes(self.model, shapes, new_cache, self.config.prefill_warmup_seconds, vocab)
+                warm_prefill_shapes(
+                    self.model, shapes, new_cache, self.config.prefill_warmup_seconds, vocab, self.config.max_prefill_seqs
+                )
             mx.clear_cache()
 
     def close(self) -> None:

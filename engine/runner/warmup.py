@@ -20,9 +20,10 @@ log = logging.getLogger(__name__)
 
 def warm_prefill_shapes(
     model: Any, shapes: list[WarmupShape], new_cache: Callable[[], LayerCaches], time_budget_s: float,
-    vocab_size: int,
+    vocab_size: int, max_rows: int,
 ) -> int:
-    """Run the shapes in order until the time budget is spent; returns how many ran."""
+    """Run the shapes in order until the time budget is spent; returns how many ran.
+    `max_rows` is the engine's prefill row limit (the row buckets serving pads to)."""
     started = time.monotonic()
     done = 0
     for shape in shapes:
@@ -35,7 +36,7 @@ def warm_prefill_shapes(
             PrefillChunk(Request(f"warmup-{row}", prompt, SamplingParams(max_tokens=1)), 0, shape.length)
             for row in range(shape.rows)
         ]
-        result = run_prefill(model, chunks, [new_cache() for _ in chunks], pad_shapes=True, vocab_size=vocab_size)
+        result = run_prefill(model, chunks, [new_cache() for _ in chunks], max_rows, vocab_size)
         outputs = [cache_arrays(cache) for cache in result.caches]
         mx.eval(outputs if result.last_logits is None else [*outputs, result.last_logits])
         done += 1

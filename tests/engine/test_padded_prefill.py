@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from engine import EngineConfig, EngineCore, Request, SamplingParams
 import engine.runner.plain_prefill as plain_prefill_module
+import engine.runner.prefill as prefill_module
 from engine.kv.batch_cache import new_request_cache
 from engine.runner.prefill_shapes import warmup_shapes
 from engine.runner.warmup import warm_prefill_shapes
@@ -68,7 +69,7 @@ def test_warmup_runs_every_shape_and_leaves_no_state(tiny_llama):
         (2, 16, True), (2, 16, False), (2, 32, True), (2, 32, False),
     ]
     core = EngineCore(tiny_llama, config)
-    ran = warm_prefill_shapes(core.runner.model, shapes, lambda: new_request_cache(core.runner.model), 60.0, vocab)
+    ran = warm_prefill_shapes(core.runner.model, shapes, lambda: new_request_cache(core.runner.model), 60.0, vocab, 2)
     assert ran == len(shapes)
     core.runner.warmup()
     assert not core.runner.holds_state() and core.runner.kv_cache_bytes() == 0
@@ -81,8 +82,8 @@ def test_warmup_stops_at_its_time_budget(tiny_llama):
     vocab = tiny_llama.vocab_size
     shapes = warmup_shapes(8, 8192, 2048)
     model = tiny_llama.model
-    assert warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.0, vocab) == 0
-    assert 1 <= warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.05, vocab) < len(shapes)
+    assert warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.0, vocab, 8) == 0
+    assert 1 <= warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), 0.05, vocab, 8) < len(shapes)
 
 
 def test_plain_batches_match_each_request_alone(tiny_llama):
@@ -118,3 +119,32 @@ def test_equal_prompts_over_the_logits_budget_write_bodies_then_one_token(tiny_l
         plain_prefill_module.LOGITS_ELEMENTS_BUDGET = budget
     for i in range(3):
         assert_same_stream(run_alone(tiny_llama, f"e{i}", prompt, params(i), pad_prefill_shapes=False), batched[f"e{i}"])
+
+
+def test_filler_rows_up_to_a_row_bucket_are_invisible(tiny_llama):
+    """Twelve rows run as sixteen (four filler rows), at offset 0 and again at a nonzero shared offset;
+    ten equal prompts over the logits budget take body + tail with six fillers. All equal to single runs."""
+    ragged = [p + [9] * 20 for p in random_prompts(12, seed=41, max_len=10)]  # 21-30 tokens: two chunks
+    equal = [random_prompts(1, seed=42, max_len=30)[0] + list(range(3, 13))] * 10
+    config = EngineConfig(max_prefill_seqs=16, prefill_chunk_tokens=16, prefill_step_tokens=1024, **PADDED)
+    budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
+    plain_prefill_module.LOGITS_ELEMENTS_BUDGET = tiny_llama.vocab_size  # full logits of one position only
+    forwards: list[tuple[int, int]] = []
+    real_plain_prefill = plain_prefill_module.plain_prefill
+
+    def recording_plain_prefill(model, chunks, caches, vocab_size, padded_rows=0):
+        forwards.append((len(chunks), padded_rows))
+        return real_plain_prefill(model, chunks, caches, vocab_size, padded_rows)
+
+    prefill_module.plain_prefill = recording_plain_prefill
+    try:
+        for name, prompts in (("r", ragged), ("e", equal)):
+            arrivals = [Arrival(0, Request(f"{name}{i}", p, params(i))) for i, p in enumerate(prompts)]
+            batched = run_core(EngineCore(tiny_llama, config), arrivals)
+            for i, prompt in enumerate(prompts):
+                alone = run_alone(tiny_llama, f"{name}{i}", prompt, params(i), pad_prefill_shapes=False)
+                assert_same_stream(alone, batched[f"{name}{i}"])
+    finally:
+        plain_prefill_module.LOGITS_ELEMENTS_BUDGET = budget
+        prefill_module.plain_prefill = real_plain_prefill
+    assert (12, 16) in forwards and (10, 16) in forwards

@@ -9,9 +9,13 @@ from hypothesis import given, strategies as st
 from engine.runner.prefill_shapes import (
     LENGTH_BUCKETS,
     MAX_PADDING_FACTOR,
+    MAX_ROW_PADDING,
     SMALL_FORWARD_TOKENS,
+    RowSlice,
     bucket_length,
     group_rows,
+    row_buckets,
+    split_rows,
     warmup_shapes,
 )
 from engine.runner.plain_prefill import split_for_logits
@@ -62,3 +66,36 @@ def test_split_for_logits_keeps_full_logits_under_budget():
 def test_prefill_shapes_do_not_import_mlx():
     assert "engine.runner.prefill_shapes" in sys.modules
     assert all(not name.startswith("mlx") for name in vars(sys.modules["engine.runner.prefill_shapes"]))
+
+
+def test_row_buckets_are_every_count_to_eight_then_powers_of_two_and_the_limit():
+    assert row_buckets(1) == [1]
+    assert row_buckets(6) == [1, 2, 3, 4, 5, 6]
+    assert row_buckets(8) == list(range(1, 9))
+    assert row_buckets(12) == list(range(1, 9)) + [12]
+    assert row_buckets(48) == list(range(1, 9)) + [16, 32, 48]
+
+
+@given(st.integers(1, 32), st.sampled_from(LENGTH_BUCKETS), st.integers(1, 32))
+def test_split_rows_covers_the_rows_at_bucket_sizes_with_bounded_padding(rows, length, max_rows):
+    max_rows = max(max_rows, rows)
+    slices = split_rows(rows, length, max_rows)
+    assert sum(s.rows for s in slices) == rows
+    for s in slices:
+        assert s.padded_rows in row_buckets(max_rows) and s.padded_rows >= s.rows
+        small = s.padded_rows * length <= SMALL_FORWARD_TOKENS
+        assert s.padded_rows == s.rows or small or s.padded_rows <= s.rows * (1 + MAX_ROW_PADDING)
+
+
+def test_split_rows_pads_small_forwards_and_splits_large_ones():
+    assert split_rows(5, 1536, 8) == [RowSlice(5, 5)]  # the default limit: every count is a bucket
+    assert split_rows(12, 64, 32) == [RowSlice(12, 16)]  # 1,024 tokens: padding is free
+    assert split_rows(14, 1024, 32) == [RowSlice(14, 16)]  # two filler rows in sixteen
+    assert split_rows(20, 512, 32) == [RowSlice(16, 16), RowSlice(4, 4)]  # 12 fillers would be 60% more work
+    assert split_rows(11, 768, 12) == [RowSlice(11, 12)]
+
+
+def test_warmup_shapes_use_the_row_buckets():
+    assert {s.rows for s in warmup_shapes(32, 16384, 2048)} == set(range(1, 9)) | {16, 32}
+    assert {s.rows for s in warmup_shapes(8, 8192, 2048)} == set(range(1, 9))
+    assert len(warmup_shapes(32, 16384, 2048)) == 2 * (6 * 10 + 9 + 9 + 8 * 4)  # 16-512, 768, 1024, 1280-2048
