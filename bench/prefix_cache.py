@@ -6,9 +6,10 @@
 
 `ttft`: each round sends a 2,048-token shared prefix with a new short suffix; round 0 misses
 (cold cache), later rounds hit. `shared` (cache on and off alternately, per concurrency level): one
-request with a shared prefix, then N at once with that prefix and distinct suffixes (agents sharing a
-system prompt); a first such wave on another prefix builds the shapes and is not counted. `churn`: distinct prompts one after another; records the
-cache's bytes, MLX active memory and process RSS every few prompts.
+request with a shared prefix, then N at once with that prefix and distinct suffixes (agents sharing
+a system prompt); a first such wave on another prefix builds the shapes and is not counted.
+`churn`: distinct prompts one after another; records the cache's bytes, MLX active memory and
+process RSS every few prompts.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def run_shared(loaded, args) -> list[SharedWave]:
         for cache in ("on", "off"):
             core = EngineCore(loaded, EngineConfig(enable_prefix_cache=cache == "on", prefix_cache_bytes=4 << 30,
                                                    max_decode_seqs=max(32, concurrency)))
-            for counted in (False, True):  # the first wave builds this level's shapes
+            for _ in range(2):  # the first wave builds this level's shapes; the second is kept
                 prefix = tokens(args.prefix_tokens)
                 _wave(core, [prefix + tokens(args.suffix_tokens)], args.gen_tokens)  # the prefix, seen once
                 ttft, wall, cached = _wave(

@@ -22,8 +22,8 @@ MAX_PADDING_FACTOR = 2.0
 # positions, vocab], ~0.6 GB at 2,048 x 152k in bf16) and keeps the completing rows' last: a
 # second forward costs more than that.
 SHORT_FORWARD_LOGITS_TOKENS = 2048
-# A forward's rows are padded up to a row bucket (powers of two and the row limit) while that adds at
-# most this share of rows, or the forward stays small; else they run as several bucket-sized forwards.
+# A forward's rows are padded up to a row bucket (row_buckets) while that adds at most this share of
+# its rows, or the forward stays small; else they run as several bucket-sized forwards.
 MAX_ROW_PADDING = 0.25
 
 
