@@ -21,12 +21,18 @@ from engine import EngineConfig, EngineCore, Request, SamplingParams
 from engine.runner.loader import load_model
 
 
-def first_token_times(core: EngineCore, prompts: list[list[int]], gen_tokens: int, steps: list[dict]) -> list[float]:
+def submit_all(core: EngineCore, prompts: list[list[int]], gen_tokens: int) -> tuple[list[str], float]:
+    """Add the prompts at once (greedy, exactly gen_tokens each): their request ids and the start time."""
     sampling = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
     started = time.perf_counter()
     ids = [f"b{random.random()}" for _ in prompts]
     for request_id, prompt in zip(ids, prompts):
         core.add_request(Request(request_id, prompt, sampling))
+    return ids, started
+
+
+def first_token_times(core: EngineCore, prompts: list[list[int]], gen_tokens: int, steps: list[dict]) -> list[float]:
+    ids, started = submit_all(core, prompts, gen_tokens)
     ttft: dict[str, float] = {}
     while core.has_unfinished_requests():
         t = time.perf_counter()

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import mlx.core as mx
 
+from bench.engine_burst import submit_all
 from bench.engine_throughput import git_commit, machine_info
 from bench.random_model import make_random_model
 from engine import EngineConfig, EngineCore, Request, SamplingParams
@@ -100,11 +101,7 @@ class SharedWave:
 
 def _wave(core: EngineCore, prompts: list[list[int]], gen_tokens: int) -> tuple[list[float], float, int]:
     """Submit all prompts at once; their TTFTs, the wall time until all finished, cached tokens in all."""
-    sampling = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
-    started = time.perf_counter()
-    ids = [f"w{random.random()}" for _ in prompts]
-    for request_id, prompt in zip(ids, prompts):
-        core.add_request(Request(request_id, prompt, sampling))
+    ids, started = submit_all(core, prompts, gen_tokens)
     first: dict[str, float] = {}
     cached = 0
     while core.has_unfinished_requests():

@@ -13,9 +13,9 @@ import copy
 from typing import Any, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
 from engine.kv.batch_cache import LayerCaches, new_request_cache
+from engine.kv.plain_batch import is_plain_request_cache
 from engine.kv.prefix_cache import CachedBlock, PrefixCache
 
 FALLBACK_BUDGET_BYTES = 1 << 30
@@ -26,7 +26,7 @@ BUFFER_CACHE_FRACTION = 0.05
 def prefix_cache_mode(model: Any) -> str | None:
     """"blocks" (cut by position), "snapshots" (whole-cache copies) or None (cannot batch at all)."""
     layers = new_request_cache(model)
-    if all(type(layer) is KVCache for layer in layers):
+    if is_plain_request_cache(layers):
         return "blocks"
     if all(hasattr(layer, "merge") for layer in layers):
         return "snapshots"

@@ -48,7 +48,7 @@ def append_rows(
                 rows.append(old if keep_width else _placed(old[..., :old_index, :], index - old_index, width - index))
             for run, n in _equal_length_runs([joiner[layer] for joiner in joiners], lengths, which):
                 rows.append(_placed(run, index - n, width - index))
-            parts.append(_concat(rows))
+            parts.append(concat_rows(rows))
         cache.state = (parts[0], parts[1], offsets, lefts, index)
     return caches, new_padding
 
@@ -92,7 +92,8 @@ def _placed(x: mx.array, left: int, right: int) -> mx.array:
     return mx.pad(x, [(0, 0), (0, 0), (left, right), (0, 0)]) if left or right else x
 
 
-def _concat(arrays: list[mx.array]) -> mx.array:
+def concat_rows(arrays: list[mx.array]) -> mx.array:
+    """Arrays joined along the batch axis (a lone one as it is: no copy)."""
     return arrays[0] if len(arrays) == 1 else mx.concatenate(arrays, axis=0)
 
 
@@ -104,7 +105,7 @@ def _equal_length_runs(layer_caches: list[KVCache], lengths: list[int], which: i
         while end + 1 < len(layer_caches) and lengths[end + 1] == lengths[start]:
             end += 1
         n = lengths[start]
-        yield _concat([(c.keys if which == 0 else c.values)[..., :n, :] for c in layer_caches[start : end + 1]]), n
+        yield concat_rows([(c.keys if which == 0 else c.values)[..., :n, :] for c in layer_caches[start : end + 1]]), n
         start = end + 1
 
 

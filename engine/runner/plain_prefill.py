@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from engine.kv.batch_cache import LayerCaches, cache_arrays
+from engine.kv.plain_batch import concat_rows
 from engine.runner.prefill_shapes import bucket_length
 from engine.scheduler.output import PrefillChunk
 
@@ -97,13 +98,9 @@ def _stack(caches: list[LayerCaches], offset: int, fillers: int) -> LayerCaches:
             if fillers:
                 keys.append(mx.zeros((fillers, *keys[0].shape[1:]), keys[0].dtype))
                 values.append(mx.zeros((fillers, *values[0].shape[1:]), values[0].dtype))
-            stacked.state = (_concat(keys), _concat(values), offset)
+            stacked.state = (concat_rows(keys), concat_rows(values), offset)
         batch.append(stacked)
     return batch
-
-
-def _concat(arrays: list[mx.array]) -> mx.array:
-    return arrays[0] if len(arrays) == 1 else mx.concatenate(arrays, axis=0)
 
 
 def _row_cache(batch: LayerCaches, row: int, length: int) -> LayerCaches:
