@@ -28,6 +28,7 @@ from bench.servers import SERVERS, OrchardKnobs, ServerProcess, free_port, mlx_l
 from bench.serving import run_async, add_load_arguments, run_suite, settings_from_args, suite_tables, to_jsonable, write_json
 from bench.serving_tables import show
 from bench.serving_workloads import LoadSettings
+from engine.config import EngineConfig
 
 REPO = Path(__file__).resolve().parents[1]
 # Time-budget shares: mlx_lm.server streams more slowly at high concurrency; the engine run is short.
@@ -49,7 +50,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--log-dir", help="server logs (default: next to --json)")
     p.add_argument("--time-budget-s", type=float, default=480.0, help="the whole run, model build included")
     p.add_argument("--startup-timeout-s", type=float, default=240.0)
-    p.add_argument("--prefill-batch", type=int, default=8, help="ours: cb_prefill_batch_size")
+    p.add_argument("--prefill-batch", type=int, default=EngineConfig.max_prefill_seqs, help="ours: cb_prefill_batch_size")
     p.add_argument("--chunked-prefill-tokens", type=int, default=2048, help="ours: cb_chunked_prefill_tokens")
     p.add_argument("--context-length", type=int, default=None, help="ours: context_length (default: the model's)")
     p.add_argument("--throughput-optimized", action="store_true", help="ours: RAY_SERVE_THROUGHPUT_OPTIMIZED=1")

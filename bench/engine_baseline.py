@@ -23,6 +23,7 @@ from typing import Optional
 import mlx.core as mx
 
 from bench.engine_throughput import OrchardRunner, Trace, free_memory, step_into, machine_info, make_prompts, model_info, summarize
+from engine.config import EngineConfig
 
 
 class StaggeredOrchardRunner(OrchardRunner):
@@ -94,7 +95,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--warmup-tokens", type=int, default=0, help="0: as many as --gen-tokens")
     p.add_argument("--stagger-ms", type=float, default=1.0, help="between request arrivals, as the HTTP client")
-    p.add_argument("--prefill-batch-size", type=int, default=8)
+    p.add_argument("--prefill-batch-size", type=int, default=EngineConfig.max_prefill_seqs)
     p.add_argument("--prefill-chunk-tokens", type=int, default=2048)
     p.add_argument("--prefix-cache", choices=["on", "off"], default="on", help="as the server runs (on by default)")
     p.add_argument("--seed", type=int, default=0)

@@ -36,7 +36,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-num-seqs", type=int, default=512, help="cb_max_num_seqs")
     p.add_argument("--decode-batch", type=int, default=128, help="cb_completion_batch_size")
-    p.add_argument("--prefill-batch", type=int, default=8, help="cb_prefill_batch_size")
+    p.add_argument("--prefill-batch", type=int, default=None, help="cb_prefill_batch_size (default: the model entry's)")
     p.add_argument("--chunked-prefill-tokens", type=int, default=2048, help="cb_chunked_prefill_tokens")
     p.add_argument("--queue-size", type=int, default=512)
     p.add_argument("--context-length", type=int, default=None, help="default: the model's own")
@@ -55,11 +55,12 @@ def model_entry_args(args: argparse.Namespace, model_id: str) -> dict[str, Any]:
         "model_path": str(Path(args.model).resolve()),
         "cb_max_num_seqs": args.max_num_seqs,
         "cb_completion_batch_size": args.decode_batch,
-        "cb_prefill_batch_size": args.prefill_batch,
         "cb_chunked_prefill_tokens": args.chunked_prefill_tokens,
         "cb_enable_prefix_cache": not args.no_prefix_cache,
         "queue_size": args.queue_size,
     }
+    if args.prefill_batch:
+        entry["cb_prefill_batch_size"] = args.prefill_batch
     if args.context_length:
         entry["context_length"] = args.context_length
     for item in args.model_arg:

@@ -20,6 +20,7 @@ import httpx
 
 from bench.serving_client import Target
 from engine.backend import BACKEND_DEFAULTS
+from engine.config import EngineConfig
 
 SERVERS = ("orchard", "orchard_local", "mlx_lm")  # orchard_local: our HTTP stack without Ray
 
@@ -36,7 +37,7 @@ class ServerSpec:
 @dataclass
 class OrchardKnobs:
     decode_batch: int = 128
-    prefill_batch: int = 8
+    prefill_batch: int = EngineConfig.max_prefill_seqs
     chunked_prefill_tokens: int = 2048
     context_length: Optional[int] = None
     throughput_optimized: bool = False

@@ -58,11 +58,11 @@ class ModelConfig(BaseModel):
     queue_size: int | None = Field(100, ge=0)
     continuous_batching: bool = True
     cb_max_num_seqs: int = Field(256, ge=1)
-    cb_prefill_batch_size: int = Field(8, ge=1)
+    cb_prefill_batch_size: int = Field(EngineConfig.max_prefill_seqs, ge=1)
     cb_completion_batch_size: int = Field(32, ge=1)
     cb_chunked_prefill_tokens: int = Field(2048, ge=0)
     # Ours: prompt tokens all prefilling requests together per step (0: chunks x cb_prefill_batch_size).
-    prefill_step_tokens: int = Field(8192, ge=0)
+    prefill_step_tokens: int = Field(EngineConfig.prefill_step_tokens, ge=0)
     cb_enable_prefix_cache: bool = True
     prompt_cache_size: int | None = Field(None, ge=0)
     # Ours, not Bodega's: stream chunks per second for all of this model's streams together (the time

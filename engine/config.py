@@ -32,10 +32,10 @@ class EngineConfig:
     """
 
     max_num_seqs: int = 256
-    max_prefill_seqs: int = 8
+    max_prefill_seqs: int = 32
     max_decode_seqs: int = 32
     prefill_chunk_tokens: int = 2048
-    prefill_step_tokens: int = 8192
+    prefill_step_tokens: int = 16384
     # Pad prefill forwards to a few lengths and warm them at load (runner/prefill_shapes.py);
     # None: on with a GPU, off on the CPU (where padding only costs). Models with plain KV caches only.
     pad_prefill_shapes: bool | None = None

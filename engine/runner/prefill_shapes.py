@@ -53,8 +53,8 @@ def group_rows(lengths: list[int]) -> list[list[int]]:
     return [sorted(group) for group in groups]
 
 
-# Row counts up to this are each their own bucket (the default prefill batch runs as before: any
-# count in one forward); beyond it, powers of two and the row limit (a 32-row limit warms 10 counts).
+# Row counts up to this are each their own bucket (a prefill batch of 8 runs any count in one forward);
+# beyond it, powers of two and the row limit (the default 32-row limit warms 10 counts).
 EVERY_ROW_COUNT_UP_TO = 8
 
 
