@@ -83,6 +83,7 @@ class AsyncEngine:
         self._dead: OrchardError | None = None
         self._compiler = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="orchard-guides")
         self._compiling: dict[str, Request] = {}
+        self._held_outputs: list[RequestOutput] = []  # the last step's, until the next one keeps the device busy
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> None:
@@ -181,27 +182,40 @@ class AsyncEngine:
         self._loop.call_soon_threadsafe(_resolve, ready, None)
         try:
             self._loop_steps()
+            self._post_held_outputs()
         except BaseException as exc:
             logger.exception("engine thread died")
+            self._post_held_outputs()  # what was already decided still reaches its streams, before the error
             self._dead = EngineDeadError(f"The engine thread died: {exc!r}")
             self._loop.call_soon_threadsafe(self._fail_all, self._dead)
         finally:
             self._core.close()
 
     def _loop_steps(self) -> None:
+        """Step while there is work. A step's outputs are posted to the event loop when the next step's
+        forward is built and its device work comes next: the loop's reaction (streams, Ray) then takes
+        the GIL while this thread waits on the device, not while it builds the next graph."""
         core = self._core
         last_stats = 0.0
         while True:
             outputs: list[RequestOutput] = []
-            if self._apply_commands(block=not core.has_unfinished_requests(), outputs=outputs):
+            busy = core.has_unfinished_requests()
+            if not busy:
+                self._post_held_outputs()
+            if self._apply_commands(block=not busy, outputs=outputs):
                 return
             if core.has_unfinished_requests():
-                outputs += core.step()
-            if outputs:
-                self._loop.call_soon_threadsafe(self._deliver, outputs)
+                outputs += core.step(before_device_work=self._post_held_outputs)
+            self._post_held_outputs()  # a step that raised before its forward; else a no-op
+            self._held_outputs = outputs
             now = time.monotonic()
             if now - last_stats > STATS_INTERVAL_S or not core.has_unfinished_requests():
                 self._stats, last_stats = core.stats(), now
+
+    def _post_held_outputs(self) -> None:
+        if self._held_outputs:
+            self._loop.call_soon_threadsafe(self._deliver, self._held_outputs)
+            self._held_outputs = []
 
     def _apply_commands(self, block: bool, outputs: list[RequestOutput]) -> bool:
         """Apply queued commands; True when asked to shut down."""

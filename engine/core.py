@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from engine.config import EngineConfig
 from engine.errors import ContextLengthExceededError, InvalidRequestError
@@ -111,10 +112,11 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests() or self.runner.holds_state()
 
     # ---- the step --------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self, before_device_work: Callable[[], None] | None = None) -> list[RequestOutput]:
+        """One step; before_device_work is called once the step's forward is built, before the device runs it."""
         started, started_cpu = time.perf_counter(), time.thread_time()
         scheduled = self.scheduler.schedule()
-        sampled = self.runner.execute(scheduled)
+        sampled = self.runner.execute(scheduled, before_device_work)
         outputs = self._expired_outputs(scheduled)
         outputs += self._update(sampled)
         self._count(scheduled, outputs)

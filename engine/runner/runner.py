@@ -9,6 +9,7 @@ device work. Rows whose penalties need the previous token force a read first.
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 import mlx.core as mx
 
@@ -60,13 +61,17 @@ class ModelRunner:
         self.pad_prefill_shapes = _resolve_pad_shapes(config.pad_prefill_shapes, self.model)
 
     # ---- one engine step -------------------------------------------------
-    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
+    def execute(self, scheduled: SchedulerOutput, before_device_work: Callable[[], None] | None = None) -> RunnerOutput:
+        """Run one step. before_device_work, if given, is called once, when the decode forward's graph is
+        built and the device (and the GIL-free launch of its work) comes next."""
         with mx.stream(self.stream):
             for request_id in scheduled.freed_request_ids:
                 self._forget(request_id)
             needs_history = any(r.sampling.needs_token_history for r in scheduled.decode_requests)
             sampled = []
             logits = self._dispatch_forward(scheduled.decode_requests)
+            if before_device_work is not None:
+                before_device_work()
             if needs_history:
                 # Penalties and guides need the previous step's tokens before sampling, not before
                 # the forward: the device runs this step's forward while they are read back.

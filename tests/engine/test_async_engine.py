@@ -127,7 +127,7 @@ def test_a_dead_engine_thread_fails_every_stream_instead_of_hanging(tiny_llama):
     async def scenario():
         engine = await started(tiny_llama)
         try:
-            def broken_step():
+            def broken_step(before_device_work=None):
                 raise RuntimeError("device lost")
 
             engine.core.step = broken_step
@@ -152,3 +152,18 @@ def test_a_model_that_fails_to_build_raises_from_start():
             await engine.start()
 
     asyncio.run(scenario())
+
+
+def test_every_step_calls_before_device_work_once(tiny_llama):
+    # AsyncEngine posts the previous step's outputs from this hook: a step that skipped it would hold
+    # them back a step, one that called it twice would post nothing the second time (harmless but wrong).
+    core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=1, prefill_chunk_tokens=4))
+    core.add_request(Request("a", list(range(1, 11)), SamplingParams(max_tokens=3, **GREEDY)))
+    core.add_request(Request("b", [1, 2], SamplingParams(max_tokens=3, **GREEDY)))
+    calls_per_step, rows_at_call = [], []
+    while core.has_unfinished_requests():
+        calls = []
+        core.step(before_device_work=lambda: (calls.append(1), rows_at_call.append(len(core.runner.batch))))
+        calls_per_step.append(len(calls))
+    assert len(calls_per_step) >= 5 and calls_per_step == [1] * len(calls_per_step)
+    assert max(rows_at_call) == 2  # called once the decode batch for the step is assembled
