@@ -63,6 +63,10 @@ class ModelConfig(BaseModel):
     cb_chunked_prefill_tokens: int = Field(2048, ge=0)
     # Ours: prompt tokens all prefilling requests together per step (0: chunks x cb_prefill_batch_size).
     prefill_step_tokens: int = Field(EngineConfig.prefill_step_tokens, ge=0)
+    # Ours: pad prefill forwards to a few shapes, warmed at load for up to prefill_warmup_seconds
+    # (null: on with a GPU); the warm-up is what keeps a burst's first forwards from building kernels.
+    pad_prefill_shapes: bool | None = None
+    prefill_warmup_seconds: float = Field(EngineConfig.prefill_warmup_seconds, ge=0)
     cb_enable_prefix_cache: bool = True
     prompt_cache_size: int | None = Field(None, ge=0)
     # Ours, not Bodega's: stream chunks per second for all of this model's streams together (the time
@@ -127,6 +131,8 @@ class ModelConfig(BaseModel):
             "cb_completion_batch_size": decode,
             "cb_chunked_prefill_tokens": self.cb_chunked_prefill_tokens,
             "prefill_step_tokens": self.prefill_step_tokens,
+            "pad_prefill_shapes": self.pad_prefill_shapes,
+            "prefill_warmup_seconds": self.prefill_warmup_seconds,
             "cb_enable_prefix_cache": self.cb_enable_prefix_cache,
             "prompt_cache_size": self.prompt_cache_size,
             "context_length": self.context_length,

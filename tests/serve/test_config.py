@@ -75,6 +75,16 @@ def test_later_issue_fields_are_accepted_now():
     assert options["num_draft_tokens"] == 4
 
 
+def test_prefill_shape_knobs_reach_the_engine_config():
+    config = ModelConfig.model_validate({"model_path": "default", "pad_prefill_shapes": False, "prefill_warmup_seconds": 15})
+    engine = EngineConfig.from_options(**config.engine_options())
+    assert (engine.pad_prefill_shapes, engine.prefill_warmup_seconds) == (False, 15)
+    default = EngineConfig.from_options(**ModelConfig(model_path="default").engine_options())
+    assert (default.pad_prefill_shapes, default.prefill_warmup_seconds) == (None, 120.0)
+    with pytest.raises(ValidationError, match="greater than or equal"):
+        ModelConfig.model_validate({"model_path": "default", "prefill_warmup_seconds": -1})
+
+
 def test_model_ids_map_to_serve_application_names():
     assert serve_app_name("org/model") == "org--model" and model_id_of_app("org--model") == "org/model"
     assert ModelConfig(model_path="default").id == "SmolLM2-135M-Instruct"
