@@ -206,7 +206,7 @@ class AsyncEngine:
                 return
             if core.has_unfinished_requests():
                 outputs += core.step(before_device_work=self._post_held_outputs)
-            self._post_held_outputs()  # a step that raised before its forward; else a no-op
+            self._post_held_outputs()  # when no step ran (commands ended the work); else already posted
             self._held_outputs = outputs
             now = time.monotonic()
             if now - last_stats > STATS_INTERVAL_S or not core.has_unfinished_requests():
