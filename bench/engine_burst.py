@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--prefix-cache", choices=["on", "off"], default="on")
     parser.add_argument("--prefill-batch", type=int, default=EngineConfig.max_prefill_seqs, help="max_prefill_seqs")
     parser.add_argument("--step-tokens", type=int, default=EngineConfig.prefill_step_tokens, help="prefill_step_tokens")
-    parser.add_argument("--warmup-seconds", type=float, default=120.0, help="prefill_warmup_seconds")
+    parser.add_argument("--warmup-seconds", type=float, default=EngineConfig.prefill_warmup_seconds, help="prefill_warmup_seconds")
     parser.add_argument("--json")
     args = parser.parse_args()
     loaded = load_model(str(make_random_model(tempfile.mkdtemp(prefix="orchard-eb-"), args.random_shape)))

@@ -57,10 +57,10 @@ class ModelConfig(BaseModel):
     queue_timeout: float | None = Field(300.0, gt=0)
     queue_size: int | None = Field(100, ge=0)
     continuous_batching: bool = True
-    cb_max_num_seqs: int = Field(256, ge=1)
+    cb_max_num_seqs: int = Field(EngineConfig.max_num_seqs, ge=1)
     cb_prefill_batch_size: int = Field(EngineConfig.max_prefill_seqs, ge=1)
-    cb_completion_batch_size: int = Field(32, ge=1)
-    cb_chunked_prefill_tokens: int = Field(2048, ge=0)
+    cb_completion_batch_size: int = Field(EngineConfig.max_decode_seqs, ge=1)
+    cb_chunked_prefill_tokens: int = Field(EngineConfig.prefill_chunk_tokens, ge=0)
     # Ours: prompt tokens all prefilling requests together per step (0: chunks x cb_prefill_batch_size).
     prefill_step_tokens: int = Field(EngineConfig.prefill_step_tokens, ge=0)
     # Ours: pad prefill forwards to a few shapes, warmed at load for up to prefill_warmup_seconds
