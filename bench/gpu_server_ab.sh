@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Server variants side by side on one lent GPU machine, in one device call (a diagnostic, not the sweep):
+#   VARIANTS='head|;head|--throughput-optimized;.gpu/other.tar.xz|' bash bench/gpu_server_ab.sh
+# A variant is SOURCE|FLAGS: SOURCE "head" (this checkout) or a .tar.xz of another source tree (e.g.
+# `git archive REV | xz > .gpu/rev.tar.xz`, carried along); FLAGS go to bench.run_orchard_server. Each variant
+# serves the same random model in turn: BURSTS bursts of 32 x 512-token prompts, then 64 uniform streams, with
+# the CPU seconds of the proxy, the ingress and the model replica over each (bench.proc_cpu). The in-process
+# engine at 64 streams runs once first. Writes $OUT/server_ab.txt and $OUT/server_ab.tgz (JSON and logs).
+# Env: SHAPE (default qwen3-0.6b), BURSTS (5), WARMUP_S (model-entry prefill_warmup_seconds, 15;
+# trees from 56dc888 on accept it).
+set -u
+cd "$(dirname "$0")/.."
+# shellcheck disable=SC1091
+source .gpu/activate.sh
+OUT="${OUT:-/tmp/out}"; WORK=/tmp/server-ab; MODEL=/tmp/server-ab-model/m; HEAD_DIR="$PWD"
+mkdir -p "$OUT" "$WORK" "$(dirname "$MODEL")"
+SUMMARY="$OUT/server_ab.txt"
+trap 'tar -czf "$OUT/server_ab.tgz" -C "$WORK" .' EXIT
+python3 -c "from bench.random_model import make_random_model; make_random_model('$MODEL', '${SHAPE:-qwen3-0.6b}')" > /dev/null
+VOCAB=$(python3 -c "import json; print(json.load(open('$MODEL/config.json'))['vocab_size'])")
+timeout 80 python3 -m bench.engine_baseline --model "$MODEL" --levels 64,64 --json "$WORK/inprocess.json" \
+  > "$WORK/inprocess.log" 2>&1
+{ echo "== in-process engine"; grep -h "c=64" "$WORK/inprocess.log"; } | tee -a "$SUMMARY"
+
+run_variant() {  # $1 index, $2 source, $3 flags
+  local dir="$HEAD_DIR" tag="v$1"
+  if [ "$2" != "head" ]; then
+    dir="$WORK/src_$1"; mkdir -p "$dir"; xz -dc "$HEAD_DIR/$2" | tar -x -C "$dir"
+  fi
+  echo "== $tag: $2 $3" | tee -a "$SUMMARY"
+  # shellcheck disable=SC2086
+  (cd "$dir" && exec python3 -m bench.run_orchard_server --model "$MODEL" --port 8123 --model-arg "prefill_warmup_seconds=${WARMUP_S:-15}" $3) \
+    > "$WORK/${tag}_server.log" 2>&1 &
+  local server=$!
+  for _ in $(seq 1 240); do grep -q "ORCHARD READY\|orchard server failed" "$WORK/${tag}_server.log" && break; sleep 1; done
+  grep -h "ORCHARD READY\|orchard server failed" "$WORK/${tag}_server.log" | tee -a "$SUMMARY"
+  local load="python3 -m bench.serving --base-url http://127.0.0.1:8123 --model m --ignore-eos --vocab-size $VOCAB"
+  for i in $(seq 1 "${BURSTS:-5}"); do
+    python3 -m bench.proc_cpu -- $load --workloads burst --json "$WORK/${tag}_burst$i.json" --time-budget-s 30 2>&1 \
+      | grep "burst   c=\|proc_cpu" | tee -a "$SUMMARY"
+  done
+  python3 -m bench.proc_cpu -- $load --levels 64 --workloads uniform --requests-per-worker-high 5 \
+    --json "$WORK/${tag}_uniform64.json" --time-budget-s 60 2>&1 | grep "c=64\|engine:\|proc_cpu" | tee -a "$SUMMARY"
+  kill -INT "$server"; wait "$server"
+  for log in /tmp/ray/session_latest/logs/serve/replica_m_*.log; do tail -c 300000 "$log" > "$WORK/${tag}_$(basename "$log")"; done
+}
+
+IFS=';' read -r -a variants <<< "${VARIANTS:-head|}"
+for i in "${!variants[@]}"; do
+  run_variant "$i" "${variants[$i]%%|*}" "${variants[$i]#*|}"
+done
