@@ -2,6 +2,9 @@
 
     python -m bench.engine_burst --random-shape qwen3-0.6b --burst 32 --prompt-tokens 512 --json out.json
 
+With --stagger-ms S, prompt i arrives i * S ms after the first (bench.serving's burst sends them 2 ms apart)
+and its TTFT counts from its own arrival.
+
 Separates the engine's share of bench.serving's burst figure from the HTTP / Ray share. Prints
 each step of the burst (prefill tokens, decode rows, milliseconds).
 """
@@ -21,20 +24,27 @@ from engine import EngineConfig, EngineCore, Request, SamplingParams
 from engine.runner.loader import load_model
 
 
-def submit_all(core: EngineCore, prompts: list[list[int]], gen_tokens: int) -> tuple[list[str], float]:
-    """Add the prompts at once (greedy, exactly gen_tokens each): their request ids and the start time."""
+def add_arrived(core: EngineCore, pending: list[Request], arrivals: dict[str, float]) -> None:
+    """Add the pending requests whose arrival time has come (pending is in arrival order)."""
+    now = time.perf_counter()
+    while pending and arrivals[pending[0].request_id] <= now:
+        core.add_request(pending.pop(0))
+
+
+def first_token_times(
+    core: EngineCore, prompts: list[list[int]], gen_tokens: int, steps: list[dict], stagger_s: float = 0.0
+) -> list[float]:
+    """Each prompt's TTFT from its own arrival (greedy, exactly gen_tokens each)."""
     sampling = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
-    started = time.perf_counter()
-    ids = [f"b{random.random()}" for _ in prompts]
-    for request_id, prompt in zip(ids, prompts):
-        core.add_request(Request(request_id, prompt, sampling))
-    return ids, started
-
-
-def first_token_times(core: EngineCore, prompts: list[list[int]], gen_tokens: int, steps: list[dict]) -> list[float]:
-    ids, started = submit_all(core, prompts, gen_tokens)
+    pending = [Request(f"b{random.random()}", prompt, sampling) for prompt in prompts]
+    ids, started = [r.request_id for r in pending], time.perf_counter()
+    arrivals = {request_id: started + i * stagger_s for i, request_id in enumerate(ids)}
     ttft: dict[str, float] = {}
-    while core.has_unfinished_requests():
+    while pending or core.has_unfinished_requests():
+        add_arrived(core, pending, arrivals)
+        if not core.has_unfinished_requests():
+            time.sleep(max(0.0, arrivals[pending[0].request_id] - time.perf_counter()))
+            continue
         t = time.perf_counter()
         waiting = len(core.scheduler.waiting)
         outputs = core.step()
@@ -43,7 +53,7 @@ def first_token_times(core: EngineCore, prompts: list[list[int]], gen_tokens: in
                       "first_tokens": sum(1 for o in outputs if o.request_id not in ttft and o.delta)})
         for output in outputs:
             if output.request_id not in ttft and output.delta is not None and output.delta.token_ids:
-                ttft[output.request_id] = now - started
+                ttft[output.request_id] = now - arrivals[output.request_id]
     return [ttft[request_id] for request_id in ids]
 
 
@@ -53,6 +63,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--gen-tokens", type=int, default=32)
+    parser.add_argument("--stagger-ms", type=float, default=0.0, help="prompt i arrives i * this after the first")
     parser.add_argument("--prefix-cache", choices=["on", "off"], default="on")
     parser.add_argument("--prefill-batch", type=int, default=EngineConfig.max_prefill_seqs, help="max_prefill_seqs")
     parser.add_argument("--step-tokens", type=int, default=EngineConfig.prefill_step_tokens, help="prefill_step_tokens")
@@ -73,15 +84,16 @@ def main() -> None:
     first_token_times(core, [prompt() for _ in range(args.burst)], args.gen_tokens, [])  # first-use costs
     lone = [first_token_times(core, [prompt()], args.gen_tokens, [])[0] for _ in range(3)]
     steps: list[dict] = []
-    burst = sorted(first_token_times(core, [prompt() for _ in range(args.burst)], args.gen_tokens, steps))
+    burst = sorted(first_token_times(core, [prompt() for _ in range(args.burst)], args.gen_tokens, steps,
+                                     args.stagger_ms / 1e3))
     p95 = burst[min(len(burst) - 1, round(0.95 * (len(burst) - 1)))]
     report = {
         "commit": git_commit(), "machine": machine_info(), "shape": args.random_shape, "burst": args.burst,
-        "prompt_tokens": args.prompt_tokens, "prefix_cache": args.prefix_cache,
+        "prompt_tokens": args.prompt_tokens, "stagger_ms": args.stagger_ms, "prefix_cache": args.prefix_cache,
         "prefill_batch": args.prefill_batch, "step_tokens": args.step_tokens, "warmup_s": round(warmup_s, 1),
         "lone_ttft_ms": round(1e3 * statistics.median(lone), 1), "burst_ttft_p95_ms": round(1e3 * p95, 1),
         "burst_ttft_ms": [round(1e3 * t, 1) for t in burst], "ratio": round(p95 / statistics.median(lone), 2),
-        "burst_steps": steps[:20],
+        "burst_steps": steps[:40],
     }
     print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1))
     if args.json:
