@@ -5,6 +5,7 @@
 Matches the proxy, the ingress replica and model replicas by process title (ray::ProxyActor,
 ray::ServeReplica:orchard:Ingress, ray::ServeReplica:<model>:ModelServer); prints one line,
 `proc_cpu: wall W s; ProxyActor X s, Ingress Y s, ...`, after the command's own output.
+Needs psutil: the GPU bundle has it; on the dev machine `pip install psutil` (not a dependency of ours).
 """
 
 from __future__ import annotations
