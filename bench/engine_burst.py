@@ -24,6 +24,21 @@ from engine import EngineConfig, EngineCore, Request, SamplingParams
 from engine.runner.loader import load_model
 
 
+def burst_requests(prompts: list[list[int]], gen_tokens: int) -> list[Request]:
+    """Greedy requests of exactly gen_tokens new tokens each, with fresh ids."""
+    sampling = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
+    return [Request(f"b{random.random()}", prompt, sampling) for prompt in prompts]
+
+
+def submit_all(core: EngineCore, prompts: list[list[int]], gen_tokens: int) -> tuple[list[str], float]:
+    """Add the prompts at once: their request ids and the start time (bench.prefix_cache's waves)."""
+    requests = burst_requests(prompts, gen_tokens)
+    started = time.perf_counter()
+    for request in requests:
+        core.add_request(request)
+    return [r.request_id for r in requests], started
+
+
 def add_arrived(core: EngineCore, pending: list[Request], arrivals: dict[str, float]) -> None:
     """Add the pending requests whose arrival time has come (pending is in arrival order)."""
     now = time.perf_counter()
@@ -35,8 +50,7 @@ def first_token_times(
     core: EngineCore, prompts: list[list[int]], gen_tokens: int, steps: list[dict], stagger_s: float = 0.0
 ) -> list[float]:
     """Each prompt's TTFT from its own arrival (greedy, exactly gen_tokens each)."""
-    sampling = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
-    pending = [Request(f"b{random.random()}", prompt, sampling) for prompt in prompts]
+    pending = burst_requests(prompts, gen_tokens)
     ids, started = [r.request_id for r in pending], time.perf_counter()
     arrivals = {request_id: started + i * stagger_s for i, request_id in enumerate(ids)}
     ttft: dict[str, float] = {}
