@@ -3,10 +3,13 @@
     python -m bench.step_parts_probe --random-shape qwen3-0.6b --rows 8,32 --tokens 512,517 --json out.json
 
 For N prompts of T tokens, as ModelRunner runs them (padded shapes on a GPU):
-  forward       run_prefill, then its logits and the padded forwards' batched KV evaluated
+  forward       run_prefill (with the model's head split where it has one, as the runner), then its logits
+                and the padded forwards' batched KV evaluated
+  forward_whole the same without the head split (full logits, or bodies then a one-token tail forward)
   row_views     then each request's cache (row views of the batch) evaluated, as _sample_first_tokens does
   sample        greedy first tokens of the completing rows, read back
   prefix_insert the prompts' blocks into a fresh prefix cache (KVBlockStore.insert_rows), evaluated
+                (prefix_insert_cpu: until the copies are queued)
   join_empty    the N rows appended to an empty decode batch (plain_batch.append_rows), evaluated
   join_onto     the same rows appended to a batch of --decode-rows rows decoding at T + 64 tokens
   decode        one decode forward of that joined batch, logits evaluated
@@ -33,6 +36,7 @@ from engine.kv import plain_batch
 from engine.kv.batch_cache import cache_arrays, new_request_cache
 from engine.kv.block_store import KVBlockStore
 from engine.kv.prefix_cache import PrefixCache
+from engine.runner.head_split import head_split
 from engine.runner.loader import load_model
 from engine.runner.prefill import run_prefill
 from engine.scheduler.output import PrefillChunk
@@ -48,41 +52,55 @@ def _prompts(rows: int, tokens: int, vocab: int, salt: int) -> list[list[int]]:
     return [[(salt + 7 + 31 * r + 13 * i) % (vocab - 16) for i in range(tokens)] for r in range(rows)]
 
 
-def _prefill(model, prompts: list[list[int]], vocab: int, pad: bool):
+def _prefill(model, prompts: list[list[int]], vocab: int, pad: bool, split=None):
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     requests = [Request(f"p{i}", p, params) for i, p in enumerate(prompts)]
     chunks = [PrefillChunk(r, 0, len(r.prompt_token_ids)) for r in requests]
     caches = [new_request_cache(model) for _ in chunks]
-    return run_prefill(model, chunks, caches, len(chunks) if pad else None, vocab)
+    return run_prefill(model, chunks, caches, len(chunks) if pad else None, vocab, split)
+
+
+def _joiners(result) -> list[plain_batch.RowBlock]:
+    """The prefilled rows as the runner hands them to the decode batch: blocks of a padded forward's batch."""
+    blocks = [plain_batch.RowBlock.of_request(c) for c in result.caches]
+    for shared in result.shared:
+        for position, i in enumerate(shared.rows):
+            blocks[i] = plain_batch.RowBlock(shared.caches, position, position + 1, result.caches[i][0].offset)
+    return plain_batch.merged_blocks(blocks)
 
 
 def _decode_batch(model, rows: int, tokens: int, vocab: int, pad: bool):
     """A plain decode batch of `rows` rows holding `tokens` positions each."""
     result = _prefill(model, _prompts(rows, tokens, vocab, salt=99), vocab, pad)
     mx.eval(*(cache_arrays(c) for c in result.caches))
-    caches, padding = plain_batch.append_rows([], [], result.caches)
+    caches, padding = plain_batch.append_rows([], [], _joiners(result))
     mx.eval(*cache_arrays(caches))
     return caches, padding
 
 
-def one_round(model, rows: int, tokens: int, vocab: int, pad: bool, decode_rows: int) -> dict[str, float]:
+def _timed_prefill(model, prompts: list[list[int]], vocab: int, pad: bool, split) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = _prefill(model, prompts, vocab, pad, split)
+    mx.eval(result.last_logits, *(cache_arrays(s.caches) for s in result.shared))
+    return 1e3 * (time.perf_counter() - started), result
+
+
+def one_round(model, rows: int, tokens: int, vocab: int, pad: bool, decode_rows: int, split) -> dict[str, float]:
     prompts = _prompts(rows, tokens, vocab, salt=rows)
     out: dict[str, float] = {}
-    holder: dict = {}
-    out["forward"] = _ms(lambda: holder.update(r=_prefill(model, prompts, vocab, pad)) or mx.eval(
-        holder["r"].last_logits, *(cache_arrays(s.caches) for s in holder["r"].shared)))
-    result = holder["r"]
+    out["forward_whole"], _ = _timed_prefill(model, prompts, vocab, pad, None)
+    out["forward"], result = _timed_prefill(model, prompts, vocab, pad, split)
     out["row_views"] = _ms(lambda: mx.eval(*(cache_arrays(c) for c in result.caches)))
     out["sample"] = _ms(lambda: mx.argmax(result.last_logits, axis=-1).tolist())
     store = KVBlockStore(model, PrefixCache(32, 1 << 40))
     if result.shared:
         batch = result.shared[0]
-        out["prefix_insert"] = _ms(lambda: store.insert_rows(prompts, batch.caches, list(range(rows))) and (
-            store.flush() or mx.synchronize()))
-    out["join_empty"] = _ms(lambda: mx.eval(*cache_arrays(plain_batch.append_rows([], [], result.caches)[0])))
+        out["prefix_insert_cpu"] = _ms(lambda: store.insert_rows(prompts, batch.caches, list(range(rows))) and store.flush())
+        out["prefix_insert"] = out["prefix_insert_cpu"] + _ms(mx.synchronize)
+    out["join_empty"] = _ms(lambda: mx.eval(*cache_arrays(plain_batch.append_rows([], [], _joiners(result))[0])))
     base, padding = _decode_batch(model, decode_rows, tokens + 64, vocab, pad)
     joined: dict = {}
-    out["join_onto"] = _ms(lambda: joined.update(c=plain_batch.append_rows(base, padding, result.caches)[0]) or mx.eval(
+    out["join_onto"] = _ms(lambda: joined.update(c=plain_batch.append_rows(base, padding, _joiners(result))[0]) or mx.eval(
         *cache_arrays(joined["c"])))
     inputs = mx.zeros((decode_rows + rows, 1), mx.uint32)
     out["decode"] = _ms(lambda: mx.eval(model(inputs, cache=joined["c"])[:, -1, :]))
@@ -98,7 +116,8 @@ def one_round(model, rows: int, tokens: int, vocab: int, pad: bool, decode_rows:
 
 
 def probe(model, rows: int, tokens: int, vocab: int, pad: bool, decode_rows: int, repeat: int) -> dict:
-    rounds = [one_round(model, rows, tokens, vocab, pad, decode_rows) for _ in range(1 + repeat)]
+    split = head_split(model)
+    rounds = [one_round(model, rows, tokens, vocab, pad, decode_rows, split) for _ in range(1 + repeat)]
     mx.clear_cache()
     warm = {k: round(statistics.median(r[k] for r in rounds[1:]), 2) for k in rounds[0]}
     return {"rows": rows, "tokens": tokens, "decode_rows": decode_rows, "cold": {k: round(v, 2) for k, v in rounds[0].items()},

@@ -75,9 +75,12 @@ class DecodeBatch:
         return len(self.request_ids)
 
     def update_membership(
-        self, requests: list[Request], joiner_caches: dict[str, LayerCaches], all_rows: dict[str, RowSampling]
+        self, requests: list[Request], joiner_caches: dict[str, LayerCaches], all_rows: dict[str, RowSampling],
+        joiner_blocks: dict[str, plain_batch.RowBlock] | None = None,
     ) -> list[int]:
         """Make the batch exactly `requests` (kept rows keep their order, joiners go last).
+        `joiner_blocks` says where a joiner's KV sits in a batched prefill cache (plain caches only),
+        so that adjacent rows join together.
 
         Returns the previous row index of each kept row, to gather their next inputs.
         """
@@ -92,7 +95,7 @@ class DecodeBatch:
             self.request_ids = [self.request_ids[i] for i in keep_rows]
             self.rows = {rid: self.rows[rid] for rid in self.request_ids}
         if joiners:
-            self._add_joiners(joiners, [joiner_caches[r.request_id] for r in joiners], all_rows)
+            self._add_joiners(joiners, [joiner_caches[r.request_id] for r in joiners], all_rows, joiner_blocks or {})
         rows = [self.rows[rid] for rid in self.request_ids]
         self.sampler = BatchSampler(rows, self.vocab_size) if rows else None
         return keep_rows
@@ -113,7 +116,10 @@ class DecodeBatch:
         else:
             self.caches = filter_batch_cache(self.caches, keep_rows)
 
-    def _add_joiners(self, joiners: list[Request], caches: list[LayerCaches], all_rows: dict[str, RowSampling]) -> None:
+    def _add_joiners(
+        self, joiners: list[Request], caches: list[LayerCaches], all_rows: dict[str, RowSampling],
+        blocks: dict[str, plain_batch.RowBlock],
+    ) -> None:
         if not self.request_ids and len(joiners) == 1:
             # A lone sequence decodes on its own cache: no padding mask, as fast as mlx-lm's generate_step.
             self.caches, self.is_batched, self.padding = caches[0], False, None
@@ -123,7 +129,11 @@ class DecodeBatch:
             elif not self.request_ids:
                 self.padding = []
             if self.padding is not None and all(plain_batch.is_plain_request_cache(c) for c in caches):
-                self.caches, self.padding = plain_batch.append_rows(self.caches, self.padding, caches)
+                ids = [r.request_id for r in joiners]
+                if len(caches) > len(joiners):  # the lone sequence's cache goes first
+                    ids = [""] + ids
+                rows = [blocks.get(rid) or plain_batch.RowBlock.of_request(c) for rid, c in zip(ids, caches)]
+                self.caches, self.padding = plain_batch.append_rows(self.caches, self.padding, plain_batch.merged_blocks(rows))
             else:
                 self._extend_through_mlx_lm(caches)
             self.is_batched = True

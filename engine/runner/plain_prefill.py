@@ -18,6 +18,7 @@ from mlx_lm.models.cache import KVCache
 
 from engine.kv.batch_cache import LayerCaches, cache_arrays
 from engine.kv.plain_batch import concat_rows
+from engine.runner.head_split import HeadSplit, logits_at
 from engine.runner.prefill_shapes import bucket_length
 from engine.scheduler.output import PrefillChunk
 
@@ -30,23 +31,28 @@ def cache_offset(cache: LayerCaches) -> int:
     return cache[0].offset
 
 
-def split_for_logits(lengths: list[int], completing: list[bool], vocab_size: int) -> list[list[int]]:
-    """Row groups of one padded forward: whole unless its completing rows need full logits over budget."""
+def split_for_logits(
+    lengths: list[int], completing: list[bool], vocab_size: int, split: HeadSplit | None = None
+) -> list[list[int]]:
+    """Row groups of one padded forward: whole unless its completing rows need full logits over budget
+    (never with a head split: it computes the completing rows' logits only)."""
     rows = list(range(len(lengths)))
     same_length_completion = all(completing) and len(set(lengths)) == 1
-    if not any(completing) or same_length_completion:
+    if split is not None or not any(completing) or same_length_completion:
         return [rows]
     per_forward = max(1, LOGITS_ELEMENTS_BUDGET // (bucket_length(max(lengths)) * vocab_size))
     return [rows[i : i + per_forward] for i in range(0, len(rows), per_forward)]
 
 
 def plain_prefill(
-    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int, padded_rows: int = 0
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int, padded_rows: int = 0,
+    split: HeadSplit | None = None,
 ) -> tuple[list[LayerCaches], mx.array | None, LayerCaches]:
     """One forward of rows sharing a cache offset: their caches, the completing rows' last logits,
     and the batched cache the rows' caches are views of (row i holds chunk i).
 
-    Full logits where they fit the budget (one forward); equal-length completions beyond it
+    With a head split, the head runs on the completing rows' last positions only. Without one,
+    full logits where they fit the budget (one forward); equal-length completions beyond it
     write their bodies, then one token each (a second, decode-sized forward). Up to `padded_rows`,
     filler rows (token 0 on zero KV) follow the real ones; their outputs are never read.
     """
@@ -56,16 +62,16 @@ def plain_prefill(
     offset = cache_offset(caches[0])
     fillers = max(0, padded_rows - len(chunks))
     batch = _stack(caches, offset, fillers)
-    over_budget = (len(chunks) + fillers) * width * vocab_size > LOGITS_ELEMENTS_BUDGET
+    over_budget = split is None and (len(chunks) + fillers) * width * vocab_size > LOGITS_ELEMENTS_BUDGET
+    tokens = _right_padded(chunks, width, fillers=fillers)
+    logits = None
     if completing and over_budget and len(completing) == len(chunks) and len(set(lengths)) == 1 and lengths[0] > 1:
         logits = _body_then_tail(model, chunks, batch, fillers)
+    elif completing:
+        logits = logits_at(model, split, tokens, batch, completing, [lengths[i] - 1 for i in completing])
     else:
-        out = model(_right_padded(chunks, width, fillers=fillers), cache=batch)
-        logits = None
-        if completing:
-            logits = out[mx.array(completing), mx.array([lengths[i] - 1 for i in completing])]
-        else:
-            mx.eval(cache_arrays(batch))
+        model(tokens, cache=batch)
+        mx.eval(cache_arrays(batch))
     return [_row_cache(batch, row, offset + n) for row, n in enumerate(lengths)], logits, batch
 
 

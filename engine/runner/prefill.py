@@ -19,6 +19,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, eval_caches, extract_request_cache, merge_request_caches
+from engine.runner.head_split import HeadSplit, logits_at
 from engine.runner.plain_prefill import cache_offset, plain_prefill, split_for_logits
 from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, bucket_length, group_rows, split_rows
 from engine.scheduler.output import PrefillChunk
@@ -48,20 +49,21 @@ class PrefillResult:
 
 def run_prefill(
     model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], padded_rows_limit: int | None,
-    vocab_size: int,
+    vocab_size: int, split: HeadSplit | None = None,
 ) -> PrefillResult:
     """With a padded-rows limit (plain KVCache models only), rows sharing a cache offset run as
-    plain batches padded to a length bucket and a row bucket up to that limit; None: unpadded."""
+    plain batches padded to a length bucket and a row bucket up to that limit; None: unpadded.
+    With a head split (head_split.py), logits are computed at the completing positions only."""
     if padded_rows_limit is None:
-        return _prefill_rows(model, chunks, caches)
+        return _prefill_rows(model, chunks, caches, split)
     results = []
     out_caches: list[LayerCaches] = list(caches)
-    for group, padded_rows in _padded_forwards(chunks, caches, vocab_size, padded_rows_limit):
+    for group, padded_rows in _padded_forwards(chunks, caches, vocab_size, padded_rows_limit, split):
         group_chunks, group_caches = [chunks[i] for i in group], [caches[i] for i in group]
         if group_chunks[0].num_tokens > MAX_FORWARD_TOKENS:  # a long row alone, unpadded, in windows
-            result = _prefill_rows(model, group_chunks, group_caches)
+            result = _prefill_rows(model, group_chunks, group_caches, split)
         else:
-            new_caches, logits, batch = plain_prefill(model, group_chunks, group_caches, vocab_size, padded_rows)
+            new_caches, logits, batch = plain_prefill(model, group_chunks, group_caches, vocab_size, padded_rows, split)
             completing = [c for c in group_chunks if c.completes_prefill]
             result = PrefillResult(new_caches, completing, logits, [SharedBatch(batch, group)])
         for i, cache in zip(group, result.caches):
@@ -71,11 +73,11 @@ def run_prefill(
 
 
 def _padded_forwards(
-    chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int, max_rows: int
+    chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int, max_rows: int, split: HeadSplit | None
 ) -> list[tuple[list[int], int]]:
     """Each forward's chunk indices and padded row count (split_rows)."""
     forwards = []
-    for group in _padded_groups(chunks, caches, vocab_size):
+    for group in _padded_groups(chunks, caches, vocab_size, split):
         width = bucket_length(max(chunks[i].num_tokens for i in group))
         start = 0
         for part in split_rows(len(group), width, max(max_rows, len(group))):
@@ -84,7 +86,9 @@ def _padded_forwards(
     return forwards
 
 
-def _padded_groups(chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int) -> list[list[int]]:
+def _padded_groups(
+    chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int, split: HeadSplit | None
+) -> list[list[int]]:
     """Forwards of rows sharing a cache offset and a padded length; rows beyond one window go alone."""
     by_offset: dict[int, list[int]] = {}
     groups = []
@@ -98,7 +102,7 @@ def _padded_groups(chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_
             indices = [rows[i] for i in group]
             lengths = [chunks[i].num_tokens for i in indices]
             completing = [chunks[i].completes_prefill for i in indices]
-            groups += [[indices[j] for j in part] for part in split_for_logits(lengths, completing, vocab_size)]
+            groups += [[indices[j] for j in part] for part in split_for_logits(lengths, completing, vocab_size, split)]
     return groups
 
 
@@ -112,12 +116,16 @@ def _combined(out_caches: list[LayerCaches], results: list[PrefillResult]) -> Pr
     return PrefillResult(out_caches, completing, logits, shared)
 
 
-def _prefill_rows(model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches]) -> PrefillResult:
+def _prefill_rows(
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], split: HeadSplit | None = None
+) -> PrefillResult:
     """One unpadded forward of these rows (plus a one-token tail forward where the logits need it)."""
     completing = [i for i, c in enumerate(chunks) if c.completes_prefill]
     width = max(c.num_tokens for c in chunks)
-    if completing and len(chunks) * width <= SHORT_FORWARD_LOGITS_TOKENS:
-        caches, logits = _forward_with_logits(model, chunks, caches)
+    # Full logits of every position only while small; with a head split, any one window.
+    one_forward = width <= MAX_FORWARD_TOKENS if split is not None else len(chunks) * width <= SHORT_FORWARD_LOGITS_TOKENS
+    if completing and one_forward:
+        caches, logits = _forward_with_logits(model, chunks, caches, split)
         return PrefillResult(caches, [chunks[i] for i in completing], logits[mx.array(completing)])
     bodies = [list(c.token_ids[:-1]) if c.completes_prefill else list(c.token_ids) for c in chunks]
     with_body = [i for i, body in enumerate(bodies) if body]
@@ -135,16 +143,16 @@ def _prefill_rows(model: Any, chunks: list[PrefillChunk], caches: list[LayerCach
 
 
 def _forward_with_logits(
-    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches]
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], split: HeadSplit | None
 ) -> tuple[list[LayerCaches], mx.array]:
     lengths = [c.num_tokens for c in chunks]
     width = max(lengths)
+    last = [n - 1 for n in lengths]
     if len(chunks) == 1 and lengths[0] == width:
-        logits = model(mx.array(chunks[0].token_ids, mx.uint32)[None], cache=caches[0])[:, -1, :]
-        return caches, logits
+        tokens = mx.array(chunks[0].token_ids, mx.uint32)[None]
+        return caches, logits_at(model, split, tokens, caches[0], [0], last)
     merged, tokens, padded = _merge_right_padded(caches, [list(c.token_ids) for c in chunks], width)
-    all_logits = model(tokens, cache=merged)
-    logits = all_logits[mx.arange(len(chunks)), mx.array(lengths) - 1]
+    logits = logits_at(model, split, tokens, merged, list(range(len(chunks))), last)
     if padded:
         for layer in merged:
             layer.finalize()

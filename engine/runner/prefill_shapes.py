@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Powers of two up to 256, then steps of 256 up to 2,048 (a prefill window's largest size).
-LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
+# Powers of two up to 256, steps of 128 up to 1,024, then of 256 up to 2,048 (a prefill window's
+# largest size): a chat prompt just over 512 tokens pads to 640, not 768 (its forward 1.5x the work).
+LENGTH_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048)
 # A forward this small costs its fixed overhead whatever its padding.
 SMALL_FORWARD_TOKENS = 1024
 # Rows join a forward while its padded size stays within this multiple of its real tokens
@@ -99,18 +100,32 @@ class WarmupShape:
     completing: bool
 
 
-def warmup_shapes(max_rows: int, step_tokens: int | None, chunk_tokens: int | None) -> list[WarmupShape]:
-    """The padded shapes a step commonly produces (up to the step budget), smallest first.
+def warmup_shapes(
+    max_rows: int, step_tokens: int | None, chunk_tokens: int | None, head_split: bool = False
+) -> list[WarmupShape]:
+    """The padded shapes a step can produce within its budget of real tokens, smallest first.
 
     Rows of different lengths share their bucket's shapes, row counts their row bucket's
     (split_rows); rows split to fit the logits budget meet the smaller buckets, warmed too.
+    A shape is reachable when its fewest real tokens fit the budget: 26 rows of 513 tokens
+    (13,338) run as 32 x 640 (20,480 padded).
+    With a head split (head_split.py) a forward's body is the same whether its rows complete
+    or not, so only completing shapes are warmed.
     """
     longest = bucket_length(min(chunk_tokens or LENGTH_BUCKETS[-1], LENGTH_BUCKETS[-1]))
     limit = max(step_tokens or max_rows * longest, SMALL_FORWARD_TOKENS)
     shapes = []
-    for length in (b for b in LENGTH_BUCKETS if b <= longest):
+    lengths = [b for b in LENGTH_BUCKETS if b <= longest]
+    for shortest, length in zip([1] + [b + 1 for b in lengths], lengths):
         for rows in row_buckets(max_rows):
-            if rows > 1 and rows * length > limit:
+            if rows > 1 and _fewest_rows_padded_to(rows, length, max_rows) * shortest > limit:
                 break
-            shapes += [WarmupShape(rows, length, completing=True), WarmupShape(rows, length, completing=False)]
+            shapes.append(WarmupShape(rows, length, completing=True))
+            if not head_split:
+                shapes.append(WarmupShape(rows, length, completing=False))
     return sorted(shapes, key=lambda s: (s.rows * s.length, s.rows, not s.completing))
+
+
+def _fewest_rows_padded_to(padded_rows: int, length: int, max_rows: int) -> int:
+    """The fewest rows whose first forward split_rows runs at `padded_rows` rows."""
+    return next(n for n in range(1, padded_rows + 1) if split_rows(n, length, max_rows)[0].padded_rows == padded_rows)

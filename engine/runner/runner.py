@@ -21,9 +21,11 @@ from engine.kv.batch_cache import (
     new_request_cache,
 )
 from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes, default_budget_bytes, prefix_cache_mode
+from engine.kv.plain_batch import RowBlock
 from engine.kv.prefix_cache import PrefixCache
 from engine.request import Request
 from engine.runner.decode_batch import DecodeBatch, PendingStep, new_row_sampling
+from engine.runner.head_split import head_split
 from engine.runner.loader import LoadedModel
 from engine.runner.outputs import RunnerOutput, SampledToken
 from engine.runner.prefill import PrefillResult, run_prefill
@@ -43,6 +45,8 @@ class ModelRunner:
         self._rng = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
         self.batch = DecodeBatch(vocab_size=loaded.vocab_size)
         self._prefill_caches: dict[str, LayerCaches] = {}
+        # Where a completed prompt's KV sits in its padded forward's batch (joins decode with its neighbours).
+        self._joiner_blocks: dict[str, RowBlock] = {}
         # Sampling rows of requests past their first token, and each joiner's first decode input.
         self._rows: dict[str, RowSampling] = {}
         self._next_inputs: dict[str, int] = {}
@@ -59,6 +63,8 @@ class ModelRunner:
             self.prefix_cache = PrefixCache(config.prefix_block_size, budget, snapshot_only=mode == "snapshots")
         self._blocks = KVBlockStore(self.model, self.prefix_cache) if self.prefix_cache else None
         self.pad_prefill_shapes = _resolve_pad_shapes(config.pad_prefill_shapes, self.model)
+        # Prefill logits at the completing positions only, where the model splits exactly (else None).
+        self.head_split = head_split(self.model)
 
     # ---- one engine step -------------------------------------------------
     def execute(self, scheduled: SchedulerOutput, before_device_work: Callable[[], None] | None = None) -> RunnerOutput:
@@ -90,6 +96,7 @@ class ModelRunner:
 
     def _forget(self, request_id: str) -> None:
         self._prefill_caches.pop(request_id, None)
+        self._joiner_blocks.pop(request_id, None)
         self._rows.pop(request_id, None)
         self._next_inputs.pop(request_id, None)
 
@@ -102,9 +109,10 @@ class ModelRunner:
 
     def _dispatch_forward(self, requests: list[Request]) -> mx.array | None:
         joiner_caches = {r.request_id: self._joiner_cache(r) for r in requests if r.request_id not in self.batch.rows}
+        blocks = {rid: self._joiner_blocks.pop(rid) for rid in joiner_caches if rid in self._joiner_blocks}
         self._cache_leaving_rows({r.request_id for r in requests})
         previous_ids = list(self.batch.request_ids)
-        keep_rows = self.batch.update_membership(requests, joiner_caches, self._rows)
+        keep_rows = self.batch.update_membership(requests, joiner_caches, self._rows, blocks)
         if not self.batch.request_ids:
             return None
         inputs = self._decode_inputs(previous_ids, keep_rows)
@@ -163,9 +171,10 @@ class ModelRunner:
             return []
         caches = [self._prefill_cache(chunk.request) for chunk in chunks]
         rows_limit = self.config.max_prefill_seqs if self.pad_prefill_shapes else None
-        result = run_prefill(self.model, chunks, caches, rows_limit, self.batch.vocab_size)
+        result = run_prefill(self.model, chunks, caches, rows_limit, self.batch.vocab_size, self.head_split)
         for chunk, cache in zip(chunks, result.caches):
             self._prefill_caches[chunk.request.request_id] = cache
+        self._note_joiner_blocks(chunks, result)
         first_tokens = self._sample_first_tokens(result) if result.completing else []
         inserted = self._insert_shared_prompts(chunks, result)
         for i, (chunk, cache) in enumerate(zip(chunks, result.caches)):
@@ -173,6 +182,13 @@ class ModelRunner:
             if i not in inserted and chunk.completes_prefill and self._has_uncached_prompt_blocks(chunk.request):
                 self._blocks.insert(chunk.request.prompt_token_ids, cache)
         return first_tokens
+
+    def _note_joiner_blocks(self, chunks: list[PrefillChunk], result: PrefillResult) -> None:
+        for shared in result.shared:
+            for position, i in enumerate(shared.rows):
+                if chunks[i].completes_prefill:
+                    length = result.caches[i][0].offset
+                    self._joiner_blocks[chunks[i].request.request_id] = RowBlock(shared.caches, position, position + 1, length)
 
     def _insert_shared_prompts(self, chunks: list[PrefillChunk], result: PrefillResult) -> set[int]:
         """Cache completed prompts of padded forwards from their batched cache, a forward at a time."""
@@ -197,7 +213,7 @@ class ModelRunner:
         requests = [chunk.request for chunk in result.completing]
         rows = [self._row_sampling(request) for request in requests]
         sampled = BatchSampler(rows, self.batch.vocab_size).sample(result.last_logits, [0] * len(rows))
-        mx.eval([*sampled.arrays(), *(cache_arrays(c) for c in result.caches)])
+        mx.eval([*sampled.arrays(), *_prefilled_arrays(result)])
         step = PendingStep([r.request_id for r in requests], sampled, [r.params.top_logprobs for r in rows])
         tokens = step.read()
         for token in tokens:
@@ -253,17 +269,20 @@ class ModelRunner:
             if self.pad_prefill_shapes:
                 vocab = self.batch.vocab_size
                 shapes = warmup_shapes(
-                    self.config.max_prefill_seqs, self.config.prefill_token_budget, self.config.prefill_chunk_limit
+                    self.config.max_prefill_seqs, self.config.prefill_token_budget, self.config.prefill_chunk_limit,
+                    head_split=self.head_split is not None,
                 )
                 new_cache = lambda: new_request_cache(self.model)  # noqa: E731
                 warm_prefill_shapes(
-                    self.model, shapes, new_cache, self.config.prefill_warmup_seconds, vocab, self.config.max_prefill_seqs
+                    self.model, shapes, new_cache, self.config.prefill_warmup_seconds, vocab, self.config.max_prefill_seqs,
+                    self.head_split,
                 )
             mx.clear_cache()
 
     def close(self) -> None:
         self._pending = None
         self._prefill_caches.clear()
+        self._joiner_blocks.clear()
         self._batch_requests.clear()
         self._rows.clear()
         self._next_inputs.clear()
@@ -272,6 +291,14 @@ class ModelRunner:
         self.batch.caches = []
         mx.clear_cache()
         mx.set_cache_limit(self._previous_cache_limit)
+
+
+def _prefilled_arrays(result: PrefillResult) -> list:
+    """The step's KV: padded forwards' batches whole (their rows' caches are views of them: one
+    array per layer, not one per row), other caches as they are."""
+    in_shared = {i for shared in result.shared for i in shared.rows}
+    arrays = [cache_arrays(shared.caches) for shared in result.shared]
+    return arrays + [cache_arrays(c) for i, c in enumerate(result.caches) if i not in in_shared]
 
 
 def _resolve_pad_shapes(setting: bool | None, model) -> bool:

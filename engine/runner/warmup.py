@@ -10,6 +10,7 @@ import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, cache_arrays
 from engine.request import Request
+from engine.runner.head_split import HeadSplit
 from engine.runner.prefill import run_prefill
 from engine.runner.prefill_shapes import WarmupShape
 from engine.sampling.params import SamplingParams
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 def warm_prefill_shapes(
     model: Any, shapes: list[WarmupShape], new_cache: Callable[[], LayerCaches], time_budget_s: float,
-    vocab_size: int, max_rows: int,
+    vocab_size: int, max_rows: int, split: HeadSplit | None = None,
 ) -> int:
     """Run the shapes in order until the time budget is spent; returns how many ran.
     `max_rows` is the engine's prefill row limit (the row buckets serving pads to)."""
@@ -36,7 +37,7 @@ def warm_prefill_shapes(
             PrefillChunk(Request(f"warmup-{row}", prompt, SamplingParams(max_tokens=1)), 0, shape.length)
             for row in range(shape.rows)
         ]
-        result = run_prefill(model, chunks, [new_cache() for _ in chunks], max_rows, vocab_size)
+        result = run_prefill(model, chunks, [new_cache() for _ in chunks], max_rows, vocab_size, split)
         outputs = [cache_arrays(cache) for cache in result.caches]
         mx.eval(outputs if result.last_logits is None else [*outputs, result.last_logits])
         done += 1

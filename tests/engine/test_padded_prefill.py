@@ -15,6 +15,15 @@ from tests.support.drive import Arrival, run_core
 PADDED = dict(pad_prefill_shapes=True, prefill_warmup_seconds=0)
 
 
+def whole_head_core(loaded, config: EngineConfig) -> EngineCore:
+    """A core computing prefill logits through the model's own call (no head split): the path of
+    models whose head cannot be split, where the logits budget applies."""
+    core = EngineCore(loaded, config)
+    assert core.runner.head_split is not None  # llama splits; this turns it off
+    core.runner.head_split = None
+    return core
+
+
 def test_padded_staggered_requests_match_each_run_alone_unpadded(tiny_llama):
     # Lengths 1-69 and chunks of 24 give ragged rows, several buckets and split groups.
     prompts = random_prompts(12, seed=11, max_len=70)
@@ -94,7 +103,7 @@ def test_plain_batches_match_each_request_alone(tiny_llama):
     prompts = [equal[:50]] * 3 + ragged + [list(range(1, 60)), list(range(2, 61))]
     arrivals = [Arrival(0, Request(f"r{i}", prompts[i], params(i))) for i in range(len(prompts))]
     config = EngineConfig(max_prefill_seqs=16, prefill_chunk_tokens=32, prefill_step_tokens=1024, **PADDED)
-    core = EngineCore(tiny_llama, config)
+    core = whole_head_core(tiny_llama, config)
     budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
     # Two 32-wide rows of full logits per forward: ragged completions split, equal ones take body + tail.
     plain_prefill_module.LOGITS_ELEMENTS_BUDGET = 2 * 32 * tiny_llama.vocab_size
@@ -110,7 +119,7 @@ def test_plain_batches_match_each_request_alone(tiny_llama):
 def test_equal_prompts_over_the_logits_budget_write_bodies_then_one_token(tiny_llama):
     prompt = random_prompts(1, seed=23, max_len=40)[0] + list(range(5, 25))
     arrivals = [Arrival(0, Request(f"e{i}", prompt, params(i))) for i in range(3)]
-    core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=4, prefill_chunk_tokens=0, **PADDED))
+    core = whole_head_core(tiny_llama, EngineConfig(max_prefill_seqs=4, prefill_chunk_tokens=0, **PADDED))
     budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
     plain_prefill_module.LOGITS_ELEMENTS_BUDGET = tiny_llama.vocab_size  # full logits of one position only
     try:
@@ -132,13 +141,43 @@ def test_filler_rows_up_to_a_row_bucket_are_invisible(tiny_llama):
     forwards: list[tuple[int, int]] = []
     real_plain_prefill = plain_prefill_module.plain_prefill
 
-    def recording_plain_prefill(model, chunks, caches, vocab_size, padded_rows=0):
+    def recording_plain_prefill(model, chunks, caches, vocab_size, padded_rows=0, split=None):
         forwards.append((len(chunks), padded_rows))
-        return real_plain_prefill(model, chunks, caches, vocab_size, padded_rows)
+        return real_plain_prefill(model, chunks, caches, vocab_size, padded_rows, split)
 
     prefill_module.plain_prefill = recording_plain_prefill
     try:
         for name, prompts in (("r", ragged), ("e", equal)):
+            arrivals = [Arrival(0, Request(f"{name}{i}", p, params(i))) for i, p in enumerate(prompts)]
+            batched = run_core(whole_head_core(tiny_llama, config), arrivals)
+            for i, prompt in enumerate(prompts):
+                alone = run_alone(tiny_llama, f"{name}{i}", prompt, params(i), pad_prefill_shapes=False)
+                assert_same_stream(alone, batched[f"{name}{i}"])
+    finally:
+        plain_prefill_module.LOGITS_ELEMENTS_BUDGET = budget
+        prefill_module.plain_prefill = real_plain_prefill
+    assert (12, 16) in forwards and (10, 16) in forwards
+
+
+def test_split_head_bursts_match_each_request_alone_in_one_forward(tiny_llama):
+    """With the head split (llama's default), equal and ragged completions of one step run as one
+    forward each, whatever the logits budget, and still equal unpadded single runs."""
+    equal = [random_prompts(1, seed=51, max_len=30)[0] + list(range(3, 13))] * 6
+    ragged = [p + [5] * 12 for p in random_prompts(6, seed=52, max_len=12)]
+    config = EngineConfig(max_prefill_seqs=16, prefill_chunk_tokens=0, prefill_step_tokens=1024, **PADDED)
+    budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
+    plain_prefill_module.LOGITS_ELEMENTS_BUDGET = tiny_llama.vocab_size  # would force body + tail, or splits
+    forwards: list[int] = []
+    real_plain_prefill = plain_prefill_module.plain_prefill
+
+    def recording_plain_prefill(model, chunks, caches, vocab_size, padded_rows=0, split=None):
+        assert split is not None
+        forwards.append(len(chunks))
+        return real_plain_prefill(model, chunks, caches, vocab_size, padded_rows, split)
+
+    prefill_module.plain_prefill = recording_plain_prefill
+    try:
+        for name, prompts in (("e", equal), ("g", ragged)):
             arrivals = [Arrival(0, Request(f"{name}{i}", p, params(i))) for i, p in enumerate(prompts)]
             batched = run_core(EngineCore(tiny_llama, config), arrivals)
             for i, prompt in enumerate(prompts):
@@ -147,4 +186,4 @@ def test_filler_rows_up_to_a_row_bucket_are_invisible(tiny_llama):
     finally:
         plain_prefill_module.LOGITS_ELEMENTS_BUDGET = budget
         prefill_module.plain_prefill = real_plain_prefill
-    assert (12, 16) in forwards and (10, 16) in forwards
+    assert forwards == [6, 6]

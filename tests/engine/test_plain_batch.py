@@ -22,6 +22,10 @@ def request_cache(length: int, seed: int) -> list[KVCache]:
     return layers
 
 
+def blocks(requests: list[list[KVCache]]) -> list[plain_batch.RowBlock]:
+    return [plain_batch.RowBlock.of_request(r) for r in requests]
+
+
 def reference_batch(requests: list[list[KVCache]]) -> list[BatchKVCache]:
     return [BatchKVCache.merge([r[layer] for r in requests]) for layer in range(LAYERS)]
 
@@ -51,7 +55,7 @@ def decode_step(batches: list[list[BatchKVCache]], seed: int) -> None:
 
 def test_joins_leaves_and_extracts_match_mlx_lm():
     first = [request_cache(n, seed) for seed, n in enumerate((5, 9, 3))]
-    ours, padding = plain_batch.append_rows([], [], first)
+    ours, padding = plain_batch.append_rows([], [], blocks(first))
     ref = reference_batch(first)
     assert_same_rows(ours, padding, ref)
     decode_step([ours, ref], seed=1)
@@ -66,7 +70,7 @@ def test_joins_leaves_and_extracts_match_mlx_lm():
 
     # A joiner longer than the batch (the batch is re-padded), then two shorter ones of equal length.
     for joiners, seed in (([request_cache(30, 7)], 3), ([request_cache(4, 8), request_cache(4, 9)], 4)):
-        ours, padding = plain_batch.append_rows(ours, padding, joiners)
+        ours, padding = plain_batch.append_rows(ours, padding, blocks(joiners))
         for layer, merged in zip(ref, reference_batch(joiners)):
             layer.extend(merged)
         assert_same_rows(ours, padding, ref)
@@ -82,10 +86,41 @@ def test_joins_leaves_and_extracts_match_mlx_lm():
 
 
 def test_a_join_keeps_spare_room_so_the_next_token_does_not_regrow_the_batch():
-    ours, padding = plain_batch.append_rows([], [], [request_cache(6, 1), request_cache(2, 2)])
+    ours, padding = plain_batch.append_rows([], [], blocks([request_cache(6, 1), request_cache(2, 2)]))
     width = ours[0].state[0].shape[2]
     assert width == BatchKVCache.step  # room for the next tokens
     decode_step([ours], seed=5)
     assert ours[0].state[0].shape[2] == width and ours[0].state[4] == 7
-    ours, padding = plain_batch.append_rows(ours, padding, [request_cache(3, 3)])
+    ours, padding = plain_batch.append_rows(ours, padding, blocks([request_cache(3, 3)]))
     assert ours[0].state[0].shape[2] == width and padding == [0, 4, 4]
+
+
+def stacked(requests: list[list[KVCache]], spare: int) -> list[KVCache]:
+    """The requests' KV as rows of one plain batched cache per layer, `spare` padded positions beyond
+    (as a padded prefill forward leaves them)."""
+    out = []
+    for layer in range(LAYERS):
+        cache = KVCache()
+        keys = mx.concatenate([r[layer].keys[..., : r[layer].offset, :] for r in requests])
+        values = mx.concatenate([r[layer].values[..., : r[layer].offset, :] for r in requests])
+        cache.state = (mx.pad(keys, [(0, 0), (0, 0), (0, spare), (0, 0)]), mx.pad(values, [(0, 0), (0, 0), (0, spare), (0, 0)]),
+                       keys.shape[2])
+        out.append(cache)
+    return out
+
+
+def test_rows_of_one_batched_cache_join_as_one_block_like_separate_requests():
+    base = [request_cache(7, 1), request_cache(3, 2)]
+    burst = [request_cache(5, seed) for seed in (3, 4, 5, 6)]
+    batch = stacked(burst, spare=3)
+    rows = [plain_batch.RowBlock(batch, i, i + 1, 5) for i in range(4)]
+    merged = plain_batch.merged_blocks([rows[1], rows[2], rows[3], rows[0]])
+    assert [(b.start, b.stop) for b in merged] == [(1, 4), (0, 1)]
+    ours, padding = plain_batch.append_rows([], [], blocks(base))
+    ours, padding = plain_batch.append_rows(ours, padding, merged)
+    ref = reference_batch(base)
+    for layer, joined in zip(ref, reference_batch([burst[1], burst[2], burst[3], burst[0]])):
+        layer.extend(joined)
+    assert_same_rows(ours, padding, ref)
+    decode_step([ours, ref], seed=7)
+    assert_same_rows(ours, padding, ref)

@@ -22,8 +22,8 @@ from engine.runner.plain_prefill import split_for_logits
 
 
 def test_bucket_length_rounds_up_to_the_next_bucket():
-    assert [bucket_length(n) for n in (1, 16, 17, 100, 257, 513, 2047, 2048)] == [
-        16, 16, 32, 128, 512, 768, 2048, 2048]
+    assert [bucket_length(n) for n in (1, 16, 17, 100, 257, 513, 517, 641, 1025, 2047, 2048)] == [
+        16, 16, 32, 128, 384, 640, 640, 768, 1280, 2048, 2048]
     assert bucket_length(3000) == 3000  # beyond the largest bucket: unpadded windows
 
 
@@ -47,7 +47,8 @@ def test_warmup_shapes_stay_within_the_step_budget_smallest_first():
     sizes = [s.rows * s.length for s in shapes]
     assert sizes == sorted(sizes)
     assert all(s.length in LENGTH_BUCKETS and 1 <= s.rows <= 8 for s in shapes)
-    assert all(s.rows == 1 or s.rows * s.length <= 8192 for s in shapes)
+    shortest = {b: 1 + ([0] + list(LENGTH_BUCKETS))[i] for i, b in enumerate(LENGTH_BUCKETS)}
+    assert all(s.rows == 1 or s.rows * shortest[s.length] <= 8192 for s in shapes)  # up to 8 rows: no row padding
     got = {(s.rows, s.length, s.completing) for s in shapes}
     assert {(1, 2048, True), (1, 2048, False), (8, 1024, True), (4, 512, False)} <= got
 
@@ -98,4 +99,22 @@ def test_split_rows_pads_small_forwards_and_splits_large_ones():
 def test_warmup_shapes_use_the_row_buckets():
     assert {s.rows for s in warmup_shapes(32, 16384, 2048)} == set(range(1, 9)) | {16, 32}
     assert {s.rows for s in warmup_shapes(8, 8192, 2048)} == set(range(1, 9))
-    assert len(warmup_shapes(32, 16384, 2048)) == 2 * (6 * 10 + 9 + 9 + 8 * 4)  # 16-512, 768, 1024, 1280-2048
+    # Every row bucket up to 640 (26 rows of 513 tokens fit the step), up to 16 rows to 1280, then up to 8.
+    assert len(warmup_shapes(32, 16384, 2048)) == 2 * (8 * 10 + 4 * 9 + 3 * 8)
+
+
+@given(st.integers(1, 32), st.integers(1, 2048))
+def test_every_forward_a_step_within_budget_can_run_is_warmed(rows, length):
+    step_tokens, max_rows = 16384, 32
+    if rows * length > step_tokens:
+        rows = max(1, step_tokens // length)
+    warmed = {(s.rows, s.length) for s in warmup_shapes(max_rows, step_tokens, 2048, head_split=True)}
+    width = bucket_length(length)
+    for part in split_rows(rows, width, max_rows):
+        assert (part.padded_rows, width) in warmed
+
+
+def test_with_a_head_split_only_completing_shapes_are_warmed():
+    both = warmup_shapes(32, 16384, 2048)
+    split = warmup_shapes(32, 16384, 2048, head_split=True)
+    assert split == [s for s in both if s.completing] and len(split) == len(both) // 2
