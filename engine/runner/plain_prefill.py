@@ -71,7 +71,7 @@ def plain_prefill(
         logits = logits_at(model, split, tokens, batch, completing, [lengths[i] - 1 for i in completing])
     else:
         model(tokens, cache=batch)
-        mx.eval(cache_arrays(batch))
+        mx.async_eval(cache_arrays(batch))
     return [_row_cache(batch, row, offset + n) for row, n in enumerate(lengths)], logits, batch
 
 

@@ -69,12 +69,13 @@ def test_prefill_shapes_do_not_import_mlx():
     assert all(not name.startswith("mlx") for name in vars(sys.modules["engine.runner.prefill_shapes"]))
 
 
-def test_row_buckets_are_every_count_to_eight_then_powers_of_two_and_the_limit():
+def test_row_buckets_are_every_count_to_eight_then_a_quarter_apart_up_to_the_limit():
     assert row_buckets(1) == [1]
     assert row_buckets(6) == [1, 2, 3, 4, 5, 6]
     assert row_buckets(8) == list(range(1, 9))
-    assert row_buckets(12) == list(range(1, 9)) + [12]
-    assert row_buckets(48) == list(range(1, 9)) + [16, 32, 48]
+    assert row_buckets(12) == list(range(1, 9)) + [11, 12]
+    assert row_buckets(32) == list(range(1, 9)) + [11, 15, 20, 26, 32]
+    assert row_buckets(48) == list(range(1, 9)) + [11, 15, 20, 26, 33, 42, 48]
 
 
 @given(st.integers(1, 32), st.sampled_from(LENGTH_BUCKETS), st.integers(1, 32))
@@ -90,17 +91,18 @@ def test_split_rows_covers_the_rows_at_bucket_sizes_with_bounded_padding(rows, l
 
 def test_split_rows_pads_small_forwards_and_splits_large_ones():
     assert split_rows(5, 1536, 8) == [RowSlice(5, 5)]  # the default limit: every count is a bucket
-    assert split_rows(12, 64, 32) == [RowSlice(12, 16)]  # 1,024 tokens: padding is free
-    assert split_rows(14, 1024, 32) == [RowSlice(14, 16)]  # two filler rows in sixteen
-    assert split_rows(20, 512, 32) == [RowSlice(16, 16), RowSlice(4, 4)]  # 12 fillers would be 60% more work
-    assert split_rows(11, 768, 12) == [RowSlice(11, 12)]
+    assert split_rows(12, 64, 32) == [RowSlice(12, 15)]
+    assert split_rows(14, 1024, 32) == [RowSlice(14, 15)]  # one filler row in fifteen
+    assert split_rows(9, 640, 32) == [RowSlice(9, 11)]  # not 8 + 1: a second forward's fixed cost
+    assert split_rows(22, 640, 32) == [RowSlice(22, 26)]
+    assert split_rows(40, 512, 32) == [RowSlice(32, 32), RowSlice(8, 8)]  # beyond the limit
 
 
 def test_warmup_shapes_use_the_row_buckets():
-    assert {s.rows for s in warmup_shapes(32, 16384, 2048)} == set(range(1, 9)) | {16, 32}
+    assert {s.rows for s in warmup_shapes(32, 16384, 2048)} == set(range(1, 9)) | {11, 15, 20, 26, 32}
     assert {s.rows for s in warmup_shapes(8, 8192, 2048)} == set(range(1, 9))
-    # Every row bucket up to 640 (26 rows of 513 tokens fit the step), up to 16 rows to 1280, then up to 8.
-    assert len(warmup_shapes(32, 16384, 2048)) == 2 * (8 * 10 + 4 * 9 + 3 * 8)
+    # Every row bucket up to 640 (26 rows of 513 tokens fit the step), fewer beyond as the step budget allows.
+    assert len(warmup_shapes(32, 16384, 2048)) == 2 * (8 * 13 + 2 * 12 + 11 + 2 * 10 + 2 * 9)
 
 
 @given(st.integers(1, 32), st.integers(1, 2048))
