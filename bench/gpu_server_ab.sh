@@ -6,7 +6,8 @@
 # serves the same random model in turn: BURSTS bursts of 32 x 512-token prompts, then 64 uniform streams, with
 # the CPU seconds of the proxy, the ingress and the model replica over each (bench.proc_cpu). The in-process
 # engine at 64 streams runs once first. Writes $OUT/server_ab.txt and $OUT/server_ab.tgz (JSON and logs).
-# Env: SHAPE (default qwen3-0.6b), BURSTS (5), WARMUP_S (model-entry prefill_warmup_seconds, 15;
+# Env: SHAPE (default qwen3-0.6b), BURSTS (5, per stagger), BURST_STAGGERS (ms between a burst's requests,
+# a list: "2"), UNIFORM (1: also the in-process engine and the 64-stream runs), WARMUP_S (model-entry prefill_warmup_seconds, 15;
 # trees from 56dc888 on accept it).
 set -u
 cd "$(dirname "$0")/.."
@@ -18,9 +19,11 @@ SUMMARY="$OUT/server_ab.txt"
 trap 'tar -czf "$OUT/server_ab.tgz" -C "$WORK" .' EXIT
 python3 -c "from bench.random_model import make_random_model; make_random_model('$MODEL', '${SHAPE:-qwen3-0.6b}')" > /dev/null
 VOCAB=$(python3 -c "import json; print(json.load(open('$MODEL/config.json'))['vocab_size'])")
-timeout 80 python3 -m bench.engine_baseline --model "$MODEL" --levels 64,64 --json "$WORK/inprocess.json" \
-  > "$WORK/inprocess.log" 2>&1
-{ echo "== in-process engine"; grep -h "c=64" "$WORK/inprocess.log"; } | tee -a "$SUMMARY"
+if [ "${UNIFORM:-1}" = 1 ]; then
+  timeout 80 python3 -m bench.engine_baseline --model "$MODEL" --levels 64,64 --json "$WORK/inprocess.json" \
+    > "$WORK/inprocess.log" 2>&1
+  { echo "== in-process engine"; grep -h "c=64" "$WORK/inprocess.log"; } | tee -a "$SUMMARY"
+fi
 
 run_variant() {  # $1 index, $2 source, $3 flags
   local dir="$HEAD_DIR" tag="v$1"
@@ -35,14 +38,20 @@ run_variant() {  # $1 index, $2 source, $3 flags
   for _ in $(seq 1 240); do grep -q "ORCHARD READY\|orchard server failed" "$WORK/${tag}_server.log" && break; sleep 1; done
   grep -h "ORCHARD READY\|orchard server failed" "$WORK/${tag}_server.log" | tee -a "$SUMMARY"
   local load="python3 -m bench.serving --base-url http://127.0.0.1:8123 --model m --ignore-eos --vocab-size $VOCAB"
-  for i in $(seq 1 "${BURSTS:-5}"); do
-    python3 -m bench.proc_cpu -- $load --workloads burst --json "$WORK/${tag}_burst$i.json" --time-budget-s 30 2>&1 \
-      | grep "burst   c=\|proc_cpu" | tee -a "$SUMMARY"
+  for stagger in ${BURST_STAGGERS:-2}; do
+    echo "-- bursts sent ${stagger} ms apart" | tee -a "$SUMMARY"
+    for i in $(seq 1 "${BURSTS:-5}"); do
+      python3 -m bench.proc_cpu -- $load --workloads burst --stagger-ms "$stagger" --time-budget-s 30 \
+        --json "$WORK/${tag}_burst_s${stagger}_$i.json" 2>&1 | grep "burst   c=\|proc_cpu" | tee -a "$SUMMARY"
+    done
   done
-  python3 -m bench.proc_cpu -- $load --levels 64 --workloads uniform --requests-per-worker-high 5 \
-    --json "$WORK/${tag}_uniform64.json" --time-budget-s 60 2>&1 | grep "c=64\|engine:\|proc_cpu" | tee -a "$SUMMARY"
+  if [ "${UNIFORM:-1}" = 1 ]; then
+    python3 -m bench.proc_cpu -- $load --levels 64 --workloads uniform --requests-per-worker-high 5 \
+      --json "$WORK/${tag}_uniform64.json" --time-budget-s 60 2>&1 | grep "c=64\|engine:\|proc_cpu" | tee -a "$SUMMARY"
+  fi
   kill -INT "$server"; wait "$server"
   for log in /tmp/ray/session_latest/logs/serve/replica_m_*.log; do tail -c 300000 "$log" > "$WORK/${tag}_$(basename "$log")"; done
+  python3 -m bench.arrival_spread "$WORK/${tag}"_replica_m_*.log 2>&1 | tail -20 | tee -a "$SUMMARY"
 }
 
 IFS=';' read -r -a variants <<< "${VARIANTS:-head|}"
