@@ -7,7 +7,7 @@
 # the CPU seconds of the proxy, the ingress and the model replica over each (bench.proc_cpu). The in-process
 # engine at 64 streams runs once first. Writes $OUT/server_ab.txt and $OUT/server_ab.tgz (JSON and logs).
 # Env: SHAPE (default qwen3-0.6b), BURSTS (5, per stagger), BURST_STAGGERS (ms between a burst's requests,
-# a list: "2"), UNIFORM (1: also the in-process engine and the 64-stream runs), WARMUP_S (model-entry prefill_warmup_seconds, 15;
+# a list: "0"), UNIFORM (1: also the in-process engine and the 64-stream runs), WARMUP_S (model-entry prefill_warmup_seconds, 15;
 # trees from 56dc888 on accept it).
 set -u
 cd "$(dirname "$0")/.."
@@ -38,10 +38,10 @@ run_variant() {  # $1 index, $2 source, $3 flags
   for _ in $(seq 1 240); do grep -q "ORCHARD READY\|orchard server failed" "$WORK/${tag}_server.log" && break; sleep 1; done
   grep -h "ORCHARD READY\|orchard server failed" "$WORK/${tag}_server.log" | tee -a "$SUMMARY"
   local load="python3 -m bench.serving --base-url http://127.0.0.1:8123 --model m --ignore-eos --vocab-size $VOCAB"
-  for stagger in ${BURST_STAGGERS:-2}; do
+  for stagger in ${BURST_STAGGERS:-0}; do
     echo "-- bursts sent ${stagger} ms apart" | tee -a "$SUMMARY"
     for i in $(seq 1 "${BURSTS:-5}"); do
-      python3 -m bench.proc_cpu -- $load --workloads burst --stagger-ms "$stagger" --time-budget-s 30 \
+      python3 -m bench.proc_cpu -- $load --workloads burst --burst-stagger-ms "$stagger" --time-budget-s 30 \
         --json "$WORK/${tag}_burst_s${stagger}_$i.json" 2>&1 | grep "burst   c=\|proc_cpu" | tee -a "$SUMMARY"
     done
   done

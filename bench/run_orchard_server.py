@@ -45,6 +45,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="any other model entry field (YAML value), e.g. max_ongoing_requests=1024")
     p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2, help="Ray's logical CPUs")
     p.add_argument("--throughput-optimized", action="store_true", help="RAY_SERVE_THROUGHPUT_OPTIMIZED=1")
+    p.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for every Ray process (e.g. one of Ray Serve's RAY_SERVE_* flags)")
+    p.add_argument("--no-access-log", action="store_true", help="logging_config.enable_access_log: false")
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
     return p.parse_args(argv)
 
@@ -85,7 +88,10 @@ def deploy_schema(args: argparse.Namespace, model_id: str, state_dir: str) -> di
     model = copy.deepcopy(template)
     model["name"] = serve_app_name(model_id)
     model["args"].update(model_entry_args(args, model_id))
-    return {"applications": [ingress, model]}
+    schema: dict[str, Any] = {"applications": [ingress, model]}
+    if args.no_access_log:
+        schema["logging_config"] = {"enable_access_log": False}
+    return schema
 
 
 def wait_running(timeout_s: float, stopped: Callable[[], bool]) -> None:
@@ -129,6 +135,9 @@ def _set_environment(args: argparse.Namespace) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if args.throughput_optimized:
         os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
+    for item in args.serve_env:
+        key, _, value = item.partition("=")
+        os.environ[key] = value
     sys.path.insert(0, str(REPO))
 
 

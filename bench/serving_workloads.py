@@ -62,6 +62,8 @@ class LoadSettings:
     # Between request starts of one wave: at 0-1 ms mlx_lm.server's accept backlog (5) overflows at 128 streams
     # (SYN retries: seconds of TTFT). The engine baseline replays the same arrival spacing.
     stagger_ms: float = 2.0
+    # The burst is sent at once, as its acceptance point says ("32 simultaneous prompts").
+    burst_stagger_ms: float = 0.0
     warmup_tokens: int = 16  # 0: no warm-up
     seed: int = 0
     request_timeout_s: float = 300.0
@@ -204,14 +206,15 @@ async def run_long(client: StreamClient, settings: LoadSettings, hard: float) ->
 
 
 async def run_burst(client: StreamClient, settings: LoadSettings, hard: float) -> BurstResult:
-    """A lone request's TTFT (median of a few, sent one after another), then `burst_size` at once."""
+    """A lone request's TTFT (median of a few, sent one after another), then `burst_size` at once
+    (burst_stagger_ms apart)."""
     rng = _rng(settings, "burst")
     vocab, words, gen = settings.vocab_size, settings.burst_prompt_tokens, settings.burst_gen_tokens
     lone_specs = [make_spec(rng, words, gen, vocab) for _ in range(settings.lone_repeats)]
     lone, _ = await closed_loop(client, [lone_specs], soft=float("inf"), hard=hard, stagger_s=0.0)
     burst_specs = [make_spec(rng, words, gen, vocab) for _ in range(settings.burst_size)]
-    burst, cut = await run_wave(client, burst_specs, settings.stagger_ms / 1e3, hard)
-    return summarize_burst(lone, burst, settings.stagger_ms, note="hard deadline cancelled requests" if cut else "")
+    burst, cut = await run_wave(client, burst_specs, settings.burst_stagger_ms / 1e3, hard)
+    return summarize_burst(lone, burst, settings.burst_stagger_ms, note="hard deadline cancelled requests" if cut else "")
 
 
 async def _delayed(delay_s: float, fn: Callable[..., Awaitable], *args) -> None:
