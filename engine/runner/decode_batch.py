@@ -124,15 +124,13 @@ class DecodeBatch:
             # A lone sequence decodes on its own cache: no padding mask, as fast as mlx-lm's generate_step.
             self.caches, self.is_batched, self.padding = caches[0], False, None
         else:
-            if self.request_ids and not self.is_batched:
-                caches, self.caches, self.padding = [self.caches, *caches], [], []
+            placed = [blocks.get(r.request_id) for r in joiners]  # where each joiner's KV already sits, if known
+            if self.request_ids and not self.is_batched:  # the lone sequence becomes the first row
+                caches, placed, self.caches, self.padding = [self.caches, *caches], [None, *placed], [], []
             elif not self.request_ids:
                 self.padding = []
             if self.padding is not None and all(plain_batch.is_plain_request_cache(c) for c in caches):
-                ids = [r.request_id for r in joiners]
-                if len(caches) > len(joiners):  # the lone sequence's cache goes first
-                    ids = [""] + ids
-                rows = [blocks.get(rid) or plain_batch.RowBlock.of_request(c) for rid, c in zip(ids, caches)]
+                rows = [b or plain_batch.RowBlock.of_request(c) for b, c in zip(placed, caches)]
                 self.caches, self.padding = plain_batch.append_rows(self.caches, self.padding, plain_batch.merged_blocks(rows))
             else:
                 self._extend_through_mlx_lm(caches)
