@@ -62,10 +62,8 @@ def _prefill(model, prompts: list[list[int]], vocab: int, pad: bool, split=None)
 
 def _joiners(result) -> list[plain_batch.RowBlock]:
     """The prefilled rows as the runner hands them to the decode batch: blocks of a padded forward's batch."""
-    blocks = [plain_batch.RowBlock.of_request(c) for c in result.caches]
-    for shared in result.shared:
-        for position, i in enumerate(shared.rows):
-            blocks[i] = plain_batch.RowBlock(shared.caches, position, position + 1, result.caches[i][0].offset)
+    placed = result.row_blocks()
+    blocks = [placed.get(i) or plain_batch.RowBlock.of_request(c) for i, c in enumerate(result.caches)]
     return plain_batch.merged_blocks(blocks)
 
 

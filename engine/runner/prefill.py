@@ -19,6 +19,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, eval_caches, extract_request_cache, merge_request_caches
+from engine.kv.plain_batch import RowBlock
 from engine.runner.head_split import HeadSplit, logits_at
 from engine.runner.plain_prefill import cache_offset, plain_prefill, split_for_logits
 from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, bucket_length, group_rows, split_rows
@@ -43,8 +44,15 @@ class PrefillResult:
     # The chunks that completed their prompt, and their last position's logits [len(completing), vocab].
     completing: list[PrefillChunk]
     last_logits: mx.array | None
-    # Padded forwards' batched caches, for copying many rows' KV at once (prefix cache).
+    # Padded forwards' batched caches, for copying many rows' KV at once (prefix cache, decode joins).
     shared: list[SharedBatch] = field(default_factory=list)
+
+    def row_blocks(self) -> dict[int, RowBlock]:
+        """Chunk index -> where its KV sits in a padded forward's batch, for the chunks that ran in one."""
+        return {
+            i: RowBlock(batch.caches, position, position + 1, self.caches[i][0].offset)
+            for batch in self.shared for position, i in enumerate(batch.rows)
+        }
 
 
 def run_prefill(

@@ -229,11 +229,9 @@ class ModelRunner:
                 self._blocks.insert(chunk.request.prompt_token_ids, cache)
 
     def _note_joiner_blocks(self, chunks: list[PrefillChunk], result: PrefillResult) -> None:
-        for shared in result.shared:
-            for position, i in enumerate(shared.rows):
-                if chunks[i].completes_prefill:
-                    length = result.caches[i][0].offset
-                    self._joiner_blocks[chunks[i].request.request_id] = RowBlock(shared.caches, position, position + 1, length)
+        for i, block in result.row_blocks().items():
+            if chunks[i].completes_prefill:
+                self._joiner_blocks[chunks[i].request.request_id] = block
 
     def _insert_shared_prompts(self, chunks: list[PrefillChunk], result: PrefillResult) -> set[int]:
         """Cache completed prompts of padded forwards from their batched cache, a forward at a time."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Callable, Iterator
+
 from engine import EngineConfig, EngineCore, Request, SamplingParams
 import engine.runner.plain_prefill as plain_prefill_module
 import engine.runner.prefill as prefill_module
@@ -22,6 +25,44 @@ def whole_head_core(loaded, config: EngineConfig) -> EngineCore:
     assert core.runner.head_split is not None  # llama splits; this turns it off
     core.runner.head_split = None
     return core
+
+
+@contextlib.contextmanager
+def logits_budget(elements: int) -> Iterator[None]:
+    """Full logits of at most `elements` per forward (plain_prefill's budget) inside the block."""
+    budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
+    plain_prefill_module.LOGITS_ELEMENTS_BUDGET = elements
+    try:
+        yield
+    finally:
+        plain_prefill_module.LOGITS_ELEMENTS_BUDGET = budget
+
+
+@contextlib.contextmanager
+def recorded_forwards() -> Iterator[list[tuple[int, int, bool]]]:
+    """Each padded forward run inside the block: (rows, padded rows, whether the head was split)."""
+    forwards: list[tuple[int, int, bool]] = []
+    real_plain_prefill = plain_prefill_module.plain_prefill
+
+    def recording_plain_prefill(model, chunks, caches, vocab_size, padded_rows=0, split=None):
+        forwards.append((len(chunks), padded_rows, split is not None))
+        return real_plain_prefill(model, chunks, caches, vocab_size, padded_rows, split)
+
+    prefill_module.plain_prefill = recording_plain_prefill
+    try:
+        yield forwards
+    finally:
+        prefill_module.plain_prefill = real_plain_prefill
+
+
+def assert_each_matches_alone(loaded, new_core: Callable[[], EngineCore], named_prompts) -> None:
+    """Each (name, prompts) set arrives at once on a fresh core; every request equals its unpadded single run."""
+    for name, prompts in named_prompts:
+        arrivals = [Arrival(0, Request(f"{name}{i}", p, params(i))) for i, p in enumerate(prompts)]
+        batched = run_core(new_core(), arrivals)
+        for i, prompt in enumerate(prompts):
+            alone = run_alone(loaded, f"{name}{i}", prompt, params(i), pad_prefill_shapes=False)
+            assert_same_stream(alone, batched[f"{name}{i}"])
 
 
 def test_padded_staggered_requests_match_each_run_alone_unpadded(tiny_llama):
@@ -104,13 +145,9 @@ def test_plain_batches_match_each_request_alone(tiny_llama):
     arrivals = [Arrival(0, Request(f"r{i}", prompts[i], params(i))) for i in range(len(prompts))]
     config = EngineConfig(max_prefill_seqs=16, prefill_chunk_tokens=32, prefill_step_tokens=1024, **PADDED)
     core = whole_head_core(tiny_llama, config)
-    budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
     # Two 32-wide rows of full logits per forward: ragged completions split, equal ones take body + tail.
-    plain_prefill_module.LOGITS_ELEMENTS_BUDGET = 2 * 32 * tiny_llama.vocab_size
-    try:
+    with logits_budget(2 * 32 * tiny_llama.vocab_size):
         batched = run_core(core, arrivals)
-    finally:
-        plain_prefill_module.LOGITS_ELEMENTS_BUDGET = budget
     for i, prompt in enumerate(prompts):
         alone = run_alone(tiny_llama, f"r{i}", prompt, params(i), pad_prefill_shapes=False)
         assert_same_stream(alone, batched[f"r{i}"])
@@ -120,12 +157,8 @@ def test_equal_prompts_over_the_logits_budget_write_bodies_then_one_token(tiny_l
     prompt = random_prompts(1, seed=23, max_len=40)[0] + list(range(5, 25))
     arrivals = [Arrival(0, Request(f"e{i}", prompt, params(i))) for i in range(3)]
     core = whole_head_core(tiny_llama, EngineConfig(max_prefill_seqs=4, prefill_chunk_tokens=0, **PADDED))
-    budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
-    plain_prefill_module.LOGITS_ELEMENTS_BUDGET = tiny_llama.vocab_size  # full logits of one position only
-    try:
+    with logits_budget(tiny_llama.vocab_size):  # full logits of one position only
         batched = run_core(core, arrivals)
-    finally:
-        plain_prefill_module.LOGITS_ELEMENTS_BUDGET = budget
     for i in range(3):
         assert_same_stream(run_alone(tiny_llama, f"e{i}", prompt, params(i), pad_prefill_shapes=False), batched[f"e{i}"])
 
@@ -136,26 +169,10 @@ def test_filler_rows_up_to_a_row_bucket_are_invisible(tiny_llama):
     ragged = [p + [9] * 20 for p in random_prompts(12, seed=41, max_len=10)]  # 21-30 tokens: two chunks
     equal = [random_prompts(1, seed=42, max_len=30)[0] + list(range(3, 13))] * 10
     config = EngineConfig(max_prefill_seqs=16, prefill_chunk_tokens=16, prefill_step_tokens=1024, **PADDED)
-    budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
-    plain_prefill_module.LOGITS_ELEMENTS_BUDGET = tiny_llama.vocab_size  # full logits of one position only
-    forwards: list[tuple[int, int]] = []
-    real_plain_prefill = plain_prefill_module.plain_prefill
-
-    def recording_plain_prefill(model, chunks, caches, vocab_size, padded_rows=0, split=None):
-        forwards.append((len(chunks), padded_rows))
-        return real_plain_prefill(model, chunks, caches, vocab_size, padded_rows, split)
-
-    prefill_module.plain_prefill = recording_plain_prefill
-    try:
-        for name, prompts in (("r", ragged), ("e", equal)):
-            arrivals = [Arrival(0, Request(f"{name}{i}", p, params(i))) for i, p in enumerate(prompts)]
-            batched = run_core(whole_head_core(tiny_llama, config), arrivals)
-            for i, prompt in enumerate(prompts):
-                alone = run_alone(tiny_llama, f"{name}{i}", prompt, params(i), pad_prefill_shapes=False)
-                assert_same_stream(alone, batched[f"{name}{i}"])
-    finally:
-        plain_prefill_module.LOGITS_ELEMENTS_BUDGET = budget
-        prefill_module.plain_prefill = real_plain_prefill
+    # Full logits of one position only: the equal prompts take body + tail.
+    with logits_budget(tiny_llama.vocab_size), recorded_forwards() as recorded:
+        assert_each_matches_alone(tiny_llama, lambda: whole_head_core(tiny_llama, config), (("r", ragged), ("e", equal)))
+    forwards = [(rows, padded) for rows, padded, _ in recorded]
     assert (12, 15) in forwards and (10, 11) in forwards
 
 
@@ -165,25 +182,9 @@ def test_split_head_bursts_match_each_request_alone_in_one_forward(tiny_llama):
     equal = [random_prompts(1, seed=51, max_len=30)[0] + list(range(3, 13))] * 6
     ragged = [p + [5] * 12 for p in random_prompts(6, seed=52, max_len=12)]
     config = EngineConfig(max_prefill_seqs=16, prefill_chunk_tokens=0, prefill_step_tokens=1024, **PADDED)
-    budget = plain_prefill_module.LOGITS_ELEMENTS_BUDGET
-    plain_prefill_module.LOGITS_ELEMENTS_BUDGET = tiny_llama.vocab_size  # would force body + tail, or splits
-    forwards: list[int] = []
-    real_plain_prefill = plain_prefill_module.plain_prefill
-
-    def recording_plain_prefill(model, chunks, caches, vocab_size, padded_rows=0, split=None):
-        assert split is not None
-        forwards.append(len(chunks))
-        return real_plain_prefill(model, chunks, caches, vocab_size, padded_rows, split)
-
-    prefill_module.plain_prefill = recording_plain_prefill
-    try:
-        for name, prompts in (("e", equal), ("g", ragged)):
-            arrivals = [Arrival(0, Request(f"{name}{i}", p, params(i))) for i, p in enumerate(prompts)]
-            batched = run_core(EngineCore(tiny_llama, config), arrivals)
-            for i, prompt in enumerate(prompts):
-                alone = run_alone(tiny_llama, f"{name}{i}", prompt, params(i), pad_prefill_shapes=False)
-                assert_same_stream(alone, batched[f"{name}{i}"])
-    finally:
-        plain_prefill_module.LOGITS_ELEMENTS_BUDGET = budget
-        prefill_module.plain_prefill = real_plain_prefill
+    # A budget of one position's logits would force body + tail, or splits, without the head split.
+    with logits_budget(tiny_llama.vocab_size), recorded_forwards() as recorded:
+        assert_each_matches_alone(tiny_llama, lambda: EngineCore(tiny_llama, config), (("e", equal), ("g", ragged)))
+    assert all(split for _, _, split in recorded)
+    forwards = [rows for rows, _, _ in recorded]
     assert forwards == [6, 6]
