@@ -1,0 +1,62 @@
+"""ModelService's intake: prompts are tokenized in worker threads, side by side, and each stays its own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from deployments.config import ModelConfig
+from deployments.model_service import ModelService
+from deployments.prompts import PromptEncoder
+from deployments.protocol import ChatPrompt, GenerateJob, TextPrompt
+from engine.sampling.params import SamplingParams
+
+
+def _prompt(index: int) -> ChatPrompt:
+    words = " ".join(f"t{(index * 7 + j) % 240}" for j in range(5 + 37 * index))  # 5 .. 856 words
+    return ChatPrompt(messages=[{"role": "user", "content": words}])
+
+
+def _job(index: int) -> GenerateJob:
+    sampling = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    return GenerateJob(f"intake-{index}", _prompt(index), sampling, stream=True)
+
+
+async def _prompt_tokens(service: ModelService, job: GenerateJob) -> int:
+    told = None
+    async for chunk in service.generate(job):
+        assert chunk.error is None, chunk.error
+        told = chunk.prompt_tokens if told is None else told
+    return told
+
+
+def test_concurrent_requests_are_tokenized_each_as_alone_and_off_the_event_loop(tiny_models):
+    service = ModelService(ModelConfig(model_path=str(tiny_models.alpha)))
+    count = 24
+
+    async def run() -> None:
+        await service.start()
+        try:
+            tokenizer = service._engine.core.loaded.tokenizer
+            alone = [len(PromptEncoder(tokenizer).encode(_prompt(i)).token_ids) for i in range(count)]
+            assert len(set(alone)) == count  # every prompt has its own length: a mix-up would show
+            counted = await asyncio.gather(*(service.count_tokens(_prompt(i)) for i in range(count)))
+            assert [c.input_tokens for c in counted] == alone
+            told = await asyncio.gather(*(_prompt_tokens(service, _job(i)) for i in range(count)))
+            assert told == alone
+
+            loop_thread = threading.get_ident()
+            encode = PromptEncoder.encode
+            threads: list[int] = []
+
+            def recording_encode(encoder: PromptEncoder, prompt: ChatPrompt | TextPrompt):
+                threads.append(threading.get_ident())
+                return encode(encoder, prompt)
+
+            service._prompts.encode = recording_encode.__get__(service._prompts)
+            await service.count_tokens(_prompt(3))
+            assert threads and loop_thread not in threads
+        finally:
+            await service.shutdown()
+
+    asyncio.run(run())
