@@ -24,6 +24,9 @@ from engine.request import FinishReason, Request
 logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.2
 IDLE_POLL_S = 0.5
+# MLX's buffer cache goes back to the device after this long without work (not between back-to-back requests,
+# which would then allocate their buffers afresh).
+RELEASE_BUFFERS_AFTER_IDLE_S = 0.5
 # Structured-output compiles run here: outlines-core releases the GIL while it builds an index.
 COMPILE_THREADS = 2
 
@@ -84,6 +87,7 @@ class AsyncEngine:
         self._compiler = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="orchard-guides")
         self._compiling: dict[str, Request] = {}
         self._held_outputs: list[RequestOutput] = []  # the last step's, until the next one keeps the device busy
+        self._idle_since: float | None = None  # engine thread: when the work ran out (None: busy or released)
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> None:
@@ -205,12 +209,23 @@ class AsyncEngine:
             if self._apply_commands(block=not busy, outputs=outputs):
                 return
             if core.has_unfinished_requests():
+                self._idle_since = None
                 outputs += core.step(before_device_work=self._post_held_outputs)
+            else:
+                self._release_buffers_when_idle()
             self._post_held_outputs()  # when no step ran (commands ended the work); else already posted
             self._held_outputs = outputs
             now = time.monotonic()
             if now - last_stats > STATS_INTERVAL_S or not core.has_unfinished_requests():
                 self._stats, last_stats = core.stats(), now
+
+    def _release_buffers_when_idle(self) -> None:
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        elif now - self._idle_since >= RELEASE_BUFFERS_AFTER_IDLE_S:
+            self._core.release_idle_buffers()
+            self._idle_since = float("inf")  # released: not again until the next work has come and gone
 
     def _post_held_outputs(self) -> None:
         if self._held_outputs:

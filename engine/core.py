@@ -176,6 +176,11 @@ class EngineCore:
             prefix_cache=replace(self.runner.prefix_cache.stats) if self.runner.prefix_cache else None,
         )
 
+    def release_idle_buffers(self) -> None:
+        """Return MLX's buffer cache to the device if no request is in the engine (call when idle)."""
+        if not self.has_unfinished_requests():
+            self.runner.release_buffers()
+
     def close(self) -> None:
         self.runner.close()
 

@@ -35,8 +35,6 @@ from engine.runner.warmup import warm_prefill_shapes
 from engine.sampling.sampler import BatchSampler, RowSampling
 from engine.scheduler.output import PrefillChunk, SchedulerOutput
 
-CLEAR_CACHE_EVERY_STEPS = 256
-
 
 @dataclass
 class PrefilledPrompts:
@@ -63,7 +61,6 @@ class ModelRunner:
         self._next_inputs: dict[str, int] = {}
         self._batch_requests: dict[str, Request] = {}
         self._pending: PendingStep | None = None
-        self._num_steps = 0
         # Freed buffers of sizes that will not recur (prefill shapes, batch resizes) would
         # otherwise pile up in MLX's buffer cache until device memory runs out.
         self._previous_cache_limit = mx.set_cache_limit(buffer_cache_limit_bytes())
@@ -104,7 +101,6 @@ class ModelRunner:
             if not needs_history:
                 sampled = self._read_pending()
             self._pending = dispatched
-            self._maybe_clear_cache()
         return RunnerOutput(sampled + first_tokens)
 
     def cache_prefilled_prompts(self) -> None:
@@ -273,14 +269,13 @@ class ModelRunner:
         return self._prefill_caches[request.request_id]
 
     # ---- housekeeping ----------------------------------------------------
-    def _maybe_clear_cache(self) -> None:
-        """Release MLX's buffer cache now and then; its cap (set at start) bounds it in between.
+    def release_buffers(self) -> None:
+        """Hand MLX's cache of freed buffers back to the device; under load its cap (set at start) bounds it.
 
-        Not on every prefill or batch change: releasing and re-allocating device buffers
-        each step costs more than the step's own bookkeeping under steady arrivals.
+        Only with nothing in flight: freeing waits for the device while holding the GIL (on the H100, up
+        to ~30 ms in which the replica's event loop stood still, when this ran every 256 steps).
         """
-        self._num_steps += 1
-        if self._num_steps % CLEAR_CACHE_EVERY_STEPS == 0:
+        if not self.holds_state():
             mx.clear_cache()
 
     def kv_cache_bytes(self) -> int:

@@ -167,3 +167,30 @@ def test_every_step_calls_before_device_work_once(tiny_llama):
         calls_per_step.append(len(calls))
     assert len(calls_per_step) >= 5 and calls_per_step == [1] * len(calls_per_step)
     assert max(rows_at_call) == 2  # called once the decode batch for the step is assembled
+
+
+def test_buffer_cache_goes_back_to_the_device_once_the_engine_idles(tiny_llama):
+    """Not every N steps under load (freeing waits for the device holding the GIL): after idling a while."""
+    import time
+
+    import mlx.core as mx
+
+    from engine.async_engine import RELEASE_BUFFERS_AFTER_IDLE_S
+
+    async def scenario() -> tuple[int, int]:
+        engine = await started(tiny_llama)
+        try:
+            streams = [engine.submit(Request(f"c{i}", [1 + i, 2, 3] * 20, SamplingParams(max_tokens=40, **GREEDY)))
+                       for i in range(4)]
+            await asyncio.gather(*(collect(s) for s in streams))
+            cached_after_work = mx.get_cache_memory()
+            deadline = time.monotonic() + RELEASE_BUFFERS_AFTER_IDLE_S + 5.0
+            while mx.get_cache_memory() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            return cached_after_work, mx.get_cache_memory()
+        finally:
+            await engine.shutdown()
+
+    cached_after_work, cached_after_idle = asyncio.run(scenario())
+    assert cached_after_work > 0  # freed buffers are kept for reuse while requests come and go
+    assert cached_after_idle == 0
