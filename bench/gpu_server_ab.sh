@@ -5,7 +5,7 @@
 # `git archive REV | xz > .gpu/rev.tar.xz`, carried along); FLAGS go to bench.run_orchard_server. Each variant
 # serves the same random model in turn: BURSTS bursts of 32 x 512-token prompts, then 64 uniform streams, with
 # the CPU seconds of the proxy, the ingress and the model replica over each (bench.proc_cpu). The in-process
-# engine at 64 streams runs once first. Writes $OUT/server_ab.txt and $OUT/server_ab.tgz (JSON and logs).
+# engine at 64 streams runs once first. FLAGS holding --no-ray serve with bench.run_orchard_local (no Ray) instead. Writes $OUT/server_ab.txt and $OUT/server_ab.tgz (JSON and logs).
 # Env: SHAPE (default qwen3-0.6b), BURSTS (5, per stagger), BURST_STAGGERS (ms between a burst's requests,
 # a list: "0"), UNIFORM (1: also the in-process engine and the 64-stream runs), WARMUP_S (model-entry prefill_warmup_seconds, 15;
 # trees from 56dc888 on accept it).
@@ -31,8 +31,10 @@ run_variant() {  # $1 index, $2 source, $3 flags
     dir="$WORK/src_$1"; mkdir -p "$dir"; xz -dc "$HEAD_DIR/$2" | tar -x -C "$dir"
   fi
   echo "== $tag: $2 $3" | tee -a "$SUMMARY"
+  local module=bench.run_orchard_server flags="$3"
+  if [[ " $flags " == *" --no-ray "* ]]; then module=bench.run_orchard_local; flags="${flags//--no-ray/}"; fi
   # shellcheck disable=SC2086
-  (cd "$dir" && exec python3 -m bench.run_orchard_server --model "$MODEL" --port 8123 --model-arg "prefill_warmup_seconds=${WARMUP_S:-15}" $3) \
+  (cd "$dir" && exec python3 -m $module --model "$MODEL" --port 8123 --model-arg "prefill_warmup_seconds=${WARMUP_S:-15}" $flags) \
     > "$WORK/${tag}_server.log" 2>&1 &
   local server=$!
   for _ in $(seq 1 240); do grep -q "ORCHARD READY\|orchard server failed" "$WORK/${tag}_server.log" && break; sleep 1; done
@@ -50,8 +52,12 @@ run_variant() {  # $1 index, $2 source, $3 flags
       --json "$WORK/${tag}_uniform64.json" --time-budget-s 60 2>&1 | grep "c=64\|engine:\|proc_cpu" | tee -a "$SUMMARY"
   fi
   kill -INT "$server"; wait "$server"
-  for log in /tmp/ray/session_latest/logs/serve/replica_m_*.log; do tail -c 300000 "$log" > "$WORK/${tag}_$(basename "$log")"; done
-  python3 -m bench.arrival_spread "$WORK/${tag}"_replica_m_*.log 2>&1 | tail -20 | tee -a "$SUMMARY"
+  [ "$module" = bench.run_orchard_local ] && return
+  for log in /tmp/ray/session_latest/logs/serve/replica_{m,orchard}_*.log; do
+    tail -c 300000 "$log" > "$WORK/${tag}_$(basename "$log")"
+  done
+  python3 -m bench.arrival_spread "$WORK/${tag}"_replica_m_*.log --ingress-logs "$WORK/${tag}"_replica_orchard_*.log \
+    2>&1 | tail -20 | tee -a "$SUMMARY"
 }
 
 IFS=';' read -r -a variants <<< "${VARIANTS:-head|}"

@@ -48,6 +48,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
                    help="an environment variable for every Ray process (e.g. one of Ray Serve's RAY_SERVE_* flags)")
     p.add_argument("--no-access-log", action="store_true", help="logging_config.enable_access_log: false")
+    p.add_argument("--ingress-replicas", type=int, default=None, help="the Ingress deployment's num_replicas")
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
     return p.parse_args(argv)
 
@@ -85,6 +86,8 @@ def deploy_schema(args: argparse.Namespace, model_id: str, state_dir: str) -> di
     ingress = copy.deepcopy(ingress)
     # A private state dir and no restore: models loaded through the admin API elsewhere must not come along.
     ingress["args"].update(state_dir=state_dir, restore_models=False)
+    if args.ingress_replicas:  # Serve's per-deployment override, as serve_config.yaml could hold it
+        ingress["deployments"] = [{"name": "Ingress", "num_replicas": args.ingress_replicas}]
     model = copy.deepcopy(template)
     model["name"] = serve_app_name(model_id)
     model["args"].update(model_entry_args(args, model_id))
