@@ -6,7 +6,9 @@
 Builds (or takes, --model) a model folder; for each server: start it as a child process, wait
 until it answers, run bench.serving's workloads, stop it; then (--engine-baseline) measure
 bench.engine_throughput's orchard rate at the same levels and uniform prompt/gen sizes in a child
-process. Everything lands in one JSON, rewritten after each step, so a run cut short leaves its
+process. --efficiency-rounds K also alternates, right after our server's sweep, K rounds of the uniform
+64-stream level over HTTP and in a loaded engine child (bench.efficiency_rounds): a ratio from the same minutes
+of a drifting machine. Everything lands in one JSON, rewritten after each step, so a run cut short leaves its
 partial results. On Linux dev machines run it whole under scripts/loopback.sh (Ray inside).
 """
 
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from bench.compare_tables import acceptance_checks, comparison_tables
+from bench.efficiency_rounds import EngineChild, alternate
 from bench.servers import SERVERS, OrchardKnobs, ServerProcess, free_port, mlx_lm_spec, orchard_spec
 from bench.serving import run_async, add_load_arguments, run_suite, settings_from_args, suite_tables, to_jsonable, write_json
 from bench.serving_tables import show
@@ -34,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Time-budget shares: mlx_lm.server streams more slowly at high concurrency; the engine run is short.
 PHASE_WEIGHTS = {"orchard": 1.0, "orchard_local": 0.8, "mlx_lm": 1.3, "engine": 0.4}
 STOP_RESERVE_S = 20.0  # stopping a server (Ray shutdown) within its phase
+EFFICIENCY_LEVEL = 64  # the acceptance point's concurrency
 END_RESERVE_S = 10.0  # tables and the final JSON
 
 
@@ -58,6 +62,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--orchard-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="ours: another model entry field, e.g. stream_chunks_per_s=250 (repeatable)")
     p.add_argument("--mlx-prompt-concurrency", type=int, default=16, help="mlx_lm.server --prompt-concurrency")
+    p.add_argument("--efficiency-rounds", type=int, default=0,
+                   help=f"ours: after the sweep, K alternating rounds of uniform c={EFFICIENCY_LEVEL} over HTTP and in process")
     add_load_arguments(p)
     return p.parse_args(argv)
 
@@ -165,7 +171,8 @@ def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSetting
         server.start()
         info["ready_s"] = round(server.wait_ready(min(args.startup_timeout_s, 0.6 * budget_s)), 1)
         run.event(f"{name} ready after {info['ready_s']} s")
-        suite_deadline = phase_end - STOP_RESERVE_S
+        rounds = args.efficiency_rounds if name == "orchard" else 0
+        suite_deadline = phase_end - STOP_RESERVE_S - efficiency_reserve_s(rounds)
 
         def on_result(suite: Any) -> None:  # after every level: a run cut short keeps what it measured
             run.report["servers"][name] = to_jsonable(suite)
@@ -174,6 +181,8 @@ def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSetting
         suite = run_async(run_suite(spec.target, settings, suite_deadline, on_result=on_result))
         run.report["servers"][name] = to_jsonable(suite)
         show(suite_tables(suite))
+        if rounds:
+            run_efficiency_rounds(run, spec.target, model_path, settings, phase_end - STOP_RESERVE_S)
     except Exception as exc:  # a server that fails to start or dies: recorded, and the next one still runs
         info["error"] = f"{type(exc).__name__}: {exc}"[:4000]
         run.event(f"{name} failed: {type(exc).__name__}: {str(exc)[:2000]}")
@@ -199,15 +208,41 @@ def save_ray_log_tails(dest: Path, lines: int = 200) -> None:
         dest.write_text("\n".join(parts))
 
 
+def engine_baseline_argv(args: argparse.Namespace, model_path: str, settings: LoadSettings) -> list[str]:
+    """bench.engine_baseline with the sweep's request shapes and our engine settings (levels and JSON left out)."""
+    return [sys.executable, "-m", "bench.engine_baseline", "--model", model_path, "--prompt-tokens",
+            str(settings.prompt_tokens), "--gen-tokens", str(settings.gen_tokens), "--prefill-batch-size",
+            str(args.prefill_batch), "--prefill-chunk-tokens", str(args.chunked_prefill_tokens), "--prefix-cache",
+            args.prefix_cache, "--stagger-ms", str(settings.stagger_ms), "--seed", str(settings.seed)]
+
+
+def efficiency_reserve_s(rounds: int) -> float:
+    """Seconds kept from our server's sweep for the alternating rounds (the engine child loads in the first)."""
+    return 20.0 + 12.0 * rounds if rounds > 0 else 0.0
+
+
+def run_efficiency_rounds(run: Run, target: Any, model_path: str, settings: LoadSettings, deadline: float) -> None:
+    json_path = run.json_path.parent / f".{run.json_path.stem}_efficiency_engine.json"
+    argv = engine_baseline_argv(run.args, model_path, settings) + ["--json", str(json_path)]
+    run.event(f"efficiency: {run.args.efficiency_rounds} alternating rounds at c={EFFICIENCY_LEVEL}")
+    engine = EngineChild(argv, REPO, run.log_dir / "efficiency_engine.log")
+    try:
+        result = run_async(alternate(target, engine, settings, EFFICIENCY_LEVEL, run.args.efficiency_rounds, deadline))
+        run.report["efficiency"] = result.to_json()
+    except Exception as exc:  # the sweep's figures stand without it
+        run.report["efficiency"] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        run.event(f"efficiency rounds failed: {type(exc).__name__}: {exc}")
+    finally:
+        engine.close()
+        json_path.unlink(missing_ok=True)
+        run.save()
+
+
 def run_engine_phase(run: Run, model_path: str, settings: LoadSettings, budget_s: float) -> None:
     """bench.engine_baseline in a child process; the levels it finished count even if the budget stops it."""
     path = run.json_path.parent / f".{run.json_path.stem}_engine.json"
-    argv = [sys.executable, "-m", "bench.engine_baseline", "--model", model_path, "--levels",
-            ",".join(map(str, settings.levels)), "--prompt-tokens", str(settings.prompt_tokens),
-            "--gen-tokens", str(settings.gen_tokens), "--prefill-batch-size", str(run.args.prefill_batch),
-            "--prefill-chunk-tokens", str(run.args.chunked_prefill_tokens), "--prefix-cache", run.args.prefix_cache,
-            "--stagger-ms", str(settings.stagger_ms),
-            "--seed", str(settings.seed), "--json", str(path)]
+    argv = engine_baseline_argv(run.args, model_path, settings) + [
+        "--levels", ",".join(map(str, settings.levels)), "--json", str(path)]
     run.event(f"engine baseline (budget {budget_s:.0f} s)")
     try:
         subprocess.run(argv, cwd=REPO, timeout=max(5.0, budget_s), check=False)

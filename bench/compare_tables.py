@@ -83,6 +83,18 @@ def _check(name: str, value: float, limit: str, passed: Optional[bool]) -> dict[
     return {"check": name, "value": fmt(value, 3), "limit": limit, "verdict": verdict}
 
 
+def _efficiency_check(report: dict) -> list[dict[str, str]]:
+    """The same ratio from alternating rounds (bench.efficiency_rounds), where the run made them."""
+    efficiency = report.get("efficiency") or {}
+    rounds = efficiency.get("rounds") or []
+    if not rounds:
+        return []
+    value = _num(efficiency.get("median_ratio"))
+    each = ", ".join(fmt(r["ratio"], 3) for r in rounds)
+    name = f"{OURS} HTTP / in-process engine, uniform, c={efficiency['level']}, median of {len(rounds)} alternating rounds ({each})"
+    return [_check(name, value, ">= 0.85", None if value != value else value >= 0.85)]
+
+
 def acceptance_checks(report: dict, throughput_workload: str = "mixed") -> list[dict[str, str]]:
     """The issue's acceptance figures as measured in this run (n/a where a side is missing)."""
     checks = []
@@ -94,6 +106,7 @@ def acceptance_checks(report: dict, throughput_workload: str = "mixed") -> list[
                 value = _num(uniform[c].get("system_tok_s")) / engine[c] if engine[c] else float("nan")
                 passed = value >= 0.85 if server == OURS else None
                 checks.append(_check(f"{server} HTTP / in-process engine, uniform, c={c}", value, ">= 0.85", passed))
+    checks += _efficiency_check(report)
     ours, ref = _levels(report, OURS, throughput_workload), _levels(report, REFERENCE, throughput_workload)
     for c in sorted(set(ours) & set(ref)):
         if c in (8, 32, 64) or c == max(set(ours) & set(ref)):

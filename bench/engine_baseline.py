@@ -8,12 +8,17 @@ Requests arrive as the HTTP load generator sends a wave (one every --stagger-ms)
 engine_throughput's all-at-once figure. Run as a child process so its MLX memory is gone
 before or after the servers run, and so a time limit can stop it while the levels already
 measured stay in the JSON.
+
+With --on-demand it loads the model, prints READY_LINE and then runs one level per line read on stdin (a
+concurrency), printing ROUND_PREFIX + the level's JSON: bench.efficiency_rounds alternates these with the same
+level over HTTP, so that both rates come from the same minutes of a machine whose speed drifts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import traceback
 from dataclasses import asdict
@@ -24,6 +29,9 @@ import mlx.core as mx
 
 from bench.engine_throughput import OrchardRunner, Trace, free_memory, step_into, machine_info, make_prompts, model_info, summarize
 from engine.config import EngineConfig
+
+READY_LINE = "ENGINE READY"
+ROUND_PREFIX = "ROUND "
 
 
 class StaggeredOrchardRunner(OrchardRunner):
@@ -62,14 +70,15 @@ class StaggeredOrchardRunner(OrchardRunner):
         return trace
 
 
-def bench_level(runner: StaggeredOrchardRunner, concurrency: int, args, vocab_size: int) -> dict:
+def bench_level(runner: StaggeredOrchardRunner, concurrency: int, args, vocab_size: int, warm_up: bool = True) -> dict:
     """Warm-up at this level, then the staggered run and the all-at-once run on the same prompts' shapes."""
-    runner.stagger_s = 0.0
-    warm = make_prompts(concurrency, args.prompt_tokens, vocab_size, [args.seed, concurrency, 1])
-    # Full-length warm-up: every KV length the timed runs reach has been seen (the HTTP `uniform` sweep runs
-    # after `mixed` has decoded as far at every level).
-    runner.run(warm, args.warmup_tokens or args.gen_tokens)
-    free_memory()
+    if warm_up:
+        runner.stagger_s = 0.0
+        warm = make_prompts(concurrency, args.prompt_tokens, vocab_size, [args.seed, concurrency, 1])
+        # Full-length warm-up: every KV length the timed runs reach has been seen (the HTTP `uniform` sweep runs
+        # after `mixed` has decoded as far at every level).
+        runner.run(warm, args.warmup_tokens or args.gen_tokens)
+        free_memory()
     timed, steps_ms = {}, {}
     for name, stagger_ms, seed_tag in (("staggered", args.stagger_ms, 0), ("at_once", 0.0, 2)):
         runner.stagger_s = stagger_ms / 1e3
@@ -99,6 +108,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--prefill-chunk-tokens", type=int, default=2048)
     p.add_argument("--prefix-cache", choices=["on", "off"], default="on", help="as the server runs (on by default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--on-demand", action="store_true", help="levels from stdin, one per line; results on stdout")
     p.add_argument("--json", required=True)
     return p.parse_args(argv)
 
@@ -119,6 +129,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     started = time.perf_counter()
     runner = StaggeredOrchardRunner(args.model, args.prefill_batch_size, args.prefill_chunk_tokens, args.prefix_cache == "on")
     print(f"[engine] loaded in {time.perf_counter() - started:.1f} s", flush=True)
+    if args.on_demand:
+        try:
+            serve_rounds(runner, args, info["vocab_size"])
+        finally:
+            runner.close()
+            free_memory()
+        return
     try:
         for concurrency in levels:
             record = bench_level(runner, concurrency, args, info["vocab_size"])
@@ -134,6 +151,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     finally:
         runner.close()
         free_memory()
+
+
+def serve_rounds(runner: StaggeredOrchardRunner, args: argparse.Namespace, vocab_size: int) -> None:
+    """One level per stdin line until it closes; each level warms up the first time it is asked for."""
+    warmed: set[int] = set()
+    print(READY_LINE, flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        concurrency = int(line)
+        record = bench_level(runner, concurrency, args, vocab_size, warm_up=concurrency not in warmed)
+        warmed.add(concurrency)
+        print(ROUND_PREFIX + json.dumps(record), flush=True)
 
 
 if __name__ == "__main__":
