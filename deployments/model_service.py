@@ -151,7 +151,11 @@ class ModelService:
 
     async def _encode(self, prompt: ChatPrompt | TextPrompt) -> EncodedPrompt:
         encoder = self._encoder  # raises here, on the loop, if the model has not started
-        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, encoder.encode, prompt)
+        try:
+            work = asyncio.get_running_loop().run_in_executor(self._tokenize_pool, encoder.encode, prompt)
+        except RuntimeError as exc:  # the pool refuses new work once shutdown() has begun
+            raise EngineDeadError(f"Model '{self.model_id}' is shutting down") from exc
+        return await work
 
     def _clamped(self, sampling: SamplingParams, num_prompt: int) -> SamplingParams:
         room = self._engine.core.context_length - num_prompt

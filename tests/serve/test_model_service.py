@@ -9,6 +9,7 @@ from deployments.config import ModelConfig
 from deployments.model_service import ModelService
 from deployments.prompts import PromptEncoder
 from deployments.protocol import ChatPrompt, GenerateJob, TextPrompt
+from engine.errors import EngineDeadError
 from engine.sampling.params import SamplingParams
 
 
@@ -60,3 +61,16 @@ def test_concurrent_requests_are_tokenized_each_as_alone_and_off_the_event_loop(
             await service.shutdown()
 
     asyncio.run(run())
+
+
+def test_a_request_after_shutdown_gets_a_typed_error_chunk(tiny_models):
+    service = ModelService(ModelConfig(model_path=str(tiny_models.alpha)))
+
+    async def run() -> list:
+        await service.start()
+        await service.shutdown()
+        return [chunk async for chunk in service.generate(_job(1))]
+
+    chunks = asyncio.run(run())
+    assert len(chunks) == 1 and chunks[0].error is not None
+    assert chunks[0].error.code == EngineDeadError("x").code
