@@ -138,8 +138,11 @@ class Run:
         return self.deadline - time.perf_counter()
 
     def phase_budget(self, phase: str, phases_left: list[str]) -> float:
+        """A weighted share of what is left; our server's phase also gets the efficiency rounds' reserve on top."""
+        reserve = efficiency_reserve_s(self.args.efficiency_rounds) if "orchard" in phases_left else 0.0
         total = sum(PHASE_WEIGHTS[p] for p in phases_left)
-        return self.left() * PHASE_WEIGHTS[phase] / total
+        share = (self.left() - reserve) * PHASE_WEIGHTS[phase] / total
+        return share + (reserve if phase == "orchard" else 0.0)
 
     def event(self, text: str) -> None:
         stamp = round(time.perf_counter() - self.started, 1)

@@ -5,7 +5,7 @@
 #   bash bench/gpu_serving_sweep.sh llama-3.1-8b 4      # 4-bit
 # Writes $OUT/serving_<shape>_<bf16|Nbit>.{json,txt} and server logs under $OUT/logs_<tag>/.
 # Env: OUT (default /tmp/out), LEVELS (default 1,4,8,16,32,64,128), BUDGET (seconds for bench.compare,
-# model build included; default 480 of the call's 600), EFFICIENCY_ROUNDS (alternating HTTP / in-process rounds at
+# model build included; default 540 of the call's 600), EFFICIENCY_ROUNDS (alternating HTTP / in-process rounds at
 # 64 streams after our sweep, default 5; 0: none), EXTRA (more bench.compare flags), ORCHARD_COMMIT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +22,4 @@ python3 -m bench.compare --random-shape "$SHAPE" ${BITS:+--bits "$BITS"} \
   --levels "${LEVELS:-1,4,8,16,32,64,128}" --servers orchard,mlx_lm --engine-baseline \
   --efficiency-rounds "${EFFICIENCY_ROUNDS:-5}" \
   --json "$OUT/serving_${TAG}.json" --log-dir "$OUT/logs_${TAG}" \
-  --time-budget-s "${BUDGET:-480}" ${EXTRA:-} 2>&1 | tee "$OUT/serving_${TAG}.txt"
+  --time-budget-s "${BUDGET:-540}" ${EXTRA:-} 2>&1 | tee "$OUT/serving_${TAG}.txt"
