@@ -117,8 +117,14 @@ async def alternate(target: Any, engine: EngineChild, settings: LoadSettings, le
         if deadline - started < 1.5 * last_round_s:
             result.note = f"stopped after {len(result.rounds)} rounds: time budget"
             break
-        http = await http_rate(target, settings, level, deadline)
-        record = engine.run_level(level, timeout_s=max(5.0, deadline - time.perf_counter()))
+        try:
+            http = await http_rate(target, settings, level, deadline)
+            record = engine.run_level(level, timeout_s=max(5.0, deadline - time.perf_counter()))
+        except Exception as exc:  # the rounds already made still count
+            if not result.rounds:
+                raise
+            result.note = f"stopped after {len(result.rounds)} rounds: {type(exc).__name__}: {exc}"[:500]
+            break
         result.rounds.append(EfficiencyRound(round(http, 1), round(float(record["tok_per_s"]), 1)))
         last_round_s = time.perf_counter() - started
         print(f"  [efficiency] c={level} round {len(result.rounds)}: HTTP {http:.1f} / engine "
