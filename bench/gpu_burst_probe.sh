@@ -8,19 +8,9 @@
 set -u
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
-source .gpu/activate.sh
-OUT="${OUT:-/tmp/out}"; WORK=/tmp/burst-probe; MODEL=/tmp/burst-probe-model/m; SHAPE="${SHAPE:-qwen3-0.6b}"
-mkdir -p "$OUT" "$WORK" "$(dirname "$MODEL")"
+source bench/gpu_diag_setup.sh burst_probe 70   # OUT, WORK, SHAPE, MODEL, VOCAB; packs WORK on exit
 SUMMARY="$OUT/burst_probe.txt"
-finish() {
-  for raw in "$WORK"/*.raw; do [ -f "$raw" ] && python3 -m bench.pyspy_summary "$raw" --top 70 > "${raw%.raw}.txt" 2>&1; done
-  tar -czf "$OUT/burst_probe.tgz" -C "$WORK" .
-}
-trap finish EXIT
-[ -f .gpu/py-spy.xz ] && xz -dc .gpu/py-spy.xz > /tmp/py-spy && chmod +x /tmp/py-spy
 SPY="/tmp/py-spy record --nonblocking -r 250 --threads -f raw"
-python3 -c "from bench.random_model import make_random_model; make_random_model('$MODEL', '$SHAPE')" > /dev/null
-VOCAB=$(python3 -c "import json; print(json.load(open('$MODEL/config.json'))['vocab_size'])")
 if [ "${ENGINE:-1}" = 1 ]; then
   timeout 150 python3 -m bench.engine_burst --random-shape "$SHAPE" --prompt-tokens 517 --warmup-seconds 30 \
     --json "$WORK/engine_burst.json" > "$WORK/engine_burst.log" 2>&1

@@ -9,19 +9,9 @@
 set -u
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
-source .gpu/activate.sh
-OUT="${OUT:-/tmp/out}"; WORK=/tmp/replica-profile; MODEL=/tmp/replica-profile-model/m
-mkdir -p "$OUT" "$WORK" "$(dirname "$MODEL")"
-xz -dc .gpu/py-spy.xz > /tmp/py-spy && chmod +x /tmp/py-spy
+source bench/gpu_diag_setup.sh replica_profile   # OUT, WORK, SHAPE, MODEL, VOCAB, /tmp/py-spy; packs WORK on exit
 SPY="/tmp/py-spy record --nonblocking -r 200 --threads -f raw"   # --nonblocking: the process is never paused
-finish() {
-  for raw in "$WORK"/*.raw; do python3 -m bench.pyspy_summary "$raw" --top 60 > "${raw%.raw}.txt" 2>&1; done
-  tar -czf "$OUT/replica_profile.tgz" -C "$WORK" .
-}
-trap finish EXIT
-python3 -c "from bench.random_model import make_random_model; make_random_model('$MODEL', '${SHAPE:-qwen3-0.6b}')" > /dev/null
-VOCAB=$(python3 -c "import json; print(json.load(open('$MODEL/config.json'))['vocab_size'])")
-timeout 60 python3 -m bench.decode_probe --random-shape "${SHAPE:-qwen3-0.6b}" --rows 64 > "$WORK/decode_probe.log" 2>&1
+timeout 60 python3 -m bench.decode_probe --random-shape "$SHAPE" --rows 64 > "$WORK/decode_probe.log" 2>&1
 timeout 120 $SPY -o "$WORK/inprocess64.raw" -- python3 -m bench.engine_baseline --model "$MODEL" --levels 64,64 \
   --json "$WORK/inprocess.json" > "$WORK/inprocess.log" 2>&1
 python3 -m bench.run_orchard_server --model "$MODEL" --port 8123 --decode-batch 128 > "$WORK/server.log" 2>&1 &

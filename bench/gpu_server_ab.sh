@@ -12,13 +12,9 @@
 set -u
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
-source .gpu/activate.sh
-OUT="${OUT:-/tmp/out}"; WORK=/tmp/server-ab; MODEL=/tmp/server-ab-model/m; HEAD_DIR="$PWD"
-mkdir -p "$OUT" "$WORK" "$(dirname "$MODEL")"
+source bench/gpu_diag_setup.sh server_ab   # OUT, WORK, SHAPE, MODEL, VOCAB; packs WORK on exit
+HEAD_DIR="$PWD"
 SUMMARY="$OUT/server_ab.txt"
-trap 'tar -czf "$OUT/server_ab.tgz" -C "$WORK" .' EXIT
-python3 -c "from bench.random_model import make_random_model; make_random_model('$MODEL', '${SHAPE:-qwen3-0.6b}')" > /dev/null
-VOCAB=$(python3 -c "import json; print(json.load(open('$MODEL/config.json'))['vocab_size'])")
 if [ "${UNIFORM:-1}" = 1 ]; then
   timeout 80 python3 -m bench.engine_baseline --model "$MODEL" --levels 64,64 --json "$WORK/inprocess.json" \
     > "$WORK/inprocess.log" 2>&1
