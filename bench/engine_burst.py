@@ -24,6 +24,12 @@ from engine import EngineConfig, EngineCore, Request, SamplingParams
 from engine.runner.loader import load_model
 
 
+def p95_nearest_rank(values: list[float]) -> float:
+    """The 95th percentile as one of the values (nearest rank): the burst's P95 request, not an interpolation."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
 def burst_requests(prompts: list[list[int]], gen_tokens: int) -> list[Request]:
     """Greedy requests of exactly gen_tokens new tokens each, with fresh ids."""
     sampling = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
@@ -100,7 +106,7 @@ def main() -> None:
     steps: list[dict] = []
     burst = sorted(first_token_times(core, [prompt() for _ in range(args.burst)], args.gen_tokens, steps,
                                      args.stagger_ms / 1e3))
-    p95 = burst[min(len(burst) - 1, round(0.95 * (len(burst) - 1)))]
+    p95 = p95_nearest_rank(burst)
     report = {
         "commit": git_commit(), "machine": machine_info(), "shape": args.random_shape, "burst": args.burst,
         "prompt_tokens": args.prompt_tokens, "stagger_ms": args.stagger_ms, "prefix_cache": args.prefix_cache,

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import mlx.core as mx
 
-from bench.engine_burst import submit_all
+from bench.engine_burst import p95_nearest_rank, submit_all
 from bench.engine_throughput import git_commit, machine_info
 from bench.random_model import make_random_model
 from engine import EngineConfig, EngineCore, Request, SamplingParams
@@ -129,7 +129,7 @@ def run_shared(loaded, args) -> list[SharedWave]:
                     core, [prefix + tokens(args.suffix_tokens) for _ in range(concurrency)], args.gen_tokens)
             ttft.sort()
             waves.append(SharedWave(cache, concurrency, round(1e3 * statistics.mean(ttft), 1),
-                                    round(1e3 * ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))], 1),
+                                    round(1e3 * p95_nearest_rank(ttft), 1),
                                     round(1e3 * wall, 1), round(concurrency * args.gen_tokens / wall, 1), cached))
             print(waves[-1])
             core.close()

@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from bench.engine_burst import p95_nearest_rank
 from bench.random_model import make_random_model
 from deployments.config import ModelConfig
 from deployments.model_service import ModelService
@@ -127,11 +128,10 @@ async def one_burst(service: ModelService, jobs: list[GenerateJob], log: Started
     thread.join()
     await lag_task
     gc.callbacks.remove(collections)
-    ordered = sorted(ttfts)
     started = sorted(1e3 * (log.started[j.request_id] - sent) for j in jobs if j.request_id in log.started)
     return {
-        "ttft_p95_ms": round(1e3 * ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))], 1),
-        "ttft_ms": [round(1e3 * t, 1) for t in ordered],
+        "ttft_p95_ms": round(1e3 * p95_nearest_rank(ttfts), 1),
+        "ttft_ms": [round(1e3 * t, 1) for t in sorted(ttfts)],
         "submitted_ms": [round(t, 1) for t in started],
         "gil": gil.summary(), "event_loop": loop_lag.summary(), "gc": collections.summary(),
     }
