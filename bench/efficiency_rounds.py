@@ -96,9 +96,11 @@ class EngineChild:
             self._log.close()
 
 
-async def http_rate(target: Any, settings: LoadSettings, level: int, deadline: float) -> float:
-    """System tok/s of one `uniform` round at `level` (the sweep's settings otherwise)."""
-    one_level = dataclasses.replace(settings, workloads=["uniform"], levels=[level])
+async def http_rate(target: Any, settings: LoadSettings, level: int, deadline: float, warm_up: bool) -> float:
+    """System tok/s of one `uniform` round at `level` (the sweep's settings otherwise); warm-up requests first
+    only if asked, as the engine child warms a level only the first time."""
+    warmup_tokens = settings.warmup_tokens if warm_up else 0
+    one_level = dataclasses.replace(settings, workloads=["uniform"], levels=[level], warmup_tokens=warmup_tokens)
     suite = await run_suite(target, one_level, deadline)
     rates = [l.system_tok_s for l in suite.levels if l.workload == "uniform" and l.concurrency == level]
     if not rates:
@@ -118,7 +120,7 @@ async def alternate(target: Any, engine: EngineChild, settings: LoadSettings, le
             result.note = f"stopped after {len(result.rounds)} rounds: time budget"
             break
         try:
-            http = await http_rate(target, settings, level, deadline)
+            http = await http_rate(target, settings, level, deadline, warm_up=not result.rounds)
             record = engine.run_level(level, timeout_s=max(5.0, deadline - time.perf_counter()))
         except Exception as exc:  # the rounds already made still count
             if not result.rounds:
