@@ -3,7 +3,7 @@
     python -m bench.proc_cpu -- python -m bench.serving --workloads burst ...
 
 Matches the proxy, the ingress replica and model replicas by process title (ray::ProxyActor,
-ray::ServeReplica:orchard:Ingress, ray::ServeReplica:<model>:ModelServer); prints one line,
+ray::ServeReplica:orchard:Ingress, ray::ServeReplica:<model>:ModelServer) and engine processes (EngineChild); prints one line,
 `proc_cpu: wall W s; ProxyActor X s, Ingress Y s, ...`, after the command's own output.
 Needs psutil: the GPU bundle has it; on the dev machine `pip install psutil` (not a dependency of ours).
 """
@@ -17,12 +17,16 @@ import time
 import psutil
 
 ROLES = ("ProxyActor", "ServeController", "Ingress", "ModelServer")
+# A model replica's engine process (engine_process: true) is a child, `python -m engine.engine_child FD`.
+ENGINE_CHILD = "engine.engine_child"
 
 
 def serve_processes() -> dict[str, list[psutil.Process]]:
     found: dict[str, list[psutil.Process]] = {}
     for proc in psutil.process_iter(["name", "cmdline"]):
         title = " ".join(proc.info["cmdline"] or []) or (proc.info["name"] or "")
+        if ENGINE_CHILD in title:
+            found.setdefault("EngineChild", []).append(proc)
         if not title.startswith("ray::"):
             continue
         for role in ROLES:

@@ -75,6 +75,9 @@ class ModelConfig(BaseModel):
     # Ours: the model process's GIL switch interval (null: Python's 5 ms). The engine thread needs the GIL
     # back after each device wait; behind Ray's threads it waited up to 5 ms each time (bench/README.md).
     gil_switch_interval_ms: float | None = Field(0.5, gt=0)
+    # Ours: the engine steps in a child process of the model's replica (true) or on a thread of it (false).
+    # In its own process the engine shares no GIL with Ray's and the HTTP layer's threads (bench/README.md).
+    engine_process: bool = True
     chat_template_file: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None

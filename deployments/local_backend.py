@@ -9,7 +9,7 @@ from typing import AsyncIterator
 
 from engine.errors import ModelLoadError, ModelNotFoundError
 from deployments.config import ModelConfig
-from deployments.model_service import EngineBuilder, ModelService, build_async_engine
+from deployments.model_service import EngineBuilder, ModelService, build_engine
 from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
 from deployments.registry import DeploymentState, ModelStatus
 
@@ -32,7 +32,7 @@ class LocalModelClient:
 
 
 class LocalBackend:
-    def __init__(self, build_engine: EngineBuilder = build_async_engine) -> None:
+    def __init__(self, build_engine: EngineBuilder = build_engine) -> None:
         self._build_engine = build_engine
         self._services: dict[str, ModelService] = {}
         self._states: dict[str, DeploymentState] = {}

@@ -15,7 +15,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable
 
-from engine import AsyncEngine, EngineConfig, EngineCore, Request
+from engine import AsyncEngine, EngineConfig, EngineStats, Request
+from engine.core_builder import build_engine_core
+from engine.process_engine import ProcessEngine
+from engine.process_protocol import CoreSpec
 from engine.errors import EngineDeadError, OrchardError
 from engine.output.events import Finish, TextDelta
 from engine.parsers.events import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
@@ -39,33 +42,32 @@ MAX_WINDOW_S = 0.25
 # GIL, so a burst of 512-token prompts (~1-2 ms each) is tokenized side by side while the loop keeps serving.
 TOKENIZE_THREADS = 4
 
-EngineBuilder = Callable[[ModelConfig], AsyncEngine]
+Engine = AsyncEngine | ProcessEngine
+EngineBuilder = Callable[[ModelConfig], Engine]
 
 
-def build_async_engine(config: ModelConfig) -> AsyncEngine:
-    engine_config = EngineConfig.from_options(**config.engine_options())
+def core_spec(config: ModelConfig) -> CoreSpec:
+    return CoreSpec(
+        model_path=config.model_path,
+        uses_default_model=config.uses_default_model,
+        dtype=config.dtype,
+        chat_template_file=config.chat_template_file,
+        trust_remote_code=config.trust_remote_code,
+        engine_config=EngineConfig.from_options(**config.engine_options()),
+        gil_switch_interval_s=_seconds(config.gil_switch_interval_ms),
+    )
 
-    def build_core() -> EngineCore:  # runs on the engine's MLX thread
-        from engine.runner.loader import load_model
 
-        path = config.model_path
-        if config.uses_default_model:
-            from engine.models.default_model import default_model_path
-
-            path = str(default_model_path())  # converts the embedded GGUF once, then reuses it
-        loaded = load_model(
-            path,
-            dtype=config.dtype,
-            chat_template_file=config.chat_template_file,
-            trust_remote_code=config.trust_remote_code,
-        )
-        return EngineCore(loaded, engine_config)
-
-    return AsyncEngine(build_core)
+def build_engine(config: ModelConfig) -> Engine:
+    """The engine in a child process (engine_process: true, the default) or on a thread of this one."""
+    spec = core_spec(config)
+    if config.engine_process:
+        return ProcessEngine(spec)
+    return AsyncEngine(lambda: build_engine_core(spec))  # runs on the engine's MLX thread
 
 
 class ModelService:
-    def __init__(self, config: ModelConfig, build_engine: EngineBuilder = build_async_engine) -> None:
+    def __init__(self, config: ModelConfig, build_engine: EngineBuilder = build_engine) -> None:
         self.config = config
         self.model_id = config.id
         self._engine = build_engine(config)
@@ -81,7 +83,7 @@ class ModelService:
         if self.config.gil_switch_interval_ms is not None:  # process-wide (under Ray each model has its own)
             sys.setswitchinterval(self.config.gil_switch_interval_ms / 1000.0)
         await self._engine.start()
-        tokenizer = self._engine.core.loaded.tokenizer
+        tokenizer = self._engine.served.tokenizer
         self._prompts = PromptEncoder(tokenizer)
         self._token_texts = TokenTexts(tokenizer)
         self.parser_names = resolve_parser_names(
@@ -158,7 +160,7 @@ class ModelService:
         return await work
 
     def _clamped(self, sampling: SamplingParams, num_prompt: int) -> SamplingParams:
-        room = self._engine.core.context_length - num_prompt
+        room = self._engine.served.context_length - num_prompt
         if sampling.max_tokens is not None and room >= 1 and sampling.max_tokens > room:
             return dataclasses.replace(sampling, max_tokens=room)
         return sampling  # a prompt that leaves no room is refused by the engine, naming it
@@ -180,15 +182,15 @@ class ModelService:
 
     # ---- introspection -----------------------------------------------------
     def info(self) -> ModelInfo:
-        core = self._engine.core
+        served = self._engine.served
         return ModelInfo(
             model_id=self.model_id,
             model_type=self.config.model_type,
-            model_path=str(core.loaded.path),
-            context_length=core.context_length,
+            model_path=str(served.path),
+            context_length=served.context_length,
             created_at=self.created_at,
             pid=os.getpid(),
-            memory=memory_usage(),
+            memory=memory_usage(self._engine.stats().memory, served.in_own_process),
         )
 
     def queue_stats(self) -> QueueStats:
@@ -207,8 +209,14 @@ class ModelService:
             steps_total=stats.num_steps,
             step_seconds_total=round(stats.step_seconds_total, 4),
             step_cpu_seconds_total=round(stats.step_cpu_seconds_total, 4),
-            process_cpu_seconds_total=round(time.process_time(), 4),
+            process_cpu_seconds_total=round(self._process_cpu_seconds(stats), 4),
         )
+
+    def _process_cpu_seconds(self, stats: EngineStats) -> float:
+        """CPU seconds of the processes serving this model: this one, and the engine's if it has its own."""
+        if self._engine.served.in_own_process:
+            return time.process_time() + stats.process_cpu_seconds
+        return stats.process_cpu_seconds
 
     def check_health(self) -> None:
         if not self._engine.is_alive:
@@ -224,6 +232,10 @@ class ModelService:
     def _texts(self) -> TokenTexts:
         assert self._token_texts is not None
         return self._token_texts
+
+
+def _seconds(milliseconds: float | None) -> float | None:
+    return None if milliseconds is None else milliseconds / 1000.0
 
 
 def _whole_output() -> None:

@@ -7,18 +7,19 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from engine.config import EngineConfig
-from engine.errors import ContextLengthExceededError, InvalidRequestError
+from engine.errors import InvalidRequestError
 from engine.kv.prefix_cache import PrefixCacheStats
 from engine.output.detokenizer import text_source_factory
 from engine.output.events import RequestOutput
 from engine.output.request_state import RequestOutputState
 from engine.request import Request, RequestStatus
 from engine.runner.loader import LoadedModel
+from engine.runner.memory import EngineMemory, read_engine_memory
 from engine.runner.outputs import RunnerOutput
 from engine.runner.runner import ModelRunner
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
-from engine.sampling.params import SamplingParams
+from engine.validation import RequestLimits
 from engine.sampling.structured import GuideCompiler
 
 THROUGHPUT_WINDOW_S = 10.0
@@ -40,6 +41,9 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     generation_tokens_per_s: float
+    # The engine process's CPU seconds (all threads) and memory, read with the stats.
+    process_cpu_seconds: float
+    memory: EngineMemory
     # None when the prefix cache is off (disabled, or a model whose caches cannot be cut into blocks).
     prefix_cache: PrefixCacheStats | None = None
 
@@ -67,27 +71,7 @@ class EngineCore:
 
         Returns the request with max_tokens resolved against the context length.
         """
-        num_prompt = request.num_prompt_tokens
-        if num_prompt == 0:
-            raise InvalidRequestError("The prompt is empty", param="prompt")
-        vocab_size = self.loaded.vocab_size
-        if any(not 0 <= t < vocab_size for t in request.prompt_token_ids):
-            raise InvalidRequestError("The prompt holds token ids outside the vocabulary", param="prompt")
-        request.sampling.validate(vocab_size)
-        if request.sampling.guided is not None:
-            self.guides.check(request.sampling.guided)
-        max_tokens = request.sampling.max_tokens
-        room = self.context_length - num_prompt
-        if room < 1 or (max_tokens is not None and max_tokens > room):
-            wanted = num_prompt + (max_tokens or 1)
-            raise ContextLengthExceededError(
-                f"This model's maximum context length is {self.context_length} tokens, but the request "
-                f"needs {wanted} ({num_prompt} in the prompt + {max_tokens or 1} to generate)",
-                param="max_tokens" if room >= 1 else "messages",
-            )
-        if max_tokens is None:
-            request.sampling = _with_max_tokens(request.sampling, room)
-        return request
+        return RequestLimits(self.loaded.vocab_size, self.context_length).validate(request)
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self._states:
@@ -173,6 +157,8 @@ class EngineCore:
             prompt_tokens_total=self._prompt_tokens_total,
             generation_tokens_total=self._generation_tokens_total,
             generation_tokens_per_s=rate,
+            process_cpu_seconds=time.process_time(),
+            memory=read_engine_memory(),
             prefix_cache=replace(self.runner.prefix_cache.stats) if self.runner.prefix_cache else None,
         )
 
@@ -183,7 +169,3 @@ class EngineCore:
 
     def close(self) -> None:
         self.runner.close()
-
-
-def _with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
-    return replace(params, max_tokens=max_tokens)

@@ -10,6 +10,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm import load as mlx_lm_load
+from mlx_lm.utils import load_config as mlx_lm_load_config
+from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
 
 from engine.errors import ModelLoadError
 
@@ -66,10 +68,31 @@ def load_model(
         raise ModelLoadError(f"Could not load model at '{path}': {exc}") from exc
     if dtype is not None:
         _cast(model, dtype)
-    if chat_template_file is not None:
-        tokenizer.chat_template = Path(chat_template_file).read_text(encoding="utf-8")
+    _set_chat_template(tokenizer, chat_template_file)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, path=folder)
+
+
+def load_tokenizer_only(
+    path: str | Path, *, chat_template_file: str | Path | None = None, trust_remote_code: bool = False
+) -> Any:
+    """The tokenizer load_model would return for this folder, without the weights (for a serving process
+    whose engine runs elsewhere)."""
+    folder = Path(path).expanduser().resolve()
+    try:
+        eos_token_ids = mlx_lm_load_config(folder).get("eos_token_id")
+        tokenizer = mlx_lm_load_tokenizer(
+            folder, {"trust_remote_code": trust_remote_code}, eos_token_ids=eos_token_ids
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"Could not load the tokenizer at '{path}': {exc}") from exc
+    _set_chat_template(tokenizer, chat_template_file)
+    return tokenizer
+
+
+def _set_chat_template(tokenizer: Any, chat_template_file: str | Path | None) -> None:
+    if chat_template_file is not None:
+        tokenizer.chat_template = Path(chat_template_file).read_text(encoding="utf-8")
 
 
 def _cast(model: nn.Module, dtype: str) -> None:

@@ -188,10 +188,6 @@ class GuideCompiler:
         except InvalidRequestError:
             pass
 
-    def check(self, guided: GuidedDecoding) -> str:
-        """The regex for a spec (fast, any thread); raises InvalidRequestError."""
-        return guided_regex(guided)
-
     def cached(self, guided: GuidedDecoding) -> CompiledGuide | None:
         """The compiled guide if it is already built (never builds)."""
         with _VOCABULARIES_LOCK:

@@ -175,7 +175,7 @@ def test_buffer_cache_goes_back_to_the_device_once_the_engine_idles(tiny_llama):
 
     import mlx.core as mx
 
-    from engine.async_engine import RELEASE_BUFFERS_AFTER_IDLE_S
+    from engine.engine_loop import RELEASE_BUFFERS_AFTER_IDLE_S
 
     async def scenario() -> tuple[int, int]:
         engine = await started(tiny_llama)

@@ -13,7 +13,7 @@ import httpx
 from deployments.config import ModelConfig
 from deployments.ingress import create_app
 from deployments.local_backend import LocalBackend
-from deployments.model_service import EngineBuilder, build_async_engine
+from deployments.model_service import EngineBuilder, build_engine
 from deployments.registry import Registry
 from deployments.state import ModelStore
 
@@ -29,7 +29,7 @@ class LocalStack:
 async def local_stack(
     configs: list[ModelConfig],
     state_dir: Path | None = None,
-    build_engine: EngineBuilder = build_async_engine,
+    build_engine: EngineBuilder = build_engine,
     restore: bool = True,
     model_roots: list[str] | None = None,
 ) -> AsyncIterator[LocalStack]:
@@ -53,7 +53,7 @@ def slow_engine_builder(delay_s: float) -> EngineBuilder:
     """A real engine whose start takes `delay_s` longer, to observe a model while it loads."""
 
     def build(config: ModelConfig):
-        engine = build_async_engine(config)
+        engine = build_engine(config)
         start = engine.start
 
         async def slow_start() -> None:

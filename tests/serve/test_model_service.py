@@ -38,7 +38,7 @@ def test_concurrent_requests_are_tokenized_each_as_alone_and_off_the_event_loop(
     async def run() -> None:
         await service.start()
         try:
-            tokenizer = service._engine.core.loaded.tokenizer
+            tokenizer = service._engine.served.tokenizer
             alone = [len(PromptEncoder(tokenizer).encode(_prompt(i)).token_ids) for i in range(count)]
             assert len(set(alone)) == count  # every prompt has its own length: a mix-up would show
             counted = await asyncio.gather(*(service.count_tokens(_prompt(i)) for i in range(count)))

@@ -1,0 +1,122 @@
+"""EngineLoop: the thread that owns MLX and steps EngineCore, fed by a command queue.
+
+AsyncEngine runs it on a thread of the caller's process; engine_child.py runs it in a process of its own.
+Both hand it a way to post a step's outputs and the latest stats; it never touches asyncio or sockets itself.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from engine.core import EngineCore, EngineStats
+from engine.errors import OrchardError
+from engine.output.events import RequestOutput
+from engine.request import Request
+
+STATS_INTERVAL_S = 0.2
+IDLE_POLL_S = 0.5
+# MLX's buffer cache goes back to the device after this long without work (not between back-to-back requests,
+# which would then allocate their buffers afresh).
+RELEASE_BUFFERS_AFTER_IDLE_S = 0.5
+
+
+@dataclass
+class AddCommand:
+    request: Request
+
+
+@dataclass
+class AbortCommand:
+    request_id: str
+
+
+@dataclass
+class ShutdownCommand:
+    pass
+
+
+EngineCommand = AddCommand | AbortCommand | ShutdownCommand
+
+
+class EngineLoop:
+    def __init__(
+        self,
+        core: EngineCore,
+        commands: queue.SimpleQueue,
+        post_outputs: Callable[[list[RequestOutput]], None],
+        post_stats: Callable[[EngineStats], None],
+    ) -> None:
+        self._core = core
+        self._commands = commands
+        self._post_outputs = post_outputs
+        self._post_stats = post_stats
+        self._held_outputs: list[RequestOutput] = []  # the last step's, until the next one keeps the device busy
+        self._idle_since: float | None = None  # when the work ran out (None: busy; inf: buffers released)
+
+    def run(self) -> None:
+        """Step until a ShutdownCommand; raises what the core raised, after posting what was decided."""
+        try:
+            self._loop_steps()
+        finally:
+            self.post_held_outputs()
+
+    def _loop_steps(self) -> None:
+        """Step while there is work. A step's outputs are posted when the next step's forward is built and
+        its device work comes next: their consumer (streams, Ray) then takes the GIL or a core while this
+        thread waits on the device, not while it builds the next graph."""
+        core = self._core
+        last_stats = 0.0
+        while True:
+            outputs: list[RequestOutput] = []
+            busy = core.has_unfinished_requests()
+            if not busy:
+                self.post_held_outputs()
+            if self._apply_commands(block=not busy, outputs=outputs):
+                return
+            if core.has_unfinished_requests():
+                self._idle_since = None
+                outputs += core.step(before_device_work=self.post_held_outputs)
+            else:
+                self._release_buffers_when_idle()
+            self.post_held_outputs()  # when no step ran (commands ended the work); else already posted
+            self._held_outputs = outputs
+            now = time.monotonic()
+            if now - last_stats > STATS_INTERVAL_S or not core.has_unfinished_requests():
+                self._post_stats(core.stats())
+                last_stats = now
+
+    def _release_buffers_when_idle(self) -> None:
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        elif now - self._idle_since >= RELEASE_BUFFERS_AFTER_IDLE_S:
+            self._core.release_idle_buffers()
+            self._idle_since = float("inf")  # released: not again until the next work has come and gone
+
+    def post_held_outputs(self) -> None:
+        if self._held_outputs:
+            self._post_outputs(self._held_outputs)
+            self._held_outputs = []
+
+    def _apply_commands(self, block: bool, outputs: list[RequestOutput]) -> bool:
+        """Apply queued commands; True when asked to shut down."""
+        while True:
+            try:
+                command = self._commands.get(timeout=IDLE_POLL_S) if block else self._commands.get_nowait()
+            except queue.Empty:
+                return False
+            block = False
+            if isinstance(command, ShutdownCommand):
+                return True
+            if isinstance(command, AddCommand):
+                try:
+                    self._core.add_request(command.request)
+                except OrchardError as exc:
+                    outputs.append(RequestOutput(command.request.request_id, error=exc))
+            elif isinstance(command, AbortCommand):
+                aborted = self._core.abort_request(command.request_id)
+                if aborted is not None:
+                    outputs.append(aborted)

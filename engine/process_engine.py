@@ -1,0 +1,166 @@
+"""ProcessEngine: AsyncEngine's interface, with the engine stepping in a child process (engine_child.py).
+
+The serving process keeps the tokenizer, request checks and the per-request mailboxes; the child owns MLX.
+A step's outputs cross one socket as one pickled message, read by a thread here and routed on the loop.
+Why: in one process the engine thread shares the GIL with Ray's and the HTTP layer's threads, and each of
+them delays the other (bench/README.md); across processes they only share cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from engine.core import EngineStats
+from engine.engine_loop import AbortCommand, AddCommand, ShutdownCommand
+from engine.errors import EngineDeadError, OrchardError
+from engine.output.router import RequestStream, StreamRouter
+from engine.process_protocol import ChildDied, ChildFailed, ChildReady, CoreSpec, StatsUpdate, StepOutputs
+from engine.request import Request
+from engine.runner.loader import load_tokenizer_only
+from engine.served_model import ServedModel
+from engine.validation import RequestLimits
+
+logger = logging.getLogger(__name__)
+STOP_TIMEOUT_S = 30.0
+
+
+class ProcessEngine:
+    def __init__(self, spec: CoreSpec) -> None:
+        self._spec = spec
+        self._streams = StreamRouter()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._child: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._send_lock = threading.Lock()
+        self._served: ServedModel | None = None
+        self._limits: RequestLimits | None = None
+        self._stats: EngineStats | None = None
+        self._dead: OrchardError | None = None
+        self._stopping = False
+
+    # ---- lifecycle -------------------------------------------------------
+    async def start(self) -> None:
+        """Start the child and wait until its model is loaded and warm; raises what its build raised."""
+        self._loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "engine.engine_child", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), env=_child_env(),
+        )
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self._send(self._spec)
+        try:
+            ready = await asyncio.to_thread(self._conn.recv)
+        except (EOFError, OSError) as exc:
+            await self._reap()
+            raise EngineDeadError(f"The engine process exited while starting (code {self._child.returncode})") from exc
+        if isinstance(ready, ChildFailed):
+            await self._reap()
+            raise ready.error
+        await self._adopt(ready)
+        threading.Thread(target=self._read_messages, name="orchard-engine-reader", daemon=True).start()
+
+    async def _adopt(self, ready: ChildReady) -> None:
+        spec = self._spec
+        tokenizer = await asyncio.to_thread(
+            load_tokenizer_only, ready.model_path,
+            chat_template_file=spec.chat_template_file, trust_remote_code=spec.trust_remote_code,
+        )
+        self._served = ServedModel(tokenizer, ready.context_length, Path(ready.model_path), in_own_process=True)
+        self._limits = RequestLimits(ready.vocab_size, ready.context_length)
+        self._stats = ready.stats
+
+    async def shutdown(self) -> None:
+        if self._child is None:
+            return
+        self._stopping = True
+        self._send(ShutdownCommand())
+        await self._reap()
+
+    async def _reap(self) -> None:
+        child, self._child = self._child, None
+        try:
+            await asyncio.to_thread(child.wait, STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            logger.warning("engine process %d did not stop in %.0f s; killing it", child.pid, STOP_TIMEOUT_S)
+            child.kill()
+            await asyncio.to_thread(child.wait)
+
+    @property
+    def served(self) -> ServedModel:
+        if self._served is None:
+            raise EngineDeadError("The engine has not started")
+        return self._served
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid if self._child is not None else None
+
+    # ---- requests --------------------------------------------------------
+    def submit(self, request: Request) -> RequestStream:
+        """Check here (raises typed errors at once), then send the request to the engine process."""
+        if self._dead is not None:
+            raise EngineDeadError(f"The engine stopped: {self._dead.message}")
+        if self._limits is None:
+            raise EngineDeadError("The engine has not started")
+        self._limits.validate(request)
+        mailbox = self._streams.open(request.request_id)
+        self._send(AddCommand(request))
+        return RequestStream(request.request_id, mailbox, self.abort)
+
+    def abort(self, request_id: str) -> None:
+        self._send(AbortCommand(request_id))
+
+    def stats(self) -> EngineStats:
+        if self._stats is None:
+            raise EngineDeadError("The engine has not started")
+        return self._stats
+
+    @property
+    def is_alive(self) -> bool:
+        return self._dead is None and self._child is not None
+
+    def _send(self, message: object) -> None:
+        with self._send_lock:  # the loop and to_thread helpers may both send
+            try:
+                self._conn.send(message)
+            except OSError:  # the child is gone: the reader thread reports it to every stream
+                pass
+
+    # ---- reader thread -----------------------------------------------------
+    def _read_messages(self) -> None:
+        """Route the child's messages to the loop until it exits; then fail whatever is still streaming."""
+        message: object = None
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            if isinstance(message, StepOutputs):
+                self._loop.call_soon_threadsafe(self._streams.deliver, message.outputs)
+            elif isinstance(message, StatsUpdate):
+                self._stats = message.stats
+            elif isinstance(message, ChildDied):
+                break
+        reason = message.message if isinstance(message, ChildDied) else "the engine process exited"
+        if not self._stopping:
+            logger.error("engine process failed: %s", reason)
+        self._dead = EngineDeadError(f"The engine process stopped: {reason}")
+        self._loop.call_soon_threadsafe(self._streams.fail_all, self._dead)
+
+
+def _child_env() -> dict[str, str]:
+    """The child imports the same modules: this process's import path first (Ray's workers extend it)."""
+    env = dict(os.environ)
+    paths = [p for p in sys.path if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
