@@ -48,6 +48,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
                    help="an environment variable for every Ray process (e.g. one of Ray Serve's RAY_SERVE_* flags)")
     p.add_argument("--no-access-log", action="store_true", help="logging_config.enable_access_log: false")
+    p.add_argument("--twin-arg", action="append", default=None, metavar="KEY=VALUE",
+                   help="also serve model id '<id>-twin': the same entry with these fields changed (A/B in one server)")
     p.add_argument("--ingress-replicas", type=int, default=None, help="the Ingress deployment's num_replicas")
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
     return p.parse_args(argv)
@@ -67,12 +69,18 @@ def model_entry_args(args: argparse.Namespace, model_id: str) -> dict[str, Any]:
         entry["cb_prefill_batch_size"] = args.prefill_batch
     if args.context_length:
         entry["context_length"] = args.context_length
-    for item in args.model_arg:
+    entry.update(_fields(args.model_arg))
+    return entry
+
+
+def _fields(items: list[str]) -> dict[str, Any]:
+    fields = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--model-arg wants KEY=VALUE, got {item!r}")
-        entry[key.strip()] = yaml.safe_load(value)
-    return entry
+            raise SystemExit(f"--model-arg / --twin-arg want KEY=VALUE, got {item!r}")
+        fields[key.strip()] = yaml.safe_load(value)
+    return fields
 
 
 def deploy_schema(args: argparse.Namespace, model_id: str, state_dir: str) -> dict[str, Any]:
@@ -92,6 +100,11 @@ def deploy_schema(args: argparse.Namespace, model_id: str, state_dir: str) -> di
     model["name"] = serve_app_name(model_id)
     model["args"].update(model_entry_args(args, model_id))
     schema: dict[str, Any] = {"applications": [ingress, model]}
+    if args.twin_arg is not None:
+        twin = copy.deepcopy(model)
+        twin["name"] = serve_app_name(f"{model_id}-twin")
+        twin["args"].update(_fields(args.twin_arg), model_id=f"{model_id}-twin")
+        schema["applications"].append(twin)
     if args.no_access_log:
         schema["logging_config"] = {"enable_access_log": False}
     return schema

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Two variants of one model entry in ONE server, measured in alternating rounds (a diagnostic): the lent
+# machines drift by up to 30% between consecutive minutes, so variants measured in turn in separate servers
+# cannot be told apart by less. Model "m" gets MODEL_ARGS, "m-twin" the same entry with TWIN_ARGS changed:
+#   MODEL_ARGS="engine_process=false" TWIN_ARGS="engine_process=true" bash bench/gpu_twin_ab.sh
+# Each round: uniform 64 streams on m then on m-twin, then a burst of 32 x 512-token prompts on each
+# (ROUNDS, default 4; the order flips every round). SERVER_FLAGS go to bench.run_orchard_server. Writes
+# $OUT/twin_ab.txt and $OUT/twin_ab.tgz (JSON, logs, per-process CPU).
+set -u
+cd "$(dirname "$0")/.."
+# shellcheck disable=SC1091
+source bench/gpu_diag_setup.sh twin_ab   # OUT, WORK, SHAPE, MODEL, VOCAB; packs WORK on exit
+SUMMARY="$OUT/twin_ab.txt"
+model_args=(); for a in ${MODEL_ARGS:-}; do model_args+=(--model-arg "$a"); done
+twin_args=(--twin-arg "prefill_warmup_seconds=${WARMUP_S:-15}"); for a in ${TWIN_ARGS:-}; do twin_args+=(--twin-arg "$a"); done
+echo "== m: ${MODEL_ARGS:-} | m-twin: ${TWIN_ARGS:-} | server: ${SERVER_FLAGS:-}" | tee -a "$SUMMARY"
+# shellcheck disable=SC2086
+python3 -m bench.run_orchard_server --model "$MODEL" --model-id m --port 8123 \
+  --model-arg "prefill_warmup_seconds=${WARMUP_S:-15}" "${model_args[@]}" "${twin_args[@]}" ${SERVER_FLAGS:-} \
+  > "$WORK/server.log" 2>&1 &
+server=$!
+for _ in $(seq 1 300); do grep -q "ORCHARD READY\|orchard server failed" "$WORK/server.log" && break; sleep 1; done
+grep -h "ORCHARD READY\|orchard server failed" "$WORK/server.log" | tee -a "$SUMMARY"
+load="python3 -m bench.serving --base-url http://127.0.0.1:8123 --ignore-eos --vocab-size $VOCAB"
+measure() {  # $1 model id, $2 round
+  python3 -m bench.proc_cpu -- $load --model "$1" --levels 64 --workloads uniform --requests-per-worker-high 3 \
+    --json "$WORK/$1_uniform_$2.json" --time-budget-s 40 2>&1 | grep "c=64\|proc_cpu" | sed "s/^/$1 /" | tee -a "$SUMMARY"
+  $load --model "$1" --workloads burst --time-budget-s 30 --json "$WORK/$1_burst_$2.json" 2>&1 \
+    | grep "burst   c=" | sed "s/^/$1 /" | tee -a "$SUMMARY"
+}
+for round in $(seq 1 "${ROUNDS:-4}"); do
+  echo "-- round $round" | tee -a "$SUMMARY"
+  if [ $((round % 2)) = 1 ]; then measure m "$round"; measure m-twin "$round"
+  else measure m-twin "$round"; measure m "$round"; fi
+done
+kill -INT "$server"; wait "$server"
+python3 - "$WORK" <<'PY' | tee -a "$SUMMARY"
+import glob, json, statistics, sys
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+for model in ("m", "m-twin"):
+    rates = [lv["system_tok_s"] for path in sorted(glob.glob(f"{sys.argv[1]}/{model}_uniform_*.json"))
+             for lv in json.load(open(path))["suite"]["levels"]]
+    bursts = [json.load(open(path))["suite"]["burst"] for path in sorted(glob.glob(f"{sys.argv[1]}/{model}_burst_*.json"))]
+    ratios = [b["ttft_p95_s"] / b["lone_ttft_s"] for b in bursts if b and b.get("ttft_p95_s") and b.get("lone_ttft_s")]
+    lone = [b["lone_ttft_s"] * 1000 for b in bursts if b and b.get("lone_ttft_s")]
+    p95 = [b["ttft_p95_s"] * 1000 for b in bursts if b and b.get("ttft_p95_s")]
+    print(f"{model}: uniform c=64 tok/s median {median(rates):.1f} of {[round(r) for r in rates]}; burst P95/lone "
+          f"median {median(ratios):.2f} of {[round(r, 2) for r in ratios]}; P95 median {median(p95):.1f} ms, "
+          f"lone TTFT median {median(lone):.1f} ms")
+PY
