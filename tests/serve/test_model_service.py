@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from deployments.config import ModelConfig
 from deployments.model_service import ModelService
 from deployments.prompts import PromptEncoder
@@ -31,8 +33,9 @@ async def _prompt_tokens(service: ModelService, job: GenerateJob) -> int:
     return told
 
 
-def test_concurrent_requests_are_tokenized_each_as_alone_and_off_the_event_loop(tiny_models):
-    service = ModelService(ModelConfig(model_path=str(tiny_models.alpha)))
+@pytest.mark.parametrize("engine_process", [True, False], ids=["engine-process", "engine-thread"])
+def test_concurrent_requests_are_tokenized_each_as_alone_and_off_the_event_loop(tiny_models, engine_process):
+    service = ModelService(ModelConfig(model_path=str(tiny_models.alpha), engine_process=engine_process))
     count = 24
 
     async def run() -> None:
@@ -74,3 +77,36 @@ def test_a_request_after_shutdown_gets_a_typed_error_chunk(tiny_models):
     chunks = asyncio.run(run())
     assert len(chunks) == 1 and chunks[0].error is not None
     assert chunks[0].error.code == EngineDeadError("x").code
+
+
+def test_stats_and_info_come_from_the_engine_process_and_its_death_is_reported(tiny_models):
+    import os
+    import signal
+    import time
+
+    service = ModelService(ModelConfig(model_path=str(tiny_models.alpha)))
+
+    async def run() -> tuple:
+        await service.start()
+        try:
+            told = await _prompt_tokens(service, _job(2))
+            stats, info = service.queue_stats(), service.info()
+            serving_cpu = time.process_time()
+            engine_pid = service._engine.pid
+            os.kill(engine_pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while service._engine.is_alive and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            after = [chunk async for chunk in service.generate(_job(3))]
+            return told, stats, info, engine_pid, after, serving_cpu
+        finally:
+            await service.shutdown()
+
+    told, stats, info, engine_pid, after, serving_cpu = asyncio.run(run())
+    assert told > 0 and stats.generation_tokens_total == 2  # counted in the engine process
+    assert engine_pid != os.getpid() and info.pid == os.getpid()
+    assert info.memory.mlx_active_mb > 0  # the model's weights, held by the engine process
+    assert stats.process_cpu_seconds_total - serving_cpu > 0.1  # the engine process's load and steps count too
+    with pytest.raises(EngineDeadError):
+        service.check_health()
+    assert len(after) == 1 and after[0].error is not None and after[0].error.code == EngineDeadError("x").code
