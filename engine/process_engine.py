@@ -66,7 +66,12 @@ class ProcessEngine:
         if isinstance(ready, ChildFailed):
             await self._reap()
             raise ready.error
-        await self._adopt(ready)
+        try:
+            await self._adopt(ready)
+        except BaseException:  # the tokenizer did not load here: the child must not outlive the failed start
+            self._send(ShutdownCommand())
+            await self._reap()
+            raise
         threading.Thread(target=self._read_messages, name="orchard-engine-reader", daemon=True).start()
 
     async def _adopt(self, ready: ChildReady) -> None:
