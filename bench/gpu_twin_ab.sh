@@ -4,7 +4,9 @@
 # cannot be told apart by less. Model "m" gets MODEL_ARGS, "m-twin" the same entry with TWIN_ARGS changed:
 #   MODEL_ARGS="engine_process=false" TWIN_ARGS="engine_process=true" bash bench/gpu_twin_ab.sh
 # Each round: uniform 64 streams on m then on m-twin, then a burst of 32 x 512-token prompts on each
-# (ROUNDS, default 4; the order flips every round). SERVER_FLAGS go to bench.run_orchard_server. Writes
+# (ROUNDS, default 4; the order flips every round). SERVER_FLAGS go to bench.run_orchard_server. PIN_TWIN_ENGINE=1
+# gives m-twin's engine process a core of its own (bench/pin_engine.sh; with both models' args equal, an A/B of
+# the pinning). Writes
 # $OUT/twin_ab.txt and $OUT/twin_ab.tgz (JSON, logs, per-process CPU).
 set -u
 cd "$(dirname "$0")/.."
@@ -21,7 +23,13 @@ python3 -m bench.run_orchard_server --model "$MODEL" --model-id m --port 8123 \
 server=$!
 for _ in $(seq 1 300); do grep -q "ORCHARD READY\|orchard server failed" "$WORK/server.log" && break; sleep 1; done
 grep -h "ORCHARD READY\|orchard server failed" "$WORK/server.log" | tee -a "$SUMMARY"
-load="python3 -m bench.serving --base-url http://127.0.0.1:8123 --ignore-eos --vocab-size $VOCAB"
+lscpu > "$WORK/lscpu.txt" 2>&1
+pin=""
+if [ "${PIN_TWIN_ENGINE:-0}" = 1 ]; then  # m-twin's engine process alone on a core (bench/pin_engine.sh)
+  bash bench/pin_engine.sh m-twin 2>&1 | tee -a "$SUMMARY"
+  pin="taskset -c $(bash bench/pin_engine.sh --rest)"
+fi
+load="$pin python3 -m bench.serving --base-url http://127.0.0.1:8123 --ignore-eos --vocab-size $VOCAB"
 measure() {  # $1 model id, $2 round
   python3 -m bench.proc_cpu -- $load --model "$1" --levels 64 --workloads uniform --requests-per-worker-high 3 \
     --json "$WORK/$1_uniform_$2.json" --time-budget-s 40 2>&1 | grep "c=64\|proc_cpu" | sed "s/^/$1 /" | tee -a "$SUMMARY"
