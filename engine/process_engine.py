@@ -60,17 +60,17 @@ class ProcessEngine:
         self._send(self._spec)
         try:
             ready = await asyncio.to_thread(self._conn.recv)
-        except (EOFError, OSError) as exc:
-            await self._reap()
-            raise EngineDeadError(f"The engine process exited while starting (code {self._child.returncode})") from exc
-        if isinstance(ready, ChildFailed):
-            await self._reap()
-            raise ready.error
+        except (EOFError, OSError):
+            ready = None
+        if not isinstance(ready, ChildReady):
+            code = await self._abandon_start()
+            if isinstance(ready, ChildFailed):
+                raise ready.error
+            raise EngineDeadError(f"The engine process exited while starting (exit code {code})")
         try:
             await self._adopt(ready)
         except BaseException:  # the tokenizer did not load here: the child must not outlive the failed start
-            self._send(ShutdownCommand())
-            await self._reap()
+            await self._abandon_start()
             raise
         threading.Thread(target=self._read_messages, name="orchard-engine-reader", daemon=True).start()
 
@@ -83,6 +83,14 @@ class ProcessEngine:
         self._served = ServedModel(tokenizer, ready.context_length, Path(ready.model_path), in_own_process=True)
         self._limits = RequestLimits(ready.vocab_size, ready.context_length)
         self._stats = ready.stats
+
+    async def _abandon_start(self) -> int | None:
+        """Stop the child of a failed start; its exit code."""
+        child = self._child
+        self._send(ShutdownCommand())
+        await self._reap()
+        self._conn.close()
+        return child.returncode
 
     async def shutdown(self) -> None:
         if self._child is None:
@@ -156,6 +164,8 @@ class ProcessEngine:
                 self._stats = message.stats
             elif isinstance(message, ChildDied):
                 break
+        with self._send_lock:  # later sends (aborts of failed streams) then fail fast, and the socket is freed
+            self._conn.close()
         reason = message.message if isinstance(message, ChildDied) else "the engine process exited"
         if not self._stopping:
             logger.error("engine process failed: %s", reason)

@@ -159,3 +159,17 @@ def test_structured_output_compiles_and_streams_in_the_engine_process(tiny_bpe_l
 async def collect_text(stream):
     _, text, finish = await collect(stream)
     return text, finish
+
+
+def test_an_engine_process_that_dies_while_starting_fails_the_start(tiny_llama):
+    async def scenario():
+        engine = ProcessEngine(CoreSpec(model_path=str(tiny_llama.path)))
+        starting = asyncio.create_task(engine.start())
+        while engine.pid is None:
+            await asyncio.sleep(0.001)
+        os.kill(engine.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError, match="exited while starting"):
+            await starting
+        assert not engine.is_alive and engine.pid is None
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=60))
