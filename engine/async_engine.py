@@ -10,20 +10,18 @@ import asyncio
 import logging
 import queue
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from engine.core import EngineCore, EngineStats
 from engine.engine_loop import AbortCommand, AddCommand, EngineLoop, ShutdownCommand
-from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
-from engine.output.events import Finish, RequestOutput, Usage
+from engine.errors import EngineDeadError, OrchardError
+from engine.guided_intake import GuidedIntake
+from engine.output.events import RequestOutput
 from engine.output.router import RequestStream, StreamRouter
-from engine.request import FinishReason, Request
+from engine.request import Request
 from engine.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
-# Structured-output compiles run here: outlines-core releases the GIL while it builds an index.
-COMPILE_THREADS = 2
 
 
 class AsyncEngine:
@@ -36,8 +34,7 @@ class AsyncEngine:
         self._core: EngineCore | None = None
         self._stats: EngineStats | None = None
         self._dead: OrchardError | None = None
-        self._compiler = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="orchard-guides")
-        self._compiling: dict[str, Request] = {}
+        self._intake: GuidedIntake | None = None  # built with the core
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> None:
@@ -54,7 +51,8 @@ class AsyncEngine:
         self._commands.put(ShutdownCommand())
         await asyncio.to_thread(self._thread.join)
         self._thread = None
-        self._compiler.shutdown(wait=False, cancel_futures=True)
+        if self._intake is not None:
+            self._intake.shutdown()
 
     @property
     def core(self) -> EngineCore:
@@ -74,41 +72,12 @@ class AsyncEngine:
             raise EngineDeadError(f"The engine stopped: {self._dead.message}")
         self.core.validate(request)
         mailbox = self._streams.open(request.request_id)
-        guided = request.sampling.guided
-        if guided is not None and request.guide is None:
-            request.guide = self.core.guides.cached(guided)
-        if guided is not None and request.guide is None:
-            self._compile_then_add(request)
-        else:
-            self._commands.put(AddCommand(request))
+        self._intake.admit(request)
         return RequestStream(request.request_id, mailbox, self.abort)
 
-    def _compile_then_add(self, request: Request) -> None:
-        """A new structured-output spec compiles in a worker; the engine thread keeps decoding."""
-        self._compiling[request.request_id] = request
-        future = self._compiler.submit(self.core.guides.compile, request.sampling.guided)
-        loop = self._loop
-        future.add_done_callback(lambda done: loop.call_soon_threadsafe(self._compiled, request, done))
-
-    def _compiled(self, request: Request, future: Future) -> None:
-        self._compiling.pop(request.request_id, None)
-        if self._streams.get(request.request_id) is None:  # aborted (or the engine died) while compiling
-            return
-        error = future.exception()
-        if error is not None:
-            self._streams.pop(request.request_id).put_error(compile_error(error))
-            return
-        request.guide = future.result()
-        self._commands.put(AddCommand(request))
-
     def abort(self, request_id: str) -> None:
-        request = self._compiling.pop(request_id, None)
-        if request is not None:  # not in the engine yet: finish it here, drop it when its compile ends
-            mailbox = self._streams.pop(request_id)
-            if mailbox is not None:
-                mailbox.put(aborted_before_start(request))
-            return
-        self._commands.put(AbortCommand(request_id))
+        if not self._intake.cancel(request_id):  # in the engine (or done): the engine thread aborts it
+            self._commands.put(AbortCommand(request_id))
 
     def stats(self) -> EngineStats:
         if self._stats is None:
@@ -125,7 +94,8 @@ class AsyncEngine:
             self._core = self._build_core()
             self._core.runner.warmup()
             self._stats = self._core.stats()
-            self._compiler.submit(self._core.guides.warm)  # the vocabulary, so a first schema waits less
+            self._intake = GuidedIntake(self._core.guides, self._enqueue, self._post_outputs)
+            self._intake.warm()
         except BaseException as exc:  # report any build failure to start()'s caller
             self._loop.call_soon_threadsafe(_resolve, ready, exc)
             return
@@ -139,23 +109,14 @@ class AsyncEngine:
         finally:
             self._core.close()
 
+    def _enqueue(self, request: Request) -> None:
+        self._commands.put(AddCommand(request))
+
     def _post_outputs(self, outputs: list[RequestOutput]) -> None:
         self._loop.call_soon_threadsafe(self._streams.deliver, outputs)
 
     def _set_stats(self, stats: EngineStats) -> None:
         self._stats = stats
-
-
-def compile_error(error: BaseException) -> OrchardError:
-    """A structured-output compile failure as the request's typed error."""
-    if isinstance(error, OrchardError):
-        return error
-    logger.error("structured output compile failed", exc_info=error)
-    return InvalidRequestError(f"Could not compile the output constraint: {error!r}", param="response_format")
-
-
-def aborted_before_start(request: Request) -> RequestOutput:
-    return RequestOutput(request.request_id, finish=Finish(FinishReason.ABORT, Usage(request.num_prompt_tokens, 0)))
 
 
 def _resolve(future: asyncio.Future, exc: BaseException | None) -> None:

@@ -11,17 +11,15 @@ import logging
 import queue
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
-from engine.async_engine import COMPILE_THREADS, aborted_before_start, compile_error
 from engine.core import EngineCore
 from engine.core_builder import build_engine_core
 from engine.engine_loop import AbortCommand, AddCommand, EngineLoop, ShutdownCommand
-from engine.errors import EngineDeadError, ModelLoadError, OrchardError
+from engine.errors import ModelLoadError, OrchardError
+from engine.guided_intake import GuidedIntake
 from engine.output.events import RequestOutput
 from engine.process_protocol import ChildDied, ChildFailed, ChildReady, CoreSpec, StatsUpdate, StepOutputs
-from engine.request import Request
 
 logger = logging.getLogger("orchard.engine_child")
 
@@ -45,63 +43,28 @@ class Outbox:
 
 
 class CommandReader:
-    """Reads commands into the engine loop's queue; compiles a new guide before its request is queued."""
+    """Reads commands into the engine loop's queue; a request with a new guide waits in GuidedIntake first."""
 
     def __init__(self, core: EngineCore, commands: queue.SimpleQueue, outbox: Outbox) -> None:
-        self._core = core
         self._commands = commands
-        self._outbox = outbox
-        self._compiler = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="orchard-guides")
-        self._compiling: dict[str, Request] = {}
-        self._lock = threading.Lock()  # _compiling: reader thread and compile callbacks
+        self._intake = GuidedIntake(core.guides, lambda request: commands.put(AddCommand(request)), outbox.post_outputs)
 
     def run(self, conn: Connection) -> None:
-        self._compiler.submit(self._core.guides.warm)  # the vocabulary, so a first schema waits less
+        self._intake.warm()
         while True:
             try:
                 command = conn.recv()
             except (EOFError, OSError):  # the serving process went away
                 command = ShutdownCommand()
             if isinstance(command, AddCommand):
-                self._admit(command.request)
-            elif isinstance(command, AbortCommand) and self._cancel_compile(command.request_id):
+                self._intake.admit(command.request)
+            elif isinstance(command, AbortCommand) and self._intake.cancel(command.request_id):
                 continue
             else:
                 self._commands.put(command)
             if isinstance(command, ShutdownCommand):
-                self._compiler.shutdown(wait=False, cancel_futures=True)
+                self._intake.shutdown()
                 return
-
-    def _admit(self, request: Request) -> None:
-        guided = request.sampling.guided
-        if guided is not None and request.guide is None:
-            request.guide = self._core.guides.cached(guided)
-        if guided is None or request.guide is not None:
-            self._commands.put(AddCommand(request))
-            return
-        with self._lock:
-            self._compiling[request.request_id] = request
-        future = self._compiler.submit(self._core.guides.compile, guided)
-        future.add_done_callback(lambda done: self._compiled(request, done))
-
-    def _compiled(self, request: Request, future: Future) -> None:
-        with self._lock:
-            if self._compiling.pop(request.request_id, None) is None:
-                return  # aborted while compiling: already finished for its stream
-        if future.cancelled() or future.exception() is not None:
-            error = EngineDeadError("The engine is shutting down") if future.cancelled() else compile_error(future.exception())
-            self._outbox.post_outputs([RequestOutput(request.request_id, error=error)])
-            return
-        request.guide = future.result()
-        self._commands.put(AddCommand(request))
-
-    def _cancel_compile(self, request_id: str) -> bool:
-        with self._lock:
-            request = self._compiling.pop(request_id, None)
-        if request is None:
-            return False
-        self._outbox.post_outputs([aborted_before_start(request)])
-        return True
 
 
 def serve(conn: Connection) -> int:
