@@ -141,4 +141,5 @@ def _queue_row(row: ModelQueueStats) -> dict[str, Any]:
         "engine_step_seconds_total": stats.step_seconds_total if stats else None,
         "engine_step_cpu_seconds_total": stats.step_cpu_seconds_total if stats else None,
         "process_cpu_seconds_total": stats.process_cpu_seconds_total if stats else None,
+        "stream_channel_streams_total": stats.channel_streams_total if stats else None,
     }

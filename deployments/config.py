@@ -78,6 +78,9 @@ class ModelConfig(BaseModel):
     # Ours: the engine steps in a child process of the model's replica (true) or on a thread of it (false).
     # In its own process the engine shares no GIL with Ray's and the HTTP layer's threads (bench/README.md).
     engine_process: bool = True
+    # Ours: an ingress on the replica's node streams over a Unix socket (deployments/stream_channel.py)
+    # instead of one Ray handle stream per request; Ray's per-request work slowed the engine (bench/README.md).
+    stream_channel: bool = True
     chat_template_file: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None

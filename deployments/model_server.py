@@ -1,21 +1,27 @@
 """ModelServer: the Serve deployment of one model (its own replica process, its own engine).
 
 Each model is its own Serve application, named by its model id (config.serve_app_name), so
-loading or unloading one never redeploys another. The handle stream yields coalesced StreamChunks (see coalesce.py).
+loading or unloading one never redeploys another. The handle stream yields coalesced StreamChunks (see coalesce.py);
+an ingress on the same node streams over the replica's stream channel instead (stream_channel.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, AsyncIterator
 
+import ray
 from ray import serve
 from ray.serve import Application
 
 from deployments.config import ModelConfig, serve_app_name
 from deployments.model_service import ModelService
 from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
+from deployments.stream_channel import ChannelAddress, ChannelServer
 
 MODEL_SERVER_DEPLOYMENT = "ModelServer"  # the registry recognises model applications by this name
+# On unload, streams open on the channel get this long to finish (Serve waits for its handle streams likewise).
+CHANNEL_DRAIN_S = 10.0
 
 
 @serve.deployment(name=MODEL_SERVER_DEPLOYMENT)
@@ -29,10 +35,19 @@ class ModelServer:
             )
         self.service = ModelService(self.config)
         await self.service.start()  # the app stays DEPLOYING (clients get 503) until the model is warm
+        self.channel: ChannelServer | None = None
+        self._channel_address: ChannelAddress | None = None
+        # With several replicas Serve balances the handle calls; one channel would pin every stream to one replica.
+        if self.config.stream_channel and self.config.num_replicas == 1:
+            self.channel = ChannelServer(self.service.generate, ray.get_runtime_context().get_node_id())
+            self._channel_address = await self.channel.start()
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         async for chunk in self.service.generate(job):
             yield chunk
+
+    async def channel_address(self) -> ChannelAddress | None:
+        return self._channel_address
 
     async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
         return await self.service.count_tokens(prompt)
@@ -41,13 +56,19 @@ class ModelServer:
         return self.service.info()
 
     async def queue_stats(self) -> QueueStats:
-        return self.service.queue_stats()
+        stats = self.service.queue_stats()
+        if self.channel is not None:
+            stats = dataclasses.replace(stats, channel_streams_total=self.channel.streams_served)
+        return stats
 
     async def check_health(self) -> None:
         """Serve's periodic health check: a dead engine thread gets the replica replaced."""
         self.service.check_health()
 
     async def __del__(self) -> None:
+        channel = getattr(self, "channel", None)
+        if channel is not None:
+            await channel.close(drain_s=CHANNEL_DRAIN_S)
         # Stop the MLX thread and free its objects before the process exits (else MLX may abort).
         service = getattr(self, "service", None)
         if service is not None:

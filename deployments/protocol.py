@@ -160,6 +160,8 @@ class QueueStats:
     step_seconds_total: float
     step_cpu_seconds_total: float
     process_cpu_seconds_total: float
+    # Streams the ingress received over the replica's stream channel (None: the model has none).
+    channel_streams_total: int | None = None
 
 
 class ModelClient(Protocol):

@@ -7,15 +7,18 @@ run and delete), so they run in threads: the ingress loop keeps streaming meanwh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, AsyncIterator
 
+import ray
 from ray import serve
 from ray.exceptions import RayActorError, RayError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RayServeException
 from ray.serve.schema import ApplicationStatus
 
 from engine.errors import EngineDeadError, ModelLoadError, ModelNotFoundError, OrchardError, QueueFullError
+from deployments.channel_client import ChannelClient
 from deployments.config import ModelConfig, model_id_of_app, serve_app_name
 from deployments.model_server import MODEL_SERVER_DEPLOYMENT, build_model_application
 from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
@@ -23,6 +26,8 @@ from deployments.registry import DeploymentState, ModelStatus
 
 logger = logging.getLogger("ray.serve.orchard")
 MAX_ERROR_CHARS = 600
+# A model without a reachable stream channel is streamed through its handle; asked again after this long.
+CHANNEL_RETRY_S = 30.0
 
 _STATUS = {
     ApplicationStatus.NOT_STARTED: ModelStatus.LOADING,
@@ -39,8 +44,17 @@ class RayModelClient:
         self._model_id = model_id
         self._handle = handle
         self._stream_handle = handle.options(stream=True)
+        self._channel: ChannelClient | None = None
+        self._channel_lock = asyncio.Lock()
+        self._no_channel_until = 0.0
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
+        channel = await self._stream_channel()
+        if channel is not None:
+            async with contextlib.aclosing(channel.stream(job)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
         response = self._stream_handle.generate.remote(job)
         finished = False
         try:
@@ -53,6 +67,32 @@ class RayModelClient:
         finally:
             if not finished:  # the client went away: cancel the replica's generator, aborting the request
                 response.cancel()
+
+    async def _stream_channel(self) -> ChannelClient | None:
+        """The replica's stream channel, connected on first use; None: stream through the handle."""
+        if self._channel is not None and not self._channel.closed:
+            return self._channel
+        if asyncio.get_running_loop().time() < self._no_channel_until:
+            return None
+        async with self._channel_lock:  # a burst's first requests wait for one connection
+            if self._channel is None or self._channel.closed:
+                self._channel = await self._connect_channel()
+                if self._channel is None:
+                    self._no_channel_until = asyncio.get_running_loop().time() + CHANNEL_RETRY_S
+            return self._channel
+
+    async def _connect_channel(self) -> ChannelClient | None:
+        try:
+            address = await self._handle.channel_address.remote()
+        except (RayServeException, RayError):
+            return None  # the handle path reports what is wrong with the model
+        if address is None or address.node_id != ray.get_runtime_context().get_node_id():
+            return None
+        try:
+            return await ChannelClient.connect(self._model_id, address)
+        except OSError as exc:
+            logger.warning("stream channel of model '%s' unreachable (%s): streaming through Ray", self._model_id, exc)
+            return None
 
     async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
         try:
@@ -93,6 +133,7 @@ class ServeBackend:
             raise ModelLoadError(detail) from exc
 
     async def undeploy(self, model_id: str) -> None:
+        # Streams in flight keep the old client: the replica drains its channel, then closes it.
         self._clients.pop(model_id, None)
         await asyncio.to_thread(serve.delete, serve_app_name(model_id))
 

@@ -68,8 +68,10 @@ def serve_config_for_tests(models: TinyModels, state_dir: Path) -> dict:
         return app
 
     # alpha's context is cut to 4096 tokens; beta holds at most 2 requests, so a third is refused with 429.
+    # alpha streams over its stream channel (the default), beta through Ray's handle.
     alpha = model_app(ALPHA, models.alpha, context_length=ALPHA_CONTEXT)
-    return {"applications": [ingress, alpha, model_app(BETA, models.beta, cb_max_num_seqs=2)]}
+    beta = model_app(BETA, models.beta, cb_max_num_seqs=2, stream_channel=False)
+    return {"applications": [ingress, alpha, beta]}
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +106,8 @@ def _status_of(http: httpx.Client, model_id: str) -> dict | None:
 
 # ---- generation -------------------------------------------------------------------------------
 def test_chat_streamed_text_equals_non_streamed(graph):
+    with graph.http() as http:
+        channel_streams_before = _queue_row(http, ALPHA)["stream_channel_streams_total"]
     client = graph.openai()
     full = client.chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=24, **GREEDY)
     assert full.object == "chat.completion" and full.model == ALPHA and full.id.startswith("chatcmpl-")
@@ -123,6 +127,9 @@ def test_chat_streamed_text_equals_non_streamed(graph):
     assert all(c.usage is None for c in chunks[:-1])
     content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(content_chunks) < 24, "tokens should be coalesced into fewer chunks"
+    with graph.http() as http:  # both went over alpha's stream channel, not Ray's handle stream
+        assert _queue_row(http, ALPHA)["stream_channel_streams_total"] == channel_streams_before + 2
+        assert _queue_row(http, BETA)["stream_channel_streams_total"] is None
 
 
 def test_completions_streamed_text_equals_non_streamed(graph):
