@@ -37,7 +37,8 @@ measure() {  # $1 label, $2 port, $3 round
   local load="python3 -m bench.serving --base-url http://127.0.0.1:$2 --model m --ignore-eos --vocab-size $VOCAB"
   python3 -m bench.proc_cpu -- $load --levels 64 --workloads uniform --requests-per-worker-high 3 \
     --json "$WORK/$1_uniform_$3.json" --time-budget-s 40 2>&1 | grep "c=64\|proc_cpu" | sed "s/^/$1 /" | tee -a "$SUMMARY"
-  $load --workloads burst --time-budget-s 30 --json "$WORK/$1_burst_$3.json" 2>&1 \
+  # A seed per round: repeated prompts would hit the prefix cache from the second round on.
+  $load --workloads burst --seed "$3" --time-budget-s 30 --json "$WORK/$1_burst_$3.json" 2>&1 \
     | grep "burst   c=" | sed "s/^/$1 /" | tee -a "$SUMMARY"
 }
 for round in $(seq 1 "${ROUNDS:-3}"); do

@@ -39,7 +39,8 @@ run_variant() {  # $1 index, $2 source, $3 flags
   for stagger in ${BURST_STAGGERS:-0}; do
     echo "-- bursts sent ${stagger} ms apart" | tee -a "$SUMMARY"
     for i in $(seq 1 "${BURSTS:-5}"); do
-      python3 -m bench.proc_cpu -- $load --workloads burst --burst-stagger-ms "$stagger" --time-budget-s 30 \
+      # A seed per burst: repeated prompts would hit the prefix cache from the second burst on.
+      python3 -m bench.proc_cpu -- $load --workloads burst --seed "$i$stagger" --burst-stagger-ms "$stagger" --time-budget-s 30 \
         --json "$WORK/${tag}_burst_s${stagger}_$i.json" 2>&1 | grep "burst   c=\|proc_cpu" | tee -a "$SUMMARY"
     done
   done

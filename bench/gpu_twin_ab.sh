@@ -33,7 +33,8 @@ load="$pin python3 -m bench.serving --base-url http://127.0.0.1:8123 --ignore-eo
 measure() {  # $1 model id, $2 round
   python3 -m bench.proc_cpu -- $load --model "$1" --levels 64 --workloads uniform --requests-per-worker-high 3 \
     --json "$WORK/$1_uniform_$2.json" --time-budget-s 40 2>&1 | grep "c=64\|proc_cpu" | sed "s/^/$1 /" | tee -a "$SUMMARY"
-  $load --model "$1" --workloads burst --time-budget-s 30 --json "$WORK/$1_burst_$2.json" 2>&1 \
+  # A seed per round: repeated prompts would hit the model's prefix cache from the second round on.
+  $load --model "$1" --workloads burst --seed "$2" --time-budget-s 30 --json "$WORK/$1_burst_$2.json" 2>&1 \
     | grep "burst   c=" | sed "s/^/$1 /" | tee -a "$SUMMARY"
 }
 for round in $(seq 1 "${ROUNDS:-4}"); do
