@@ -47,20 +47,4 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
   else [ -n "$direct" ] && measure direct "$direct" "$round"; measure proxy 8123 "$round"; fi
 done
 kill -INT "$server"; wait "$server"
-python3 - "$WORK" <<'PY' | tee -a "$SUMMARY"
-import glob, json, statistics, sys
-
-def median(values):
-    return statistics.median(values) if values else float("nan")
-
-for label in ("proxy", "direct"):
-    rates = [lv["system_tok_s"] for path in sorted(glob.glob(f"{sys.argv[1]}/{label}_uniform_*.json"))
-             for lv in json.load(open(path))["suite"]["levels"]]
-    bursts = [json.load(open(path))["suite"]["burst"] for path in sorted(glob.glob(f"{sys.argv[1]}/{label}_burst_*.json"))]
-    ratios = [b["ttft_p95_s"] / b["lone_ttft_s"] for b in bursts if b and b.get("ttft_p95_s") and b.get("lone_ttft_s")]
-    lone = [b["lone_ttft_s"] * 1000 for b in bursts if b and b.get("lone_ttft_s")]
-    p95 = [b["ttft_p95_s"] * 1000 for b in bursts if b and b.get("ttft_p95_s")]
-    print(f"{label}: uniform c=64 tok/s median {median(rates):.1f} of {[round(r) for r in rates]}; burst P95/lone "
-          f"median {median(ratios):.2f} of {[round(r, 2) for r in ratios]}; P95 median {median(p95):.1f} ms, "
-          f"lone TTFT median {median(lone):.1f} ms")
-PY
+python3 -m bench.ab_summary "$WORK" proxy direct | tee -a "$SUMMARY"

@@ -7,7 +7,7 @@
 # (ROUNDS, default 4; the order flips every round). SERVER_FLAGS go to bench.run_orchard_server. PIN_TWIN_ENGINE=1
 # gives m-twin's engine process a core of its own (bench/pin_engine.sh; with both models' args equal, an A/B of
 # the pinning). Writes
-# $OUT/twin_ab.txt and $OUT/twin_ab.tgz (JSON, logs, per-process CPU).
+# $OUT/twin_ab.txt (summary lines: bench/ab_summary.py) and $OUT/twin_ab.tgz (JSON, logs, per-process CPU).
 set -u
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
@@ -43,20 +43,4 @@ for round in $(seq 1 "${ROUNDS:-4}"); do
   else measure m-twin "$round"; measure m "$round"; fi
 done
 kill -INT "$server"; wait "$server"
-python3 - "$WORK" <<'PY' | tee -a "$SUMMARY"
-import glob, json, statistics, sys
-
-def median(values):
-    return statistics.median(values) if values else float("nan")
-
-for model in ("m", "m-twin"):
-    rates = [lv["system_tok_s"] for path in sorted(glob.glob(f"{sys.argv[1]}/{model}_uniform_*.json"))
-             for lv in json.load(open(path))["suite"]["levels"]]
-    bursts = [json.load(open(path))["suite"]["burst"] for path in sorted(glob.glob(f"{sys.argv[1]}/{model}_burst_*.json"))]
-    ratios = [b["ttft_p95_s"] / b["lone_ttft_s"] for b in bursts if b and b.get("ttft_p95_s") and b.get("lone_ttft_s")]
-    lone = [b["lone_ttft_s"] * 1000 for b in bursts if b and b.get("lone_ttft_s")]
-    p95 = [b["ttft_p95_s"] * 1000 for b in bursts if b and b.get("ttft_p95_s")]
-    print(f"{model}: uniform c=64 tok/s median {median(rates):.1f} of {[round(r) for r in rates]}; burst P95/lone "
-          f"median {median(ratios):.2f} of {[round(r, 2) for r in ratios]}; P95 median {median(p95):.1f} ms, "
-          f"lone TTFT median {median(lone):.1f} ms")
-PY
+python3 -m bench.ab_summary "$WORK" m m-twin | tee -a "$SUMMARY"
