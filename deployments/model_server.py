@@ -8,6 +8,7 @@ an ingress on the same node streams over the replica's stream channel instead (s
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, AsyncIterator
 
 import ray
@@ -19,6 +20,7 @@ from deployments.model_service import ModelService
 from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
 from deployments.stream_channel import ChannelAddress, ChannelServer
 
+logger = logging.getLogger("ray.serve.orchard")
 MODEL_SERVER_DEPLOYMENT = "ModelServer"  # the registry recognises model applications by this name
 # On unload, streams open on the channel get this long to finish (Serve waits for its handle streams likewise).
 CHANNEL_DRAIN_S = 10.0
@@ -39,8 +41,12 @@ class ModelServer:
         self._channel_address: ChannelAddress | None = None
         # With several replicas Serve balances the handle calls; one channel would pin every stream to one replica.
         if self.config.stream_channel and self.config.num_replicas == 1:
-            self.channel = ChannelServer(self.service.generate, ray.get_runtime_context().get_node_id())
-            self._channel_address = await self.channel.start()
+            channel = ChannelServer(self.service.generate, ray.get_runtime_context().get_node_id())
+            try:
+                self._channel_address = await channel.start()
+                self.channel = channel
+            except OSError as exc:  # no socket here (e.g. no writable temp dir): the handle path still serves
+                logger.warning("model %s: no stream channel (%s); streams go through Ray", self.config.id, exc)
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         async for chunk in self.service.generate(job):

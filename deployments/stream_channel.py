@@ -151,8 +151,12 @@ class ChannelServer:
     async def start(self) -> ChannelAddress:
         self._dir = Path(tempfile.mkdtemp(prefix="orchard-channel-"))  # mode 0700: this user only
         path = self._dir / SOCKET_NAME
-        self._server = await asyncio.start_unix_server(self._serve_connection, path=str(path))
-        os.chmod(path, 0o600)
+        try:
+            self._server = await asyncio.start_unix_server(self._serve_connection, path=str(path))
+            os.chmod(path, 0o600)
+        except OSError:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
         return ChannelAddress(self._node_id, str(path), self._token)
 
     @property
