@@ -102,8 +102,12 @@ class ChannelConnection:
         self.handler = asyncio.current_task()  # the server's task reading this connection
 
     def hang_up(self) -> None:
+        """Cancel the streams still open; chunks already pushed (a stream's last, say) still go out first."""
         for task in list(self.tasks.values()):
             task.cancel()
+        if self._pending and not self._writer.is_closing():
+            items, self._pending = self._pending, []
+            self._writer.write(_batch_frame(items))
         self._writer.close()
 
     def push(self, stream_id: int, chunk: StreamChunk) -> None:
@@ -224,8 +228,6 @@ class ChannelServer:
             async with contextlib.aclosing(self._generate(job)) as chunks:
                 async for chunk in chunks:
                     connection.push(stream_id, chunk)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # a bug below ModelService's own error chunks: the stream still ends
             logger.exception("stream channel: request %s failed", job.request_id)
             connection.push(stream_id, StreamChunk(error=EngineDeadError(f"The model failed: {type(exc).__name__}")))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import stat
 
 import pytest
@@ -15,7 +16,7 @@ from deployments.channel_client import ChannelClient
 from deployments.config import ModelConfig
 from deployments.model_service import ModelService
 from deployments.protocol import ChatPrompt, GenerateJob, StreamChunk
-from deployments.stream_channel import ChannelAddress, ChannelServer, read_frame
+from deployments.stream_channel import ChannelAddress, ChannelBatch, ChannelConnection, ChannelServer, read_frame
 from engine.errors import EngineDeadError, ModelNotFoundError, OrchardError
 from engine.output.events import Finish
 from engine.sampling.params import SamplingParams
@@ -187,5 +188,23 @@ def test_frames_are_read_whole_or_not_at_all():
         oversized.feed_data((2**31).to_bytes(4, "big"))
         with pytest.raises(ConnectionError):
             await read_frame(oversized)
+
+    asyncio.run(main())
+
+
+def test_chunks_pushed_before_a_hang_up_still_go_out():
+    """A stream's last chunk pushed in the same turn as an unload's hang-up is written, not dropped."""
+
+    async def main() -> None:
+        ours, theirs = socket.socketpair()
+        reader, their_writer = await asyncio.open_connection(sock=theirs)  # kept: a dropped writer closes its socket
+        _, writer = await asyncio.open_connection(sock=ours)
+        connection = ChannelConnection(writer)
+        connection.push(7, StreamChunk(text="t1", num_tokens=1, error=EngineDeadError("gone")))
+        connection.hang_up()  # before any writer task ran
+        batch = await asyncio.wait_for(read_frame(reader), timeout=5)
+        assert isinstance(batch, ChannelBatch) and [i.stream_id for i in batch.items] == [7]
+        assert batch.items[0].chunk.text == "t1" and batch.items[0].chunk.error.message == "gone"
+        their_writer.close()
 
     asyncio.run(main())
