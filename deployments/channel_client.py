@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import logging
@@ -11,6 +10,7 @@ import pickle
 from typing import AsyncIterator
 
 from engine.errors import EngineDeadError
+from deployments.coalesce import PendingChunk
 from deployments.protocol import GenerateJob, StreamChunk
 from deployments.stream_channel import (
     ChannelAddress,
@@ -25,29 +25,12 @@ from deployments.stream_channel import (
 logger = logging.getLogger("ray.serve.orchard")
 
 
-class StreamInbox:
-    """The chunks of one stream, as the connection's reader hands them over; one consumer."""
-
-    def __init__(self) -> None:
-        self.chunks: collections.deque[StreamChunk] = collections.deque()
-        self.ready = asyncio.Event()
-
-    def put(self, chunk: StreamChunk) -> None:
-        self.chunks.append(chunk)
-        self.ready.set()
-
-    async def get(self) -> StreamChunk:
-        while not self.chunks:
-            self.ready.clear()
-            await self.ready.wait()
-        return self.chunks.popleft()
-
-
 class ChannelClient:
     def __init__(self, model_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._model_id = model_id
         self._writer = writer
-        self._inboxes: dict[int, StreamInbox] = {}
+        # Per stream, what the reader handed over and its consumer has not taken yet, merged into one chunk.
+        self._inboxes: dict[int, PendingChunk] = {}
         self._ids = itertools.count(1)
         self.closed = False
         self._reading = asyncio.create_task(self._read_batches(reader))
@@ -65,12 +48,13 @@ class ChannelClient:
             yield self._lost_chunk()
             return
         stream_id = next(self._ids)
-        inbox = self._inboxes[stream_id] = StreamInbox()
+        inbox = self._inboxes[stream_id] = PendingChunk()
         finished = False
         try:
             self._writer.write(encode_frame(OpenStream(stream_id, job)))
             while not finished:
-                chunk = await inbox.get()
+                await inbox.ready.wait()
+                chunk = inbox.take()
                 finished = chunk.is_last
                 yield chunk
         finally:
@@ -92,14 +76,15 @@ class ChannelClient:
                     for item in batch.items:
                         inbox = self._inboxes.get(item.stream_id)
                         if inbox is not None:  # else: closed by its consumer meanwhile
-                            inbox.put(item.chunk)
+                            inbox.add(item.chunk)
         except (asyncio.IncompleteReadError, ConnectionError, pickle.UnpicklingError) as exc:
             logger.info("stream channel to model '%s' closed: %s", self._model_id, type(exc).__name__)
         finally:
             self.closed = True
             self._writer.close()
             for inbox in self._inboxes.values():  # streams in flight end with the model's failure
-                inbox.put(self._lost_chunk())
+                if not inbox.ended:  # one whose last chunk already came keeps its finish
+                    inbox.add(self._lost_chunk())
 
     def _lost_chunk(self) -> StreamChunk:
         return StreamChunk(error=EngineDeadError(f"The process of model '{self._model_id}' died"))

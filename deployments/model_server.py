@@ -38,12 +38,11 @@ class ModelServer:
         self.service = ModelService(self.config)
         await self.service.start()  # the app stays DEPLOYING (clients get 503) until the model is warm
         self.channel: ChannelServer | None = None
-        self._channel_address: ChannelAddress | None = None
         # With several replicas Serve balances the handle calls; one channel would pin every stream to one replica.
         if self.config.stream_channel and self.config.num_replicas == 1:
             channel = ChannelServer(self.service.generate, ray.get_runtime_context().get_node_id())
             try:
-                self._channel_address = await channel.start()
+                await channel.start()
                 self.channel = channel
             except OSError as exc:  # no socket here (e.g. no writable temp dir): the handle path still serves
                 logger.warning("model %s: no stream channel (%s); streams go through Ray", self.config.id, exc)
@@ -53,7 +52,7 @@ class ModelServer:
             yield chunk
 
     async def channel_address(self) -> ChannelAddress | None:
-        return self._channel_address
+        return self.channel.address if self.channel is not None else None
 
     async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
         return await self.service.count_tokens(prompt)

@@ -151,6 +151,7 @@ class ChannelServer:
         self._connections: set[ChannelConnection] = set()
         self._accepting = True
         self.streams_served = 0
+        self.address: ChannelAddress | None = None  # set once listening
 
     async def start(self) -> ChannelAddress:
         self._dir = Path(tempfile.mkdtemp(prefix="orchard-channel-"))  # mode 0700: this user only
@@ -161,7 +162,8 @@ class ChannelServer:
         except OSError:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
-        return ChannelAddress(self._node_id, str(path), self._token)
+        self.address = ChannelAddress(self._node_id, str(path), self._token)
+        return self.address
 
     @property
     def open_streams(self) -> int:
