@@ -64,6 +64,8 @@ class EngineCore:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._recent_generation: list[tuple[float, int]] = []
+        # First tokens of prompts the last step completed (EngineLoop sends those outputs at once).
+        self.last_step_first_tokens = 0
 
     # ---- requests --------------------------------------------------------
     def validate(self, request: Request) -> Request:
@@ -102,6 +104,7 @@ class EngineCore:
         self.runner.cache_prefilled_prompts()  # the last step's prompts, before admissions look for hits
         scheduled = self.scheduler.schedule()
         sampled = self.runner.execute(scheduled, before_device_work)
+        self.last_step_first_tokens = sampled.num_first_tokens
         outputs = self._expired_outputs(scheduled)
         outputs += self._update(sampled)
         self._count(scheduled, outputs)

@@ -66,7 +66,9 @@ class EngineLoop:
     def _loop_steps(self) -> None:
         """Step while there is work. A step's outputs are posted when the next step's forward is built and
         its device work comes next: their consumer (streams, Ray) then takes the GIL or a core while this
-        thread waits on the device, not while it builds the next graph."""
+        thread waits on the device, not while it builds the next graph. A step that completed prompts posts
+        at once: their first tokens would otherwise also wait for the next step's prefix-cache copies (~14 ms
+        for 32 prompts of 512 tokens on an H100), and time to first token is what a new request waits on."""
         core = self._core
         last_stats = 0.0
         while True:
@@ -76,13 +78,17 @@ class EngineLoop:
                 self.post_held_outputs()
             if self._apply_commands(block=not busy, outputs=outputs):
                 return
+            first_tokens = 0
             if core.has_unfinished_requests():
                 self._idle_since = None
                 outputs += core.step(before_device_work=self.post_held_outputs)
+                first_tokens = core.last_step_first_tokens
             else:
                 self._release_buffers_when_idle()
             self.post_held_outputs()  # when no step ran (commands ended the work); else already posted
             self._held_outputs = outputs
+            if first_tokens:
+                self.post_held_outputs()
             now = time.monotonic()
             if now - last_stats > STATS_INTERVAL_S or not core.has_unfinished_requests():
                 self._post_stats(core.stats())

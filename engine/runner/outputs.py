@@ -22,3 +22,5 @@ class SampledToken:
 @dataclass
 class RunnerOutput:
     sampled: list[SampledToken] = field(default_factory=list)
+    # How many of `sampled` are first tokens of prompts completed this step (they come last).
+    num_first_tokens: int = 0

@@ -101,7 +101,7 @@ class ModelRunner:
             if not needs_history:
                 sampled = self._read_pending()
             self._pending = dispatched
-        return RunnerOutput(sampled + first_tokens)
+        return RunnerOutput(sampled + first_tokens, num_first_tokens=len(first_tokens))
 
     def cache_prefilled_prompts(self) -> None:
         """Copy the last step's completed prompts into the prefix cache: called before the next step is

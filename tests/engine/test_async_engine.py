@@ -194,3 +194,40 @@ def test_buffer_cache_goes_back_to_the_device_once_the_engine_idles(tiny_llama):
     cached_after_work, cached_after_idle = asyncio.run(scenario())
     assert cached_after_work > 0  # freed buffers are kept for reuse while requests come and go
     assert cached_after_idle == 0
+
+
+def test_first_tokens_are_posted_before_the_next_step_copies_their_prompts(tiny_llama):
+    """EngineLoop holds a step's outputs until the next step's forward is built, except a step's that
+    completed prompts: their first tokens must not wait for the next step's prefix-cache copies."""
+    import queue
+    import threading
+
+    from engine.engine_loop import AddCommand, EngineLoop, ShutdownCommand
+
+    prompt = list(range(1, 41))  # five blocks of 8
+    commands: queue.SimpleQueue = queue.SimpleQueue()
+    posts: list[tuple[dict[str, list[int]], int]] = []  # (tokens per request, prefix-cache blocks then)
+    done = threading.Event()
+    built: list[EngineCore] = []
+
+    def post(outputs) -> None:
+        posts.append(({o.request_id: o.new_token_ids for o in outputs}, built[0].runner.prefix_cache.stats.num_blocks))
+        if any(o.finished for o in outputs):
+            done.set()
+
+    def engine_thread() -> None:  # MLX streams belong to the thread that made them
+        built.append(EngineCore(tiny_llama, EngineConfig(prefix_block_size=8)))
+        EngineLoop(built[0], commands, post, lambda stats: None).run()
+
+    loop = threading.Thread(target=engine_thread)
+    loop.start()
+    commands.put(AddCommand(Request("a", prompt, SamplingParams(max_tokens=4, **GREEDY))))
+    assert done.wait(60)
+    commands.put(ShutdownCommand())
+    loop.join(60)
+
+    first_post_tokens, blocks_when_posted = next(p for p in posts if p[0].get("a"))
+    assert len(first_post_tokens["a"]) == 1 and blocks_when_posted == 0
+    assert built[0].runner.prefix_cache.stats.num_blocks == 5  # the copies still happen, a step later
+    tokens = [t for tokens, _ in posts for t in tokens.get("a", [])]
+    assert tokens == run_alone(tiny_llama, "a", prompt, SamplingParams(max_tokens=4, **GREEDY)).token_ids
