@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Server variants side by side on one lent GPU machine, in one device call (a diagnostic, not the sweep):
 #   VARIANTS='head|;head|--throughput-optimized;.gpu/other.tar.xz|' bash bench/gpu_server_ab.sh
-# A variant is SOURCE|FLAGS: SOURCE "head" (this checkout) or a .tar.xz of another source tree (e.g.
-# `git archive REV | xz > .gpu/rev.tar.xz`, carried along); FLAGS go to bench.run_orchard_server. Each variant
+# A variant is SOURCE|FLAGS: SOURCE "head" (this checkout) or an xz tarball of another source tree (e.g.
+# `git archive REV | xz > .gpu/rev.txz`, carried along; not *.tar.xz, which .gpu/activate.sh unpacks into its site); FLAGS go to bench.run_orchard_server. Each variant
 # serves the same random model in turn: BURSTS bursts of 32 x 512-token prompts, then 64 uniform streams, with
 # the CPU seconds of the proxy, the ingress and the model replica over each (bench.proc_cpu). The in-process
 # engine at 64 streams runs once first. FLAGS holding --no-ray serve with bench.run_orchard_local (no Ray) instead. Writes $OUT/server_ab.txt and $OUT/server_ab.tgz (JSON and logs).
@@ -30,7 +30,8 @@ run_variant() {  # $1 index, $2 source, $3 flags
   local module=bench.run_orchard_server flags="$3"
   if [[ " $flags " == *" --no-ray "* ]]; then module=bench.run_orchard_local; flags="${flags//--no-ray/}"; fi
   # shellcheck disable=SC2086
-  (cd "$dir" && exec python3 -m $module --model "$MODEL" --port 8123 --model-arg "prefill_warmup_seconds=${WARMUP_S:-15}" $flags) \
+  # PYTHONPATH names the variant's tree first: Ray's workers and the engine child import from it too.
+  (cd "$dir" && PYTHONPATH="$dir:$PYTHONPATH" exec python3 -m $module --model "$MODEL" --port 8123 --model-arg "prefill_warmup_seconds=${WARMUP_S:-15}" $flags) \
     > "$WORK/${tag}_server.log" 2>&1 &
   local server=$!
   for _ in $(seq 1 240); do grep -q "ORCHARD READY\|orchard server failed" "$WORK/${tag}_server.log" && break; sleep 1; done
