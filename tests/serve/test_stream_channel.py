@@ -46,6 +46,15 @@ async def _running(service: ModelService) -> int:
     return service.queue_stats().running
 
 
+async def _until_running(service: ModelService, count: int) -> int:
+    """The engine's running count once it reads `count`, or after 10 s (its stats come every 0.2 s)."""
+    for _ in range(200):
+        if await _running(service) == count:
+            break
+        await asyncio.sleep(0.05)
+    return await _running(service)
+
+
 @pytest.fixture
 def run_with_channel(tiny_models):
     """Runs `body(service, server, address)` with a started service and its channel; everything closed after."""
@@ -106,13 +115,9 @@ def test_a_client_that_leaves_aborts_its_request(run_with_channel):
         client = await ChannelClient.connect("alpha", address)
         stream = client.stream(_job(2, max_tokens=LONG))
         first = await anext(stream)
-        assert first.error is None and await _running(service) == 1
+        assert first.error is None and await _until_running(service, 1) == 1
         await stream.aclose()  # the HTTP client went away
-        for _ in range(200):
-            if await _running(service) == 0 and server.open_streams == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert await _running(service) == 0 and server.open_streams == 0
+        assert await _until_running(service, 0) == 0 and server.open_streams == 0
         # The connection still serves the next stream.
         chunks = await _collect(client.stream(_job(3)))
         assert _joined(chunks).num_tokens == 12
@@ -136,11 +141,7 @@ def test_streams_in_flight_end_with_an_error_when_the_replica_goes(run_with_chan
         assert client.closed
         late = await _collect(client.stream(_job(4)))
         assert len(late) == 1 and isinstance(late[0].error, EngineDeadError)
-        for _ in range(200):
-            if await _running(service) == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert await _running(service) == 0  # the replica aborted what it was generating
+        assert await _until_running(service, 0) == 0  # the replica aborted what it was generating
 
     run_with_channel(body)
 
