@@ -34,7 +34,7 @@ from bench.random_model import make_random_model
 from engine import Request, SamplingParams
 from engine.kv import plain_batch
 from engine.kv.batch_cache import cache_arrays, new_request_cache
-from engine.kv.block_store import KVBlockStore
+from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes
 from engine.kv.prefix_cache import PrefixCache
 from engine.runner.head_split import head_split
 from engine.runner.loader import load_model
@@ -134,6 +134,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     with tempfile.TemporaryDirectory(prefix="orchard-spp-") as tmp:
         loaded = load_model(str(make_random_model(Path(tmp) / "model", args.random_shape)))
         pad = mx.default_device().type == mx.gpu
+        # The runner's cap on MLX's cache of freed buffers: without it each round's freed buffers pile up until
+        # allocations wait on the device (the 8B shape's repeats ran slower than its first round, 2026-11-25).
+        mx.set_cache_limit(buffer_cache_limit_bytes())
         results = []
         with mx.stream(mx.new_stream(mx.default_device())):
             for tokens in (int(t) for t in args.tokens.split(",")):
