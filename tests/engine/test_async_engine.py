@@ -219,7 +219,7 @@ def test_first_tokens_are_posted_before_the_next_step_copies_their_prompts(tiny_
         built.append(EngineCore(tiny_llama, EngineConfig(prefix_block_size=8)))
         EngineLoop(built[0], commands, post, lambda stats: None).run()
 
-    loop = threading.Thread(target=engine_thread)
+    loop = threading.Thread(target=engine_thread, daemon=True)  # a hung loop must not hang pytest's exit
     loop.start()
     commands.put(AddCommand(Request("a", prompt, SamplingParams(max_tokens=4, **GREEDY))))
     assert done.wait(60)
