@@ -87,4 +87,9 @@ class ChannelClient:
                     inbox.add(self._lost_chunk())
 
     def _lost_chunk(self) -> StreamChunk:
-        return StreamChunk(error=EngineDeadError(f"The process of model '{self._model_id}' died"))
+        return StreamChunk(error=model_process_died(self._model_id))
+
+
+def model_process_died(model_id: str) -> EngineDeadError:
+    """The error of a stream whose model replica went away, over the channel or a Ray handle alike."""
+    return EngineDeadError(f"The process of model '{model_id}' died")

@@ -18,7 +18,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 from ray.serve.schema import ApplicationStatus
 
 from engine.errors import EngineDeadError, ModelLoadError, ModelNotFoundError, OrchardError, QueueFullError
-from deployments.channel_client import ChannelClient
+from deployments.channel_client import ChannelClient, model_process_died
 from deployments.config import ModelConfig, model_id_of_app, serve_app_name
 from deployments.model_server import MODEL_SERVER_DEPLOYMENT, build_model_application
 from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
@@ -114,7 +114,7 @@ def ray_failure(model_id: str, exc: BaseException) -> OrchardError:
     if isinstance(exc, DeploymentUnavailableError):
         return ModelNotFoundError(f"The model '{model_id}' is not available", param="model")
     if isinstance(exc, RayActorError):
-        return EngineDeadError(f"The process of model '{model_id}' died")
+        return model_process_died(model_id)
     return EngineDeadError(f"The model '{model_id}' failed: {type(exc).__name__}")
 
 

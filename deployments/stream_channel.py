@@ -106,8 +106,7 @@ class ChannelConnection:
         for task in list(self.tasks.values()):
             task.cancel()
         if self._pending and not self._writer.is_closing():
-            items, self._pending = self._pending, []
-            self._writer.write(_batch_frame(items))
+            self._write_pending()
         self._writer.close()
 
     def push(self, stream_id: int, chunk: StreamChunk) -> None:
@@ -118,9 +117,12 @@ class ChannelConnection:
         while True:
             await self._ready.wait()
             self._ready.clear()
-            items, self._pending = self._pending, []
-            self._writer.write(_batch_frame(items))
+            self._write_pending()
             await self._writer.drain()
+
+    def _write_pending(self) -> None:
+        items, self._pending = self._pending, []
+        self._writer.write(_batch_frame(items))
 
 
 def _batch_frame(items: list[StreamItem]) -> bytes:
