@@ -8,6 +8,9 @@ loop, the engine thread, coalesced chunks). Per burst: lone and burst TTFT, when
 the engine (its `started` log line), two stall meters running meanwhile (a thread that asks for the GIL every
 millisecond, an asyncio task that asks for the event loop every millisecond: the longest waits say whether
 something kept the other side out) and the garbage collector's passes (`--gc-freeze` tries gc.freeze()).
+With --engine-thread the engine runs on a thread of this process (not its own process) through
+bench.timed_core, and each burst also reports the P95 request's timeline: submitted, taken in by the engine
+thread, its first token's step ended, its first chunk here; and the burst's steps.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from dataclasses import dataclass, field
 
 from bench.engine_burst import p95_nearest_rank
 from bench.random_model import make_random_model
+from bench.timed_core import CoreTimeline, build_timed_core
 from deployments.config import ModelConfig
-from deployments.model_service import ModelService
+from deployments.model_service import ModelService, core_spec
+from engine import AsyncEngine
 from deployments.protocol import ChatPrompt, GenerateJob
 from engine.sampling.params import SamplingParams
 
@@ -115,7 +120,24 @@ async def first_chunk_s(service: ModelService, job: GenerateJob, sent: float) ->
     return first if first is not None else float("nan")
 
 
-async def one_burst(service: ModelService, jobs: list[GenerateJob], log: StartedLog) -> dict:
+def burst_timeline(timeline: CoreTimeline, log: StartedLog, jobs: list[GenerateJob], ttfts: list[float],
+                   sent: float) -> dict:
+    """The P95 request's phases and the steps that ran during the burst, in ms from the burst's start."""
+    ms = lambda t: round(1e3 * (t - sent), 1)  # noqa: E731
+    order = sorted(range(len(jobs)), key=lambda i: ttfts[i])
+    p95_job = jobs[order[min(len(order) - 1, round(0.95 * (len(order) - 1)))]]
+    rid = p95_job.request_id
+    phases = {"submitted": ms(log.started.get(rid, sent)), "engine_took": ms(timeline.added.get(rid, sent)),
+              "first_token_step_ended": ms(timeline.first_token_step.get(rid, sent))}
+    last_step = max(timeline.first_token_step.get(j.request_id, sent) for j in jobs)
+    steps = [{"start": ms(s.started), "ms": round(1e3 * (s.ended - s.started), 1), "waiting": s.waiting_before,
+              "first_tokens": s.first_tokens} for s in timeline.steps if sent <= s.started <= last_step]
+    return {"p95_request": phases, "engine_took_last": ms(max(timeline.added.get(j.request_id, sent) for j in jobs)),
+            "steps": steps}
+
+
+async def one_burst(service: ModelService, jobs: list[GenerateJob], log: StartedLog,
+                    timeline: CoreTimeline | None = None) -> dict:
     gil, loop_lag, collections = StallMeter(), StallMeter(), GcTimer()
     gc.callbacks.append(collections)
     stop_thread, stop_loop = threading.Event(), asyncio.Event()
@@ -129,7 +151,8 @@ async def one_burst(service: ModelService, jobs: list[GenerateJob], log: Started
     await lag_task
     gc.callbacks.remove(collections)
     started = sorted(1e3 * (log.started[j.request_id] - sent) for j in jobs if j.request_id in log.started)
-    return {
+    timed = burst_timeline(timeline, log, jobs, ttfts, sent) if timeline is not None else None
+    return {"timeline": timed,
         "ttft_p95_ms": round(1e3 * p95_nearest_rank(ttfts), 1),
         "ttft_ms": [round(1e3 * t, 1) for t in sorted(ttfts)],
         "submitted_ms": [round(t, 1) for t in started],
@@ -144,7 +167,12 @@ async def run(args: argparse.Namespace) -> dict:
     log = StartedLog()
     logging.getLogger("ray.serve.orchard").addHandler(log)
     logging.getLogger("ray.serve.orchard").setLevel(logging.INFO)
-    service = ModelService(config)
+    timeline = CoreTimeline() if args.engine_thread else None
+    if timeline is not None:
+        config = config.model_copy(update={"engine_process": False})
+        service = ModelService(config, lambda c: AsyncEngine(lambda: build_timed_core(core_spec(c), timeline)))
+    else:
+        service = ModelService(config)
     await service.start()
     if args.gc_freeze:
         gc.freeze()  # what the model process holds after start-up is never collected again
@@ -156,13 +184,15 @@ async def run(args: argparse.Namespace) -> dict:
         report: dict = {"shape": args.random_shape, "burst": args.burst, "prompt_words": args.prompt_words, "bursts": []}
         for _ in range(args.bursts):
             lone = [await first_chunk_s(service, j, time.perf_counter()) for j in [job() for _ in range(3)]]
-            burst = await one_burst(service, [job() for _ in range(args.burst)], log)
+            burst = await one_burst(service, [job() for _ in range(args.burst)], log, timeline)
             burst["lone_ttft_ms"] = round(1e3 * statistics.median(lone), 1)
             burst["ratio"] = round(burst["ttft_p95_ms"] / burst["lone_ttft_ms"], 2)
             report["bursts"].append(burst)
             print(f"lone {burst['lone_ttft_ms']} ms, P95 {burst['ttft_p95_ms']} ms ({burst['ratio']}x); submitted "
                   f"{burst['submitted_ms'][0]}..{burst['submitted_ms'][-1]} ms; GIL stalls {burst['gil']}; "
                   f"loop stalls {burst['event_loop']}; gc {burst['gc']}", flush=True)
+            if timeline is not None:
+                print(f"  timeline: {json.dumps(burst['timeline'])}", flush=True)
         return report
     finally:
         await service.shutdown()
@@ -176,6 +206,7 @@ def main() -> None:
     p.add_argument("--prompt-words", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=32)
     p.add_argument("--warmup-seconds", type=float, default=30.0)
+    p.add_argument("--engine-thread", action="store_true", help="the engine on a thread here, timed (bench.timed_core)")
     p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once the service has started")
     p.add_argument("--json")
     args = p.parse_args()
