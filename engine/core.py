@@ -101,7 +101,7 @@ class EngineCore:
     def step(self, before_device_work: Callable[[], None] | None = None) -> list[RequestOutput]:
         """One step; before_device_work is called once the step's forward is built, before the device runs it."""
         started, started_cpu = time.perf_counter(), time.thread_time()
-        self.runner.cache_prefilled_prompts()  # the last step's prompts, before admissions look for hits
+        self.runner.cache_prefilled_prompts(self.scheduler.waiting)  # before admissions look for hits, if any may
         scheduled = self.scheduler.schedule()
         sampled = self.runner.execute(scheduled, before_device_work)
         self.last_step_first_tokens = sampled.num_first_tokens

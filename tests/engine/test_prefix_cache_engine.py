@@ -97,6 +97,35 @@ def test_same_prompt_requests_admitted_later_hit_the_first_ones_prompt(tiny_llam
         assert_same_stream(reference, result)
 
 
+def test_new_prompts_reach_the_device_before_the_last_steps_prompts_are_copied(tiny_llama, monkeypatch):
+    """Copying a step's prompts into the prefix cache costs CPU time (~15 ms for 32 prompts on an H100)
+    that the next step's new prompts would wait for: they go first, unless one may hit those prompts
+    (same first block), which then waits for the copies and hits them."""
+    import engine.runner.runner as runner_module
+
+    core = cached_core(tiny_llama)
+    blocks_at_prefill: list[int] = []  # cached blocks when each step's prompts were dispatched
+    real_run_prefill = runner_module.run_prefill
+
+    def observed_run_prefill(*args, **kwargs):
+        blocks_at_prefill.append(core.runner.prefix_cache.stats.num_blocks)
+        return real_run_prefill(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "run_prefill", observed_run_prefill)
+    a, b = words(40, seed=1), words(40, seed=2)
+    c = b[:3 * BLOCK] + words(16, seed=3)  # shares b's first three blocks
+    arrivals = [Arrival(0, Request("a", a, greedy(4))), Arrival(1, Request("b", b, greedy(4))),
+                Arrival(2, Request("c", c, greedy(4)))]
+    results = run_core(core, arrivals)
+    # b went to the device before a's five blocks were copied; c after b's five, and hit three of them.
+    assert blocks_at_prefill == [0, 0, 10]
+    assert [results[r].finish.usage.cached_tokens for r in "abc"] == [0, 0, 3 * BLOCK]
+    for name, prompt in zip("abc", (a, b, c)):
+        assert_same_stream(uncached(tiny_llama, prompt, greedy(4)), results[name])
+    core.runner.prefix_cache.check_integrity()
+    assert core.runner.prefix_cache.stats.num_blocks == 12  # five of a, five of b, two new of c
+
+
 def test_byte_budget_holds_over_many_distinct_prompts(tiny_llama):
     budget = 1 << 20  # the tiny model's KV is 512 bytes per token: 24 prompts of 200 tokens need 2.4 MiB
     core = cached_core(tiny_llama, prefix_cache_bytes=budget)
