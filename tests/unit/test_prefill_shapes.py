@@ -22,8 +22,8 @@ from engine.runner.plain_prefill import split_for_logits
 
 
 def test_bucket_length_rounds_up_to_the_next_bucket():
-    assert [bucket_length(n) for n in (1, 16, 17, 100, 257, 513, 517, 641, 1025, 2047, 2048)] == [
-        16, 16, 32, 128, 384, 640, 640, 768, 1280, 2048, 2048]
+    assert [bucket_length(n) for n in (1, 16, 17, 100, 257, 513, 517, 577, 641, 1000, 1025, 2047, 2048)] == [
+        16, 16, 32, 128, 384, 576, 576, 640, 704, 1024, 1280, 2048, 2048]
     assert bucket_length(3000) == 3000  # beyond the largest bucket: unpadded windows
 
 
@@ -101,8 +101,8 @@ def test_split_rows_pads_small_forwards_and_splits_large_ones():
 def test_warmup_shapes_use_the_row_buckets():
     assert {s.rows for s in warmup_shapes(32, 16384, 2048)} == set(range(1, 9)) | {11, 15, 20, 26, 32}
     assert {s.rows for s in warmup_shapes(8, 8192, 2048)} == set(range(1, 9))
-    # Every row bucket up to 640 (26 rows of 513 tokens fit the step), fewer beyond as the step budget allows.
-    assert len(warmup_shapes(32, 16384, 2048)) == 2 * (8 * 13 + 2 * 12 + 11 + 2 * 10 + 2 * 9)
+    # Every row bucket up to 640 (26 rows of 577 tokens fit the step), fewer beyond as the step budget allows.
+    assert len(warmup_shapes(32, 16384, 2048)) == 2 * (9 * 13 + 3 * 12 + 3 * 11 + 2 * 10 + 2 * 9)
 
 
 @given(st.integers(1, 32), st.integers(1, 2048))
