@@ -124,11 +124,10 @@ def burst_timeline(timeline: CoreTimeline, log: StartedLog, jobs: list[GenerateJ
                    sent: float) -> dict:
     """The P95 request's phases and the steps that ran during the burst, in ms from the burst's start."""
     ms = lambda t: round(1e3 * (t - sent), 1)  # noqa: E731
-    order = sorted(range(len(jobs)), key=lambda i: ttfts[i])
-    p95_job = jobs[order[min(len(order) - 1, round(0.95 * (len(order) - 1)))]]
-    rid = p95_job.request_id
+    p95 = p95_nearest_rank(ttfts)
+    rid = jobs[ttfts.index(p95)].request_id
     phases = {"submitted": ms(log.started.get(rid, sent)), "engine_took": ms(timeline.added.get(rid, sent)),
-              "first_token_step_ended": ms(timeline.first_token_step.get(rid, sent))}
+              "first_token_step_ended": ms(timeline.first_token_step.get(rid, sent)), "first_chunk": ms(sent + p95)}
     last_step = max(timeline.first_token_step.get(j.request_id, sent) for j in jobs)
     steps = [{"start": ms(s.started), "ms": round(1e3 * (s.ended - s.started), 1), "waiting": s.waiting_before,
               "first_tokens": s.first_tokens} for s in timeline.steps if sent <= s.started <= last_step]
@@ -152,11 +151,11 @@ async def one_burst(service: ModelService, jobs: list[GenerateJob], log: Started
     gc.callbacks.remove(collections)
     started = sorted(1e3 * (log.started[j.request_id] - sent) for j in jobs if j.request_id in log.started)
     timed = burst_timeline(timeline, log, jobs, ttfts, sent) if timeline is not None else None
-    return {"timeline": timed,
+    return {
         "ttft_p95_ms": round(1e3 * p95_nearest_rank(ttfts), 1),
         "ttft_ms": [round(1e3 * t, 1) for t in sorted(ttfts)],
         "submitted_ms": [round(t, 1) for t in started],
-        "gil": gil.summary(), "event_loop": loop_lag.summary(), "gc": collections.summary(),
+        "gil": gil.summary(), "event_loop": loop_lag.summary(), "gc": collections.summary(), "timeline": timed,
     }
 
 

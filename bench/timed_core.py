@@ -53,6 +53,7 @@ class TimedCore(EngineCore):
 
 
 def build_timed_core(spec: CoreSpec, timeline: CoreTimeline) -> TimedCore:
+    """As engine.core_builder does, for a model folder (the benches' random models; not the embedded default)."""
     loaded = load_model(spec.model_path, dtype=spec.dtype, chat_template_file=spec.chat_template_file)
     core = TimedCore(loaded, spec.engine_config)
     core.timeline = timeline
