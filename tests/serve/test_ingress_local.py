@@ -234,8 +234,10 @@ def test_closing_a_stream_aborts_it_and_frees_its_kv(alpha):
 
 
 async def _idle_stats(stack) -> dict | None:
+    """The model's stats once idle after work: the start-up stats (no step yet) are idle too, and a first
+    token now leaves before the stats of its step, so a quick abort could otherwise read those."""
     row = (await stack.http.get("/v1/queue/stats")).json()["models"][0]
-    return row if row["running"] == 0 and row["kv_cache_bytes"] == 0 else None
+    return row if row["running"] == 0 and row["kv_cache_bytes"] == 0 and row["engine_steps_total"] >= 1 else None
 
 
 # ---- request ids ---------------------------------------------------------------------------------
