@@ -121,10 +121,9 @@ async def first_chunk_s(service: ModelService, job: GenerateJob, sent: float) ->
 
 
 def burst_timeline(timeline: CoreTimeline, log: StartedLog, jobs: list[GenerateJob], ttfts: list[float],
-                   sent: float) -> dict:
+                   p95: float, sent: float) -> dict:
     """The P95 request's phases and the steps that ran during the burst, in ms from the burst's start."""
     ms = lambda t: round(1e3 * (t - sent), 1)  # noqa: E731
-    p95 = p95_nearest_rank(ttfts)
     rid = jobs[ttfts.index(p95)].request_id
     phases = {"submitted": ms(log.started.get(rid, sent)), "engine_took": ms(timeline.added.get(rid, sent)),
               "first_token_step_ended": ms(timeline.first_token_step.get(rid, sent)), "first_chunk": ms(sent + p95)}
@@ -150,9 +149,10 @@ async def one_burst(service: ModelService, jobs: list[GenerateJob], log: Started
     await lag_task
     gc.callbacks.remove(collections)
     started = sorted(1e3 * (log.started[j.request_id] - sent) for j in jobs if j.request_id in log.started)
-    timed = burst_timeline(timeline, log, jobs, ttfts, sent) if timeline is not None else None
+    p95 = p95_nearest_rank(ttfts)
+    timed = burst_timeline(timeline, log, jobs, ttfts, p95, sent) if timeline is not None else None
     return {
-        "ttft_p95_ms": round(1e3 * p95_nearest_rank(ttfts), 1),
+        "ttft_p95_ms": round(1e3 * p95, 1),
         "ttft_ms": [round(1e3 * t, 1) for t in sorted(ttfts)],
         "submitted_ms": [round(t, 1) for t in started],
         "gil": gil.summary(), "event_loop": loop_lag.summary(), "gc": collections.summary(), "timeline": timed,

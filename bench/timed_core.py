@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.core import EngineCore
+from engine.core_builder import build_engine_core
 from engine.output.events import RequestOutput
 from engine.process_protocol import CoreSpec
 from engine.request import Request
-from engine.runner.loader import load_model
 
 
 @dataclass
@@ -53,8 +53,7 @@ class TimedCore(EngineCore):
 
 
 def build_timed_core(spec: CoreSpec, timeline: CoreTimeline) -> TimedCore:
-    """As engine.core_builder does, for a model folder (the benches' random models; not the embedded default)."""
-    loaded = load_model(spec.model_path, dtype=spec.dtype, chat_template_file=spec.chat_template_file)
-    core = TimedCore(loaded, spec.engine_config)
+    core = build_engine_core(spec, TimedCore)
+    assert isinstance(core, TimedCore)
     core.timeline = timeline
     return core

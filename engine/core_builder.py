@@ -7,7 +7,8 @@ from engine.core import EngineCore
 from engine.process_protocol import CoreSpec
 
 
-def build_engine_core(spec: CoreSpec) -> EngineCore:
+def build_engine_core(spec: CoreSpec, core_type: type[EngineCore] = EngineCore) -> EngineCore:
+    """core_type: EngineCore, or a subclass of it (bench/timed_core.py times the steps of one)."""
     from engine.runner.loader import load_model
 
     path = spec.model_path
@@ -18,4 +19,4 @@ def build_engine_core(spec: CoreSpec) -> EngineCore:
     loaded = load_model(
         path, dtype=spec.dtype, chat_template_file=spec.chat_template_file, trust_remote_code=spec.trust_remote_code
     )
-    return EngineCore(loaded, spec.engine_config)
+    return core_type(loaded, spec.engine_config)
