@@ -1,21 +1,19 @@
 """Orchard's MLX continuous-batching engine (no Ray, no HTTP).
 
-Names are imported lazily so that plain-Python parts (scheduler, block pool)
+Names are imported lazily so that plain-Python parts (scheduler, block pool, prefix cache)
 can be used and tested without importing MLX.
 """
 
 from importlib import import_module
 from typing import Any
 
-from engine.backend import apply_backend_defaults
-
-apply_backend_defaults()  # before any MLX GPU work in this process (MLX reads them once)
-
 _EXPORTS = {
     "EngineConfig": "engine.config",
     "EngineCore": "engine.core",
     "EngineStats": "engine.core",
-    "AsyncEngine": "engine.async_engine",
+    "EngineSpec": "engine.client.spec",
+    "ThreadEngineClient": "engine.client.thread_client",
+    "ProcessEngineClient": "engine.client.process_client",
     "FinishReason": "engine.request",
     "Request": "engine.request",
     "RequestStatus": "engine.request",

@@ -8,19 +8,21 @@ from typing import Callable
 
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
+from engine.kv.block_store import new_prefix_cache
+from engine.kv.cache_manager import KVCacheManager
 from engine.kv.prefix_cache import PrefixCacheStats
 from engine.output.detokenizer import text_source_factory
-from engine.output.events import RequestOutput
+from engine.output.request_output import RequestOutput
 from engine.output.request_state import RequestOutputState
 from engine.request import Request, RequestStatus
 from engine.runner.loader import LoadedModel
 from engine.runner.memory import EngineMemory, read_engine_memory
-from engine.runner.outputs import RunnerOutput
 from engine.runner.runner import ModelRunner
+from engine.runner_output import RunnerOutput
+from engine.sampling.structured import GuideCompiler
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.validation import RequestLimits
-from engine.sampling.structured import GuideCompiler
 
 THROUGHPUT_WINDOW_S = 10.0
 
@@ -53,8 +55,14 @@ class EngineCore:
         self.loaded = loaded
         self.config = config or EngineConfig()
         self.context_length = self.config.context_length or loaded.context_length
-        self.runner = ModelRunner(loaded, self.config)
-        self.scheduler = Scheduler(self.config, prefix_cache=self.runner.prefix_cache)
+        # What every request is checked against, by the engine client before it reaches this core.
+        self.limits = RequestLimits(loaded.vocab_size, self.context_length)
+        config = self.config
+        prefix_cache = new_prefix_cache(
+            loaded.model, config.enable_prefix_cache, config.prefix_block_size, config.prefix_cache_bytes
+        )
+        self.runner = ModelRunner(loaded, config, prefix_cache)
+        self.scheduler = Scheduler(config, kv=KVCacheManager(prefix_cache))
         self._states: dict[str, RequestOutputState] = {}
         self._text_source = text_source_factory(loaded.tokenizer)
         self.guides = GuideCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
@@ -68,19 +76,12 @@ class EngineCore:
         self.last_step_first_tokens = 0
 
     # ---- requests --------------------------------------------------------
-    def validate(self, request: Request) -> Request:
-        """Check a request without touching engine state (safe from any thread).
-
-        Returns the request with max_tokens resolved against the context length.
-        """
-        return RequestLimits(self.loaded.vocab_size, self.context_length).validate(request)
-
     def add_request(self, request: Request) -> None:
+        """Queue a request checked by `limits` (engine clients check at submit; callers of the core do too)."""
         if request.request_id in self._states:
             raise InvalidRequestError(f"Duplicate request id '{request.request_id}'", param="request_id")
-        self.validate(request)
         if request.sampling.guided is not None and request.guide is None:
-            request.guide = self.guides.compile(request.sampling.guided)  # AsyncEngine compiles off-thread first
+            request.guide = self.guides.compile(request.sampling.guided)  # engine clients compile off-thread first
         self.scheduler.add_request(request)
         self._states[request.request_id] = RequestOutputState(
             request, self._text_source, self.loaded.eos_token_ids
@@ -101,7 +102,8 @@ class EngineCore:
     def step(self, before_device_work: Callable[[], None] | None = None) -> list[RequestOutput]:
         """One step; before_device_work is called once the step's forward is built, before the device runs it."""
         started, started_cpu = time.perf_counter(), time.thread_time()
-        self.runner.cache_prefilled_prompts(self.scheduler.waiting)  # before admissions look for hits, if any may
+        if self.scheduler.uncached_prompts_may_be_hit():  # copied before admissions look for hits
+            self.runner.cache_prefilled_prompts()
         scheduled = self.scheduler.schedule()
         sampled = self.runner.execute(scheduled, before_device_work)
         self.last_step_first_tokens = sampled.num_first_tokens
@@ -127,9 +129,9 @@ class EngineCore:
 
     def _expired_outputs(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
         outputs = []
-        for request in scheduled.expired_requests:
-            self._states.pop(request.request_id, None)
-            outputs.append(RequestOutput(request.request_id, error=request.error))
+        for expired in scheduled.expired:
+            self._states.pop(expired.request_id, None)
+            outputs.append(RequestOutput(expired.request_id, error=expired.error))
         return outputs
 
     # ---- stats -----------------------------------------------------------

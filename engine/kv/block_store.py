@@ -33,6 +33,16 @@ def prefix_cache_mode(model: Any) -> str | None:
     return None
 
 
+def new_prefix_cache(model: Any, enabled: bool, block_size: int, budget_bytes: int | None) -> PrefixCache | None:
+    """The model's prefix cache: blocks or snapshots by its cache types (None: off, or caches it cannot keep);
+    budget_bytes None: a tenth of device memory."""
+    mode = prefix_cache_mode(model) if enabled else None
+    if mode is None:
+        return None
+    budget = budget_bytes if budget_bytes is not None else default_budget_bytes()
+    return PrefixCache(block_size, budget, snapshot_only=mode == "snapshots")
+
+
 def _device_memory_bytes() -> int:
     try:
         return int(mx.device_info().get("memory_size", 0))

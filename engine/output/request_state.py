@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.output.detokenizer import IncrementalDetokenizer, TextSource
-from engine.output.events import Finish, RequestOutput, TextDelta, TokenLogprob, Usage
+from engine.output.request_output import Finish, RequestOutput, TextDelta, TokenLogprob, Usage
 from engine.request import FINISH_REASON_OF_STATUS, Request, RequestStatus
-from engine.runner.outputs import SampledToken
+from engine.runner_output import SampledToken
 
 
 @dataclass

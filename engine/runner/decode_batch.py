@@ -15,11 +15,11 @@ from engine.kv.batch_cache import (
     filter_batch_cache,
     merge_request_caches,
 )
-from engine.request import Request
-from engine.runner.outputs import SampledToken, TopLogprob
+from engine.runner_output import SampledToken, TopLogprob
 from engine.sampling.params import seed_to_uint32
 from engine.sampling.sampler import BatchSampler, RowSampling, SampledBatch
 from engine.sampling.structured import GuideState
+from engine.scheduler.output import NewRequest
 
 
 @dataclass
@@ -50,11 +50,12 @@ class PendingStep:
         ]
 
 
-def new_row_sampling(request: Request, rng: random.Random) -> RowSampling:
+def new_row_sampling(request: NewRequest, rng: random.Random) -> RowSampling:
+    """A request's sampling row, made with its first token: its seed and token history follow it."""
     params = request.sampling
     seed = params.seed if params.seed is not None else rng.getrandbits(32)
     prompt_set = frozenset(request.prompt_token_ids) if params.repetition_penalty != 1.0 else frozenset()
-    guide = GuideState(request.guide, replay=request.output_token_ids) if request.guide is not None else None
+    guide = GuideState(request.guide) if request.guide is not None else None
     return RowSampling(params=params, seed=seed_to_uint32(seed), prompt_token_set=prompt_set, guide=guide)
 
 
@@ -75,19 +76,19 @@ class DecodeBatch:
         return len(self.request_ids)
 
     def update_membership(
-        self, requests: list[Request], joiner_caches: dict[str, LayerCaches], all_rows: dict[str, RowSampling],
+        self, request_ids: list[str], joiner_caches: dict[str, LayerCaches], all_rows: dict[str, RowSampling],
         joiner_blocks: dict[str, plain_batch.RowBlock] | None = None,
     ) -> list[int]:
-        """Make the batch exactly `requests` (kept rows keep their order, joiners go last).
+        """Make the batch exactly `request_ids` (kept rows keep their order, joiners go last).
         `joiner_blocks` says where a joiner's KV sits in a batched prefill cache (plain caches only),
         so that adjacent rows join together.
 
         Returns the previous row index of each kept row, to gather their next inputs.
         """
-        wanted = {r.request_id for r in requests}
+        wanted = set(request_ids)
         current = set(self.request_ids)
         keep_rows = [i for i, rid in enumerate(self.request_ids) if rid in wanted]
-        joiners = [r for r in requests if r.request_id not in current]
+        joiners = [rid for rid in request_ids if rid not in current]
         if len(keep_rows) == len(self.request_ids) and not joiners:
             return keep_rows
         if len(keep_rows) != len(self.request_ids):
@@ -95,7 +96,7 @@ class DecodeBatch:
             self.request_ids = [self.request_ids[i] for i in keep_rows]
             self.rows = {rid: self.rows[rid] for rid in self.request_ids}
         if joiners:
-            self._add_joiners(joiners, [joiner_caches[r.request_id] for r in joiners], all_rows, joiner_blocks or {})
+            self._add_joiners(joiners, [joiner_caches[rid] for rid in joiners], all_rows, joiner_blocks or {})
         rows = [self.rows[rid] for rid in self.request_ids]
         self.sampler = BatchSampler(rows, self.vocab_size) if rows else None
         return keep_rows
@@ -117,14 +118,14 @@ class DecodeBatch:
             self.caches = filter_batch_cache(self.caches, keep_rows)
 
     def _add_joiners(
-        self, joiners: list[Request], caches: list[LayerCaches], all_rows: dict[str, RowSampling],
+        self, joiners: list[str], caches: list[LayerCaches], all_rows: dict[str, RowSampling],
         blocks: dict[str, plain_batch.RowBlock],
     ) -> None:
         if not self.request_ids and len(joiners) == 1:
             # A lone sequence decodes on its own cache: no padding mask, as fast as mlx-lm's generate_step.
             self.caches, self.is_batched, self.padding = caches[0], False, None
         else:
-            placed = [blocks.get(r.request_id) for r in joiners]  # where each joiner's KV already sits, if known
+            placed = [blocks.get(rid) for rid in joiners]  # where each joiner's KV already sits, if known
             if self.request_ids and not self.is_batched:  # the lone sequence becomes the first row
                 caches, placed, self.caches, self.padding = [self.caches, *caches], [None, *placed], [], []
             elif not self.request_ids:
@@ -135,9 +136,9 @@ class DecodeBatch:
             else:
                 self._extend_through_mlx_lm(caches)
             self.is_batched = True
-        for request in joiners:
-            self.rows[request.request_id] = all_rows[request.request_id]
-            self.request_ids.append(request.request_id)
+        for request_id in joiners:
+            self.rows[request_id] = all_rows[request_id]
+            self.request_ids.append(request_id)
 
     def _extend_through_mlx_lm(self, caches: list[LayerCaches]) -> None:
         if self.padding:  # a plain batch meeting a joiner of another cache type (not seen in practice)

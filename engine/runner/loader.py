@@ -14,6 +14,7 @@ from mlx_lm.utils import load_config as mlx_lm_load_config
 from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
 
 from engine.errors import ModelLoadError
+from engine.mlx_settings import apply_mlx_settings
 
 _CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len", "seq_length", "n_ctx", "model_max_length")
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -55,6 +56,7 @@ def load_model(
     trust_remote_code: bool = False,
 ) -> LoadedModel:
     """Load weights and tokenizer from a local folder (never from a hub)."""
+    apply_mlx_settings()  # before the weights reach the device: MLX reads its settings at first use
     folder = Path(path).expanduser().resolve()
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"No model folder at '{path}' (config.json not found)")

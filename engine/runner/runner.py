@@ -9,67 +9,49 @@ device work. Rows whose penalties need the previous token force a read first.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import mlx.core as mx
 
 from engine.config import EngineConfig
-from engine.kv.batch_cache import (
-    LayerCaches,
-    cache_arrays,
-    cache_nbytes,
-    new_request_cache,
-)
-from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes, default_budget_bytes, prefix_cache_mode
+from engine.kv.batch_cache import LayerCaches, cache_arrays, cache_nbytes, new_request_cache
+from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes, prefix_cache_mode
 from engine.kv.plain_batch import RowBlock
 from engine.kv.prefix_cache import PrefixCache
-from engine.request import Request
 from engine.runner.decode_batch import DecodeBatch, PendingStep, new_row_sampling
 from engine.runner.head_split import head_split
 from engine.runner.loader import LoadedModel
-from engine.runner.outputs import RunnerOutput, SampledToken
 from engine.runner.prefill import PrefillResult, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
+from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
 from engine.runner.warmup import warm_prefill_shapes
+from engine.runner_output import RunnerOutput, SampledToken
 from engine.sampling.sampler import BatchSampler, RowSampling
-from engine.scheduler.output import PrefillChunk, SchedulerOutput
-
-
-@dataclass
-class PrefilledPrompts:
-    """A step's prefill chunks and result, kept until their completed prompts are cached."""
-
-    chunks: list[PrefillChunk]
-    result: PrefillResult
+from engine.scheduler.output import DecodeRow, NewRequest, PrefillChunk, SchedulerOutput
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, prefix_cache: PrefixCache | None = None) -> None:
         self.model = loaded.model
         self.config = config
         self.stream = mx.new_stream(mx.default_device())
         self._rng = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
         self.batch = DecodeBatch(vocab_size=loaded.vocab_size)
+        # What the runner keeps of each scheduled request (from its NewRequest) until it is freed.
+        self._requests: dict[str, NewRequest] = {}
         self._prefill_caches: dict[str, LayerCaches] = {}
         # Where a completed prompt's KV sits in its padded forward's batch (joins decode with its neighbours).
         self._joiner_blocks: dict[str, RowBlock] = {}
-        # Completed prompts not yet copied into the prefix cache (cache_prefilled_prompts).
-        self._uncached: list[PrefilledPrompts] = []
         # Sampling rows of requests past their first token, and each joiner's first decode input.
         self._rows: dict[str, RowSampling] = {}
         self._next_inputs: dict[str, int] = {}
-        self._batch_requests: dict[str, Request] = {}
         self._pending: PendingStep | None = None
         # Freed buffers of sizes that will not recur (prefill shapes, batch resizes) would
         # otherwise pile up in MLX's buffer cache until device memory runs out.
         self._previous_cache_limit = mx.set_cache_limit(buffer_cache_limit_bytes())
-        self.prefix_cache: PrefixCache | None = None
-        mode = prefix_cache_mode(self.model) if config.enable_prefix_cache else None
-        if mode is not None:
-            budget = config.prefix_cache_bytes if config.prefix_cache_bytes is not None else default_budget_bytes()
-            self.prefix_cache = PrefixCache(config.prefix_block_size, budget, snapshot_only=mode == "snapshots")
-        self._blocks = KVBlockStore(self.model, self.prefix_cache) if self.prefix_cache else None
+        self.prefix_cache = prefix_cache
+        self._blocks = KVBlockStore(self.model, prefix_cache) if prefix_cache is not None else None
+        self._copies = PromptCopies(self._blocks) if self._blocks is not None else None
         self.pad_prefill_shapes = _resolve_pad_shapes(config.pad_prefill_shapes, self.model)
         # Prefill logits at the completing positions only, where the model splits exactly (else None).
         self.head_split = head_split(self.model)
@@ -81,14 +63,18 @@ class ModelRunner:
         with mx.stream(self.stream):
             for request_id in scheduled.freed_request_ids:
                 self._forget(request_id)
-            needs_history = any(r.sampling.needs_token_history for r in scheduled.decode_requests)
+            for request in scheduled.new_requests:
+                self._requests[request.request_id] = request
+            rows = scheduled.decode_rows
+            needs_history = any(self._rows[row.request_id].params.needs_token_history for row in rows)
             sampled = []
             # The prompts go to the device first, so their first tokens do not wait for the decode forward,
             # nor for the copies of earlier prompts into the prefix cache (CPU work while the device runs them).
-            earlier, self._uncached = self._uncached, []
+            earlier = self._copies.take() if self._copies is not None else []
             first = self._dispatch_prefill(scheduled.prefill_chunks)
-            self._insert_prefilled(earlier)
-            logits = self._dispatch_forward(scheduled.decode_requests)
+            if self._copies is not None:
+                self._copies.copy(earlier)
+            logits = self._dispatch_forward(rows, scheduled.rows_to_cache)
             if before_device_work is not None:
                 before_device_work()
             if needs_history:
@@ -97,7 +83,7 @@ class ModelRunner:
                 if logits is not None:
                     mx.async_eval(logits)
                 sampled = self._read_pending()
-            dispatched = self._dispatch_sampling(logits, scheduled.decode_requests)
+            dispatched = self._dispatch_sampling(logits, rows)
             if self._blocks is not None:
                 self._blocks.flush()
             first_tokens = self._collect_first_tokens(first)
@@ -106,31 +92,16 @@ class ModelRunner:
             self._pending = dispatched
         return RunnerOutput(sampled + first_tokens, num_first_tokens=len(first_tokens))
 
-    def cache_prefilled_prompts(self, waiting: Iterable[Request]) -> None:
-        """Copy the last step's completed prompts into the prefix cache before the next step is scheduled,
-        if a waiting request may hit them (it shares their first block). Otherwise execute() copies them
-        once the step's own prompts are on the device: the copies cost CPU time (~15 ms for 32 prompts of
-        517 tokens on an H100) that new prompts' first tokens would wait for, in the step after a burst."""
-        if self._uncached and self._may_hit_uncached(waiting):
+    def cache_prefilled_prompts(self) -> None:
+        """Copy the last step's completed prompts into the prefix cache now, before the next step is
+        scheduled (the scheduler asks for it when a waiting request may hit them); else execute() copies
+        them once that step's own prompts are on the device."""
+        if self._copies:
             with mx.stream(self.stream):
-                self._insert_prefilled(self._uncached)
-            self._uncached = []
-
-    def _may_hit_uncached(self, waiting: Iterable[Request]) -> bool:
-        size = self.prefix_cache.block_size
-        firsts = {
-            tuple(chunk.request.prompt_token_ids[:size])
-            for prompts in self._uncached for chunk in prompts.chunks if len(chunk.request.prompt_token_ids) >= size
-        }
-        return any(tuple(r.prompt_token_ids[:size]) in firsts for r in waiting if not r.num_computed_tokens)
-
-    def _insert_prefilled(self, prefilled: list[PrefilledPrompts]) -> None:
-        for prompts in prefilled:
-            self._insert_prompts(prompts.chunks, prompts.result)
-        if prefilled:
-            self._blocks.flush()
+                self._copies.copy(self._copies.take())
 
     def _forget(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
         self._prefill_caches.pop(request_id, None)
         self._joiner_blocks.pop(request_id, None)
         self._rows.pop(request_id, None)
@@ -143,22 +114,23 @@ class ModelRunner:
         self.batch.record_tokens(sampled, self._rows)
         return sampled
 
-    def _dispatch_forward(self, requests: list[Request]) -> mx.array | None:
-        joiner_caches = {r.request_id: self._joiner_cache(r) for r in requests if r.request_id not in self.batch.rows}
+    def _dispatch_forward(self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]]) -> mx.array | None:
+        request_ids = [row.request_id for row in rows]
+        joiner_caches = {rid: self._prefill_caches.pop(rid) for rid in request_ids if rid not in self.batch.rows}
         blocks = {rid: self._joiner_blocks.pop(rid) for rid in joiner_caches if rid in self._joiner_blocks}
-        self._cache_leaving_rows({r.request_id for r in requests})
+        self._cache_leaving_rows(rows_to_cache)
         previous_ids = list(self.batch.request_ids)
-        keep_rows = self.batch.update_membership(requests, joiner_caches, self._rows, blocks)
+        keep_rows = self.batch.update_membership(request_ids, joiner_caches, self._rows, blocks)
         if not self.batch.request_ids:
             return None
         inputs = self._decode_inputs(previous_ids, keep_rows)
         return self.model(inputs[:, None], cache=self.batch.caches)[:, -1, :]
 
-    def _dispatch_sampling(self, logits: mx.array | None, requests: list[Request]) -> PendingStep | None:
+    def _dispatch_sampling(self, logits: mx.array | None, rows: list[DecodeRow]) -> PendingStep | None:
         if logits is None:
             return None
-        by_id = {r.request_id: r for r in requests}
-        steps = [by_id[rid].num_decode_steps - 1 for rid in self.batch.request_ids]
+        sample_index = {row.request_id: row.sample_index for row in rows}
+        steps = [sample_index[rid] for rid in self.batch.request_ids]
         sampled = self.batch.sampler.sample(logits, steps)
         mx.async_eval(sampled.arrays())
         return PendingStep(list(self.batch.request_ids), sampled, self.batch.top_logprob_counts())
@@ -178,27 +150,14 @@ class ModelRunner:
             parts.append(mx.array([self._next_inputs.pop(rid) for rid in joiner_ids], mx.uint32))
         return parts[0] if len(parts) == 1 else mx.concatenate(parts)
 
-    def _joiner_cache(self, request: Request) -> LayerCaches:
-        """The finished prefill cache of a request joining decode."""
-        self._batch_requests[request.request_id] = request
-        return self._prefill_caches.pop(request.request_id)
-
-    def _cache_leaving_rows(self, staying: set[str]) -> None:
-        """Feed the KV of requests leaving the batch (prompt and generated tokens) to the prefix cache."""
-        for row, request_id in enumerate(self.batch.request_ids):
-            if request_id in staying:
-                continue
-            request = self._batch_requests.pop(request_id)
-            if self._blocks is None or self.prefix_cache.snapshot_only:
-                continue
-            token_ids = request.all_token_ids()[: request.num_computed_tokens]  # what the KV holds
-            self._blocks.insert(token_ids, lambda row=row: self.batch.row_cache(row))
-
-    def _request_cache(self, request: Request) -> LayerCaches:
-        """A new per-request cache holding the KV of the request's cached prefix blocks, if any."""
+    def _cache_leaving_rows(self, rows_to_cache: dict[str, tuple[int, ...]]) -> None:
+        """Feed the KV of rows leaving the batch (prompt and generated tokens) to the prefix cache."""
         if self._blocks is None:
-            return new_request_cache(self.model)
-        return self._blocks.request_cache(request.prefix_blocks)
+            return
+        for row, request_id in enumerate(self.batch.request_ids):
+            token_ids = rows_to_cache.get(request_id)
+            if token_ids is not None:
+                self._blocks.insert(token_ids, lambda row=row: self.batch.row_cache(row))
 
     # ---- prefill ---------------------------------------------------------
     def _dispatch_prefill(self, chunks: list[PrefillChunk]) -> PendingStep | None:
@@ -206,22 +165,23 @@ class ModelRunner:
         in the same queue (read back by _collect_first_tokens)."""
         if not chunks:
             return None
-        caches = [self._prefill_cache(chunk.request) for chunk in chunks]
+        caches = [self._prefill_cache(chunk.request_id) for chunk in chunks]
         rows_limit = self.config.max_prefill_seqs if self.pad_prefill_shapes else None
         result = run_prefill(self.model, chunks, caches, rows_limit, self.batch.vocab_size, self.head_split)
         for chunk, cache in zip(chunks, result.caches):
-            self._prefill_caches[chunk.request.request_id] = cache
+            self._prefill_caches[chunk.request_id] = cache
             self._maybe_snapshot(chunk, cache)
         self._note_joiner_blocks(chunks, result)
-        if self._blocks is not None and not self.prefix_cache.snapshot_only:
-            self._uncached.append(PrefilledPrompts(chunks, result))
+        if self._copies is not None:
+            prompts = [self._requests[chunk.request_id].prompt_token_ids for chunk in chunks]
+            self._copies.keep(PrefilledPrompts(chunks, prompts, result))
         if not result.completing:
             return None
-        requests = [chunk.request for chunk in result.completing]
-        rows = [self._row_sampling(request) for request in requests]
+        request_ids = [chunk.request_id for chunk in result.completing]
+        rows = [self._row_sampling(request_id) for request_id in request_ids]
         sampled = BatchSampler(rows, self.batch.vocab_size).sample(result.last_logits, [0] * len(rows))
         mx.async_eval([*sampled.arrays(), *_prefilled_arrays(result)])
-        return PendingStep([r.request_id for r in requests], sampled, [r.params.top_logprobs for r in rows])
+        return PendingStep(request_ids, sampled, [r.params.top_logprobs for r in rows])
 
     def _collect_first_tokens(self, step: PendingStep | None) -> list[SampledToken]:
         if step is None:
@@ -232,56 +192,31 @@ class ModelRunner:
         self.batch.record_tokens(tokens, self._rows)
         return tokens
 
-    def _insert_prompts(self, chunks: list[PrefillChunk], result: PrefillResult) -> None:
-        """Cache the prompts these chunks completed: padded forwards' rows together, others one by one."""
-        inserted = self._insert_shared_prompts(chunks, result)
-        for i, (chunk, cache) in enumerate(zip(chunks, result.caches)):
-            if i not in inserted and chunk.completes_prefill and self._has_uncached_prompt_blocks(chunk.request):
-                self._blocks.insert(chunk.request.prompt_token_ids, cache)
-
     def _note_joiner_blocks(self, chunks: list[PrefillChunk], result: PrefillResult) -> None:
         for i, block in result.row_blocks().items():
             if chunks[i].completes_prefill:
-                self._joiner_blocks[chunks[i].request.request_id] = block
+                self._joiner_blocks[chunks[i].request_id] = block
 
-    def _insert_shared_prompts(self, chunks: list[PrefillChunk], result: PrefillResult) -> set[int]:
-        """Cache completed prompts of padded forwards from their batched cache, a forward at a time."""
-        inserted: set[int] = set()
-        for shared in result.shared:
-            wanted = [
-                (position, i) for position, i in enumerate(shared.rows)
-                if chunks[i].completes_prefill and self._has_uncached_prompt_blocks(chunks[i].request)
-            ]
-            prompts = [chunks[i].request.prompt_token_ids for _, i in wanted]
-            if len(wanted) > 1 and self._blocks.insert_rows(prompts, shared.caches, [p for p, _ in wanted]):
-                inserted.update(i for _, i in wanted)
-        return inserted
-
-    def _has_uncached_prompt_blocks(self, request: Request) -> bool:
-        """Whether the prompt holds full blocks beyond those it was served from (a full hit has none)."""
-        if self._blocks is None or self.prefix_cache.snapshot_only:
-            return False
-        return len(request.prefix_blocks) < len(request.prompt_token_ids) // self.prefix_cache.block_size
-
-    def _row_sampling(self, request: Request) -> RowSampling:
+    def _row_sampling(self, request_id: str) -> RowSampling:
         """A request's sampling row, made once: its seed and token history follow it into decode."""
-        row = self._rows.get(request.request_id)
+        row = self._rows.get(request_id)
         if row is None:
-            row = self._rows[request.request_id] = new_row_sampling(request, self._rng)
+            row = self._rows[request_id] = new_row_sampling(self._requests[request_id], self._rng)
         return row
 
     def _maybe_snapshot(self, chunk: PrefillChunk, cache: LayerCaches) -> None:
-        """In snapshot mode, a chunk ending on a block boundary leaves a whole-cache snapshot."""
-        if self._blocks is None or not self.prefix_cache.snapshot_only:
-            return
-        end = chunk.start + chunk.num_tokens
-        if end % self.prefix_cache.block_size == 0 and end > len(chunk.request.prefix_blocks) * self.prefix_cache.block_size:
-            self._blocks.insert_snapshot(chunk.request.prompt_token_ids[:end], cache)
+        """Snapshot mode: the scheduler marks chunks ending on a block boundary beyond the cached prefix."""
+        if chunk.snapshot and self._blocks is not None:
+            self._blocks.insert_snapshot(self._requests[chunk.request_id].prompt_token_ids[: chunk.end], cache)
 
-    def _prefill_cache(self, request: Request) -> LayerCaches:
-        if request.request_id not in self._prefill_caches:
-            self._prefill_caches[request.request_id] = self._request_cache(request)
-        return self._prefill_caches[request.request_id]
+    def _prefill_cache(self, request_id: str) -> LayerCaches:
+        """The request's cache, made at its first chunk from its cached prefix blocks (if any)."""
+        cache = self._prefill_caches.get(request_id)
+        if cache is None:
+            blocks = self._requests[request_id].cached_blocks
+            cache = new_request_cache(self.model) if self._blocks is None else self._blocks.request_cache(blocks)
+            self._prefill_caches[request_id] = cache
+        return cache
 
     # ---- housekeeping ----------------------------------------------------
     def release_buffers(self) -> None:
@@ -299,7 +234,7 @@ class ModelRunner:
 
     def holds_state(self) -> bool:
         """True while a dispatched step is unread or any KV is still held (freed by the next step)."""
-        return self._pending is not None or len(self.batch) > 0 or bool(self._prefill_caches) or bool(self._uncached)
+        return self._pending is not None or len(self.batch) > 0 or bool(self._prefill_caches) or bool(self._copies)
 
     def warmup(self) -> None:
         """Build kernels before the first request: one tiny forward, and every padded prefill shape."""
@@ -324,8 +259,9 @@ class ModelRunner:
         self._pending = None
         self._prefill_caches.clear()
         self._joiner_blocks.clear()
-        self._uncached.clear()
-        self._batch_requests.clear()
+        if self._copies is not None:
+            self._copies.clear()
+        self._requests.clear()
         self._rows.clear()
         self._next_inputs.clear()
         if self.prefix_cache is not None:

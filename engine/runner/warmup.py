@@ -9,11 +9,9 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, cache_arrays
-from engine.request import Request
 from engine.runner.head_split import HeadSplit
 from engine.runner.prefill import run_prefill
 from engine.runner.prefill_shapes import WarmupShape
-from engine.sampling.params import SamplingParams
 from engine.scheduler.output import PrefillChunk
 
 log = logging.getLogger(__name__)
@@ -31,12 +29,9 @@ def warm_prefill_shapes(
         if time.monotonic() - started > time_budget_s:
             log.warning("prefill warm-up stopped after %.0f s: %d of %d shapes", time_budget_s, done, len(shapes))
             break
-        # A non-completing chunk is the start of a longer prompt: one token more.
-        prompt = [0] * (shape.length if shape.completing else shape.length + 1)
-        chunks = [
-            PrefillChunk(Request(f"warmup-{row}", prompt, SamplingParams(max_tokens=1)), 0, shape.length)
-            for row in range(shape.rows)
-        ]
+        # A non-completing chunk is the start of a longer prompt.
+        tokens = (0,) * shape.length
+        chunks = [PrefillChunk(f"warmup-{row}", 0, tokens, shape.completing) for row in range(shape.rows)]
         result = run_prefill(model, chunks, [new_cache() for _ in chunks], max_rows, vocab_size, split)
         outputs = [cache_arrays(cache) for cache in result.caches]
         mx.eval(outputs if result.last_logits is None else [*outputs, result.last_logits])

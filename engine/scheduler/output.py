@@ -1,38 +1,82 @@
-"""The contract between the scheduler and the runner: what to compute this step."""
+"""The contract between the scheduler and the runner: what to compute this step, as plain data.
+
+The runner never sees a scheduler `Request`: a request's first schedule sends a `NewRequest` (what the
+runner keeps per request), later steps only ids, token slices and the prefix cache's decisions.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from engine.request import Request
+from engine.errors import OrchardError
+from engine.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.kv.prefix_cache import CachedBlock
+    from engine.sampling.structured import CompiledGuide
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """A request scheduled for the first time: its cache starts from `cached_blocks` (a prefix-cache hit)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    guide: "CompiledGuide | None" = None
+    cached_blocks: tuple["CachedBlock", ...] = ()
 
 
 @dataclass(frozen=True)
 class PrefillChunk:
-    """Prompt tokens [start, start + num_tokens) of one request, to be written to its KV."""
+    """Prompt tokens [start, start + len(token_ids)) of one request, to be written to its KV."""
 
-    request: Request
+    request_id: str
     start: int
-    num_tokens: int
+    token_ids: tuple[int, ...]
+    completes_prefill: bool
+    # Prefix-cache decisions: copy the completed prompt's uncached blocks, or (snapshot mode) keep a
+    # snapshot of the whole cache at this chunk's end, a block boundary.
+    cache_prompt: bool = False
+    snapshot: bool = False
 
     @property
-    def token_ids(self) -> tuple[int, ...]:
-        return tuple(self.request.prompt_token_ids[self.start : self.start + self.num_tokens])
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
     @property
-    def completes_prefill(self) -> bool:
-        return self.start + self.num_tokens == self.request.num_prefill_tokens
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """A request that computes its last sampled token and samples the next one; `sample_index` counts its
+    samples (0 is the prefill's first token) and keys its seeded noise."""
+
+    request_id: str
+    sample_index: int
+
+
+@dataclass(frozen=True)
+class ExpiredRequest:
+    """A request that ended inside the scheduler (queue timeout) before it ran."""
+
+    request_id: str
+    error: OrchardError
 
 
 @dataclass
 class SchedulerOutput:
+    new_requests: list[NewRequest] = field(default_factory=list)
     prefill_chunks: list[PrefillChunk] = field(default_factory=list)
-    # Requests that compute one token this step (their last known token) and sample the next.
-    decode_requests: list[Request] = field(default_factory=list)
+    decode_rows: list[DecodeRow] = field(default_factory=list)
     # Requests that left since the previous step: their KV is freed now.
     freed_request_ids: list[str] = field(default_factory=list)
-    # Requests that finished inside the scheduler (queue timeout); the core reports them.
-    expired_requests: list[Request] = field(default_factory=list)
+    # Rows leaving the decode batch whose KV goes to the prefix cache: id -> the tokens that KV holds.
+    rows_to_cache: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    expired: list[ExpiredRequest] = field(default_factory=list)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -40,7 +84,7 @@ class SchedulerOutput:
 
     @property
     def num_decode_tokens(self) -> int:
-        return len(self.decode_requests)
+        return len(self.decode_rows)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -48,4 +92,4 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.prefill_chunks or self.decode_requests)
+        return not (self.prefill_chunks or self.decode_rows)

@@ -14,9 +14,9 @@ from typing import Callable
 
 from engine.config import EngineConfig
 from engine.errors import QueueFullError, QueueTimeoutError
-from engine.kv.prefix_cache import PrefixCache
+from engine.kv.cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
-from engine.scheduler.output import PrefillChunk, SchedulerOutput
+from engine.scheduler.output import DecodeRow, ExpiredRequest, NewRequest, PrefillChunk, SchedulerOutput
 
 
 class Scheduler:
@@ -24,15 +24,17 @@ class Scheduler:
         self,
         config: EngineConfig,
         clock: Callable[[], float] = time.monotonic,
-        prefix_cache: PrefixCache | None = None,
+        kv: KVCacheManager | None = None,
     ) -> None:
         self.config = config
-        self.prefix_cache = prefix_cache
+        self.kv = kv or KVCacheManager()
         self._clock = clock
         self.waiting: deque[Request] = deque()
         # Admitted requests (prefilling or decoding), in admission order.
         self.running: list[Request] = []
         self._freed_request_ids: list[str] = []
+        # The last step's decode rows (the runner's decode batch), finished or not.
+        self._decoding: dict[str, Request] = {}
 
     # ---- admission -------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -61,21 +63,27 @@ class Scheduler:
             self._freed_request_ids.append(request.request_id)
         elif request in self.waiting:
             self.waiting.remove(request)
-        if self.prefix_cache is not None and request.prefix_blocks:
-            self.prefix_cache.unlock(request.prefix_blocks)
-            request.prefix_blocks = []
+        self.kv.release(request)
         request.status = status
 
     # ---- scheduling ------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        self.kv.begin_step()
         output = SchedulerOutput(freed_request_ids=self._freed_request_ids)
         self._freed_request_ids = []
-        output.expired_requests = self._expire_waiting()
-        output.decode_requests = self._schedule_decodes()
-        output.prefill_chunks = self._schedule_prefills()
+        output.expired = self._expire_waiting()
+        decoding = self._schedule_decodes()
+        output.decode_rows = [DecodeRow(r.request_id, r.num_decode_steps - 1) for r in decoding.values()]
+        output.rows_to_cache = self._leaving_rows_to_cache(decoding)
+        output.prefill_chunks = self._schedule_prefills(output.new_requests)
         return output
 
-    def _expire_waiting(self) -> list[Request]:
+    def uncached_prompts_may_be_hit(self) -> bool:
+        """Whether the runner should copy the last step's completed prompts into the prefix cache before
+        this step is scheduled (a waiting request may hit them)."""
+        return self.kv.uncached_prompts_may_be_hit(self.waiting)
+
+    def _expire_waiting(self) -> list[ExpiredRequest]:
         timeout = self.config.queue_timeout
         if timeout is None or not self.waiting:
             return []
@@ -86,10 +94,10 @@ class Scheduler:
                 f"Request waited {now - request.arrival_time:.1f}s in the queue (queue_timeout={timeout}s)"
             )
             self.finish_request(request, RequestStatus.FINISHED_ERROR)
-        return expired
+        return [ExpiredRequest(r.request_id, r.error) for r in expired]
 
-    def _schedule_decodes(self) -> list[Request]:
-        decodes = []
+    def _schedule_decodes(self) -> dict[str, Request]:
+        decodes: dict[str, Request] = {}
         for request in self.running:
             if request.is_prefilling or not request.wants_more_decode_steps:
                 continue
@@ -97,10 +105,22 @@ class Scheduler:
                 break
             request.num_decode_steps += 1
             request.num_computed_tokens += 1
-            decodes.append(request)
+            decodes[request.request_id] = request
         return decodes
 
-    def _schedule_prefills(self) -> list[PrefillChunk]:
+    def _leaving_rows_to_cache(self, decoding: dict[str, Request]) -> dict[str, tuple[int, ...]]:
+        """Rows leaving the decode batch (finished, or at max_tokens with their last token in flight)
+        whose KV the prefix cache keeps: prompt and generated tokens, so multi-turn chats hit them."""
+        leaving = [r for rid, r in self._decoding.items() if rid not in decoding]
+        self._decoding = decoding
+        to_cache = {}
+        for request in leaving:
+            tokens = self.kv.tokens_to_cache(request)
+            if tokens is not None:
+                to_cache[request.request_id] = tokens
+        return to_cache
+
+    def _schedule_prefills(self, new_requests: list[NewRequest]) -> list[PrefillChunk]:
         budget = self.config.prefill_token_budget
         chunks: list[PrefillChunk] = []
         candidates = [r for r in self.running if r.is_prefilling]
@@ -114,39 +134,29 @@ class Scheduler:
             request = self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            self._reuse_cached_prefix(request)
+            self.kv.reuse_cached_prefix(request)
+            new_requests.append(NewRequest(
+                request.request_id, request.prompt_token_ids, request.sampling, request.guide, tuple(request.prefix_blocks)
+            ))
             if request.is_prefilling:
                 budget = self._add_chunk(request, budget, chunks)
         return chunks
 
-    def _reuse_cached_prefix(self, request: Request) -> None:
-        """Skip the prompt's longest cached block prefix (never the last prompt token: its logits
-        give the first output token)."""
-        if self.prefix_cache is None or request.num_computed_tokens:
-            return
-        blocks = self.prefix_cache.match(request.prompt_token_ids, max_tokens=request.num_prefill_tokens - 1)
-        self.prefix_cache.lock(blocks)
-        request.prefix_blocks = blocks
-        request.num_cached_tokens = request.num_computed_tokens = len(blocks) * self.prefix_cache.block_size
-
     def _add_chunk(self, request: Request, budget: int | None, chunks: list[PrefillChunk]) -> int | None:
-        remaining = self._prefill_target(request) - request.num_computed_tokens
+        start = request.num_computed_tokens
+        remaining = self.kv.prefill_target(request) - start
         limits = [n for n in (budget, self.config.prefill_chunk_limit) if n is not None]
-        num_tokens = min([remaining, *limits])
-        chunks.append(PrefillChunk(request, request.num_computed_tokens, num_tokens))
-        request.num_computed_tokens += num_tokens
-        if not request.is_prefilling:
+        end = start + min([remaining, *limits])
+        request.num_computed_tokens = end
+        completes = not request.is_prefilling
+        if completes:
             request.num_decode_steps = 1  # the completing chunk samples the first token
-        return None if budget is None else budget - num_tokens
-
-    def _prefill_target(self, request: Request) -> int:
-        """Where this request's next chunk may end: its prefill end, or first the last block
-        boundary before it when the prefix cache keeps whole-cache snapshots there."""
-        end = request.num_prefill_tokens
-        if self.prefix_cache is None or not self.prefix_cache.snapshot_only:
-            return end
-        boundary = end - end % self.prefix_cache.block_size
-        return boundary if request.num_computed_tokens < boundary else end
+        chunks.append(PrefillChunk(
+            request.request_id, start, tuple(request.prompt_token_ids[start:end]), completes,
+            cache_prompt=completes and self.kv.should_cache_prompt(request),
+            snapshot=self.kv.should_snapshot(request, end),
+        ))
+        return None if budget is None else budget - (end - start)
 
     # ---- introspection ---------------------------------------------------
     @property

@@ -1,7 +1,7 @@
 """Structured output through the engine, with SmolLM2's real byte-level BPE vocabulary.
 
 Tiny random model: every schema of the suite yields valid JSON, alone, in one batch with
-unconstrained rows (which stay exactly as they are alone) and streamed through AsyncEngine.
+unconstrained rows (which stay exactly as they are alone) and streamed through the thread engine client.
 The real SmolLM2 (slow): the same suite from chat prompts.
 """
 
@@ -13,9 +13,9 @@ import re
 import time
 
 import pytest
-from engine import AsyncEngine, EngineConfig, EngineCore, Request, SamplingParams
+from engine import EngineConfig, EngineCore, Request, SamplingParams, ThreadEngineClient
 from engine.errors import InvalidRequestError
-from engine.output.events import Finish, TextDelta
+from engine.output.request_output import Finish, TextDelta
 from engine.sampling.guided import GuidedDecoding
 from engine.sampling.guided_regex import json_schema_regex
 from engine.sampling.structured import GuideState
@@ -91,15 +91,15 @@ async def collect(stream) -> tuple[list[str], Finish]:
     return deltas, finish
 
 
-def test_suite_streamed_through_async_engine(tiny_bpe_llama, prompt):
+def test_suite_streamed_through_the_thread_client(tiny_bpe_llama, prompt):
     async def scenario():
-        engine = AsyncEngine(lambda: EngineCore(tiny_bpe_llama, EngineConfig(max_decode_seqs=32)))
+        engine = ThreadEngineClient(lambda: EngineCore(tiny_bpe_llama, EngineConfig(max_decode_seqs=32)))
         await engine.start()
         try:
             requests = schema_requests(prompt) + free_requests(prompt)
             return await asyncio.gather(*(collect(engine.submit(r)) for r in requests))
         finally:
-            await engine.shutdown()
+            await engine.close()
 
     results = asyncio.run(scenario())
     streamed_in_parts = 0
@@ -183,7 +183,7 @@ def test_logprobs_of_guided_rows_are_the_models_own(tiny_bpe_llama):
 
 def test_invalid_specs_are_refused_before_queueing(tiny_bpe_llama, prompt):
     async def scenario():
-        engine = AsyncEngine(lambda: EngineCore(tiny_bpe_llama, EngineConfig()))
+        engine = ThreadEngineClient(lambda: EngineCore(tiny_bpe_llama, EngineConfig()))
         await engine.start()
         try:
             unsupported = json.dumps({"type": "array", "items": {"type": "integer"}, "uniqueItems": True})
@@ -199,7 +199,7 @@ def test_invalid_specs_are_refused_before_queueing(tiny_bpe_llama, prompt):
             assert failed.value.param == "guided_regex"
             assert engine.core.stats().num_steps == 0  # nothing was ever scheduled
         finally:
-            await engine.shutdown()
+            await engine.close()
 
     asyncio.run(scenario())
 
@@ -209,7 +209,7 @@ def test_a_new_schema_compiles_without_stalling_other_streams(tiny_bpe_llama, pr
     schema = {"type": "object", "properties": {f"meta{time.time_ns()}": {"type": "object"}}, "required": []}
 
     async def scenario():
-        engine = AsyncEngine(lambda: EngineCore(tiny_bpe_llama, EngineConfig()))
+        engine = ThreadEngineClient(lambda: EngineCore(tiny_bpe_llama, EngineConfig()))
         await engine.start()
         try:
             free = engine.submit(Request("free", prompt, SamplingParams(max_tokens=2000, temperature=0.0, ignore_eos=True)))
@@ -229,7 +229,7 @@ def test_a_new_schema_compiles_without_stalling_other_streams(tiny_bpe_llama, pr
             await first
             return submitted, time.monotonic(), [t for t in arrivals if t > submitted]
         finally:
-            await engine.shutdown()
+            await engine.close()
 
     submitted, answered, during = asyncio.run(scenario())
     assert answered - submitted > 0.2, "the schema compiled too fast to tell stalls apart"
@@ -241,7 +241,7 @@ def test_a_request_aborted_while_its_schema_compiles_never_runs(tiny_bpe_llama, 
     schema = {"type": "object", "properties": {f"gone{time.time_ns()}": {"type": "object"}}}
 
     async def scenario():
-        engine = AsyncEngine(lambda: EngineCore(tiny_bpe_llama, EngineConfig()))
+        engine = ThreadEngineClient(lambda: EngineCore(tiny_bpe_llama, EngineConfig()))
         await engine.start()
         try:
             guided = GuidedDecoding("json_schema", json.dumps(schema))
@@ -253,7 +253,7 @@ def test_a_request_aborted_while_its_schema_compiles_never_runs(tiny_bpe_llama, 
             await asyncio.sleep(0.1)
             return deltas, finish, engine.stats()
         finally:
-            await engine.shutdown()
+            await engine.close()
 
     deltas, finish, stats = asyncio.run(scenario())
     assert deltas == [] and finish.reason.value == "abort" and finish.usage.completion_tokens == 0
@@ -281,12 +281,12 @@ def test_real_smollm2_suite_streamed_in_one_batch_with_a_free_request(smollm2):
                    SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=True))
 
     async def scenario():
-        engine = AsyncEngine(lambda: EngineCore(smollm2, EngineConfig(max_decode_seqs=32)))
+        engine = ThreadEngineClient(lambda: EngineCore(smollm2, EngineConfig(max_decode_seqs=32)))
         await engine.start()
         try:
             return await asyncio.gather(*(collect(engine.submit(r)) for r in requests + [free]))
         finally:
-            await engine.shutdown()
+            await engine.close()
 
     results = asyncio.run(scenario())
     for request, (deltas, finish) in zip(requests, results):

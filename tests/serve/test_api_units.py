@@ -25,7 +25,7 @@ from engine.errors import (
     QueueFullError,
     QueueTimeoutError,
 )
-from engine.output.events import Finish, Usage
+from engine.output.request_output import Finish, Usage
 from engine.request import FinishReason
 
 META = ResponseMeta("chatcmpl-x", 1700000000, "m")

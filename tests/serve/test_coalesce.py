@@ -10,7 +10,7 @@ import pytest
 
 from deployments.coalesce import coalesce
 from deployments.protocol import StreamChunk
-from engine.output.events import Finish, RequestOutput, TextDelta, Usage
+from engine.output.request_output import Finish, RequestOutput, TextDelta, Usage
 from engine.output.mailbox import Mailbox
 from engine.request import FinishReason
 

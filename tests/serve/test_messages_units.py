@@ -23,7 +23,7 @@ from deployments.api.render import ChatRenderer, ResponseMeta
 from deployments.api.schemas import ChatCompletionRequest
 from deployments.protocol import StreamChunk
 from engine.errors import InvalidRequestError, ModelNotFoundError, QueueFullError, QueueTimeoutError
-from engine.output.events import Finish, Usage
+from engine.output.request_output import Finish, Usage
 from engine.parsers.events import ContentDelta, ReasoningDelta, ToolCallDelta
 from engine.request import FinishReason
 

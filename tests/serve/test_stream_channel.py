@@ -18,7 +18,7 @@ from deployments.model_service import ModelService
 from deployments.protocol import ChatPrompt, GenerateJob, StreamChunk
 from deployments.stream_channel import ChannelAddress, ChannelBatch, ChannelConnection, ChannelServer, read_frame
 from engine.errors import EngineDeadError, ModelNotFoundError, OrchardError
-from engine.output.events import Finish
+from engine.output.request_output import Finish
 from engine.sampling.params import SamplingParams
 
 LONG = 60000  # max_tokens of a stream the test holds open (never reached)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.core import EngineCore
-from engine.output.events import Finish
+from engine.output.request_output import Finish
 from engine.request import Request
 
 
@@ -35,7 +35,7 @@ def run_core(
     step = 0
     while pending or core.has_unfinished_requests():
         while pending and pending[0].step <= step:
-            core.add_request(pending.pop(0).request)
+            core.add_request(core.limits.validate(pending.pop(0).request))
         for request_id in aborts.get(step, []):
             output = core.abort_request(request_id)
             if output is not None:

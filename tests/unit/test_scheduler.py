@@ -20,8 +20,8 @@ def make_request(rid: str, prompt_len: int, max_tokens: int = 4, arrival: float 
 def step_counts(scheduler: Scheduler) -> tuple[dict[str, int], dict[str, int]]:
     """Schedule one step, then finish requests whose last decode was dispatched (as the core would)."""
     out = scheduler.schedule()
-    prefill = {c.request.request_id: c.num_tokens for c in out.prefill_chunks}
-    decode = {r.request_id: 1 for r in out.decode_requests}
+    prefill = {c.request_id: c.num_tokens for c in out.prefill_chunks}
+    decode = {r.request_id: 1 for r in out.decode_rows}
     for request in list(scheduler.running):
         if not request.is_prefilling and not request.wants_more_decode_steps:
             scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
@@ -123,7 +123,7 @@ def test_abort_frees_running_kv_next_step_and_drops_waiting():
     scheduler.finish_request(waiting, RequestStatus.FINISHED_ABORTED)
     out = scheduler.schedule()
     assert out.freed_request_ids == ["run"]
-    assert out.prefill_chunks == [] and out.decode_requests == []
+    assert out.prefill_chunks == [] and out.decode_rows == []
     assert running.status == waiting.status == RequestStatus.FINISHED_ABORTED
     assert not scheduler.has_unfinished_requests()
     assert scheduler.schedule().freed_request_ids == []
@@ -150,17 +150,17 @@ def test_queue_timeout_expires_waiting_requests_with_an_error():
     now = [0.0]
     scheduler = Scheduler(EngineConfig(max_decode_seqs=1, queue_timeout=5.0), clock=lambda: now[0])
     scheduler.add_request(make_request("a", 3, max_tokens=100, arrival=0.0))
-    scheduler.add_request(make_request("b", 3, arrival=0.0))
+    waiting_b = make_request("b", 3, arrival=0.0)
+    scheduler.add_request(waiting_b)
     assert step_counts(scheduler) == ({"a": 3}, {})
     now[0] = 5.0
-    assert scheduler.schedule().expired_requests == []
+    assert scheduler.schedule().expired == []
     now[0] = 5.5
     out = scheduler.schedule()
-    assert [r.request_id for r in out.expired_requests] == ["b"]
-    expired = out.expired_requests[0]
-    assert expired.status == RequestStatus.FINISHED_ERROR
-    assert isinstance(expired.error, QueueTimeoutError)
-    assert [r.request_id for r in out.decode_requests] == ["a"]
+    assert [r.request_id for r in out.expired] == ["b"]
+    assert isinstance(out.expired[0].error, QueueTimeoutError)
+    assert waiting_b.status == RequestStatus.FINISHED_ERROR
+    assert [r.request_id for r in out.decode_rows] == ["a"]
 
 
 def test_one_token_prompt_samples_its_first_token_in_its_prefill_step():

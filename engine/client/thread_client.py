@@ -1,7 +1,7 @@
-"""AsyncEngine: one thread owns MLX and loops EngineCore.step(); asyncio callers submit and stream.
+"""ThreadEngineClient: the engine steps on a thread of this process (the CLI, in-process tests and benchmarks).
 
-No MLX call happens on the event loop: it only queues commands to the engine
-thread and receives outputs back via `loop.call_soon_threadsafe`, once per step.
+One thread owns MLX and loops EngineCore.step(); the event loop only queues commands to it and receives each
+step's outputs back via `loop.call_soon_threadsafe`. No MLX call happens on the event loop.
 """
 
 from __future__ import annotations
@@ -12,29 +12,30 @@ import queue
 import threading
 from typing import Callable
 
-from engine.core import EngineCore, EngineStats
-from engine.engine_loop import AbortCommand, AddCommand, EngineLoop, ShutdownCommand
-from engine.errors import EngineDeadError, OrchardError
-from engine.guided_intake import GuidedIntake
-from engine.output.events import RequestOutput
-from engine.output.router import RequestStream, StreamRouter
+from engine.client.intake import GuidedIntake
+from engine.client.interface import EngineClientBase, ServedModel
+from engine.client.loop import EngineLoop
+from engine.client.messages import AbortRequest, AddRequest, Shutdown
+from engine.client.spec import EngineSpec, build_engine_core
+from engine.core import EngineCore
+from engine.errors import EngineDeadError
 from engine.request import Request
-from engine.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
 
 
-class AsyncEngine:
+class ThreadEngineClient(EngineClientBase):
     def __init__(self, build_core: Callable[[], EngineCore]) -> None:
+        super().__init__()
         self._build_core = build_core
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams = StreamRouter()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._core: EngineCore | None = None
-        self._stats: EngineStats | None = None
-        self._dead: OrchardError | None = None
         self._intake: GuidedIntake | None = None  # built with the core
+
+    @classmethod
+    def from_spec(cls, spec: EngineSpec) -> "ThreadEngineClient":
+        return cls(lambda: build_engine_core(spec))
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> None:
@@ -44,11 +45,14 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, args=(ready,), name="orchard-engine", daemon=True)
         self._thread.start()
         await ready
+        core = self._core
+        served = ServedModel(core.loaded.tokenizer, core.context_length, core.loaded.path, in_own_process=False)
+        self._started(served, core.limits, self._stats)  # the stats read on the engine thread
 
-    async def shutdown(self) -> None:
+    async def _stop(self) -> None:
         if self._thread is None:
             return
-        self._commands.put(ShutdownCommand())
+        self._commands.put(Shutdown())
         await asyncio.to_thread(self._thread.join)
         self._thread = None
         if self._intake is not None:
@@ -56,37 +60,18 @@ class AsyncEngine:
 
     @property
     def core(self) -> EngineCore:
+        """The engine itself (tests and in-process benchmarks read its state; only the engine thread steps it)."""
         if self._core is None:
             raise EngineDeadError("The engine has not started")
         return self._core
 
-    @property
-    def served(self) -> ServedModel:
-        core = self.core
-        return ServedModel(core.loaded.tokenizer, core.context_length, core.loaded.path, in_own_process=False)
-
     # ---- requests --------------------------------------------------------
-    def submit(self, request: Request) -> RequestStream:
-        """Validate now (raises typed errors at once) and queue the request."""
-        if self._dead is not None:
-            raise EngineDeadError(f"The engine stopped: {self._dead.message}")
-        self.core.validate(request)
-        mailbox = self._streams.open(request.request_id)
+    def _send_request(self, request: Request) -> None:
         self._intake.admit(request)
-        return RequestStream(request.request_id, mailbox, self.abort)
 
     def abort(self, request_id: str) -> None:
         if not self._intake.cancel(request_id):  # in the engine (or done): the engine thread aborts it
-            self._commands.put(AbortCommand(request_id))
-
-    def stats(self) -> EngineStats:
-        if self._stats is None:
-            raise EngineDeadError("The engine has not started")
-        return self._stats
-
-    @property
-    def is_alive(self) -> bool:
-        return self._dead is None and self._thread is not None
+            self._commands.put(AbortRequest(request_id))
 
     # ---- engine thread ---------------------------------------------------
     def _run(self, ready: asyncio.Future) -> None:
@@ -104,19 +89,12 @@ class AsyncEngine:
             EngineLoop(self._core, self._commands, self._post_outputs, self._set_stats).run()
         except BaseException as exc:  # what was already decided has reached its streams, before the error
             logger.exception("engine thread died")
-            self._dead = EngineDeadError(f"The engine thread died: {exc!r}")
-            self._loop.call_soon_threadsafe(self._streams.fail_all, self._dead)
+            self._die(EngineDeadError(f"The engine thread died: {exc!r}"))
         finally:
             self._core.close()
 
     def _enqueue(self, request: Request) -> None:
-        self._commands.put(AddCommand(request))
-
-    def _post_outputs(self, outputs: list[RequestOutput]) -> None:
-        self._loop.call_soon_threadsafe(self._streams.deliver, outputs)
-
-    def _set_stats(self, stats: EngineStats) -> None:
-        self._stats = stats
+        self._commands.put(AddRequest(request))
 
 
 def _resolve(future: asyncio.Future, exc: BaseException | None) -> None:

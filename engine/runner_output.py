@@ -1,4 +1,4 @@
-"""What the runner hands back to the engine core each step."""
+"""What the runner hands back to the engine core each step: the sampled tokens (plain data, no MLX)."""
 
 from __future__ import annotations
 

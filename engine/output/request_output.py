@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import OrchardError
 from engine.request import FinishReason
-from engine.runner.outputs import TopLogprob
+from engine.runner_output import TopLogprob
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,18 @@ class RequestOutput:
     error: OrchardError | None = None
 
     @property
-    def finished(self) -> bool:
+    def is_last(self) -> bool:
         return self.finish is not None or self.error is not None
+
+    def merge(self, later: "RequestOutput") -> None:
+        """Append a later step's output for the same request (a consumer that fell behind takes both at once)."""
+        if later.delta is not None:
+            if self.delta is None:
+                self.delta = later.delta
+            else:
+                self.delta.merge(later.delta)
+        self.finish = later.finish or self.finish
+        self.error = later.error or self.error
 
     @property
     def new_token_ids(self) -> list[int]:

@@ -1,8 +1,8 @@
-"""The engine's own process: `python -m engine.engine_child FD`, started by ProcessEngine.
+"""The engine's own process: `python -m engine.client.engine_process FD`, started by ProcessEngineClient.
 
 Its main thread runs EngineLoop; one thread reads commands from the socket FD, and structured-output guides
 compile in a small pool. The serving process's threads (Ray, HTTP, tokenizing) then never hold this process's
-GIL while the engine builds a step. The child ends when told to or when the serving process goes away (EOF).
+GIL while the engine builds a step. It ends when told to or when the serving process goes away (EOF).
 """
 
 from __future__ import annotations
@@ -13,15 +13,24 @@ import sys
 import threading
 from multiprocessing.connection import Connection
 
+from engine.client.intake import GuidedIntake
+from engine.client.loop import EngineLoop
+from engine.client.messages import (
+    AbortRequest,
+    AddRequest,
+    EngineDied,
+    EngineFailed,
+    EngineReady,
+    Shutdown,
+    StatsUpdate,
+    StepOutputs,
+)
+from engine.client.spec import EngineSpec, build_engine_core
 from engine.core import EngineCore
-from engine.core_builder import build_engine_core
-from engine.engine_loop import AbortCommand, AddCommand, EngineLoop, ShutdownCommand
 from engine.errors import ModelLoadError, OrchardError
-from engine.guided_intake import GuidedIntake
-from engine.output.events import RequestOutput
-from engine.process_protocol import ChildDied, ChildFailed, ChildReady, CoreSpec, StatsUpdate, StepOutputs
+from engine.output.request_output import RequestOutput
 
-logger = logging.getLogger("orchard.engine_child")
+logger = logging.getLogger("orchard.engine_process")
 
 
 class Outbox:
@@ -47,7 +56,7 @@ class CommandReader:
 
     def __init__(self, core: EngineCore, commands: queue.SimpleQueue, outbox: Outbox) -> None:
         self._commands = commands
-        self._intake = GuidedIntake(core.guides, lambda request: commands.put(AddCommand(request)), outbox.post_outputs)
+        self._intake = GuidedIntake(core.guides, lambda request: commands.put(AddRequest(request)), outbox.post_outputs)
 
     def run(self, conn: Connection) -> None:
         self._intake.warm()
@@ -55,20 +64,20 @@ class CommandReader:
             try:
                 command = conn.recv()
             except (EOFError, OSError):  # the serving process went away
-                command = ShutdownCommand()
-            if isinstance(command, AddCommand):
+                command = Shutdown()
+            if isinstance(command, AddRequest):
                 self._intake.admit(command.request)
-            elif isinstance(command, AbortCommand) and self._intake.cancel(command.request_id):
+            elif isinstance(command, AbortRequest) and self._intake.cancel(command.request_id):
                 continue
             else:
                 self._commands.put(command)
-            if isinstance(command, ShutdownCommand):
+            if isinstance(command, Shutdown):
                 self._intake.shutdown()
                 return
 
 
 def serve(conn: Connection) -> int:
-    spec: CoreSpec = conn.recv()
+    spec: EngineSpec = conn.recv()
     if spec.gil_switch_interval_s is not None:
         sys.setswitchinterval(spec.gil_switch_interval_s)
     outbox = Outbox(conn)
@@ -77,17 +86,17 @@ def serve(conn: Connection) -> int:
         core.runner.warmup()
     except BaseException as exc:  # the serving process reports it as the model's load failure
         error = exc if isinstance(exc, OrchardError) else ModelLoadError(f"Could not start the engine: {exc!r}")
-        outbox.send(ChildFailed(error))
+        outbox.send(EngineFailed(error))
         return 1
     commands: queue.SimpleQueue = queue.SimpleQueue()
     reader = CommandReader(core, commands, outbox)
     threading.Thread(target=reader.run, args=(conn,), name="orchard-commands", daemon=True).start()
-    outbox.send(ChildReady(str(core.loaded.path), core.context_length, core.loaded.vocab_size, core.stats()))
+    outbox.send(EngineReady(str(core.loaded.path), core.context_length, core.loaded.vocab_size, core.stats()))
     try:
         EngineLoop(core, commands, outbox.post_outputs, lambda stats: outbox.send(StatsUpdate(stats))).run()
     except BaseException as exc:
         logger.exception("engine loop died")
-        outbox.send(ChildDied(repr(exc)))
+        outbox.send(EngineDied(repr(exc)))
         return 1
     finally:
         core.close()
@@ -95,7 +104,7 @@ def serve(conn: Connection) -> int:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-child %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine-process %(levelname)s %(message)s")
     return serve(Connection(int(argv[1])))
 
 

@@ -1,9 +1,9 @@
-"""ProcessEngine: AsyncEngine's interface, with the engine stepping in a child process (engine_child.py).
+"""ProcessEngineClient: the engine steps in a child process (engine_process.py); the serving path's client.
 
-The serving process keeps the tokenizer, request checks and the per-request mailboxes; the child owns MLX.
-A step's outputs cross one socket as one pickled message, read by a thread here and routed on the loop.
-Why: in one process the engine thread shares the GIL with Ray's and the HTTP layer's threads, and each of
-them delays the other (bench/README.md); across processes they only share cores.
+This process keeps the tokenizer, request checks and the per-request streams; the child owns MLX. A step's
+outputs cross one socket as one pickled message, read by a thread here and routed on the event loop.
+Why: in one process the engine thread shares the GIL with Ray's and the HTTP layer's threads, and each of them
+delays the other (docs/architecture.md); across processes they only share cores.
 """
 
 from __future__ import annotations
@@ -18,32 +18,34 @@ import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from engine.core import EngineStats
-from engine.engine_loop import AbortCommand, AddCommand, ShutdownCommand
-from engine.errors import EngineDeadError, OrchardError
-from engine.output.router import RequestStream, StreamRouter
-from engine.process_protocol import ChildDied, ChildFailed, ChildReady, CoreSpec, StatsUpdate, StepOutputs
+from engine.client.interface import EngineClientBase, ServedModel
+from engine.client.messages import (
+    AbortRequest,
+    AddRequest,
+    EngineDied,
+    EngineFailed,
+    EngineReady,
+    Shutdown,
+    StatsUpdate,
+    StepOutputs,
+)
+from engine.client.spec import EngineSpec
+from engine.errors import EngineDeadError
 from engine.request import Request
 from engine.runner.loader import load_tokenizer_only
-from engine.served_model import ServedModel
 from engine.validation import RequestLimits
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0
 
 
-class ProcessEngine:
-    def __init__(self, spec: CoreSpec) -> None:
+class ProcessEngineClient(EngineClientBase):
+    def __init__(self, spec: EngineSpec) -> None:
+        super().__init__()
         self._spec = spec
-        self._streams = StreamRouter()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._child: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._send_lock = threading.Lock()
-        self._served: ServedModel | None = None
-        self._limits: RequestLimits | None = None
-        self._stats: EngineStats | None = None
-        self._dead: OrchardError | None = None
         self._stopping = False
 
     # ---- lifecycle -------------------------------------------------------
@@ -52,7 +54,7 @@ class ProcessEngine:
         self._loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair()
         self._child = subprocess.Popen(
-            [sys.executable, "-m", "engine.engine_child", str(theirs.fileno())],
+            [sys.executable, "-m", "engine.client.engine_process", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),), env=_child_env(),
         )
         theirs.close()
@@ -62,9 +64,9 @@ class ProcessEngine:
             ready = await asyncio.to_thread(self._conn.recv)
         except (EOFError, OSError):
             ready = None
-        if not isinstance(ready, ChildReady):
+        if not isinstance(ready, EngineReady):
             code = await self._abandon_start()
-            if isinstance(ready, ChildFailed):
+            if isinstance(ready, EngineFailed):
                 raise ready.error
             raise EngineDeadError(f"The engine process exited while starting (exit code {code})")
         try:
@@ -74,29 +76,28 @@ class ProcessEngine:
             raise
         threading.Thread(target=self._read_messages, name="orchard-engine-reader", daemon=True).start()
 
-    async def _adopt(self, ready: ChildReady) -> None:
+    async def _adopt(self, ready: EngineReady) -> None:
         spec = self._spec
         tokenizer = await asyncio.to_thread(
             load_tokenizer_only, ready.model_path,
             chat_template_file=spec.chat_template_file, trust_remote_code=spec.trust_remote_code,
         )
-        self._served = ServedModel(tokenizer, ready.context_length, Path(ready.model_path), in_own_process=True)
-        self._limits = RequestLimits(ready.vocab_size, ready.context_length)
-        self._stats = ready.stats
+        served = ServedModel(tokenizer, ready.context_length, Path(ready.model_path), in_own_process=True)
+        self._started(served, RequestLimits(ready.vocab_size, ready.context_length), ready.stats)
 
     async def _abandon_start(self) -> int | None:
         """Stop the child of a failed start; its exit code."""
         child = self._child
-        self._send(ShutdownCommand())
+        self._send(Shutdown())
         await self._reap()
         self._conn.close()
         return child.returncode
 
-    async def shutdown(self) -> None:
+    async def _stop(self) -> None:
         if self._child is None:
             return
         self._stopping = True
-        self._send(ShutdownCommand())
+        self._send(Shutdown())
         await self._reap()
 
     async def _reap(self) -> None:
@@ -109,38 +110,15 @@ class ProcessEngine:
             await asyncio.to_thread(child.wait)
 
     @property
-    def served(self) -> ServedModel:
-        if self._served is None:
-            raise EngineDeadError("The engine has not started")
-        return self._served
-
-    @property
     def pid(self) -> int | None:
         return self._child.pid if self._child is not None else None
 
     # ---- requests --------------------------------------------------------
-    def submit(self, request: Request) -> RequestStream:
-        """Check here (raises typed errors at once), then send the request to the engine process."""
-        if self._dead is not None:
-            raise EngineDeadError(f"The engine stopped: {self._dead.message}")
-        if self._limits is None:
-            raise EngineDeadError("The engine has not started")
-        self._limits.validate(request)
-        mailbox = self._streams.open(request.request_id)
-        self._send(AddCommand(request))
-        return RequestStream(request.request_id, mailbox, self.abort)
+    def _send_request(self, request: Request) -> None:
+        self._send(AddRequest(request))
 
     def abort(self, request_id: str) -> None:
-        self._send(AbortCommand(request_id))
-
-    def stats(self) -> EngineStats:
-        if self._stats is None:
-            raise EngineDeadError("The engine has not started")
-        return self._stats
-
-    @property
-    def is_alive(self) -> bool:
-        return self._dead is None and self._child is not None
+        self._send(AbortRequest(request_id))
 
     def _send(self, message: object) -> None:
         with self._send_lock:  # the loop and to_thread helpers may both send
@@ -159,18 +137,17 @@ class ProcessEngine:
             except (EOFError, OSError):
                 break
             if isinstance(message, StepOutputs):
-                self._loop.call_soon_threadsafe(self._streams.deliver, message.outputs)
+                self._post_outputs(message.outputs)
             elif isinstance(message, StatsUpdate):
-                self._stats = message.stats
-            elif isinstance(message, ChildDied):
+                self._set_stats(message.stats)
+            elif isinstance(message, EngineDied):
                 break
         with self._send_lock:  # later sends (aborts of failed streams) then fail fast, and the socket is freed
             self._conn.close()
-        reason = message.message if isinstance(message, ChildDied) else "the engine process exited"
+        reason = message.message if isinstance(message, EngineDied) else "the engine process exited"
         if not self._stopping:
             logger.error("engine process failed: %s", reason)
-        self._dead = EngineDeadError(f"The engine process stopped: {reason}")
-        self._loop.call_soon_threadsafe(self._streams.fail_all, self._dead)
+        self._die(EngineDeadError(f"The engine process stopped: {reason}"))
 
 
 def _child_env() -> dict[str, str]:

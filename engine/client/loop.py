@@ -1,6 +1,6 @@
 """EngineLoop: the thread that owns MLX and steps EngineCore, fed by a command queue.
 
-AsyncEngine runs it on a thread of the caller's process; engine_child.py runs it in a process of its own.
+ThreadEngineClient runs it on a thread of the caller's process; engine_process.py in a process of its own.
 Both hand it a way to post a step's outputs and the latest stats; it never touches asyncio or sockets itself.
 """
 
@@ -8,37 +8,18 @@ from __future__ import annotations
 
 import queue
 import time
-from dataclasses import dataclass
 from typing import Callable
 
+from engine.client.messages import AbortRequest, AddRequest, Shutdown
 from engine.core import EngineCore, EngineStats
 from engine.errors import OrchardError
-from engine.output.events import RequestOutput
-from engine.request import Request
+from engine.output.request_output import RequestOutput
 
 STATS_INTERVAL_S = 0.2
 IDLE_POLL_S = 0.5
 # MLX's buffer cache goes back to the device after this long without work (not between back-to-back requests,
 # which would then allocate their buffers afresh).
 RELEASE_BUFFERS_AFTER_IDLE_S = 0.5
-
-
-@dataclass
-class AddCommand:
-    request: Request
-
-
-@dataclass
-class AbortCommand:
-    request_id: str
-
-
-@dataclass
-class ShutdownCommand:
-    pass
-
-
-EngineCommand = AddCommand | AbortCommand | ShutdownCommand
 
 
 class EngineLoop:
@@ -57,7 +38,7 @@ class EngineLoop:
         self._idle_since: float | None = None  # when the work ran out (None: busy; inf: buffers released)
 
     def run(self) -> None:
-        """Step until a ShutdownCommand; raises what the core raised, after posting what was decided."""
+        """Step until a Shutdown command; raises what the core raised, after posting what was decided."""
         try:
             self._loop_steps()
         finally:
@@ -115,14 +96,14 @@ class EngineLoop:
             except queue.Empty:
                 return False
             block = False
-            if isinstance(command, ShutdownCommand):
+            if isinstance(command, Shutdown):
                 return True
-            if isinstance(command, AddCommand):
+            if isinstance(command, AddRequest):
                 try:
                     self._core.add_request(command.request)
                 except OrchardError as exc:
                     outputs.append(RequestOutput(command.request.request_id, error=exc))
-            elif isinstance(command, AbortCommand):
+            elif isinstance(command, AbortRequest):
                 aborted = self._core.abort_request(command.request_id)
                 if aborted is not None:
                     outputs.append(aborted)

@@ -1,6 +1,6 @@
 """GuidedIntake: a request whose structured-output guide is not built yet waits here while the guide compiles
-in a worker (0.01-1 s), so the engine thread keeps decoding; then it is queued. AsyncEngine and the engine
-process (engine_child.py) admit every request through one."""
+in a worker (0.01-1 s), so the engine thread keeps decoding; then it is queued. Both engine clients' engines
+(the thread client's, the engine process's) admit every request through one."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
-from engine.output.events import Finish, RequestOutput, Usage
+from engine.output.request_output import Finish, RequestOutput, Usage
 from engine.request import FinishReason, Request
 from engine.sampling.structured import GuideCompiler
 

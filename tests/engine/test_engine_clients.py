@@ -1,0 +1,289 @@
+"""The engine client contract, run against both clients: the thread client (engine on a thread of this process)
+and the process client (engine in a child process). Same streams, same errors, same lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Callable
+
+import pytest
+
+from engine import EngineConfig, EngineCore, Request, SamplingParams
+from engine.client.process_client import ProcessEngineClient
+from engine.client.spec import EngineSpec
+from engine.client.thread_client import ThreadEngineClient
+from engine.errors import (
+    ContextLengthExceededError,
+    EngineDeadError,
+    InvalidRequestError,
+    ModelLoadError,
+    QueueFullError,
+    QueueTimeoutError,
+)
+from engine.output.request_output import Finish, TextDelta
+from tests.engine.test_batching import run_alone
+from tests.engine.test_structured_output import assert_valid, free_requests, prompt, schema_requests  # noqa: F401 (fixture)
+from tests.support.json_schemas import SCHEMAS
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+CLIENTS = ["thread", "process"]
+
+
+async def collect(stream) -> tuple[list[int], str, Finish]:
+    token_ids, text, finish = [], "", None
+    async for event in stream:
+        if isinstance(event, TextDelta):
+            token_ids += event.token_ids
+            text += event.text
+        else:
+            finish = event
+    return token_ids, text, finish
+
+
+def new_client(kind: str, loaded, **config):
+    if kind == "thread":
+        return ThreadEngineClient(lambda: EngineCore(loaded, EngineConfig(**config)))
+    return ProcessEngineClient(EngineSpec(model_path=str(loaded.path), engine_config=EngineConfig(**config)))
+
+
+async def started(kind: str, loaded, **config):
+    client = new_client(kind, loaded, **config)
+    await client.start()
+    return client
+
+
+def run(scenario, timeout_s: float = 120):
+    return asyncio.run(asyncio.wait_for(scenario(), timeout=timeout_s))
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_concurrent_streams_match_the_model_run_alone(kind, tiny_llama):
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+
+    async def scenario():
+        client = await started(kind, tiny_llama)
+        try:
+            streams = [
+                client.submit(Request(f"r{i}", p, SamplingParams(max_tokens=9, **GREEDY))) for i, p in enumerate(prompts)
+            ]
+            results = await asyncio.gather(*(collect(s) for s in streams))
+            for _ in range(100):  # the engine posts its stats after its last step
+                if client.stats().generation_tokens_total == 4 * 9:
+                    break
+                await asyncio.sleep(0.02)
+            return results, client.stats()
+        finally:
+            await client.close()
+
+    results, stats = run(scenario)
+    for i, (token_ids, text, finish) in enumerate(results):
+        alone = run_alone(tiny_llama, "x", prompts[i], SamplingParams(max_tokens=9, **GREEDY))
+        assert token_ids == alone.token_ids
+        assert text == alone.text
+        assert finish.reason.value == "length" and finish.usage.completion_tokens == 9
+    assert stats.generation_tokens_total == 4 * 9  # the engine's counters reach the caller
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_invalid_requests_are_refused_at_submit(kind, tiny_llama):
+    async def scenario():
+        client = await started(kind, tiny_llama, context_length=64)
+        try:
+            with pytest.raises(InvalidRequestError, match="top_p"):
+                client.submit(Request("a", [1, 2], SamplingParams(top_p=0.0)))
+            with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+                client.submit(Request("v", [1, 256], SamplingParams(max_tokens=2)))
+            with pytest.raises(ContextLengthExceededError, match="maximum context length is 64"):
+                client.submit(Request("b", list(range(60)), SamplingParams(max_tokens=10)))
+            # Without max_tokens, the request may fill the context.
+            token_ids, _, finish = await collect(client.submit(Request("c", list(range(60)), SamplingParams(**GREEDY))))
+            assert len(token_ids) == 4 and finish.reason.value == "length"
+            with pytest.raises(InvalidRequestError, match="Duplicate"):
+                client.submit(Request("d", [1], SamplingParams(max_tokens=50, **GREEDY)))
+                client.submit(Request("d", [1], SamplingParams(max_tokens=50, **GREEDY)))
+        finally:
+            await client.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_queue_full_is_reported_to_the_refused_request_only(kind, tiny_llama):
+    async def scenario():
+        client = await started(kind, tiny_llama, max_num_seqs=2)
+        try:
+            streams = [client.submit(Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=20, **GREEDY))) for i in range(3)]
+            return await asyncio.gather(*(collect(s) for s in streams), return_exceptions=True)
+        finally:
+            await client.close()
+
+    results = run(scenario)
+    assert isinstance(results[2], QueueFullError)
+    assert [len(r[0]) for r in results[:2]] == [20, 20]
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_queue_timeout_expires_a_request_that_never_started(kind, tiny_llama):
+    async def scenario():
+        client = await started(kind, tiny_llama, max_decode_seqs=1, queue_timeout=0.05)
+        try:
+            first = client.submit(Request("first", [1, 2], SamplingParams(max_tokens=400, **GREEDY)))
+            second = client.submit(Request("second", [3, 4], SamplingParams(max_tokens=5, **GREEDY)))
+            with pytest.raises(QueueTimeoutError, match="queue_timeout"):
+                await collect(second)
+            token_ids, _, _ = await collect(first)
+            assert len(token_ids) == 400
+        finally:
+            await client.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_closing_a_stream_aborts_the_request_and_frees_its_kv(kind, tiny_llama):
+    async def scenario():
+        client = await started(kind, tiny_llama)
+        try:
+            stream = client.submit(Request("gone", [1, 2, 3], SamplingParams(max_tokens=2000, **GREEDY)))
+            iterator = aiter(stream)
+            await anext(iterator)
+            await iterator.aclose()  # what a disconnected client does
+            for _ in range(500):
+                await asyncio.sleep(0.02)
+                stats = client.stats()
+                if stats.num_steps >= 1 and stats.num_running == 0 and stats.kv_cache_bytes == 0:
+                    break
+            # Stats from after a step: the start-up ones (no step yet) read idle too.
+            assert stats.num_steps >= 1 and stats.num_running == 0 and stats.kv_cache_bytes == 0
+            assert stats.generation_tokens_total < 2000
+        finally:
+            await client.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_a_model_that_fails_to_build_raises_from_start(kind, tmp_path):
+    async def scenario():
+        spec = EngineSpec(model_path=str(tmp_path / "nothing-here"))
+        client = ThreadEngineClient.from_spec(spec) if kind == "thread" else ProcessEngineClient(spec)
+        with pytest.raises(ModelLoadError, match="config.json not found"):
+            await client.start()
+        assert not client.health().alive
+        with pytest.raises(EngineDeadError, match="not started"):
+            client.submit(Request("a", [1], SamplingParams(max_tokens=1)))
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_buffers_go_back_when_idle_and_close_ends_the_engine(kind, tiny_llama):
+    """Freed buffers stay cached under load, go back to the device once the engine idles (not every N steps,
+    which would wait for the device holding the GIL); after close the client refuses requests."""
+
+    async def scenario():
+        client = await started(kind, tiny_llama)
+        try:
+            streams = [client.submit(Request(f"c{i}", [1 + i, 2, 3] * 20, SamplingParams(max_tokens=40, **GREEDY)))
+                       for i in range(4)]
+            await asyncio.gather(*(collect(s) for s in streams))
+            deadline = time.monotonic() + 10
+            while client.stats().memory.mlx_cache_bytes and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert client.stats().memory.mlx_cache_bytes == 0
+            assert client.health().alive
+        finally:
+            await client.close()
+        assert not client.health().alive
+        with pytest.raises(EngineDeadError):
+            client.submit(Request("late", [1, 2], SamplingParams(max_tokens=5)))
+
+    run(scenario)
+
+
+def _break_thread_engine(client) -> None:
+    def broken_step(before_device_work=None):
+        raise RuntimeError("device lost")
+
+    client.core.step = broken_step
+
+
+def _kill_engine_process(client) -> None:
+    os.kill(client.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("kind, kill, message", [
+    ("thread", _break_thread_engine, "device lost"), ("process", _kill_engine_process, "engine process"),
+])
+def test_a_dead_engine_fails_every_stream_instead_of_hanging(kind, kill: Callable, message, tiny_llama):
+    async def scenario():
+        client = await started(kind, tiny_llama)
+        try:
+            running = aiter(client.submit(Request("a", [1, 2], SamplingParams(max_tokens=2000, **GREEDY))))
+            await anext(running)
+            kill(client)
+            try:  # refused at once if the death was already noticed, else failed with the others
+                later = client.submit(Request("b", [3, 4], SamplingParams(max_tokens=2000, **GREEDY)))
+            except EngineDeadError:
+                later = None
+            with pytest.raises(EngineDeadError, match=message):
+                async for _ in running:
+                    pass
+            if later is not None:
+                with pytest.raises(EngineDeadError):
+                    await collect(later)
+            assert not client.health().alive
+            with pytest.raises(EngineDeadError):
+                client.submit(Request("c", [1, 2], SamplingParams(max_tokens=5)))
+        finally:
+            await client.close()
+
+    run(scenario, timeout_s=60)
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_structured_output_compiles_off_the_engine_thread_and_streams(kind, tiny_bpe_llama, prompt):
+    async def scenario():
+        client = await started(kind, tiny_bpe_llama, max_decode_seqs=32)
+        try:
+            requests = schema_requests(prompt) + free_requests(prompt)
+            return await asyncio.gather(*(collect(client.submit(r)) for r in requests))
+        finally:
+            await client.close()
+
+    results = run(scenario)
+    for name, (_, text, finish) in zip(SCHEMAS, results):
+        assert_valid(name, text, finish.reason.value)
+
+
+# ---- the process client only ------------------------------------------------------------------
+def test_the_process_client_steps_in_another_process(tiny_llama):
+    async def scenario():
+        client = await started("process", tiny_llama)
+        try:
+            assert client.pid is not None and client.pid != os.getpid()
+            assert client.served.in_own_process
+            return client.pid
+        finally:
+            await client.close()
+
+    pid = run(scenario)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_an_engine_process_that_dies_while_starting_fails_the_start(tiny_llama):
+    async def scenario():
+        client = ProcessEngineClient(EngineSpec(model_path=str(tiny_llama.path)))
+        starting = asyncio.create_task(client.start())
+        while client.pid is None:
+            await asyncio.sleep(0.001)
+        os.kill(client.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError, match="exited while starting"):
+            await starting
+        assert not client.health().alive and client.pid is None
+
+    run(scenario, timeout_s=60)

@@ -1,0 +1,60 @@
+"""EngineLoop and EngineCore.step's hooks: when a step's outputs leave the engine thread."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from engine import EngineConfig, EngineCore, Request, SamplingParams
+from engine.client.loop import EngineLoop
+from engine.client.messages import AddRequest, Shutdown
+from tests.engine.test_batching import run_alone
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+def test_every_step_calls_before_device_work_once(tiny_llama):
+    # EngineLoop posts the previous step's outputs from this hook: a step that skipped it would hold
+    # them back a step, one that called it twice would post nothing the second time (harmless but wrong).
+    core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=1, prefill_chunk_tokens=4))
+    core.add_request(Request("a", list(range(1, 11)), SamplingParams(max_tokens=3, **GREEDY)))
+    core.add_request(Request("b", [1, 2], SamplingParams(max_tokens=3, **GREEDY)))
+    calls_per_step, rows_at_call = [], []
+    while core.has_unfinished_requests():
+        calls = []
+        core.step(before_device_work=lambda: (calls.append(1), rows_at_call.append(len(core.runner.batch))))
+        calls_per_step.append(len(calls))
+    assert len(calls_per_step) >= 5 and calls_per_step == [1] * len(calls_per_step)
+    assert max(rows_at_call) == 2  # called once the decode batch for the step is assembled
+
+
+def test_first_tokens_are_posted_before_the_next_step_copies_their_prompts(tiny_llama):
+    """EngineLoop holds a step's outputs until the next step's forward is built, except a step's that
+    completed prompts: their first tokens must not wait for the next step's prefix-cache copies."""
+    prompt = list(range(1, 41))  # five blocks of 8
+    commands: queue.SimpleQueue = queue.SimpleQueue()
+    posts: list[tuple[dict[str, list[int]], int]] = []  # (tokens per request, prefix-cache blocks then)
+    done = threading.Event()
+    built: list[EngineCore] = []
+
+    def post(outputs) -> None:
+        posts.append(({o.request_id: o.new_token_ids for o in outputs}, built[0].runner.prefix_cache.stats.num_blocks))
+        if any(o.is_last for o in outputs):
+            done.set()
+
+    def engine_thread() -> None:  # MLX streams belong to the thread that made them
+        built.append(EngineCore(tiny_llama, EngineConfig(prefix_block_size=8)))
+        EngineLoop(built[0], commands, post, lambda stats: None).run()
+
+    loop = threading.Thread(target=engine_thread, daemon=True)  # a hung loop must not hang pytest's exit
+    loop.start()
+    commands.put(AddRequest(Request("a", prompt, SamplingParams(max_tokens=4, **GREEDY))))
+    assert done.wait(60)
+    commands.put(Shutdown())
+    loop.join(60)
+
+    first_post_tokens, blocks_when_posted = next(p for p in posts if p[0].get("a"))
+    assert len(first_post_tokens["a"]) == 1 and blocks_when_posted == 0
+    assert built[0].runner.prefix_cache.stats.num_blocks == 5  # the copies still happen, a step later
+    tokens = [t for tokens, _ in posts for t in tokens.get("a", [])]
+    assert tokens == run_alone(tiny_llama, "a", prompt, SamplingParams(max_tokens=4, **GREEDY)).token_ids
