@@ -13,8 +13,8 @@ from ray.serve import Application
 
 from engine.errors import InvalidRequestError
 from deployments.config import IngressConfig, ModelConfig, check_model_sources
-from deployments.ingress import Ingress
-from deployments.model_server import build_model_application
+from deployments.ingress.deployment import Ingress
+from deployments.model.deployment import build_model_application
 
 
 def build_app(args: dict[str, Any]) -> Application:

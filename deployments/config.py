@@ -1,4 +1,4 @@
-"""serve_config.yaml / admin load-model fields: Bodega's names, validated with pydantic (unknown fields refused)."""
+"""serve_config.yaml / admin load-model fields, validated with pydantic (unknown fields refused by name)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.models.names import DEFAULT_MODEL_ID
-from engine.parsers.registry import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
+from deployments.bodega import from_bodega
+from deployments.chat.parsers.selection import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
 
 # `model_path: default` means the embedded SmolLM2 model, converted on first use by the model's replica.
 DEFAULT_MODEL_PATH = "default"
-# Bodega's parser names (engine/parsers/registry.py); unset ones are inferred from the chat template.
+# Bodega's parser names (chat/parsers/selection.py); unset ones are inferred from the chat template.
 KNOWN_PARSERS = {"tool_call_parser": TOOL_PARSER_NAMES, "reasoning_parser": REASONING_PARSER_NAMES}
-SUPPORTED_MODEL_TYPES = ("lm",)
+# The Serve deployment of every model application (the registry recognises model applications by it).
+MODEL_SERVER_DEPLOYMENT = "ModelServer"
 _MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,255}$")
 # Serve's config builder writes a log file named after the application, so '/' cannot be in an
 # application name (Ray 2.60); model "org/name" is application "org--name".
@@ -44,54 +46,63 @@ class RayActorOptions(BaseModel):
         return options
 
 
+class AdvancedOptions(BaseModel):
+    """Internal knobs with measured defaults (docs/architecture.md says why each): change them to measure."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Pad prefill forwards to a few shapes, warmed at load for up to prefill_warmup_seconds (null: on with a
+    # GPU); the warm-up keeps a burst's first forwards from building kernels.
+    pad_prefill_shapes: bool | None = None
+    prefill_warmup_seconds: float = Field(EngineConfig.prefill_warmup_seconds, ge=0)
+    # Stream chunks per second for all of this model's streams together (each stream's window grows with the
+    # number of streams, 20-250 ms): every chunk costs CPU across replica, ingress and proxy.
+    stream_chunks_per_s: float = Field(250.0, gt=0)
+    # The model processes' GIL switch interval (null: Python's 5 ms): the engine thread waited up to 5 ms for
+    # the GIL after each device wait behind Ray's threads.
+    gil_switch_interval_ms: float | None = Field(0.5, gt=0)
+    # An ingress on the replica's node streams over a Unix socket (transport/channel.py) instead of one Ray
+    # handle stream per request (false: always the handle; several replicas use the handle anyway).
+    stream_channel: bool = True
+
+
 class ModelConfig(BaseModel):
-    """One model: a serve_config.yaml application's `args`, or the body of POST /v1/admin/load-model."""
+    """One model: a serve_config.yaml application's `args`, or the body of POST /v1/admin/load-model.
+
+    Bodega's field names are accepted too (deployments/bodega.py); unknown fields are refused by name.
+    """
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model_path: str = Field(min_length=1)
     model_id: str | None = None
-    model_type: Literal["lm", "multimodal", "embedding"] = "lm"
+    model_type: Literal["lm"] = "lm"
     context_length: int | None = Field(None, ge=2)
-    max_concurrency: int = Field(1, ge=1, description="sequences at once when continuous_batching is false")
-    queue_timeout: float | None = Field(300.0, gt=0)
-    queue_size: int | None = Field(100, ge=0)
-    continuous_batching: bool = True
-    cb_max_num_seqs: int = Field(EngineConfig.max_num_seqs, ge=1)
-    cb_prefill_batch_size: int = Field(EngineConfig.max_prefill_seqs, ge=1)
-    cb_completion_batch_size: int = Field(EngineConfig.max_decode_seqs, ge=1)
-    cb_chunked_prefill_tokens: int = Field(EngineConfig.prefill_chunk_tokens, ge=0)
-    # Ours: prompt tokens all prefilling requests together per step (0: chunks x cb_prefill_batch_size).
+    # Run the weights in this dtype (null: as stored).
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    max_num_seqs: int = Field(EngineConfig.max_num_seqs, ge=1)
+    max_prefill_seqs: int = Field(EngineConfig.max_prefill_seqs, ge=1)
+    max_decode_seqs: int = Field(EngineConfig.max_decode_seqs, ge=1)
+    prefill_chunk_tokens: int = Field(EngineConfig.prefill_chunk_tokens, ge=0)
     prefill_step_tokens: int = Field(EngineConfig.prefill_step_tokens, ge=0)
-    # Ours: pad prefill forwards to a few shapes, warmed at load for up to prefill_warmup_seconds
-    # (null: on with a GPU); the warm-up is what keeps a burst's first forwards from building kernels.
-    pad_prefill_shapes: bool | None = None
-    prefill_warmup_seconds: float = Field(EngineConfig.prefill_warmup_seconds, ge=0)
-    cb_enable_prefix_cache: bool = True
-    prompt_cache_size: int | None = Field(None, ge=0)
-    # Ours, not Bodega's: stream chunks per second for all of this model's streams together (the time
-    # window per stream grows with the number of streams, 20-250 ms); fewer chunks, less Ray overhead.
-    stream_chunks_per_s: float = Field(250.0, gt=0)
-    # Ours: the model process's GIL switch interval (null: Python's 5 ms). The engine thread needs the GIL
-    # back after each device wait; behind Ray's threads it waited up to 5 ms each time (bench/README.md).
-    gil_switch_interval_ms: float | None = Field(0.5, gt=0)
-    # Ours: the engine steps in a child process of the model's replica (true) or on a thread of it (false).
-    # In its own process the engine shares no GIL with Ray's and the HTTP layer's threads (bench/README.md).
-    engine_process: bool = True
-    # Ours: an ingress on the replica's node streams over a Unix socket (deployments/stream_channel.py)
-    # instead of one Ray handle stream per request; Ray's per-request work slowed the engine (bench/README.md).
-    stream_channel: bool = True
+    enable_prefix_cache: bool = True
+    prefix_cache_bytes: int | None = Field(None, ge=0)
+    queue_size: int | None = Field(100, ge=0)
+    queue_timeout: float | None = Field(300.0, gt=0)
     chat_template_file: str | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
-    draft_model_path: str | None = None
-    num_draft_tokens: int | None = Field(None, ge=1)
     trust_remote_code: bool = False
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
     # Ray Serve deployment options.
     num_replicas: int = Field(1, ge=1)
     max_ongoing_requests: int = Field(512, ge=1, description="Serve's default of 5 would throttle an LLM")
     ray_actor_options: RayActorOptions = Field(default_factory=RayActorOptions)
+    advanced: AdvancedOptions = Field(default_factory=AdvancedOptions)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bodega_names(cls, fields: Any) -> Any:
+        return from_bodega(fields)
 
     @field_validator("tool_call_parser", "reasoning_parser")
     @classmethod
@@ -103,8 +114,6 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model_type '{self.model_type}' is not supported yet (only 'lm')")
         if self.model_id is None:
             self.model_id = default_model_id(self.model_path)
         if not _MODEL_ID.match(self.model_id) or ".." in self.model_id.split("/"):
@@ -112,7 +121,7 @@ class ModelConfig(BaseModel):
         if APP_NAME_SLASH in self.model_id:
             raise ValueError(f"model_id '{self.model_id}' must not contain '{APP_NAME_SLASH}' (it stands for '/')")
         try:
-            EngineConfig.from_options(**self.engine_options())
+            self.engine_config()
         except InvalidRequestError as exc:  # surface engine limits at config time, not in the replica
             raise ValueError(exc.message) from exc
         return self
@@ -126,29 +135,22 @@ class ModelConfig(BaseModel):
     def uses_default_model(self) -> bool:
         return self.model_path == DEFAULT_MODEL_PATH
 
-    def engine_options(self) -> dict[str, Any]:
-        """EngineConfig.from_options keywords (Bodega names; None means the engine's default)."""
-        prefill, decode = self.cb_prefill_batch_size, self.cb_completion_batch_size
-        if not self.continuous_batching:  # sequential mode: at most max_concurrency sequences at once
-            prefill = decode = self.max_concurrency
-        options = {
-            "cb_max_num_seqs": self.cb_max_num_seqs,
-            "cb_prefill_batch_size": prefill,
-            "cb_completion_batch_size": decode,
-            "cb_chunked_prefill_tokens": self.cb_chunked_prefill_tokens,
-            "prefill_step_tokens": self.prefill_step_tokens,
-            "pad_prefill_shapes": self.pad_prefill_shapes,
-            "prefill_warmup_seconds": self.prefill_warmup_seconds,
-            "cb_enable_prefix_cache": self.cb_enable_prefix_cache,
-            "prompt_cache_size": self.prompt_cache_size,
-            "context_length": self.context_length,
-            "queue_size": self.queue_size,
-            "queue_timeout": self.queue_timeout,
-            "draft_model_path": self.draft_model_path,
-            "num_draft_tokens": self.num_draft_tokens,
-            "dtype": self.dtype,
-        }
-        return {k: v for k, v in options.items() if v is not None}
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_prefill_seqs=self.max_prefill_seqs,
+            max_decode_seqs=self.max_decode_seqs,
+            prefill_chunk_tokens=self.prefill_chunk_tokens,
+            prefill_step_tokens=self.prefill_step_tokens,
+            pad_prefill_shapes=self.advanced.pad_prefill_shapes,
+            prefill_warmup_seconds=self.advanced.prefill_warmup_seconds,
+            context_length=self.context_length,
+            queue_size=self.queue_size,
+            queue_timeout=self.queue_timeout,
+            enable_prefix_cache=self.enable_prefix_cache,
+            prefix_cache_bytes=self.prefix_cache_bytes,
+            dtype=self.dtype,
+        )
 
     def deployment_options(self) -> dict[str, Any]:
         return {
@@ -237,9 +239,6 @@ def check_model_sources(
     updates: dict[str, Any] = {}
     if not config.uses_default_model:
         updates["model_path"] = str(check_model_folder(config.model_path, roots, base_dir=base_dir))
-    if config.draft_model_path is not None:
-        draft = check_model_folder(config.draft_model_path, roots, "draft_model_path", base_dir)
-        updates["draft_model_path"] = str(draft)
     if config.chat_template_file is not None:
         template = Path(config.chat_template_file).expanduser()
         if not template.is_absolute() and base_dir is not None:

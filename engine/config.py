@@ -1,23 +1,12 @@
-"""Engine configuration, with Bodega's field names accepted as aliases."""
+"""Engine configuration (our names; Bodega's aliases are mapped by deployments/bodega.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
 
 MIN_PREFIX_CACHE_BYTES = 1 << 20
-
-# Bodega (and our serve_config.yaml) name -> EngineConfig field.
-BODEGA_ALIASES = {
-    "cb_max_num_seqs": "max_num_seqs",
-    "cb_prefill_batch_size": "max_prefill_seqs",
-    "cb_completion_batch_size": "max_decode_seqs",
-    "cb_chunked_prefill_tokens": "prefill_chunk_tokens",
-    "cb_enable_prefix_cache": "enable_prefix_cache",
-    "prompt_cache_size": "prefix_cache_bytes",
-}
 
 
 @dataclass(frozen=True)
@@ -47,8 +36,6 @@ class EngineConfig:
     # Byte budget of cached prompt KV; None: a tenth of device memory (1 GiB where unknown).
     prefix_cache_bytes: int | None = None
     prefix_block_size: int = 32
-    draft_model_path: str | None = None
-    num_draft_tokens: int = 3
     # Run the model in this dtype ("float32", "bfloat16", "float16"); None keeps the weights'.
     dtype: str | None = None
     seed: int = 0
@@ -67,9 +54,8 @@ class EngineConfig:
         if self.prefix_cache_bytes is not None and not (
             self.prefix_cache_bytes == 0 or self.prefix_cache_bytes >= MIN_PREFIX_CACHE_BYTES
         ):
-            # Bodega's prompt_cache_size counts cached prompts; ours is a byte budget, so refuse small numbers.
             raise InvalidRequestError(
-                "'prefix_cache_bytes' (alias 'prompt_cache_size') is the prefix cache's byte budget: "
+                "'prefix_cache_bytes' is the prefix cache's byte budget: "
                 f"0 or at least {MIN_PREFIX_CACHE_BYTES} (1 MiB), got {self.prefix_cache_bytes}",
                 param="prefix_cache_bytes",
             )
@@ -90,17 +76,3 @@ class EngineConfig:
     def prefill_chunk_limit(self) -> int | None:
         """Prompt tokens one request may compute in one step (None: its whole prompt)."""
         return self.prefill_chunk_tokens or None
-
-    @classmethod
-    def from_options(cls, **options: Any) -> "EngineConfig":
-        """Build from a mix of our names and Bodega's; unknown names are refused."""
-        known = {f.name for f in fields(cls)}
-        resolved: dict[str, Any] = {}
-        for key, value in options.items():
-            name = BODEGA_ALIASES.get(key, key)
-            if name not in known:
-                raise InvalidRequestError(f"Unknown engine option '{key}'", param=key)
-            if name in resolved:
-                raise InvalidRequestError(f"Engine option '{name}' given twice (as '{key}')", param=key)
-            resolved[name] = value
-        return cls(**resolved)

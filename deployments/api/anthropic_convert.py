@@ -24,7 +24,7 @@ from deployments.api.anthropic_schemas import (
     ToolUseBlock,
     _MessagesFields,
 )
-from deployments.protocol import ChatPrompt, GenerateJob, ToolChoiceMode
+from deployments.model_calls import ChatPrompt, GenerateJob, ToolChoiceMode
 
 
 def messages_job(body: MessagesRequest, request_id: str, log_id: str) -> GenerateJob:

@@ -11,12 +11,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.output.events import Finish, Usage
-from engine.parsers.events import ToolCallDelta
+from engine.output.request_output import Finish, Usage
+from deployments.chat.parsers.deltas import ToolCallDelta
 from engine.request import FinishReason
 from deployments.api.errors import WireError, as_anthropic
 from deployments.api.sse import named_sse_events
-from deployments.protocol import StreamChunk
+from deployments.model_calls import StreamChunk
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The ingress app over real in-process engines (LocalBackend), reached through httpx's ASGI transport."""
+"""The ingress app over real in-process engines (LocalBackend, engines on threads), reached through httpx's ASGI
+transport."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from typing import AsyncIterator
 import httpx
 
 from deployments.config import ModelConfig
-from deployments.ingress import create_app
-from deployments.local_backend import LocalBackend
-from deployments.model_service import EngineBuilder, build_engine
-from deployments.registry import Registry
-from deployments.state import ModelStore
+from deployments.ingress.routes import create_app
+from deployments.ingress.local_models import LocalBackend
+from deployments.model.service import EngineClientFactory, thread_engine_client
+from deployments.ingress.model_registry import Registry
+from deployments.ingress.model_store import ModelStore
 
 
 @dataclass
@@ -29,12 +30,12 @@ class LocalStack:
 async def local_stack(
     configs: list[ModelConfig],
     state_dir: Path | None = None,
-    build_engine: EngineBuilder = build_engine,
+    new_engine_client: EngineClientFactory = thread_engine_client,
     restore: bool = True,
     model_roots: list[str] | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones."""
-    backend = LocalBackend(build_engine)
+    backend = LocalBackend(new_engine_client)
     for config in configs:
         await backend.deploy(config)
     store = ModelStore(state_dir) if state_dir is not None else None
@@ -49,11 +50,11 @@ async def local_stack(
         await backend.close()
 
 
-def slow_engine_builder(delay_s: float) -> EngineBuilder:
+def slow_engine_client(delay_s: float) -> EngineClientFactory:
     """A real engine whose start takes `delay_s` longer, to observe a model while it loads."""
 
     def build(config: ModelConfig):
-        engine = build_engine(config)
+        engine = thread_engine_client(config)
         start = engine.start
 
         async def slow_start() -> None:

@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from deployments.config import ModelConfig
-from tests.serve.local_stack import local_stack, slow_engine_builder, wait_for
+from tests.serve.local_stack import local_stack, slow_engine_client, wait_for
 
 CHAT = {"messages": [{"role": "user", "content": "t1"}], "max_tokens": 3, "temperature": 0}
 
@@ -22,7 +22,7 @@ def _stored_ids(state_dir) -> list[str]:
 
 def test_load_answers_503_while_loading_then_serves_then_unloads(tiny_models, tmp_path):
     async def scenario():
-        async with local_stack([], tmp_path, build_engine=slow_engine_builder(0.5)) as stack:
+        async with local_stack([], tmp_path, new_engine_client=slow_engine_client(0.5)) as stack:
             http = stack.http
             accepted = await http.post("/v1/admin/load-model", json={"model_path": str(tiny_models.gamma)})
             assert accepted.status_code == 202

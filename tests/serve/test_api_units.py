@@ -8,11 +8,11 @@ import json
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from deployments.api.convert import chat_job, completion_job
+from deployments.api.openai_convert import chat_job, completion_job
 from deployments.api.errors import wire_error
-from deployments.api.render import ChatRenderer, CompletionRenderer, ResponseMeta
-from deployments.api.schemas import ChatCompletionRequest, CompletionRequest
-from deployments.protocol import ChatPrompt, StreamChunk, TextPrompt, TokenLogprobInfo, TopTokenLogprob
+from deployments.api.openai_render import ChatRenderer, CompletionRenderer, ResponseMeta
+from deployments.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.model_calls import ChatPrompt, StreamChunk, TextPrompt, TokenLogprobInfo, TopTokenLogprob
 from engine.errors import (
     ContextLengthExceededError,
     EngineDeadError,
@@ -139,7 +139,7 @@ def test_completion_renderer_text_offsets_continue():
 
 
 def test_an_error_after_the_headers_goes_into_the_stream():
-    from deployments.ingress import _sse_body
+    from deployments.ingress.routes import _sse_body
 
     async def rest():
         yield StreamChunk(error=QueueTimeoutError("waited too long"))

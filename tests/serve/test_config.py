@@ -1,4 +1,4 @@
-"""serve_config.yaml and the load-model body: Bodega's fields, refusals that name the field, safe paths."""
+"""serve_config.yaml and the load-model body: our fields and Bodega's, refusals that name the field, safe paths."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from deployments.config import (
     model_id_of_app,
     serve_app_name,
 )
-from deployments.state import ModelStore
+from deployments.ingress.model_store import ModelStore
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 
@@ -33,13 +33,17 @@ def test_serve_config_yaml_validates_and_names_apps_by_model_id():
     for app in models:
         model = ModelConfig.model_validate(app["args"])
         assert app["name"] == serve_app_name(model.id) and app["route_prefix"] is None
-        EngineConfig.from_options(**model.engine_options())
+        model.engine_config()
     assert ModelConfig.model_validate(models[0]["args"]).uses_default_model
 
 
 def test_unknown_fields_are_refused_by_name():
     with pytest.raises(ValidationError, match="cb_max_num_seq\\b"):
         ModelConfig.model_validate({"model_path": "default", "cb_max_num_seq": 4})
+    with pytest.raises(ValidationError, match="engine_process"):  # always on now: no longer a field
+        ModelConfig.model_validate({"model_path": "default", "engine_process": False})
+    with pytest.raises(ValidationError, match="stream_channel"):  # an internal knob: under `advanced:` only
+        ModelConfig.model_validate({"model_path": "default", "stream_channel": False})
     with pytest.raises(ValidationError, match="num_gpu\\b"):
         ModelConfig.model_validate({"model_path": "default", "ray_actor_options": {"num_gpu": 1}})
     with pytest.raises(ValidationError, match="statedir"):
@@ -53,7 +57,12 @@ def test_unknown_fields_are_refused_by_name():
         ({"model_type": "diffusion"}, "model_type"),
         ({"tool_call_parser": "qwen9"}, "unknown parser"),
         ({"reasoning_parser": "nope"}, "unknown parser"),
-        ({"cb_max_num_seqs": 0}, "cb_max_num_seqs"),
+        ({"cb_max_num_seqs": 0}, "max_num_seqs"),
+        ({"cb_max_num_seqs": 4, "max_num_seqs": 8}, "name the same setting"),
+        ({"prompt_cache_size": 10}, "counts cached prompts.*prefix_cache_bytes"),
+        ({"draft_model_path": "/m/draft"}, "speculative decoding is not available yet"),
+        ({"continuous_batching": False, "max_decode_seqs": 4}, "use max_concurrency"),
+        ({"prefix_cache_bytes": 10}, "at least 1048576"),
         ({"queue_timeout": 0}, "queue_timeout"),
         ({"model_id": "a--b"}, "must not contain '--'"),
         ({"model_id": "../etc"}, "may hold only"),
@@ -65,24 +74,37 @@ def test_invalid_values_are_refused_with_a_reason(fields, message):
         ModelConfig.model_validate({"model_path": "default", **fields})
 
 
-def test_later_issue_fields_are_accepted_now():
-    config = ModelConfig.model_validate({
-        "model_path": "default", "tool_call_parser": "qwen3", "reasoning_parser": "harmony",
-        "num_draft_tokens": 4, "continuous_batching": False, "max_concurrency": 2,
+def test_bodega_names_and_sequential_mode_map_to_our_fields():
+    bodega = ModelConfig.model_validate({
+        "model_path": "default", "cb_max_num_seqs": 64, "cb_prefill_batch_size": 4, "cb_completion_batch_size": 16,
+        "cb_chunked_prefill_tokens": 512, "cb_enable_prefix_cache": False, "queue_timeout": 30.0,
     })
-    options = config.engine_options()
-    assert options["cb_prefill_batch_size"] == options["cb_completion_batch_size"] == 2  # sequential mode
-    assert options["num_draft_tokens"] == 4
+    ours = ModelConfig.model_validate({
+        "model_path": "default", "max_num_seqs": 64, "max_prefill_seqs": 4, "max_decode_seqs": 16,
+        "prefill_chunk_tokens": 512, "enable_prefix_cache": False, "queue_timeout": 30.0,
+    })
+    assert bodega == ours
+    engine = bodega.engine_config()
+    assert (engine.max_num_seqs, engine.max_prefill_seqs, engine.max_decode_seqs) == (64, 4, 16)
+    assert (engine.prefill_chunk_tokens, engine.enable_prefix_cache, engine.queue_timeout) == (512, False, 30.0)
+    sequential = ModelConfig.model_validate({"model_path": "default", "continuous_batching": False, "max_concurrency": 2})
+    assert (sequential.max_prefill_seqs, sequential.max_decode_seqs) == (2, 2)
+    assert ModelConfig.model_validate({"model_path": "default", "continuous_batching": True, "max_concurrency": 5}) \
+        == ModelConfig(model_path="default")  # max_concurrency only applies in sequential mode
 
 
-def test_prefill_shape_knobs_reach_the_engine_config():
-    config = ModelConfig.model_validate({"model_path": "default", "pad_prefill_shapes": False, "prefill_warmup_seconds": 15})
-    engine = EngineConfig.from_options(**config.engine_options())
+def test_advanced_knobs_reach_the_engine_config():
+    config = ModelConfig.model_validate(
+        {"model_path": "default", "advanced": {"pad_prefill_shapes": False, "prefill_warmup_seconds": 15}}
+    )
+    engine = config.engine_config()
     assert (engine.pad_prefill_shapes, engine.prefill_warmup_seconds) == (False, 15)
-    default = EngineConfig.from_options(**ModelConfig(model_path="default").engine_options())
+    default = ModelConfig(model_path="default").engine_config()
     assert (default.pad_prefill_shapes, default.prefill_warmup_seconds) == (None, 120.0)
     with pytest.raises(ValidationError, match="greater than or equal"):
-        ModelConfig.model_validate({"model_path": "default", "prefill_warmup_seconds": -1})
+        ModelConfig.model_validate({"model_path": "default", "advanced": {"prefill_warmup_seconds": -1}})
+    with pytest.raises(ValidationError, match="bogus"):
+        ModelConfig.model_validate({"model_path": "default", "advanced": {"bogus": 1}})
 
 
 def test_model_ids_map_to_serve_application_names():
@@ -115,9 +137,6 @@ def test_every_path_in_a_model_config_is_checked(tiny_models, tmp_path):
     config = ModelConfig(model_path=str(tiny_models.alpha), chat_template_file=str(template))
     assert check_model_sources(config).chat_template_file == str(template.resolve())
     with pytest.raises(InvalidRequestError) as refused:
-        check_model_sources(ModelConfig(model_path=str(tiny_models.alpha), draft_model_path="/nonexistent"))
-    assert refused.value.param == "draft_model_path"
-    with pytest.raises(InvalidRequestError) as refused:
         check_model_sources(ModelConfig(model_path=str(tiny_models.alpha), chat_template_file="../t.jinja"))
     assert refused.value.param == "chat_template_file"
 
@@ -125,7 +144,7 @@ def test_every_path_in_a_model_config_is_checked(tiny_models, tmp_path):
 def test_model_store_round_trip_and_bad_entries(tmp_path):
     store = ModelStore(tmp_path / "state")
     assert store.load() == []
-    configs = [ModelConfig(model_path="default"), ModelConfig(model_path="/m/x", model_id="org/x", cb_max_num_seqs=3)]
+    configs = [ModelConfig(model_path="default"), ModelConfig(model_path="/m/x", model_id="org/x", max_num_seqs=3)]
     store.save(configs)
     assert store.load() == configs
     store.path.write_text('{"models": [{"model_path": "/m/y"}, {"model_path": "/m/z", "bogus": 1}]}')
@@ -140,11 +159,12 @@ def test_model_process_gil_switch_interval(tiny_models, interval_ms, expected_s)
     import asyncio
     import sys
 
-    from deployments.model_service import ModelService
+    from deployments.model.service import ModelService, thread_engine_client
 
     previous = sys.getswitchinterval()
     sys.setswitchinterval(0.003)
-    service = ModelService(ModelConfig(model_path=str(tiny_models.alpha), gil_switch_interval_ms=interval_ms))
+    config = ModelConfig(model_path=str(tiny_models.alpha), advanced={"gil_switch_interval_ms": interval_ms})
+    service = ModelService(config, thread_engine_client)
 
     async def start_and_stop() -> float:
         await service.start()
@@ -157,4 +177,4 @@ def test_model_process_gil_switch_interval(tiny_models, interval_ms, expected_s)
         assert asyncio.run(start_and_stop()) == pytest.approx(expected_s)
     finally:
         sys.setswitchinterval(previous)
-    assert ModelConfig(model_path="x").gil_switch_interval_ms == 0.5
+    assert ModelConfig(model_path="x").advanced.gil_switch_interval_ms == 0.5

@@ -14,7 +14,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from deployments.config import ModelConfig
-from deployments.protocol import GenerateJob, TextPrompt
+from deployments.model_calls import GenerateJob, TextPrompt
 from engine.sampling.params import SamplingParams
 from tests.serve.local_stack import local_stack, wait_for
 

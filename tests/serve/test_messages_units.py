@@ -17,14 +17,14 @@ from pydantic import ValidationError
 from deployments.api.anthropic_convert import chat_prompt, messages_job
 from deployments.api.anthropic_render import MessageMeta, MessageStreamRenderer, message_response
 from deployments.api.anthropic_schemas import MessagesRequest
-from deployments.api.convert import chat_job
+from deployments.api.openai_convert import chat_job
 from deployments.api.errors import as_anthropic, wire_error
-from deployments.api.render import ChatRenderer, ResponseMeta
-from deployments.api.schemas import ChatCompletionRequest
-from deployments.protocol import StreamChunk
+from deployments.api.openai_render import ChatRenderer, ResponseMeta
+from deployments.api.openai_schemas import ChatCompletionRequest
+from deployments.model_calls import StreamChunk
 from engine.errors import InvalidRequestError, ModelNotFoundError, QueueFullError, QueueTimeoutError
 from engine.output.request_output import Finish, Usage
-from engine.parsers.events import ContentDelta, ReasoningDelta, ToolCallDelta
+from deployments.chat.parsers.deltas import ContentDelta, ReasoningDelta, ToolCallDelta
 from engine.request import FinishReason
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -231,9 +231,9 @@ def test_openai_tool_choice_checks_and_modes():
 
 # ---- the model side's plan -------------------------------------------------------------------------
 def test_output_plan_per_request():
-    from deployments.output_plan import plan_output
-    from deployments.protocol import ChatPrompt, GenerateJob, TextPrompt
-    from engine.parsers.registry import ParserNames
+    from deployments.chat.output_plan import plan_output
+    from deployments.model_calls import ChatPrompt, GenerateJob, TextPrompt
+    from deployments.chat.parsers.selection import ParserNames
     from engine.sampling.params import SamplingParams
 
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]

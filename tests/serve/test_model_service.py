@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from deployments.config import ModelConfig
-from deployments.model_service import ModelService
-from deployments.prompts import PromptEncoder
-from deployments.protocol import ChatPrompt, GenerateJob, TextPrompt
+from deployments.model.service import ModelService, process_engine_client, thread_engine_client
+from deployments.chat.prompts import PromptEncoder
+from deployments.model_calls import ChatPrompt, GenerateJob, TextPrompt
 from engine.errors import EngineDeadError
 from engine.sampling.params import SamplingParams
 
@@ -33,9 +33,9 @@ async def _prompt_tokens(service: ModelService, job: GenerateJob) -> int:
     return told
 
 
-@pytest.mark.parametrize("engine_process", [True, False], ids=["engine-process", "engine-thread"])
-def test_concurrent_requests_are_tokenized_each_as_alone_and_off_the_event_loop(tiny_models, engine_process):
-    service = ModelService(ModelConfig(model_path=str(tiny_models.alpha), engine_process=engine_process))
+@pytest.mark.parametrize("new_engine_client", [process_engine_client, thread_engine_client], ids=["process", "thread"])
+def test_concurrent_requests_are_tokenized_each_as_alone_and_off_the_event_loop(tiny_models, new_engine_client):
+    service = ModelService(ModelConfig(model_path=str(tiny_models.alpha)), new_engine_client)
     count = 24
 
     async def run() -> None:
@@ -95,7 +95,7 @@ def test_stats_and_info_come_from_the_engine_process_and_its_death_is_reported(t
             engine_pid = service._engine.pid
             os.kill(engine_pid, signal.SIGKILL)
             deadline = time.monotonic() + 10
-            while service._engine.is_alive and time.monotonic() < deadline:
+            while service._engine.health().alive and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             after = [chunk async for chunk in service.generate(_job(3))]
             return told, stats, info, engine_pid, after, serving_cpu

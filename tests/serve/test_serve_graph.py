@@ -61,16 +61,17 @@ def serve_config_for_tests(models: TinyModels, state_dir: Path) -> dict:
     ingress, model_template = config["applications"]
     ingress["args"].update(state_dir=str(state_dir), status_poll_interval_s=0.5)
 
-    def model_app(name: str, path: Path, **overrides) -> dict:
+    def model_app(name: str, path: Path, advanced: dict | None = None, **overrides) -> dict:
         app = copy.deepcopy(model_template)
         app["name"] = serve_app_name(name)
         app["args"].update(model_id=name, model_path=str(path), **overrides)
+        app["args"].setdefault("advanced", {}).update(advanced or {})
         return app
 
     # alpha's context is cut to 4096 tokens; beta holds at most 2 requests, so a third is refused with 429.
     # alpha streams over its stream channel (the default), beta through Ray's handle.
     alpha = model_app(ALPHA, models.alpha, context_length=ALPHA_CONTEXT)
-    beta = model_app(BETA, models.beta, cb_max_num_seqs=2, stream_channel=False)
+    beta = model_app(BETA, models.beta, max_num_seqs=2, advanced={"stream_channel": False})
     return {"applications": [ingress, alpha, beta]}
 
 

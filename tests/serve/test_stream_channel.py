@@ -12,11 +12,17 @@ import stat
 
 import pytest
 
-from deployments.channel_client import ChannelClient
 from deployments.config import ModelConfig
-from deployments.model_service import ModelService
-from deployments.protocol import ChatPrompt, GenerateJob, StreamChunk
-from deployments.stream_channel import ChannelAddress, ChannelBatch, ChannelConnection, ChannelServer, read_frame
+from deployments.model.service import ModelService, thread_engine_client
+from deployments.model_calls import ChatPrompt, GenerateJob, StreamChunk
+from deployments.transport.channel import (
+    ChannelAddress,
+    ChannelBatch,
+    ChannelClient,
+    ChannelConnection,
+    ChannelServer,
+    read_frame,
+)
 from engine.errors import EngineDeadError, ModelNotFoundError, OrchardError
 from engine.output.request_output import Finish
 from engine.sampling.params import SamplingParams
@@ -62,8 +68,8 @@ def run_with_channel(tiny_models):
     def run(body) -> None:
         async def main() -> None:
             # No prefix cache: the test sends each prompt twice and compares usage, cached tokens included.
-            config = ModelConfig(model_path=str(tiny_models.alpha), engine_process=False, cb_enable_prefix_cache=False)
-            service = ModelService(config)
+            config = ModelConfig(model_path=str(tiny_models.alpha), enable_prefix_cache=False)
+            service = ModelService(config, thread_engine_client)
             await service.start()
             server = ChannelServer(service.generate, node_id="node-a")
             address = await server.start()

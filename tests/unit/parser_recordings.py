@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.parsers.events import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
-from engine.parsers.registry import ParserNames
+from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
+from deployments.chat.parsers.selection import ParserNames
 
 WEATHER_TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {

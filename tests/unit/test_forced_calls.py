@@ -14,9 +14,9 @@ import pytest
 from outlines_core import Index, Vocabulary
 
 from engine.errors import InvalidRequestError
-from engine.parsers.events import ToolCallDelta, merge_events
-from engine.parsers.forced import forced_call_regex
-from engine.parsers.registry import ParseOptions, ParserNames, build_output_parser
+from deployments.chat.parsers.deltas import ToolCallDelta, merge_events
+from deployments.chat.parsers.forced import forced_call_regex
+from deployments.chat.parsers.selection import ParseOptions, ParserNames, build_output_parser
 from tests.unit.parser_recordings import FILE_TOOLS
 
 ARGS = {"path": "src/a.py", "limit": 5}

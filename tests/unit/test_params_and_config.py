@@ -50,26 +50,9 @@ def test_logit_bias_keys_are_normalised_from_strings():
         make_logit_bias({"seven": 1})
 
 
-def test_bodega_aliases_map_to_engine_fields():
-    config = EngineConfig.from_options(
-        cb_max_num_seqs=64, cb_prefill_batch_size=4, cb_completion_batch_size=16,
-        cb_chunked_prefill_tokens=512, cb_enable_prefix_cache=False, queue_timeout=30.0,
-    )
-    assert (config.max_num_seqs, config.max_prefill_seqs, config.max_decode_seqs) == (64, 4, 16)
-    assert config.prefill_chunk_tokens == 512 and config.enable_prefix_cache is False
-
-
-def test_unknown_and_duplicate_options_are_refused():
-    with pytest.raises(InvalidRequestError, match="cb_bogus"):
-        EngineConfig.from_options(cb_bogus=1)
-    with pytest.raises(InvalidRequestError, match="given twice"):
-        EngineConfig.from_options(max_num_seqs=4, cb_max_num_seqs=8)
+def test_engine_limits_are_refused_naming_the_field():
     with pytest.raises(InvalidRequestError, match="max_decode_seqs"):
         EngineConfig(max_decode_seqs=0)
-
-
-def test_prompt_cache_size_is_a_byte_budget_and_slot_counts_are_refused():
-    assert EngineConfig.from_options(prompt_cache_size=2 << 30).prefix_cache_bytes == 2 << 30
     assert EngineConfig(prefix_cache_bytes=0).prefix_cache_bytes == 0
     with pytest.raises(InvalidRequestError, match="byte budget"):
-        EngineConfig.from_options(prompt_cache_size=10)
+        EngineConfig(prefix_cache_bytes=10)

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.parsers.events import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta, merge_events
-from engine.parsers.lexer import Marker, MarkerLexer, Text
-from engine.parsers.registry import ParseOptions, ParserNames, build_output_parser, infer_parser_names
+from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta, merge_events
+from deployments.chat.parsers.lexer import Marker, MarkerLexer, Text
+from deployments.chat.parsers.selection import ParseOptions, ParserNames, build_output_parser, infer_parser_names
 from tests.unit.parser_recordings import QWEN3, RECORDINGS, WEATHER_TOOLS, Recording
 
 IDS = [r.name for r in RECORDINGS]

@@ -13,9 +13,9 @@ import re
 from enum import Enum
 from typing import Callable
 
-from engine.parsers.events import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
-from engine.parsers.lexer import Marker, MarkerLexer
-from engine.parsers.tool_parser import new_call_id
+from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
+from deployments.chat.parsers.lexer import Marker, MarkerLexer
+from deployments.chat.parsers.tool_parser import new_call_id
 
 START, CHANNEL, CONSTRAIN, MESSAGE = "<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"

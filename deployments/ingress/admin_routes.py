@@ -8,11 +8,11 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from deployments.config import ModelConfig
-from deployments.protocol import MemoryUsage
-from deployments.registry import ModelEntry, ModelQueueStats, ModelStatus
+from deployments.model_calls import MemoryUsage
+from deployments.ingress.model_registry import ModelEntry, ModelQueueStats, ModelStatus
 
 if TYPE_CHECKING:
-    from deployments.registry import Registry
+    from deployments.ingress.model_registry import Registry
 
 
 def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:

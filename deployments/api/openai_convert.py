@@ -8,7 +8,7 @@ from typing import Any
 from engine.errors import InvalidRequestError
 from engine.sampling.guided import GuidedDecoding
 from engine.sampling.params import SamplingParams, make_logit_bias
-from deployments.api.schemas import (
+from deployments.api.openai_schemas import (
     AssistantMessage,
     ChatCompletionRequest,
     ChatMessage,
@@ -19,7 +19,7 @@ from deployments.api.schemas import (
     ToolMessage,
     _SamplingFields,
 )
-from deployments.protocol import ChatPrompt, GenerateJob, TextPrompt, ToolChoiceMode
+from deployments.model_calls import ChatPrompt, GenerateJob, TextPrompt, ToolChoiceMode
 
 
 def chat_job(body: ChatCompletionRequest, request_id: str, log_id: str) -> GenerateJob:

@@ -11,10 +11,10 @@ import logging
 import uuid
 from typing import Callable
 
-from engine.parsers.events import ContentDelta, ParsedEvent, ToolCallDelta
-from engine.parsers.lexer import Marker, MarkerLexer
-from engine.parsers.tool_formats import MalformedCall, ParamTypes, ToolFormat
-from engine.parsers.trim import EdgeTrim
+from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ToolCallDelta
+from deployments.chat.parsers.lexer import Marker, MarkerLexer
+from deployments.chat.parsers.tool_formats import MalformedCall, ParamTypes, ToolFormat
+from deployments.chat.parsers.trim import EdgeTrim
 
 logger = logging.getLogger(__name__)
 

@@ -1,12 +1,11 @@
-"""The HTTP front door: OpenAI routes (FastAPI), request ids, errors, and its Serve deployment.
+"""The HTTP front door: OpenAI and Anthropic routes (FastAPI), request ids, errors.
 
-create_app(registry) builds the FastAPI app over any registry backend, so the same routes
-run under Ray Serve (Ingress, below) and in-process in tests (httpx ASGI transport).
+create_app(registry) builds the FastAPI app over any registry backend, so the same routes run under Ray Serve
+(ingress/deployment.py) and in process in tests (httpx ASGI transport over ingress/local_models.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import time
@@ -17,25 +16,21 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import ModelNotFoundError, OrchardError
-from deployments.admin import admin_router
+from deployments.ingress.admin_routes import admin_router
 from deployments.api.anthropic_convert import chat_prompt, messages_job
 from deployments.api.anthropic_render import MessageMeta, MessagesRenderer
 from deployments.api.anthropic_schemas import CountTokensRequest, MessagesRequest
-from deployments.api.convert import chat_job, completion_job
+from deployments.api.openai_convert import chat_job, completion_job
 from deployments.api.errors import WireError, as_anthropic, http_error, validation_error, wire_error
-from deployments.api.render import ChatRenderer, CompletionRenderer, ResponseMeta
-from deployments.api.responses import ModelCard, ModelList
-from deployments.api.schemas import ChatCompletionRequest, CompletionRequest
+from deployments.api.openai_render import ChatRenderer, CompletionRenderer, ResponseMeta
+from deployments.api.openai_objects import ModelCard, ModelList
+from deployments.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from deployments.api.sse import SSE_HEADERS
-from deployments.config import IngressConfig
-from deployments.protocol import GenerateJob, StreamChunk
-from deployments.registry import ModelEntry, ModelStatus, Registry
-from deployments.serve_backend import ServeBackend
-from deployments.state import ModelStore
+from deployments.model_calls import GenerateJob, StreamChunk
+from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
 
 logger = logging.getLogger("ray.serve.orchard")
 REQUEST_ID: ContextVar[str] = ContextVar("orchard_request_id", default="-")
@@ -239,26 +234,3 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unexpected error on %s %s [request %s]", request.method, request.url.path, REQUEST_ID.get())
         return _error_response(request, wire_error(exc))
-
-
-# ---- the Serve deployment ---------------------------------------------------------------------
-@serve.deployment(name="Ingress")
-@serve.ingress()
-class Ingress:
-    """The ingress replica: owns the registry; the FastAPI app is built once the registry exists."""
-
-    async def __init__(self, config: dict[str, Any]) -> None:
-        self.config = IngressConfig.model_validate(config)
-        store = ModelStore(self.config.resolved_state_dir())
-        backend = ServeBackend()
-        self.registry = Registry(backend, store, self.config.model_roots, self.config.status_poll_interval_s)
-        await self.registry.start(restore=self.config.restore_models)
-
-    def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(self.registry, self.config.enable_admin)
-
-    async def __del__(self) -> None:
-        registry = getattr(self, "registry", None)
-        if registry is not None:
-            with contextlib.suppress(Exception):
-                await registry.close()

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal, Protocol
 
 from engine.errors import OrchardError
-from engine.output.events import Finish
-from engine.parsers.events import ToolCallDelta
+from engine.output.request_output import Finish
+from deployments.chat.parsers.deltas import ToolCallDelta
 from engine.sampling.params import SamplingParams
 
 ToolChoiceMode = Literal["auto", "none", "required", "function"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-from engine.parsers.events import ContentDelta, ParsedEvent, ReasoningDelta
-from engine.parsers.lexer import Marker, MarkerLexer
-from engine.parsers.trim import EdgeTrim
+from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta
+from deployments.chat.parsers.lexer import Marker, MarkerLexer
+from deployments.chat.parsers.trim import EdgeTrim
 
 THINK_START = "<think>"
 THINK_END = "</think>"

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.parsers.registry import HARMONY, TOOL_FORMATS, ParserNames
-from engine.parsers.tool_formats import GLM4_MOE, HERMES, MINIMAX_M2, QWEN3_CODER
+from deployments.chat.parsers.selection import HARMONY, TOOL_FORMATS, ParserNames
+from deployments.chat.parsers.tool_formats import GLM4_MOE, HERMES, MINIMAX_M2, QWEN3_CODER
 from engine.sampling.guided_regex import json_schema_regex
 
 _META = set("\\.+*?()|[]{}^$")

@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from engine.parsers.forced import forced_call_regex
-from engine.parsers.registry import OutputParser, ParseOptions, ParserNames, build_output_parser
+from deployments.chat.parsers.forced import forced_call_regex
+from deployments.chat.parsers.selection import OutputParser, ParseOptions, ParserNames, build_output_parser
 from engine.sampling.guided import GuidedDecoding
 from engine.sampling.params import SamplingParams
-from deployments.protocol import ChatPrompt, GenerateJob
+from deployments.model_calls import ChatPrompt, GenerateJob
 
 
 @dataclass

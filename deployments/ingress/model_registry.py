@@ -16,8 +16,8 @@ from typing import Protocol
 
 from engine.errors import EngineDeadError, ModelExistsError, ModelLoadError, ModelLoadingError, ModelNotFoundError, OrchardError
 from deployments.config import ModelConfig, check_model_sources
-from deployments.protocol import ModelClient, ModelInfo, QueueStats
-from deployments.state import ModelStore
+from deployments.model_calls import ModelClient, ModelInfo, QueueStats
+from deployments.ingress.model_store import ModelStore
 
 logger = logging.getLogger("ray.serve.orchard")
 MIN_REFRESH_INTERVAL_S = 0.25

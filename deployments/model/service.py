@@ -1,6 +1,7 @@
-"""ModelService: owns one AsyncEngine; turns GenerateJobs into coalesced StreamChunks. No Ray here.
+"""ModelService: owns one engine client; turns GenerateJobs into coalesced StreamChunks. No Ray here.
 
-model_server.py wraps it as a Serve deployment; tests and local_backend.py use it in-process.
+model/deployment.py wraps it as a Serve deployment (the engine in its own process); ingress/local_models.py runs
+it in process (the engine on a thread) for tests and debugging.
 """
 
 from __future__ import annotations
@@ -15,62 +16,65 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable
 
-from engine import AsyncEngine, EngineConfig, EngineStats, Request
-from engine.core_builder import build_engine_core
-from engine.process_engine import ProcessEngine
-from engine.process_protocol import CoreSpec
+from engine.client.interface import EngineClient
+from engine.client.process_client import ProcessEngineClient
+from engine.client.spec import EngineSpec
+from engine.client.thread_client import ThreadEngineClient
+from engine.core import EngineStats
 from engine.errors import EngineDeadError, OrchardError
-from engine.output.events import Finish, TextDelta
-from engine.parsers.events import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
-from engine.parsers.registry import OutputParser, ParserNames, resolve_parser_names
+from engine.output.request_output import Finish, TextDelta
+from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
+from deployments.chat.parsers.selection import OutputParser, ParserNames, resolve_parser_names
+from engine.request import Request
 from engine.sampling.params import SamplingParams
-from deployments.coalesce import coalesce
+from deployments.transport.chunks import coalesce
 from deployments.config import ModelConfig
-from deployments.memory import memory_usage
-from deployments.output_plan import plan_output
-from deployments.prompts import EncodedPrompt, PromptEncoder, TokenTexts
-from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TextPrompt, TokenCount
+from deployments.model.memory import memory_usage
+from deployments.chat.output_plan import plan_output
+from deployments.chat.prompts import EncodedPrompt, PromptEncoder, TokenTexts
+from deployments.model_calls import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TextPrompt, TokenCount
 
 # A child of Serve's logger, so replica log lines carry Serve's request id too.
 logger = logging.getLogger("ray.serve.orchard")
 
-# The coalescing window is active streams / config.stream_chunks_per_s, within these bounds: every chunk
-# costs ~1-2 ms of CPU across replica, ingress and proxy (bench/README.md), whatever its token count.
+# The coalescing window is active streams / advanced.stream_chunks_per_s, within these bounds: every chunk
+# costs ~1-2 ms of CPU across replica, ingress and proxy (docs/architecture.md), whatever its token count.
 MIN_WINDOW_S = 0.02
 MAX_WINDOW_S = 0.25
 # Prompts are rendered and tokenized in these threads, not on the event loop: the Rust encode releases the
 # GIL, so a burst of 512-token prompts (~1-2 ms each) is tokenized side by side while the loop keeps serving.
 TOKENIZE_THREADS = 4
 
-Engine = AsyncEngine | ProcessEngine
-EngineBuilder = Callable[[ModelConfig], Engine]
+EngineClientFactory = Callable[[ModelConfig], EngineClient]
 
 
-def core_spec(config: ModelConfig) -> CoreSpec:
-    return CoreSpec(
+def engine_spec(config: ModelConfig) -> EngineSpec:
+    return EngineSpec(
         model_path=config.model_path,
         uses_default_model=config.uses_default_model,
         dtype=config.dtype,
         chat_template_file=config.chat_template_file,
         trust_remote_code=config.trust_remote_code,
-        engine_config=EngineConfig.from_options(**config.engine_options()),
-        gil_switch_interval_s=_seconds(config.gil_switch_interval_ms),
+        engine_config=config.engine_config(),
+        gil_switch_interval_s=_seconds(config.advanced.gil_switch_interval_ms),
     )
 
 
-def build_engine(config: ModelConfig) -> Engine:
-    """The engine in a child process (engine_process: true, the default) or on a thread of this one."""
-    spec = core_spec(config)
-    if config.engine_process:
-        return ProcessEngine(spec)
-    return AsyncEngine(lambda: build_engine_core(spec))  # runs on the engine's MLX thread
+def process_engine_client(config: ModelConfig) -> EngineClient:
+    """The serving path's engine: in a child process of the model's replica."""
+    return ProcessEngineClient(engine_spec(config))
+
+
+def thread_engine_client(config: ModelConfig) -> EngineClient:
+    """The engine on a thread of this process (in-process serving for tests and debugging)."""
+    return ThreadEngineClient.from_spec(engine_spec(config))
 
 
 class ModelService:
-    def __init__(self, config: ModelConfig, build_engine: EngineBuilder = build_engine) -> None:
+    def __init__(self, config: ModelConfig, new_engine_client: EngineClientFactory = process_engine_client) -> None:
         self.config = config
         self.model_id = config.id
-        self._engine = build_engine(config)
+        self._engine = new_engine_client(config)
         self._prompts: PromptEncoder | None = None
         self._token_texts: TokenTexts | None = None
         self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="orchard-tokenize")
@@ -80,8 +84,9 @@ class ModelService:
 
     async def start(self) -> None:
         started = time.monotonic()
-        if self.config.gil_switch_interval_ms is not None:  # process-wide (under Ray each model has its own)
-            sys.setswitchinterval(self.config.gil_switch_interval_ms / 1000.0)
+        switch_ms = self.config.advanced.gil_switch_interval_ms
+        if switch_ms is not None:  # process-wide (under Ray each model has its own)
+            sys.setswitchinterval(switch_ms / 1000.0)
         await self._engine.start()
         tokenizer = self._engine.served.tokenizer
         self._prompts = PromptEncoder(tokenizer)
@@ -97,7 +102,7 @@ class ModelService:
 
     async def shutdown(self) -> None:
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
-        await self._engine.shutdown()
+        await self._engine.close()
 
     # ---- generation --------------------------------------------------------
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
@@ -166,7 +171,7 @@ class ModelService:
         return sampling  # a prompt that leaves no room is refused by the engine, naming it
 
     def _window_s(self) -> float:
-        return min(MAX_WINDOW_S, max(MIN_WINDOW_S, self._active_streams / self.config.stream_chunks_per_s))
+        return min(MAX_WINDOW_S, max(MIN_WINDOW_S, self._active_streams / self.config.advanced.stream_chunks_per_s))
 
     def _log_end(self, job: GenerateJob, last: StreamChunk | None) -> None:
         if last is not None and last.finish is not None:
@@ -219,8 +224,9 @@ class ModelService:
         return stats.process_cpu_seconds
 
     def check_health(self) -> None:
-        if not self._engine.is_alive:
-            raise EngineDeadError(f"The engine of model '{self.model_id}' is not running")
+        health = self._engine.health()
+        if not health.alive:
+            raise EngineDeadError(f"The engine of model '{self.model_id}' is not running: {health.message}")
 
     @property
     def _encoder(self) -> PromptEncoder:

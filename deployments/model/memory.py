@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from engine.runner.memory import EngineMemory, process_rss_bytes
 
-from deployments.protocol import MemoryUsage
+from deployments.model_calls import MemoryUsage
 
 MIB = 1024 * 1024
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.output.events import Finish, Usage
-from deployments.api.responses import (
+from engine.output.request_output import Finish, Usage
+from deployments.api.openai_objects import (
     AssistantMessageOut,
     ChatChoice,
     ChatChunkChoice,
@@ -26,11 +26,11 @@ from deployments.api.responses import (
     TopLogprobOut,
     UsageOut,
 )
-from engine.parsers.events import ToolCallDelta
+from deployments.chat.parsers.deltas import ToolCallDelta
 from engine.request import FinishReason
 from deployments.api.errors import WireError
 from deployments.api.sse import SSE_DONE, sse_event, sse_events
-from deployments.protocol import StreamChunk, TokenLogprobInfo
+from deployments.model_calls import StreamChunk, TokenLogprobInfo
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""Time-coalescing of a request's stream: first chunk at once, then at most one chunk per window.
+"""Time-coalescing of a request's stream on the model replica: first chunk at once, then at most one per window.
 
-A Ray handle stream carries only ~2,000 items/s in total (DESIGN.md), while batched decoding
-makes several thousand tokens/s; sending one item per engine step would make Ray the bottleneck.
-Given a `hold` (the engine stream's), the source is also read only once per window: the engine's
-mailbox merges the deltas meanwhile, so the replica's event loop does not wake for every token of
-every stream (which took the GIL from the engine thread: HTTP ran at 0.69x the in-process rate).
+A Ray handle stream carries only ~2,000 items/s in total (docs/architecture.md), while batched decoding makes
+several thousand tokens/s; one item per engine step would make Ray (or the channel's frames) the bottleneck.
+Given a `hold` (the engine stream's), the source is also read only once per window: the engine's outputs merge
+meanwhile, so the replica's event loop does not wake for every token of every stream (which took the GIL
+from the engine thread: HTTP ran at 0.69x the in-process rate).
 """
 
 from __future__ import annotations
@@ -13,39 +13,15 @@ import asyncio
 import contextlib
 from typing import AsyncIterator, Awaitable, Callable
 
-from deployments.protocol import StreamChunk
-
-
-class PendingChunk:
-    """What arrived since the last chunk was sent, merged into one."""
-
-    def __init__(self) -> None:
-        self._chunk: StreamChunk | None = None
-        self.ready = asyncio.Event()
-
-    def add(self, chunk: StreamChunk) -> None:
-        if self._chunk is None:
-            self._chunk = chunk
-        else:
-            self._chunk.merge(chunk)
-        self.ready.set()
-
-    @property
-    def ended(self) -> bool:
-        return self._chunk is not None and self._chunk.is_last
-
-    def take(self) -> StreamChunk:
-        chunk, self._chunk = self._chunk, None
-        self.ready.clear()
-        assert chunk is not None
-        return chunk
-
+from engine.client.streams import Pending
+from deployments.model_calls import StreamChunk
 
 Hold = Callable[[float | None], Awaitable[None]]
 
 
 async def _pump(
-    source: AsyncIterator[StreamChunk], pending: PendingChunk, window_s: Callable[[], float | None], hold: Hold | None
+    source: AsyncIterator[StreamChunk], pending: Pending[StreamChunk], window_s: Callable[[], float | None],
+    hold: Hold | None,
 ) -> None:
     async with contextlib.aclosing(source):
         async for chunk in source:
@@ -63,7 +39,7 @@ async def coalesce(
 
     Closing this iterator early cancels the pump, which closes `source` (aborting the request).
     """
-    pending = PendingChunk()
+    pending: Pending[StreamChunk] = Pending()
     pump = asyncio.create_task(_pump(source, pending, window_s, hold))
     loop = asyncio.get_running_loop()
     sent_at: float | None = None
@@ -88,7 +64,7 @@ async def coalesce(
             await pump
 
 
-async def _wait_ready(pending: PendingChunk, pump: asyncio.Task) -> None:
+async def _wait_ready(pending: Pending[StreamChunk], pump: asyncio.Task) -> None:
     """Wait for data; if the source ended without a last chunk, re-raise its failure."""
     waiter = asyncio.ensure_future(pending.ready.wait())
     try:

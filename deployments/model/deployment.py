@@ -1,8 +1,8 @@
-"""ModelServer: the Serve deployment of one model (its own replica process, its own engine).
+"""ModelServer: the Serve deployment of one model (its own replica process, its engine in a child process).
 
-Each model is its own Serve application, named by its model id (config.serve_app_name), so
-loading or unloading one never redeploys another. The handle stream yields coalesced StreamChunks (see coalesce.py);
-an ingress on the same node streams over the replica's stream channel instead (stream_channel.py).
+Each model is its own Serve application, named by its model id (config.serve_app_name), so loading or
+unloading one never redeploys another. Its handle stream yields coalesced StreamChunks (transport/chunks.py);
+an ingress on the same node streams over the replica's stream channel instead (transport/channel.py).
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ import ray
 from ray import serve
 from ray.serve import Application
 
-from deployments.config import ModelConfig, serve_app_name
-from deployments.model_service import ModelService
-from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
-from deployments.stream_channel import ChannelAddress, ChannelServer
+from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
+from deployments.model.service import ModelService
+from deployments.model_calls import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
+from deployments.transport.channel import ChannelAddress, ChannelServer
 
 logger = logging.getLogger("ray.serve.orchard")
-MODEL_SERVER_DEPLOYMENT = "ModelServer"  # the registry recognises model applications by this name
 # On unload, streams open on the channel get this long to finish (Serve waits for its handle streams likewise).
 CHANNEL_DRAIN_S = 10.0
 
@@ -39,7 +38,7 @@ class ModelServer:
         await self.service.start()  # the app stays DEPLOYING (clients get 503) until the model is warm
         self.channel: ChannelServer | None = None
         # With several replicas Serve balances the handle calls; one channel would pin every stream to one replica.
-        if self.config.stream_channel and self.config.num_replicas == 1:
+        if self.config.advanced.stream_channel and self.config.num_replicas == 1:
             channel = ChannelServer(self.service.generate, ray.get_runtime_context().get_node_id())
             try:
                 await channel.start()

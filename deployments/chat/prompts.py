@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
-from engine.output.events import TokenLogprob
-from deployments.protocol import ChatPrompt, TextPrompt, TokenLogprobInfo, TopTokenLogprob
+from engine.output.request_output import TokenLogprob
+from deployments.model_calls import ChatPrompt, TextPrompt, TokenLogprobInfo, TopTokenLogprob
 
 
 @dataclass

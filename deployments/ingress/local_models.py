@@ -1,7 +1,5 @@
-"""An in-process registry backend: models run as ModelServices in this process (no Ray).
-
-Used by the fast ingress tests and handy for debugging the HTTP layer without a cluster.
-"""
+"""An in-process backend of the model registry: models run as ModelServices in this process (no Ray), each
+engine on a thread of it. Used by the fast ingress tests and handy for debugging the HTTP layer."""
 
 from __future__ import annotations
 
@@ -9,9 +7,9 @@ from typing import AsyncIterator
 
 from engine.errors import ModelLoadError, ModelNotFoundError
 from deployments.config import ModelConfig
-from deployments.model_service import EngineBuilder, ModelService, build_engine
-from deployments.protocol import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
-from deployments.registry import DeploymentState, ModelStatus
+from deployments.model.service import EngineClientFactory, ModelService, thread_engine_client
+from deployments.model_calls import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
+from deployments.ingress.model_registry import DeploymentState, ModelStatus
 
 
 class LocalModelClient:
@@ -32,14 +30,14 @@ class LocalModelClient:
 
 
 class LocalBackend:
-    def __init__(self, build_engine: EngineBuilder = build_engine) -> None:
-        self._build_engine = build_engine
+    def __init__(self, new_engine_client: EngineClientFactory = thread_engine_client) -> None:
+        self._new_engine_client = new_engine_client
         self._services: dict[str, ModelService] = {}
         self._states: dict[str, DeploymentState] = {}
 
     async def deploy(self, config: ModelConfig) -> None:
         self._states[config.id] = DeploymentState(ModelStatus.LOADING)
-        service = ModelService(config, self._build_engine)
+        service = ModelService(config, self._new_engine_client)
         try:
             await service.start()
         except Exception as exc:

@@ -1,11 +1,12 @@
 """The stream channel: GenerateJobs and their StreamChunks between the ingress and a model replica on one node,
-over a Unix socket, instead of one Ray handle stream per request.
+over a Unix socket, instead of one Ray handle stream per request. Both ends live here: ChannelServer (the
+replica's) and ChannelClient (the ingress's), with the messages and framing they share.
 
 Under load most of the CPU of the ingress and the model replica went to Ray Serve's per-request and per-item
 work (a handle call, a streaming generator, serialization threads, metrics), and every busy core beside the
-engine slows its steps (bench/README.md: the in-process engine ran 10.8 ms steps alone, 13.1 and 15.7 ms with
-3 and 6 busy processes beside it). Here one connection carries every stream: a frame per message, each stream's
-chunks tagged with its id, and whatever chunks are ready go out together in one frame.
+engine slows its steps (docs/architecture.md: the in-process engine ran 10.8 ms steps alone, 13.1 and 15.7 ms
+with 3 and 6 busy processes beside it). Here one connection carries every stream: a frame per message, each
+stream's chunks tagged with its id, and whatever chunks are ready go out together in one frame.
 
 The socket lies in a directory only this user can enter, and a connection must first show the replica's token.
 Ray handles stay the control plane: the ingress asks the replica for its ChannelAddress with one handle call.
@@ -15,18 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import pickle
 import secrets
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
+from engine.client.streams import Pending, merged
 from engine.errors import EngineDeadError, ModelNotFoundError
-from deployments.protocol import GenerateJob, StreamChunk
+from deployments.model_calls import GenerateJob, StreamChunk
+from deployments.transport.errors import model_process_died
 
 logger = logging.getLogger("ray.serve.orchard")
 MAX_FRAME_BYTES = 1 << 30  # a frame's length field beyond this means a broken peer, not a message
@@ -71,9 +75,9 @@ class StreamItem:
 
 @dataclass
 class ChannelBatch:
-    """Every chunk that was ready when the replica's writer woke up, for any number of streams."""
+    """Every stream's chunks that were ready when the replica's writer woke up, merged into one per stream."""
 
-    items: list[StreamItem] = field(default_factory=list)
+    items: list[StreamItem]
 
 
 # ---- framing ---------------------------------------------------------------------------------
@@ -90,13 +94,13 @@ async def read_frame(reader: asyncio.StreamReader) -> object:
     return pickle.loads(await reader.readexactly(size))
 
 
-# ---- the replica's side ----------------------------------------------------------------------
+# ---- the replica's end -----------------------------------------------------------------------
 class ChannelConnection:
     """One ingress connection: its streams' tasks and the writer that batches their chunks."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
-        self._pending: list[StreamItem] = []
+        self._pending: dict[int, StreamChunk] = {}  # per stream, what is not written yet, merged
         self._ready = asyncio.Event()
         self.tasks: dict[int, asyncio.Task] = {}
         self.handler = asyncio.current_task()  # the server's task reading this connection
@@ -110,7 +114,7 @@ class ChannelConnection:
         self._writer.close()
 
     def push(self, stream_id: int, chunk: StreamChunk) -> None:
-        self._pending.append(StreamItem(stream_id, chunk))
+        self._pending[stream_id] = merged(self._pending.get(stream_id), chunk)
         self._ready.set()
 
     async def write_batches(self) -> None:
@@ -121,8 +125,8 @@ class ChannelConnection:
             await self._writer.drain()
 
     def _write_pending(self) -> None:
-        items, self._pending = self._pending, []
-        self._writer.write(_batch_frame(items))
+        pending, self._pending = self._pending, {}
+        self._writer.write(_batch_frame([StreamItem(stream_id, chunk) for stream_id, chunk in pending.items()]))
 
 
 def _batch_frame(items: list[StreamItem]) -> bytes:
@@ -235,3 +239,71 @@ class ChannelServer:
         except Exception as exc:  # a bug below ModelService's own error chunks: the stream still ends
             logger.exception("stream channel: request %s failed", job.request_id)
             connection.push(stream_id, StreamChunk(error=EngineDeadError(f"The model failed: {type(exc).__name__}")))
+
+
+# ---- the ingress's end -----------------------------------------------------------------------
+class ChannelClient:
+    """Many streams over one connection to a replica's ChannelServer."""
+
+    def __init__(self, model_id: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._model_id = model_id
+        self._writer = writer
+        # Per stream, what the reader handed over and its consumer has not taken yet, merged into one chunk.
+        self._inboxes: dict[int, Pending[StreamChunk]] = {}
+        self._ids = itertools.count(1)
+        self.closed = False
+        self._reading = asyncio.create_task(self._read_batches(reader))
+
+    @classmethod
+    async def connect(cls, model_id: str, address: ChannelAddress) -> "ChannelClient":
+        reader, writer = await asyncio.open_unix_connection(address.path)
+        writer.write(encode_frame(ChannelHello(address.token)))
+        await writer.drain()
+        return cls(model_id, reader, writer)
+
+    async def stream(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
+        """The job's chunks; closing this early (the HTTP client went away) aborts the request in the model."""
+        if self.closed:
+            yield self._lost_chunk()
+            return
+        stream_id = next(self._ids)
+        inbox = self._inboxes[stream_id] = Pending()
+        finished = False
+        try:
+            self._writer.write(encode_frame(OpenStream(stream_id, job)))
+            while not finished:
+                await inbox.ready.wait()
+                chunk = inbox.take()
+                finished = chunk.is_last
+                yield chunk
+        finally:
+            self._inboxes.pop(stream_id, None)
+            if not finished and not self.closed:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    self._writer.write(encode_frame(CloseStream(stream_id)))
+
+    async def close(self) -> None:
+        self._reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reading
+
+    async def _read_batches(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                batch = await read_frame(reader)
+                if isinstance(batch, ChannelBatch):
+                    for item in batch.items:
+                        inbox = self._inboxes.get(item.stream_id)
+                        if inbox is not None:  # else: closed by its consumer meanwhile
+                            inbox.add(item.chunk)
+        except (asyncio.IncompleteReadError, ConnectionError, pickle.UnpicklingError) as exc:
+            logger.info("stream channel to model '%s' closed: %s", self._model_id, type(exc).__name__)
+        finally:
+            self.closed = True
+            self._writer.close()
+            for inbox in self._inboxes.values():  # streams in flight end with the model's failure
+                if not inbox.ended:  # one whose last chunk already came keeps its finish
+                    inbox.add(self._lost_chunk())
+
+    def _lost_chunk(self) -> StreamChunk:
+        return StreamChunk(error=model_process_died(self._model_id))

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from engine.errors import InvalidRequestError
-from engine.parsers.events import ContentDelta, ParsedEvent
-from engine.parsers.harmony import HarmonyParser
-from engine.parsers.reasoning import ThinkReasoningParser, prompt_opens_reasoning
-from engine.parsers.tool_formats import GLM4_MOE, HERMES, MINIMAX_M2, QWEN3_CODER, ToolFormat, param_types
-from engine.parsers.tool_parser import ToolCallParser, new_call_id
+from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent
+from deployments.chat.parsers.harmony import HarmonyParser
+from deployments.chat.parsers.reasoning import ThinkReasoningParser, prompt_opens_reasoning
+from deployments.chat.parsers.tool_formats import GLM4_MOE, HERMES, MINIMAX_M2, QWEN3_CODER, ToolFormat, param_types
+from deployments.chat.parsers.tool_parser import ToolCallParser, new_call_id
 
 HARMONY = "harmony"
 TOOL_FORMATS: dict[str, ToolFormat] = {

@@ -1,0 +1,68 @@
+"""Bodega compatibility, in one place: its model fields are accepted under their own names and mapped to ours.
+
+Bodega (the server whose load-model body and serve options Orchard accepts) names the engine's knobs `cb_*`;
+its sequential mode (`continuous_batching: false`) runs at most `max_concurrency` sequences at once. Fields whose
+Bodega meaning Orchard does not offer are refused with a message saying so, never reinterpreted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Bodega's name -> ours.
+ALIASES = {
+    "cb_max_num_seqs": "max_num_seqs",
+    "cb_prefill_batch_size": "max_prefill_seqs",
+    "cb_completion_batch_size": "max_decode_seqs",
+    "cb_chunked_prefill_tokens": "prefill_chunk_tokens",
+    "cb_enable_prefix_cache": "enable_prefix_cache",
+}
+
+# Bodega fields with no Orchard meaning yet: why each is refused.
+UNSUPPORTED = {
+    "prompt_cache_size": (
+        "Bodega's 'prompt_cache_size' counts cached prompts; Orchard caches prompt KV in blocks within a byte "
+        "budget: set 'prefix_cache_bytes' instead"
+    ),
+    "draft_model_path": "speculative decoding is not available yet: remove 'draft_model_path'",
+    "num_draft_tokens": "speculative decoding is not available yet: remove 'num_draft_tokens'",
+}
+# Bodega's model types Orchard does not serve yet (it serves `lm`).
+UNSUPPORTED_MODEL_TYPES = ("multimodal", "embedding")
+
+
+def from_bodega(fields: Any) -> Any:
+    """A model entry with Bodega's names rewritten to ours (ValueError naming the field on conflicts)."""
+    if not isinstance(fields, dict):
+        return fields  # pydantic reports the type
+    fields = dict(fields)
+    if fields.get("model_type") in UNSUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type '{fields['model_type']}' is not supported yet (only 'lm')")
+    for name, why in UNSUPPORTED.items():
+        if fields.get(name) is not None:
+            raise ValueError(why)
+        fields.pop(name, None)
+    for bodega, ours in ALIASES.items():
+        if bodega not in fields:
+            continue
+        if ours in fields:
+            raise ValueError(f"'{bodega}' and '{ours}' name the same setting: give one")
+        fields[ours] = fields.pop(bodega)
+    _apply_sequential_mode(fields)
+    return fields
+
+
+def _apply_sequential_mode(fields: dict[str, Any]) -> None:
+    """`continuous_batching: false` runs at most `max_concurrency` (default 1) sequences at once."""
+    batching = fields.pop("continuous_batching", True)
+    concurrency = fields.pop("max_concurrency", 1)
+    if not isinstance(batching, bool):
+        raise ValueError("'continuous_batching' must be true or false")
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+        raise ValueError("'max_concurrency' must be an integer >= 1")
+    if batching:
+        return
+    for name in ("max_prefill_seqs", "max_decode_seqs"):
+        if name in fields:
+            raise ValueError(f"'{name}' cannot be set with continuous_batching: false (use max_concurrency)")
+        fields[name] = concurrency

@@ -1,0 +1,86 @@
+"""The Ray Serve backend of the model registry: one Serve application per model, reached by its client.
+
+serve.run / serve.delete / serve.status / get_app_handle block on the controller (1-3 s for
+run and delete), so they run in threads: the ingress loop keeps streaming meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ray import serve
+from ray.serve.exceptions import RayServeException
+from ray.serve.schema import ApplicationStatus
+
+from engine.errors import ModelLoadError, ModelNotFoundError
+from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, model_id_of_app, serve_app_name
+from deployments.ingress.model_registry import DeploymentState, ModelStatus
+from deployments.model.deployment import build_model_application
+from deployments.transport.model_client import ServeModelClient
+
+logger = logging.getLogger("ray.serve.orchard")
+MAX_ERROR_CHARS = 600
+
+_STATUS = {
+    ApplicationStatus.NOT_STARTED: ModelStatus.LOADING,
+    ApplicationStatus.DEPLOYING: ModelStatus.LOADING,
+    ApplicationStatus.RUNNING: ModelStatus.RUNNING,
+    ApplicationStatus.DEPLOY_FAILED: ModelStatus.FAILED,
+    ApplicationStatus.UNHEALTHY: ModelStatus.UNHEALTHY,
+    ApplicationStatus.DELETING: ModelStatus.UNLOADING,
+}
+
+
+class ServeBackend:
+    def __init__(self) -> None:
+        self._clients: dict[str, ServeModelClient] = {}
+
+    async def deploy(self, config: ModelConfig) -> None:
+        self._clients.pop(config.id, None)
+        app = build_model_application(config)
+        try:
+            await asyncio.to_thread(serve.run, app, name=serve_app_name(config.id), route_prefix=None)
+        except Exception as exc:  # serve.run's RuntimeError only says "failed"; the deployment says why
+            state = (await self.deployments()).get(config.id)
+            detail = state.message if state is not None and state.message else summarize_failure(str(exc))
+            raise ModelLoadError(detail) from exc
+
+    async def undeploy(self, model_id: str) -> None:
+        # Streams in flight keep the old client: the replica drains its channel, then closes it.
+        self._clients.pop(model_id, None)
+        await asyncio.to_thread(serve.delete, serve_app_name(model_id))
+
+    async def deployments(self) -> dict[str, DeploymentState]:
+        status = await asyncio.to_thread(serve.status)
+        states = {}
+        for name, app in status.applications.items():
+            if MODEL_SERVER_DEPLOYMENT not in app.deployments:
+                continue  # the ingress, or an application that is not a model
+            model_status = _STATUS.get(app.status, ModelStatus.LOADING)
+            message = None
+            if model_status in (ModelStatus.FAILED, ModelStatus.UNHEALTHY):
+                detail = app.deployments[MODEL_SERVER_DEPLOYMENT].message or app.message
+                message = summarize_failure(detail)
+            states[model_id_of_app(name)] = DeploymentState(model_status, message)
+        return states
+
+    async def client(self, model_id: str) -> ServeModelClient:
+        client = self._clients.get(model_id)
+        if client is None:
+            try:
+                handle = await asyncio.to_thread(serve.get_app_handle, serve_app_name(model_id))
+            except RayServeException as exc:  # deleted between the status check and now
+                raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model") from exc
+            client = self._clients[model_id] = ServeModelClient(model_id, handle)
+        return client
+
+
+def summarize_failure(message: str) -> str:
+    """The informative line of a Serve failure message (its last 'SomeError: why' line)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if ":" in line and (head.endswith("Error") or head.endswith("Exception")):
+            return line[:MAX_ERROR_CHARS]
+    return (lines[-1] if lines else "unknown error")[:MAX_ERROR_CHARS]

@@ -1,0 +1,1 @@
+"""The model replica side: the Serve deployment of one model and the service that owns its engine client."""

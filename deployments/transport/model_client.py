@@ -1,0 +1,100 @@
+"""ServeModelClient: the ingress's client of one model application, over Ray Serve handles and the stream channel.
+
+Streams take the replica's stream channel when the ingress runs on the replica's node and the replica has one;
+otherwise (several replicas, the channel off, another node, no socket) they take the Ray handle, one handle
+stream per request. `_channel_for_streams` is where that choice is made. Everything else (counting tokens, info,
+stats, the channel's address) is a handle call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, AsyncIterator, Callable
+
+import ray
+from ray.exceptions import RayError
+from ray.serve.exceptions import RayServeException
+
+from deployments.model_calls import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
+from deployments.transport.channel import ChannelClient
+from deployments.transport.errors import model_call_failure
+
+logger = logging.getLogger("ray.serve.orchard")
+# A model without a reachable stream channel is streamed through its handle; asked again after this long.
+CHANNEL_RETRY_S = 30.0
+
+
+def _ray_node_id() -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+class ServeModelClient:
+    def __init__(self, model_id: str, handle: Any, node_id: Callable[[], str] = _ray_node_id) -> None:
+        self._model_id = model_id
+        self._handle = handle
+        self._stream_handle = handle.options(stream=True)
+        self._node_id = node_id
+        self._channel: ChannelClient | None = None
+        self._channel_lock = asyncio.Lock()
+        self._no_channel_until = 0.0
+
+    async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
+        channel = await self._channel_for_streams()
+        source = channel.stream(job) if channel is not None else self._handle_stream(job)
+        async with contextlib.aclosing(source) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def _handle_stream(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
+        response = self._stream_handle.generate.remote(job)
+        finished = False
+        try:
+            async for chunk in response:
+                finished = chunk.is_last
+                yield chunk
+        except (RayServeException, RayError) as exc:  # replica died, refused, or raised
+            finished = True
+            yield StreamChunk(error=model_call_failure(self._model_id, exc))
+        finally:
+            if not finished:  # the client went away: cancel the replica's generator, aborting the request
+                response.cancel()
+
+    async def _channel_for_streams(self) -> ChannelClient | None:
+        """The replica's stream channel, connected on first use; None: stream through the handle."""
+        if self._channel is not None and not self._channel.closed:
+            return self._channel
+        if asyncio.get_running_loop().time() < self._no_channel_until:
+            return None
+        async with self._channel_lock:  # a burst's first requests wait for one connection
+            if self._channel is None or self._channel.closed:
+                self._channel = await self._connect_channel()
+                if self._channel is None:
+                    self._no_channel_until = asyncio.get_running_loop().time() + CHANNEL_RETRY_S
+            return self._channel
+
+    async def _connect_channel(self) -> ChannelClient | None:
+        try:
+            address = await self._handle.channel_address.remote()
+        except (RayServeException, RayError):
+            return None  # the handle path reports what is wrong with the model
+        if address is None or address.node_id != self._node_id():
+            return None
+        try:
+            return await ChannelClient.connect(self._model_id, address)
+        except OSError as exc:
+            logger.warning("stream channel of model '%s' unreachable (%s): streaming through Ray", self._model_id, exc)
+            return None
+
+    async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
+        try:
+            return await self._handle.count_tokens.remote(prompt)
+        except (RayServeException, RayError) as exc:
+            return TokenCount(error=model_call_failure(self._model_id, exc))
+
+    async def info(self) -> ModelInfo:
+        return await self._handle.info.remote()
+
+    async def queue_stats(self) -> QueueStats:
+        return await self._handle.queue_stats.remote()
