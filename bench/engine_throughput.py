@@ -6,6 +6,9 @@ sequences are submitted at once and generated to completion with no stop tokens.
 
     python -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency 1,8,32 --json out.json
     python -m bench.engine_throughput --model PATH --engines mlx_batch,orchard
+
+Also home of what the other benchmarks share: the engine API block (bench/'s only door to engine/ besides the
+serving launcher), machine/commit/model facts for reports, seeded prompts.
 """
 
 from __future__ import annotations
@@ -96,13 +99,71 @@ def summarize(engine: str, num_seqs: int, prompt_tokens: int, gen_tokens: int, t
     )
 
 
-
 def step_into(core, trace: Trace) -> None:
     """One engine step; its tokens are recorded at the moment they come back."""
     outputs = core.step()
     now = time.perf_counter()
     for out in outputs:
         trace.add(out.request_id, len(out.new_token_ids), now)
+
+
+# ---- Orchard's engine API. Every import of engine/ in bench/ is in this block, except the serving launcher's
+# (bench/serving/orchard_server.py); the other benchmarks call these. Imports are lazy: without a working engine the
+# mlx-lm columns still run.
+def check_engine_api() -> None:
+    """Import what the orchard column needs (raises what a half-written engine raises)."""
+    from engine import EngineConfig, EngineCore, Request, SamplingParams  # noqa: F401
+    from engine.runner.loader import load_model  # noqa: F401
+
+
+def load_orchard_model(model_path: str):
+    """The engine's loaded model (weights, tokenizer, vocab_size) from an mlx-lm model folder."""
+    from engine.runner.loader import load_model
+
+    return load_model(model_path)
+
+
+def engine_core(loaded, **config):
+    """An EngineCore with EngineConfig(**config); fields left out keep the engine's defaults."""
+    from engine import EngineConfig, EngineCore
+
+    return EngineCore(loaded, EngineConfig(**config))
+
+
+def greedy_request(request_id: str, prompt: list[int], max_tokens: int, ignore_eos: bool = True, guided=None):
+    """A temperature-0 request; max_tokens is always given (the core does not resolve a missing one)."""
+    from engine import Request, SamplingParams
+
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos, guided=guided)
+    return Request(request_id=request_id, prompt_token_ids=prompt, sampling=sampling)
+
+
+def json_schema_guide(schema: dict):
+    """A guided-decoding constraint for `schema` (structured output)."""
+    from engine.sampling.guided import GuidedDecoding
+
+    return GuidedDecoding("json_schema", json.dumps(schema))
+
+
+async def start_engine_client(build_core):
+    """The asyncio client of a core that `build_core()` (no arguments) builds on the engine's own thread:
+    `submit(request)` gives an async iterator of text deltas, then one finish event."""
+    from engine import AsyncEngine
+
+    client = AsyncEngine(build_core)
+    await client.start()
+    return client
+
+
+async def close_engine_client(client) -> None:
+    await client.shutdown()
+
+
+def is_text_delta(event) -> bool:
+    """A stream event that carries text (token_ids, text); the other kind ends the stream (reason)."""
+    from engine.output.events import TextDelta
+
+    return isinstance(event, TextDelta)
 
 
 # ---- engines
@@ -175,15 +236,21 @@ class MlxBatchRunner(Runner):
 
 
 class OrchardRunner(Runner):
-    """Our EngineCore; one core per concurrency level (max_decode_seqs = N), kept for warm-up + run."""
+    """Our EngineCore; one core per concurrency level (max_decode_seqs = N), kept for warm-up + run.
+
+    With `stagger_s` > 0, request i is added i * stagger_s after the start, as HTTP clients arrive
+    (bench.serving.engine_baseline); 0 adds them all at once, as the other engines get them.
+    """
 
     name = "orchard"
+    stagger_s = 0.0
+    # The last run's mean wall and engine-thread CPU milliseconds per engine step.
+    step_ms_mean = 0.0
+    step_cpu_ms_mean = 0.0
 
-    def __init__(self, model_path: str, prefill_batch_size: int, prefill_chunk_tokens: int, prefix_cache: bool):
-        from engine.runner.loader import load_model
-
-        self.loaded = load_model(model_path)
-        self.prefill_batch_size = prefill_batch_size
+    def __init__(self, model_path: str, prefill_batch_size: Optional[int], prefill_chunk_tokens: int, prefix_cache: bool):
+        self.loaded = load_orchard_model(model_path)
+        self.prefill_batch_size = prefill_batch_size  # None: the engine's default
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.prefix_cache = prefix_cache
         self._core = None
@@ -191,33 +258,37 @@ class OrchardRunner(Runner):
         self._next_id = 0
 
     def _core_for(self, concurrency: int):
-        from engine import EngineConfig, EngineCore
-
         if self._core is None or self._core_concurrency != concurrency:
             self.close()
-            config = EngineConfig(
-                max_num_seqs=1024,
-                max_decode_seqs=concurrency,
-                max_prefill_seqs=self.prefill_batch_size,
-                prefill_chunk_tokens=self.prefill_chunk_tokens,
-                enable_prefix_cache=self.prefix_cache,
-            )
-            self._core = EngineCore(self.loaded, config)
+            config = dict(max_num_seqs=1024, max_decode_seqs=concurrency, prefill_chunk_tokens=self.prefill_chunk_tokens,
+                          enable_prefix_cache=self.prefix_cache)
+            if self.prefill_batch_size is not None:
+                config["max_prefill_seqs"] = self.prefill_batch_size
+            self._core = engine_core(self.loaded, **config)
             self._core_concurrency = concurrency
         return self._core
 
     def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
-        from engine import Request, SamplingParams
-
         core = self._core_for(len(prompts))
-        params = SamplingParams(max_tokens=gen_tokens, temperature=0.0, ignore_eos=True)
+        before = core.stats()  # outside the timed run
         trace = Trace(start=time.perf_counter())
-        for prompt in prompts:
-            core.add_request(Request(request_id=f"r{self._next_id}", prompt_token_ids=prompt, sampling=params))
-            self._next_id += 1
-        while core.has_unfinished_requests():
+        arrivals = [trace.start + i * self.stagger_s for i in range(len(prompts))]
+        submitted = 0
+        while submitted < len(prompts) or core.has_unfinished_requests():
+            now = time.perf_counter()
+            while submitted < len(prompts) and arrivals[submitted] <= now:
+                self._next_id += 1
+                core.add_request(greedy_request(f"r{self._next_id}", prompts[submitted], gen_tokens))
+                submitted += 1
+            if not core.has_unfinished_requests():
+                time.sleep(max(0.0, arrivals[submitted] - time.perf_counter()))
+                continue
             step_into(core, trace)
         trace.end = time.perf_counter()
+        after = core.stats()
+        steps = max(1, after.num_steps - before.num_steps)
+        self.step_ms_mean = 1e3 * (after.step_seconds_total - before.step_seconds_total) / steps
+        self.step_cpu_ms_mean = 1e3 * (after.step_cpu_seconds_total - before.step_cpu_seconds_total) / steps
         return trace
 
     def close(self) -> None:
@@ -228,8 +299,7 @@ class OrchardRunner(Runner):
 
 def orchard_importable() -> bool:
     try:
-        from engine import EngineConfig, EngineCore, Request, SamplingParams  # noqa: F401
-        from engine.runner.loader import load_model  # noqa: F401
+        check_engine_api()
     except Exception as exc:  # any failure of a half-written engine must not stop the mlx-lm columns
         print(f"[orchard] engine not importable, skipping its column: {type(exc).__name__}: {exc}")
         return False
@@ -253,7 +323,6 @@ def build_runners(names: list[str], model_path: str, args) -> list[Runner]:
             traceback.print_exc()
             print("[orchard] load_model failed, skipping its column")
     return runners
-
 
 
 # ---- the benchmark
@@ -310,7 +379,6 @@ def run_all(runners: list[Runner], levels: list[int], args, vocab_size: int) -> 
                 flush=True,
             )
     return results
-
 
 
 # ---- reporting
@@ -411,7 +479,6 @@ def model_info(model_path: str, shape: Optional[str]) -> dict:
     }
 
 
-
 # ---- CLI
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -425,7 +492,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--warmup-tokens", type=int, default=16, help="new tokens in each warm-up run")
-    p.add_argument("--prefill-batch-size", type=int, default=8)
+    p.add_argument("--prefill-batch-size", type=int, default=8, help="both batch engines (mlx-lm's default is 8)")
     p.add_argument("--prefill-chunk-tokens", type=int, default=2048)
     # Off by default: mlx-lm's BatchGenerator has no prefix cache, and these prompts never share a prefix,
     # so "on" measures the cache's bookkeeping cost alone.

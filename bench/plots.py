@@ -1,4 +1,4 @@
-"""PNG plots from a bench.compare JSON: system throughput and TTFT P95 against concurrency, one line per server.
+"""PNG plots from a bench.serving.compare JSON: system throughput and TTFT P95 against concurrency, one line per server.
 
     python -m bench.plots results.json --out DIR     # needs matplotlib (not on the GPU image: run it here)
 
@@ -76,7 +76,7 @@ def plot_metric(report: dict, key: str, ylabel: str, path: Path, scale: float = 
 
 def main(argv: Optional[list[str]] = None) -> list[Path]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("json", help="a bench.compare report")
+    p.add_argument("json", help="a bench.serving.compare report")
     p.add_argument("--out", default=None, help="output folder (default: next to the JSON)")
     args = p.parse_args(argv)
     src = Path(args.json)

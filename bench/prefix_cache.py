@@ -25,11 +25,8 @@ from dataclasses import asdict, dataclass, field
 
 import mlx.core as mx
 
-from bench.engine_burst import p95_nearest_rank, submit_all
-from bench.engine_throughput import git_commit, machine_info
+from bench.engine_throughput import engine_core, git_commit, greedy_request, load_orchard_model, machine_info
 from bench.random_model import make_random_model
-from engine import EngineConfig, EngineCore, Request, SamplingParams
-from engine.runner.loader import load_model
 
 
 @dataclass
@@ -53,7 +50,13 @@ class ChurnSample:
     rss_max_bytes: int
 
 
-def _time_to_first_token(core: EngineCore, request: Request) -> tuple[float, int]:
+def p95_nearest_rank(values: list[float]) -> float:
+    """The 95th percentile as one of the values (nearest rank): the wave's P95 request, not an interpolation."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def _time_to_first_token(core, request) -> tuple[float, int]:
     started = time.perf_counter()
     core.add_request(request)
     first, cached = None, 0
@@ -70,13 +73,12 @@ def run_ttft(loaded, args) -> TtftResult:
     rng = random.Random(0)
     vocab = loaded.vocab_size - 16
     result = TtftResult(args.prefix_tokens, args.suffix_tokens)
-    sampling = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     for trial in range(args.trials + 1):  # trial 0 warms kernels up and is not counted
-        core = EngineCore(loaded, EngineConfig(prefix_cache_bytes=4 << 30))
+        core = engine_core(loaded, prefix_cache_bytes=4 << 30)
         prefix = [rng.randrange(vocab) for _ in range(args.prefix_tokens)]
         for round_ in range(args.rounds):
             suffix = [rng.randrange(vocab) for _ in range(args.suffix_tokens)]
-            ttft, cached = _time_to_first_token(core, Request(f"t{trial}-{round_}", prefix + suffix, sampling))
+            ttft, cached = _time_to_first_token(core, greedy_request(f"t{trial}-{round_}", prefix + suffix, 2))
             if trial == 0:
                 continue
             if round_ == 0:
@@ -99,9 +101,13 @@ class SharedWave:
     cached_tokens: int
 
 
-def _wave(core: EngineCore, prompts: list[list[int]], gen_tokens: int) -> tuple[list[float], float, int]:
+def _wave(core, prompts: list[list[int]], gen_tokens: int) -> tuple[list[float], float, int]:
     """Submit all prompts at once; their TTFTs, the wall time until all finished, cached tokens in all."""
-    ids, started = submit_all(core, prompts, gen_tokens)
+    requests = [greedy_request(f"w{random.random()}", prompt, gen_tokens) for prompt in prompts]
+    ids = [r.request_id for r in requests]
+    started = time.perf_counter()
+    for request in requests:
+        core.add_request(request)
     first: dict[str, float] = {}
     cached = 0
     while core.has_unfinished_requests():
@@ -120,8 +126,8 @@ def run_shared(loaded, args) -> list[SharedWave]:
     waves = []
     for concurrency in [int(c) for c in args.concurrency.split(",")]:
         for cache in ("on", "off"):
-            core = EngineCore(loaded, EngineConfig(enable_prefix_cache=cache == "on", prefix_cache_bytes=4 << 30,
-                                                   max_decode_seqs=max(32, concurrency)))
+            core = engine_core(loaded, enable_prefix_cache=cache == "on", prefix_cache_bytes=4 << 30,
+                               max_decode_seqs=max(32, concurrency))
             for _ in range(2):  # the first wave builds this level's shapes; the second is kept
                 prefix = tokens(args.prefix_tokens)
                 _wave(core, [prefix + tokens(args.suffix_tokens)], args.gen_tokens)  # the prefix, seen once
@@ -139,12 +145,11 @@ def run_shared(loaded, args) -> list[SharedWave]:
 def run_churn(loaded, args) -> list[ChurnSample]:
     rng = random.Random(1)
     vocab = loaded.vocab_size - 16
-    core = EngineCore(loaded, EngineConfig(prefix_cache_bytes=args.budget_mb << 20, max_decode_seqs=8))
-    sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    core = engine_core(loaded, prefix_cache_bytes=args.budget_mb << 20, max_decode_seqs=8)
     samples = []
     for index in range(args.prompts):
         prompt = [rng.randrange(vocab) for _ in range(args.prompt_tokens)]
-        core.add_request(Request(f"c{index}", prompt, sampling))
+        core.add_request(greedy_request(f"c{index}", prompt, 1))
         while core.has_unfinished_requests():
             core.step()
         if index % args.sample_every == 0 or index == args.prompts - 1:
@@ -175,7 +180,7 @@ def main() -> None:
     args = parser.parse_args()
     path = args.model or str(make_random_model(
         tempfile.mkdtemp(prefix="orchard-pc-"), shape=args.random_shape, quantize_bits=args.bits))
-    loaded = load_model(path)
+    loaded = load_orchard_model(path)
     report = {"mode": args.mode, "settings": vars(args), "machine": machine_info(), "commit": git_commit()}
     if args.mode == "ttft":
         result = run_ttft(loaded, args)

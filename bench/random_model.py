@@ -1,9 +1,15 @@
-"""Random-weight models of real architectures, loadable with ``mlx_lm.load``.
+"""Random-weight models of real architectures, loadable with ``mlx_lm.load``, and their tokenizers.
 
 Throughput does not depend on weight values, so benchmarks on machines without
 the Hugging Face Hub build a model of the right shape in place (seconds on a GPU).
 
-    python -m bench.random_model OUT --shape qwen3-0.6b [--bits 4] [--dtype bfloat16]
+    python -m bench.random_model OUT --shape qwen3-0.6b [--bits 4] [--dtype bfloat16] [--byte-tokenizer]
+
+Two tokenizers cover the whole vocabulary, with the ChatML specials at the top three ids:
+- `write_tokenizer` (the default): WordLevel, word "tN" is token N, so a K-word prompt is K tokens and
+  the load generator counts streamed tokens as words;
+- `write_byte_level_tokenizer` (--byte-tokenizer): a synthetic byte-level BPE (256 bytes, JSON fragments,
+  digit groups, pseudo-words) whose tokens spell real bytes, for structured output, whose masks depend on them.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import random
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -157,6 +164,78 @@ def write_tokenizer(out_dir: Path, vocab_size: int, byte_level_decoder: bool = F
     (out_dir / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2))
 
 
+# ---- the byte-level tokenizer (structured output needs tokens that spell real bytes)
+JSON_FRAGMENTS = ['{"', '"}', '":', '": ', '", "', '","', ', "', '{ "', '" }', "[{", "}]", "},", '": "', "true",
+                  "false", "null", " true", " false", " null", "\n", "  ", "    ", "\n  ", '\\"', "\\n"]
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    codes, extra = list(printable), 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + extra)
+            extra += 1
+    return {byte: chr(code) for byte, code in zip(printable, codes)}
+
+
+def _pieces(count: int, seed: int) -> list[bytes]:
+    """`count` distinct byte strings: bytes, JSON fragments, digit groups, then pseudo-words."""
+    pieces: list[bytes] = []
+    seen: set[bytes] = set()
+
+    def add(piece: bytes) -> None:
+        if piece not in seen:
+            seen.add(piece)
+            pieces.append(piece)
+
+    for piece in [bytes([b]) for b in range(256)] + [f.encode() for f in JSON_FRAGMENTS]:
+        add(piece)
+    for number in range(10, 1000):
+        add(str(number).encode())
+    rng = random.Random(seed)
+    while len(pieces) < count:
+        word = "".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 9)))
+        for variant in (word, " " + word, word.capitalize(), " " + word.capitalize()):
+            add(variant.encode())
+    return pieces[:count]
+
+
+def write_byte_level_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0) -> Path:
+    """Replaces the folder's tokenizer files with a byte-level BPE of `vocab_size` tokens (no merges: text
+    encodes byte by byte, every id decodes)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    to_unicode = bytes_to_unicode()
+    num_pieces = vocab_size - len(SPECIAL_TOKENS)
+    vocab = {"".join(to_unicode[b] for b in piece): i for i, piece in enumerate(_pieces(num_pieces, seed))}
+    vocab.update({token: num_pieces + i for i, token in enumerate(SPECIAL_TOKENS)})
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 131072,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHATML_TEMPLATE,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    special_map = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2))
+    return out_dir
+
+
+# ---- the model folder
 def make_random_model(
     out_dir: str | Path,
     shape: str = "qwen3-0.6b",
@@ -186,9 +265,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--bits", type=int, default=None, help="quantize (affine, group 64)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--byte-tokenizer", action="store_true", help="the byte-level BPE tokenizer (structured output)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     path = make_random_model(args.out, args.shape, args.dtype, args.bits, args.seed)
+    if args.byte_tokenizer:
+        write_byte_level_tokenizer(path, model_config(args.shape, args.dtype)["vocab_size"], args.seed)
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     print(f"wrote {path} ({size / 2**20:.1f} MiB) in {time.perf_counter() - start:.1f} s")
 

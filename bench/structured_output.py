@@ -1,4 +1,4 @@
-"""Structured output at full speed? In-process AsyncEngine, 32 slots, half constrained by a JSON schema.
+"""Structured output at full speed? The in-process asyncio engine client, 32 slots, half constrained by a JSON schema.
 
 1. mixed: `--concurrency` closed-loop slots; `--constrained` of them send JSON-schema requests back to
    back until each has `--gen-tokens` tokens, the others one free request of `--gen-tokens` tokens.
@@ -8,8 +8,8 @@
    TTFT, the same schema's TTFT once cached, a free request's TTFT, and the other streams'
    inter-token gaps while the schema compiled (against the gaps just before).
 
-Random models need a tokenizer whose tokens spell real bytes: the WordLevel one of random_model.py
-is replaced by bench/byte_tokenizer.py's synthetic byte-level BPE of the model's full vocabulary.
+Random models need a tokenizer whose tokens spell real bytes: the WordLevel one of bench/random_model.py
+is replaced by its synthetic byte-level BPE of the model's full vocabulary (write_byte_level_tokenizer).
 
     python -m bench.structured_output --random-shape qwen3-0.6b --json $OUT/structured.json
     python -m bench.structured_output --random-shape tiny --gen-tokens 48   # CPU smoke test
@@ -29,7 +29,17 @@ from typing import Optional
 
 import numpy as np
 
-from bench.engine_throughput import model_info, report_header
+from bench.engine_throughput import (
+    close_engine_client,
+    engine_core,
+    greedy_request,
+    is_text_delta,
+    json_schema_guide,
+    load_orchard_model,
+    model_info,
+    report_header,
+    start_engine_client,
+)
 
 BENCH_SCHEMA = {
     "type": "object",
@@ -94,10 +104,8 @@ class ProbeResult:
 
 
 async def consume(engine, request, record: StreamRecord) -> StreamRecord:
-    from engine.output.events import TextDelta
-
     async for event in engine.submit(request):
-        if isinstance(event, TextDelta):
+        if is_text_delta(event):
             record.arrivals.append(time.perf_counter())
             record.tokens += len(event.token_ids)
             record.text += event.text
@@ -107,8 +115,9 @@ async def consume(engine, request, record: StreamRecord) -> StreamRecord:
 
 
 class Bench:
-    def __init__(self, engine, vocab_size: int, args) -> None:
+    def __init__(self, engine, guides, vocab_size: int, args) -> None:
         self.engine = engine
+        self.guides = guides  # the core's schema compiler and cache
         self.args = args
         self.vocab_size = vocab_size
         self._next = 0
@@ -117,17 +126,12 @@ class Bench:
         return rng.integers(0, self.vocab_size - 16, size=self.args.prompt_tokens).tolist()
 
     def request(self, prompt: list[int], max_tokens: int, guided=None):
-        from engine import Request, SamplingParams
-
         self._next += 1
-        sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=guided is None, guided=guided)
-        return Request(f"b{self._next}", prompt, sampling)
+        return greedy_request(f"b{self._next}", prompt, max_tokens, ignore_eos=guided is None, guided=guided)
 
     async def constrained_slot(self, rng, plan: list[tuple[list[int], int]], records: list[StreamRecord]) -> None:
         """Schema requests back to back until the slot has gen_tokens; `plan` records (prompt, tokens)."""
-        from engine.sampling.guided import GuidedDecoding
-
-        guided = GuidedDecoding("json_schema", json.dumps(BENCH_SCHEMA))
+        guided = json_schema_guide(BENCH_SCHEMA)
         produced = 0
         while produced < self.args.gen_tokens:
             prompt = self.prompt(rng)
@@ -167,8 +171,6 @@ class Bench:
         return result, new_plans
 
     async def probe(self, seed: int) -> ProbeResult:
-        from engine.sampling.guided import GuidedDecoding
-
         rng = np.random.default_rng(seed)
         background = [StreamRecord(f"bg{i}", time.perf_counter()) for i in range(self.args.concurrency - self.args.constrained)]
         tasks = [asyncio.ensure_future(consume(self.engine, self.request(self.prompt(rng), PROBE_BACKGROUND_TOKENS), r))
@@ -177,7 +179,7 @@ class Bench:
             await asyncio.sleep(0.01)
         before_start = time.perf_counter()
         await asyncio.sleep(0.5)
-        guided = GuidedDecoding("json_schema", json.dumps(probe_schema(str(time.time_ns()))))
+        guided = json_schema_guide(probe_schema(str(time.time_ns())))
         compiled_at = asyncio.ensure_future(self._compiled_at(guided))
         first = await self._ttft(self.request(self.prompt(rng), 1, guided))
         compile_end = await compiled_at
@@ -198,7 +200,7 @@ class Bench:
 
     async def _compiled_at(self, guided) -> float:
         """When the compile worker finished (the window in which only compiling, not prefill, happens)."""
-        while self.engine.core.guides.cached(guided) is None:
+        while self.guides.cached(guided) is None:
             await asyncio.sleep(0.002)
         return time.perf_counter()
 
@@ -241,43 +243,39 @@ def _valid(text: str) -> bool:
 
 
 async def run_bench(model_path: str, args) -> dict:
-    from engine import AsyncEngine, EngineConfig, EngineCore
-    from engine.runner.loader import load_model
+    loaded = load_orchard_model(model_path)
+    built = {}
 
-    loaded = load_model(model_path)
-    config = EngineConfig(max_num_seqs=1024, max_decode_seqs=args.concurrency, enable_prefix_cache=False)
-    engine = AsyncEngine(lambda: EngineCore(loaded, config))
-    await engine.start()
-    bench = Bench(engine, loaded.vocab_size, args)
+    def build_core():  # on the engine's thread; we keep a hold of the core for its guide compiler
+        built["core"] = engine_core(loaded, max_num_seqs=1024, max_decode_seqs=args.concurrency, enable_prefix_cache=False)
+        return built["core"]
+
+    engine = await start_engine_client(build_core)
+    guides = built["core"].guides
+    driver = Bench(engine, guides, loaded.vocab_size, args)
     try:
         started = time.perf_counter()
-        engine.core.guides.compile(_bench_guided())  # the throughput phases measure masks, not compiles
+        guides.compile(json_schema_guide(BENCH_SCHEMA))  # the throughput phases measure masks, not compiles
         compile_s = time.perf_counter() - started
-        warm, _ = await bench.run_phase("warm-up", None, seed=args.seed + 99)
+        warm, _ = await driver.run_phase("warm-up", None, seed=args.seed + 99)
         print(f"warm-up: {warm.generated_tokens} tokens in {warm.wall_s:.1f} s; bench schema compiled in {compile_s:.2f} s")
         phases = []
         for repetition in range(args.repeat):
-            mixed, plans = await bench.run_phase("mixed", None, seed=args.seed + repetition)
-            free, _ = await bench.run_phase("free", plans, seed=args.seed + repetition)
+            mixed, plans = await driver.run_phase("mixed", None, seed=args.seed + repetition)
+            free, _ = await driver.run_phase("free", plans, seed=args.seed + repetition)
             phases += [mixed, free]
             print(f"  mixed {mixed.tok_per_s:8.1f} tok/s   free {free.tok_per_s:8.1f} tok/s   "
                   f"ratio {mixed.tok_per_s / free.tok_per_s:.3f}   constrained {mixed.constrained_requests} "
                   f"(stop {mixed.constrained_stopped}, valid {mixed.constrained_valid})", flush=True)
-        probe = await bench.probe(args.seed)
+        probe = await driver.probe(args.seed)
         print(f"  TTFT new schema {probe.compile_ttft_s * 1e3:.0f} ms, cached {probe.cached_ttft_s * 1e3:.0f} ms, "
               f"free {probe.free_ttft_s * 1e3:.0f} ms; others' gaps during compile p50 {probe.gap_during_p50_ms} ms "
               f"max {probe.gap_during_max_ms} ms (before: p50 {probe.gap_before_p50_ms} max {probe.gap_before_max_ms})")
     finally:
-        await engine.shutdown()
+        await close_engine_client(engine)
     ratios = [m.tok_per_s / f.tok_per_s for m, f in zip(phases[::2], phases[1::2])]
     return {"bench_schema_compile_s": compile_s, "phases": [asdict(p) for p in phases],
             "throughput_ratio_median": statistics.median(ratios), "probe": asdict(probe)}
-
-
-def _bench_guided():
-    from engine.sampling.guided import GuidedDecoding
-
-    return GuidedDecoding("json_schema", json.dumps(BENCH_SCHEMA))
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -302,8 +300,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="orchard-structured-") as tmp:
         model_path = args.model
         if args.random_shape:
-            from bench.byte_tokenizer import write_byte_level_tokenizer
-            from bench.random_model import make_random_model
+            from bench.random_model import make_random_model, write_byte_level_tokenizer
 
             model_path = str(make_random_model(Path(tmp) / "model", args.random_shape, args.dtype, args.bits, args.seed))
             vocab_size = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU benchmarks, one device call per mode (carry .gpu; runs from the project root):
+#   bash bench/gpu_sweep.sh serving qwen3-0.6b          # Orchard vs mlx_lm.server over HTTP, bf16
+#   bash bench/gpu_sweep.sh serving llama-3.1-8b 4      # the same, 4-bit (16 GB built and loaded three times)
+#   bash bench/gpu_sweep.sh engine                      # in process: engine_throughput + prefix-cache TTFT
+#
+# serving SHAPE [BITS]: bench.serving.compare, levels LEVELS (default 1,4,8,16,32,64,128), servers orchard and
+#   mlx_lm, the in-process engine baseline and EFFICIENCY_ROUNDS (default 5; 0: none) alternating HTTP /
+#   in-process rounds at 64 streams. Writes $OUT/serving_<shape>_<bf16|Nbit>.{json,txt} and server logs under
+#   $OUT/logs_<tag>/. BUDGET: seconds for the whole compare run, model build included (default 540 of the
+#   call's 600). EXTRA: more compare flags (e.g. "--workloads mixed,uniform,burst,long").
+# engine: bench.engine_throughput (Orchard vs mlx-lm generate_step / BatchGenerator, random bf16 Qwen3-0.6B
+#   shape, 128-token prompts, 128 new tokens, REPEAT runs per level (default 5), engines alternating; medians) at
+#   LEVELS (default 1,8,32,64,128); then bench.prefix_cache ttft (2,048-token shared prefix + 16-token suffix,
+#   hit vs miss) on the Qwen3-0.6B shape and, unless SKIP_8B=1, the Llama-3.1-8B shape. Writes
+#   $OUT/engine_throughput.{json,txt}, $OUT/prefix_ttft_<shape>.json and $OUT/prefix_ttft.txt.
+# Both: OUT (default /tmp/out), ORCHARD_COMMIT (recorded in the JSON where the tree has no .git).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODE="${1:?usage: bench/gpu_sweep.sh serving SHAPE [BITS] | engine}"
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+# shellcheck disable=SC1091
+source .gpu/activate.sh            # MLX (CUDA), Ray Serve on PYTHONPATH; unpacks once per machine
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
+
+case "$MODE" in
+  serving)
+    SHAPE="${2:-qwen3-0.6b}"
+    BITS="${3:-}"
+    if [ -n "$BITS" ]; then TAG="${SHAPE}_${BITS}bit"; else TAG="${SHAPE}_bf16"; fi
+    # shellcheck disable=SC2086
+    python3 -m bench.serving.compare --random-shape "$SHAPE" ${BITS:+--bits "$BITS"} \
+      --levels "${LEVELS:-1,4,8,16,32,64,128}" --servers orchard,mlx_lm --engine-baseline \
+      --efficiency-rounds "${EFFICIENCY_ROUNDS:-5}" \
+      --json "$OUT/serving_${TAG}.json" --log-dir "$OUT/logs_${TAG}" \
+      --time-budget-s "${BUDGET:-540}" ${EXTRA:-} 2>&1 | tee "$OUT/serving_${TAG}.txt"
+    ;;
+  engine)
+    set +e  # the prefix-cache runs still go if engine_throughput fails
+    python3 -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency "${LEVELS:-1,8,32,64,128}" \
+      --repeat "${REPEAT:-5}" --json "$OUT/engine_throughput.json" 2>&1 | tail -n 40 > "$OUT/engine_throughput.txt"
+    shapes="qwen3-0.6b"
+    [ -z "${SKIP_8B:-}" ] && shapes="$shapes llama-3.1-8b"
+    for shape in $shapes; do
+      python3 -m bench.prefix_cache ttft --random-shape "$shape" --json "$OUT/prefix_ttft_${shape}.json" \
+        2>&1 | tail -n 5 | sed "s/^/${shape}: /" >> "$OUT/prefix_ttft.txt"
+    done
+    cat "$OUT/engine_throughput.txt" "$OUT/prefix_ttft.txt"
+    ;;
+  *)
+    echo "unknown mode '$MODE': serving or engine" >&2
+    exit 2
+    ;;
+esac

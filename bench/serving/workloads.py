@@ -1,0 +1,234 @@
+"""The serving workloads: closed-loop sweeps (mixed / same / uniform), a long prompt among running streams, a burst.
+
+Each function is bounded: a soft deadline stops new requests, a hard deadline cancels what is
+still running (recorded as cancelled, not as errors), so a sweep always ends on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Optional
+
+import numpy as np
+
+from bench.serving.client import RequestRecord, RequestSpec, StreamClient, make_spec
+from bench.serving.stats import (
+    BurstResult,
+    LevelResult,
+    LongPromptResult,
+    summarize_burst,
+    engine_window,
+    summarize_level,
+    summarize_long,
+)
+
+SWEEP_WORKLOADS = ("mixed", "uniform", "same")
+SCENARIO_WORKLOADS = ("long", "burst")
+WORKLOADS = SWEEP_WORKLOADS + SCENARIO_WORKLOADS
+WORKLOAD_IDS = {name: i for i, name in enumerate(WORKLOADS)}  # seeds prompts per workload
+LONG_READY_TOKENS = 8  # background streams count as running once each has this many tokens
+LONG_GRACE_S = 0.1  # a stall ends with the read right after the long prompt's first token (~ one coalescing window)
+LONG_BASELINE_S = 1.0  # decode-only time before the long prompt is sent
+LONG_TAIL_S = 0.5  # background streams kept open after the long prompt finished
+
+
+@dataclass
+class LoadSettings:
+    """Everything that shapes the requests; identical for every server in one comparison."""
+
+    levels: list[int]
+    workloads: list[str]
+    vocab_size: int
+    gen_tokens: int = 128
+    prompt_tokens: int = 128  # `uniform` (matches bench.engine_throughput's --prompt-tokens)
+    mixed_min_tokens: int = 64
+    mixed_max_tokens: int = 1024
+    same_prompt_tokens: int = 512
+    long_prompt_tokens: int = 8192
+    long_background: int = 16
+    long_background_prompt_tokens: int = 128
+    long_background_max_tokens: int = 2048  # never reached: the streams are closed after the long prompt
+    long_gen_tokens: int = 8
+    burst_size: int = 32
+    burst_prompt_tokens: int = 512
+    burst_gen_tokens: int = 32
+    lone_repeats: int = 3
+    requests_per_worker: int = 2
+    requests_per_worker_high: int = 1
+    high_from: int = 32  # levels >= this use requests_per_worker_high
+    # Between request starts of one wave: at 0-1 ms mlx_lm.server's accept backlog (5) overflows at 128 streams
+    # (SYN retries: seconds of TTFT). The engine baseline replays the same arrival spacing.
+    stagger_ms: float = 2.0
+    # The burst is sent at once, as its acceptance point says ("32 simultaneous prompts").
+    burst_stagger_ms: float = 0.0
+    warmup_tokens: int = 16  # 0: no warm-up
+    seed: int = 0
+    request_timeout_s: float = 300.0
+
+    def rpw(self, concurrency: int) -> int:
+        return self.requests_per_worker_high if concurrency >= self.high_from else self.requests_per_worker
+
+
+def _rng(settings: LoadSettings, workload: str, *extra: int) -> np.random.Generator:
+    return np.random.default_rng([settings.seed, WORKLOAD_IDS.get(workload, 99), *extra])
+
+
+def sweep_specs(settings: LoadSettings, workload: str, concurrency: int) -> list[list[RequestSpec]]:
+    """Per worker, the requests it sends back to back. Prompts differ per level (no cross-level cache hits),
+    except `same`, where every request of every level carries one prompt (prefix reuse)."""
+    rng = _rng(settings, workload, concurrency)
+    vocab, gen, n = settings.vocab_size, settings.gen_tokens, settings.rpw(concurrency)
+    if workload == "same":
+        shared = make_spec(_rng(settings, workload), settings.same_prompt_tokens, gen, vocab)
+        return [[shared] * n for _ in range(concurrency)]
+    if workload == "uniform":
+        return [[make_spec(rng, settings.prompt_tokens, gen, vocab) for _ in range(n)] for _ in range(concurrency)]
+    if workload == "mixed":  # log-uniform lengths: many short prompts, some long ones
+        lo, hi = math.log(settings.mixed_min_tokens), math.log(settings.mixed_max_tokens)
+        lengths = np.exp(rng.uniform(lo, hi, size=(concurrency, n))).astype(int)
+        return [[make_spec(rng, int(k), gen, vocab) for k in row] for row in lengths]
+    raise ValueError(f"unknown sweep workload {workload!r}")
+
+
+# ---- running groups of requests
+async def run_wave(
+    client: StreamClient, specs: list[RequestSpec], stagger_s: float, hard: float
+) -> tuple[list[RequestRecord], bool]:
+    """All specs at once (start i delayed by i * stagger_s); returns records and whether the hard deadline cut it."""
+    return await closed_loop(client, [[s] for s in specs], soft=0.0, hard=hard, stagger_s=stagger_s)
+
+
+async def closed_loop(
+    client: StreamClient, worker_specs: list[list[RequestSpec]], soft: float, hard: float, stagger_s: float
+) -> tuple[list[RequestRecord], bool]:
+    """Each worker sends its requests back to back; none starts after `soft` (but each worker's first does)."""
+    records: list[RequestRecord] = []
+
+    async def worker(index: int, specs: list[RequestSpec]) -> None:
+        await asyncio.sleep(index * stagger_s)
+        for i, spec in enumerate(specs):
+            if i > 0 and time.perf_counter() >= soft:
+                return
+            record = RequestRecord(time.perf_counter(), spec.prompt_words, spec.max_tokens)
+            records.append(record)
+            await client.stream(spec, record)
+
+    tasks = [asyncio.create_task(worker(i, specs)) for i, specs in enumerate(worker_specs)]
+    cut = await _wait_or_cancel(tasks, hard)
+    return records, cut
+
+
+async def _wait_or_cancel(tasks: list[asyncio.Task], hard: float) -> bool:
+    _done, pending = await asyncio.wait(tasks, timeout=max(0.0, hard - time.perf_counter()))
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return bool(pending)
+
+
+async def warm_up(client: StreamClient, settings: LoadSettings, concurrency: int, hard: float) -> list[RequestRecord]:
+    """Short requests at this concurrency, so kernel compilation for new batch shapes is not timed."""
+    if settings.warmup_tokens <= 0:
+        return []
+    rng = np.random.default_rng([settings.seed, 1000 + concurrency])
+    specs = [make_spec(rng, 32, settings.warmup_tokens, settings.vocab_size) for _ in range(concurrency)]
+    records, _ = await run_wave(client, specs, settings.stagger_ms / 1e3, hard)
+    return records
+
+
+async def warm_up_prompts(client: StreamClient, settings: LoadSettings, hard: float) -> list[RequestRecord]:
+    """One request per prompt size the suite will use (prefill shapes), long prompt included if asked for."""
+    if settings.warmup_tokens <= 0:
+        return []
+    sizes = {settings.mixed_min_tokens, settings.mixed_max_tokens, settings.prompt_tokens, settings.burst_prompt_tokens}
+    if "long" in settings.workloads:
+        sizes.add(settings.long_prompt_tokens)
+    rng = np.random.default_rng([settings.seed, 2000])
+    specs = [make_spec(rng, k, settings.warmup_tokens, settings.vocab_size) for k in sorted(sizes)]
+    records, _ = await closed_loop(client, [specs], soft=float("inf"), hard=hard, stagger_s=0.0)
+    return records
+
+
+# ---- the workloads
+async def run_sweep_level(
+    client: StreamClient, settings: LoadSettings, workload: str, concurrency: int, soft: float, hard: float
+) -> LevelResult:
+    specs = sweep_specs(settings, workload, concurrency)
+    before = await client.engine_counters()
+    records, cut = await closed_loop(client, specs, soft, hard, settings.stagger_ms / 1e3)
+    after = await client.engine_counters()
+    planned = sum(len(s) for s in specs)
+    note = ""
+    if len(records) < planned:
+        note = f"time budget: {len(records)} of {planned} requests"
+    if cut:
+        note = (note + "; " if note else "") + "hard deadline cancelled in-flight requests"
+    level = summarize_level(workload, concurrency, records, note)
+    level.engine = engine_window(before, after)
+    return level
+
+
+async def run_long(client: StreamClient, settings: LoadSettings, hard: float) -> LongPromptResult:
+    """`long_background` streams decode; once all run (and a decode-only baseline is recorded), one long
+    prompt arrives; the streams are closed shortly after its first token."""
+    rng = _rng(settings, "long")
+    vocab, stagger = settings.vocab_size, settings.stagger_ms / 1e3
+    bg_specs = [
+        make_spec(rng, settings.long_background_prompt_tokens, settings.long_background_max_tokens, vocab)
+        for _ in range(settings.long_background)
+    ]
+    bg = [RequestRecord(time.perf_counter(), s.prompt_words, s.max_tokens) for s in bg_specs]
+    tasks = [asyncio.create_task(_delayed(i * stagger, client.stream, s, r)) for i, (s, r) in enumerate(zip(bg_specs, bg))]
+    long_record: Optional[RequestRecord] = None
+    steady_from, notes = float("inf"), []
+    try:
+        ready = await _poll(lambda: all(r.tokens_so_far() >= LONG_READY_TOKENS or r.end_at for r in bg), hard)
+        running = sum(1 for r in bg if not r.end_at)
+        if not ready or running < len(bg) / 2:
+            notes.append(f"background streams did not start: {running} of {len(bg)} running")
+            return summarize_long(bg, None, steady_from, settings.long_prompt_tokens, LONG_GRACE_S, "; ".join(notes))
+        steady_from = time.perf_counter()
+        await _sleep_until(min(hard, steady_from + LONG_BASELINE_S))  # decode-only ITL: the median to compare with
+        long_spec = make_spec(rng, settings.long_prompt_tokens, settings.long_gen_tokens, vocab)
+        long_record = RequestRecord(time.perf_counter(), long_spec.prompt_words, long_spec.max_tokens)
+        if await _wait_or_cancel([asyncio.create_task(client.stream(long_spec, long_record))], hard):
+            notes.append("long prompt cut by the hard deadline")
+        await _sleep_until(min(hard, time.perf_counter() + LONG_TAIL_S))  # the streams' recovery
+        ended = sum(1 for r in bg if r.end_at)  # EOS where the server cannot ignore it, or an error
+        if ended:
+            notes.append(f"{ended} of {len(bg)} background streams ended early")
+    finally:
+        await _wait_or_cancel(tasks, time.perf_counter())  # close the background streams now
+    return summarize_long(bg, long_record, steady_from, settings.long_prompt_tokens, LONG_GRACE_S, "; ".join(notes))
+
+
+async def run_burst(client: StreamClient, settings: LoadSettings, hard: float) -> BurstResult:
+    """A lone request's TTFT (median of a few, sent one after another), then `burst_size` at once
+    (burst_stagger_ms apart)."""
+    rng = _rng(settings, "burst")
+    vocab, words, gen = settings.vocab_size, settings.burst_prompt_tokens, settings.burst_gen_tokens
+    lone_specs = [make_spec(rng, words, gen, vocab) for _ in range(settings.lone_repeats)]
+    lone, _ = await closed_loop(client, [lone_specs], soft=float("inf"), hard=hard, stagger_s=0.0)
+    burst_specs = [make_spec(rng, words, gen, vocab) for _ in range(settings.burst_size)]
+    burst, cut = await run_wave(client, burst_specs, settings.burst_stagger_ms / 1e3, hard)
+    return summarize_burst(lone, burst, settings.burst_stagger_ms, note="hard deadline cancelled requests" if cut else "")
+
+
+async def _delayed(delay_s: float, fn: Callable[..., Awaitable], *args) -> None:
+    await asyncio.sleep(delay_s)
+    await fn(*args)
+
+
+async def _sleep_until(when: float) -> None:
+    await asyncio.sleep(max(0.0, when - time.perf_counter()))
+
+
+async def _poll(condition: Callable[[], bool], hard: float, interval_s: float = 0.005) -> bool:
+    while not condition():
+        if time.perf_counter() >= hard:
+            return False
+        await asyncio.sleep(interval_s)
+    return True
