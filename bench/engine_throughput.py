@@ -111,9 +111,14 @@ def step_into(core, trace: Trace) -> None:
 # (bench/serving/orchard_server.py); the other benchmarks call these. Imports are lazy: without a working engine the
 # mlx-lm columns still run.
 def check_engine_api() -> None:
-    """Import what the orchard column needs (raises what a half-written engine raises)."""
+    """Import what the orchard column needs (raises what a half-written engine raises), and apply the MLX
+    settings the engine applies when it loads a model, before anything touches the device: mlx-lm's columns
+    then run under the same settings as ours."""
     from engine import EngineConfig, EngineCore, Request, SamplingParams  # noqa: F401
+    from engine.mlx_settings import apply_mlx_settings
     from engine.runner.loader import load_model  # noqa: F401
+
+    apply_mlx_settings()
 
 
 def load_orchard_model(model_path: str):
@@ -148,20 +153,20 @@ def json_schema_guide(schema: dict):
 async def start_engine_client(build_core):
     """The asyncio client of a core that `build_core()` (no arguments) builds on the engine's own thread:
     `submit(request)` gives an async iterator of text deltas, then one finish event."""
-    from engine import AsyncEngine
+    from engine.client.thread_client import ThreadEngineClient
 
-    client = AsyncEngine(build_core)
+    client = ThreadEngineClient(build_core)
     await client.start()
     return client
 
 
 async def close_engine_client(client) -> None:
-    await client.shutdown()
+    await client.close()
 
 
 def is_text_delta(event) -> bool:
     """A stream event that carries text (token_ids, text); the other kind ends the stream (reason)."""
-    from engine.output.events import TextDelta
+    from engine.output.request_output import TextDelta
 
     return isinstance(event, TextDelta)
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 
+from engine.client.spec import EngineSpec
+from engine.client.thread_client import ThreadEngineClient
 from engine.config import EngineConfig
-from engine.core import EngineCore
+from engine.output.request_output import TextDelta
 from engine.request import Request
 from engine.sampling.params import SamplingParams
 
@@ -31,36 +34,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _resolve_model(path: str | None) -> str:
-    if path is not None:
-        return path
-    from engine.models.default_model import default_model_path
-
-    return str(default_model_path())
-
-
 def _generate(args: argparse.Namespace) -> int:
-    from engine.runner.loader import load_model
+    return asyncio.run(_stream_answer(args))
 
-    loaded = load_model(_resolve_model(args.model), dtype=args.dtype)
-    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-        {"role": "user", "content": args.prompt}
-    ]
-    prompt = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    core = EngineCore(loaded, EngineConfig(seed=args.seed))
-    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    core.add_request(Request("cli", prompt, sampling))
-    started, num_tokens = time.perf_counter(), 0
-    while core.has_unfinished_requests():
-        for output in core.step():
-            num_tokens += len(output.new_token_ids)
-            if output.delta is not None:
-                sys.stdout.write(output.delta.text)
+
+async def _stream_answer(args: argparse.Namespace) -> int:
+    """One chat answer through the thread engine client (the engine on a thread of this process)."""
+    spec = EngineSpec(
+        model_path=args.model or "default", uses_default_model=args.model is None, dtype=args.dtype,
+        engine_config=EngineConfig(seed=args.seed),
+    )
+    client = ThreadEngineClient.from_spec(spec)
+    await client.start()
+    try:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
+        prompt = client.served.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+        started, num_tokens = time.perf_counter(), 0
+        async for event in client.submit(Request("cli", prompt, sampling)):
+            if isinstance(event, TextDelta):
+                num_tokens += len(event.token_ids)
+                sys.stdout.write(event.text)
                 sys.stdout.flush()
-    elapsed = time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+    finally:
+        await client.close()
     sys.stdout.write("\n")
     print(f"[{num_tokens} tokens in {elapsed:.1f}s, {num_tokens / elapsed:.1f} tok/s]", file=sys.stderr)
-    core.close()
     return 0
 
 
@@ -73,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(convert_gguf(args.gguf, args.out_dir, dtype=args.dtype))
         return 0
-    print(_resolve_model(None))
+    from engine.models.default_model import default_model_path
+
+    print(default_model_path())
     return 0
 
 

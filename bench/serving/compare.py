@@ -64,8 +64,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--time-budget-s", type=float, default=480.0, help="the whole run, model build included")
     p.add_argument("--startup-timeout-s", type=float, default=240.0)
     p.add_argument("--prefill-batch", type=int, default=None,
-                   help="ours and the engine baseline: cb_prefill_batch_size (default: serve_config.yaml's model entry)")
-    p.add_argument("--chunked-prefill-tokens", type=int, default=2048, help="ours: cb_chunked_prefill_tokens")
+                   help="ours and the engine baseline: max_prefill_seqs (default: serve_config.yaml's model entry)")
+    p.add_argument("--chunked-prefill-tokens", type=int, default=2048, help="ours: prefill_chunk_tokens")
     p.add_argument("--context-length", type=int, default=None, help="ours: context_length (default: the model's)")
     p.add_argument("--throughput-optimized", action="store_true", help="ours: RAY_SERVE_THROUGHPUT_OPTIMIZED=1")
     p.add_argument("--prefix-cache", choices=["on", "off"], default="on", help="ours and the engine baseline")
@@ -419,7 +419,7 @@ def run_engine_phase(run: Run, model_path: str, settings: LoadSettings, budget_s
 def main(argv: Optional[list[str]] = None) -> dict:
     args = parse_args(argv)
     if args.prefill_batch is None:  # the server's and the engine baseline's: the same, as the server is configured
-        args.prefill_batch = config_applications()[1]["args"].get("cb_prefill_batch_size")
+        args.prefill_batch = config_applications()[1]["args"].get("max_prefill_seqs")
     run = Run(args)
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if set(servers) - set(SERVERS):

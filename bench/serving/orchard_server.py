@@ -38,10 +38,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--model", required=True, help="mlx-lm model folder")
     p.add_argument("--model-id", help="default: the folder's name")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-num-seqs", type=int, default=512, help="cb_max_num_seqs")
-    p.add_argument("--decode-batch", type=int, default=128, help="cb_completion_batch_size")
-    p.add_argument("--prefill-batch", type=int, default=None, help="cb_prefill_batch_size (default: the model entry's)")
-    p.add_argument("--chunked-prefill-tokens", type=int, default=2048, help="cb_chunked_prefill_tokens")
+    p.add_argument("--max-num-seqs", type=int, default=512, help="max_num_seqs")
+    p.add_argument("--decode-batch", type=int, default=128, help="max_decode_seqs")
+    p.add_argument("--prefill-batch", type=int, default=None, help="max_prefill_seqs (default: the model entry's)")
+    p.add_argument("--chunked-prefill-tokens", type=int, default=2048, help="prefill_chunk_tokens")
     p.add_argument("--queue-size", type=int, default=512)
     p.add_argument("--context-length", type=int, default=None, help="default: the model's own")
     p.add_argument("--no-prefix-cache", action="store_true")
@@ -59,14 +59,14 @@ def model_entry_args(args: argparse.Namespace, model_id: str) -> dict[str, Any]:
     entry = {
         "model_id": model_id,
         "model_path": str(Path(args.model).resolve()),
-        "cb_max_num_seqs": args.max_num_seqs,
-        "cb_completion_batch_size": args.decode_batch,
-        "cb_chunked_prefill_tokens": args.chunked_prefill_tokens,
-        "cb_enable_prefix_cache": not args.no_prefix_cache,
+        "max_num_seqs": args.max_num_seqs,
+        "max_decode_seqs": args.decode_batch,
+        "prefill_chunk_tokens": args.chunked_prefill_tokens,
+        "enable_prefix_cache": not args.no_prefix_cache,
         "queue_size": args.queue_size,
     }
     if args.prefill_batch:
-        entry["cb_prefill_batch_size"] = args.prefill_batch
+        entry["max_prefill_seqs"] = args.prefill_batch
     if args.context_length:
         entry["context_length"] = args.context_length
     return entry
@@ -120,9 +120,9 @@ def deploy_schema(args: argparse.Namespace, model_id: str, state_dir: str) -> di
 def mlx_backend_env() -> dict[str, str]:
     """The MLX backend settings our engine applies to itself (the environment's own values win): compare gives
     mlx_lm.server the same, so that the servers differ only in themselves."""
-    from engine.backend import BACKEND_DEFAULTS
+    from engine.mlx_settings import MLX_SETTINGS
 
-    return {name: os.environ.get(name, value) for name, value in BACKEND_DEFAULTS.items()}
+    return {name: os.environ.get(name, value) for name, value in MLX_SETTINGS.items()}
 
 
 def wait_running(timeout_s: float, stopped: Callable[[], bool]) -> None:
