@@ -31,6 +31,7 @@ from engine.client.messages import (
 )
 from engine.client.spec import EngineSpec
 from engine.errors import EngineDeadError
+from engine.mlx_settings import MLX_SETTINGS
 from engine.request import Request
 from engine.runner.loader import load_tokenizer_only
 from engine.validation import RequestLimits
@@ -151,8 +152,9 @@ class ProcessEngineClient(EngineClientBase):
 
 
 def _child_env() -> dict[str, str]:
-    """The child imports the same modules: this process's import path first (Ray's workers extend it)."""
-    env = dict(os.environ)
+    """The child imports the same modules: this process's import path first (Ray's workers extend it). It starts
+    with the engine's MLX settings in its environment (MLX reads them once, whenever its backend first needs them)."""
+    env = {**MLX_SETTINGS, **os.environ}
     paths = [p for p in sys.path if p]
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
