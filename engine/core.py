@@ -10,10 +10,10 @@ from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.kv.block_store import new_prefix_cache
 from engine.kv.cache_manager import KVCacheManager
-from engine.kv.prefix_cache import PrefixCacheStats
+from engine.kv.cache_manager import PrefixCacheStats
 from engine.output.detokenizer import text_source_factory
 from engine.output.request_output import RequestOutput
-from engine.output.request_state import RequestOutputState
+from engine.output.request_output import RequestOutputState
 from engine.request import Request, RequestStatus
 from engine.runner.loader import LoadedModel
 from engine.runner.memory import EngineMemory, read_engine_memory
@@ -22,7 +22,7 @@ from engine.runner_output import RunnerOutput
 from engine.sampling.structured import GuideCompiler
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
-from engine.validation import RequestLimits
+from engine.request import RequestLimits
 
 THROUGHPUT_WINDOW_S = 10.0
 

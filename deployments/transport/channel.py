@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-from engine.client.streams import Pending, merged
+from engine.client.interface import Pending, merged
 from engine.errors import EngineDeadError, ModelNotFoundError
 from deployments.model_calls import GenerateJob, StreamChunk
 from deployments.transport.errors import model_process_died
@@ -68,16 +68,10 @@ class CloseStream:
 
 
 @dataclass
-class StreamItem:
-    stream_id: int
-    chunk: StreamChunk
-
-
-@dataclass
 class ChannelBatch:
     """Every stream's chunks that were ready when the replica's writer woke up, merged into one per stream."""
 
-    items: list[StreamItem]
+    chunks: dict[int, StreamChunk]  # stream id -> its chunk
 
 
 # ---- framing ---------------------------------------------------------------------------------
@@ -126,22 +120,22 @@ class ChannelConnection:
 
     def _write_pending(self) -> None:
         pending, self._pending = self._pending, {}
-        self._writer.write(_batch_frame([StreamItem(stream_id, chunk) for stream_id, chunk in pending.items()]))
+        self._writer.write(_batch_frame(pending))
 
 
-def _batch_frame(items: list[StreamItem]) -> bytes:
+def _batch_frame(chunks: dict[int, StreamChunk]) -> bytes:
     """One frame for the batch; a chunk that cannot be pickled becomes an error of its own stream."""
     try:
-        return encode_frame(ChannelBatch(items))
+        return encode_frame(ChannelBatch(chunks))
     except Exception:  # noqa: BLE001 - whatever pickle raises, the other streams go on
-        kept = []
-        for item in items:
+        kept = {}
+        for stream_id, chunk in chunks.items():
             try:
-                pickle.dumps(item.chunk)
-                kept.append(item)
+                pickle.dumps(chunk)
+                kept[stream_id] = chunk
             except Exception as exc:  # noqa: BLE001
                 error = EngineDeadError(f"The model sent an unserializable chunk: {type(exc).__name__}")
-                kept.append(StreamItem(item.stream_id, StreamChunk(error=error)))
+                kept[stream_id] = StreamChunk(error=error)
         return encode_frame(ChannelBatch(kept))
 
 
@@ -292,10 +286,10 @@ class ChannelClient:
             while True:
                 batch = await read_frame(reader)
                 if isinstance(batch, ChannelBatch):
-                    for item in batch.items:
-                        inbox = self._inboxes.get(item.stream_id)
+                    for stream_id, chunk in batch.chunks.items():
+                        inbox = self._inboxes.get(stream_id)
                         if inbox is not None:  # else: closed by its consumer meanwhile
-                            inbox.add(item.chunk)
+                            inbox.add(chunk)
         except (asyncio.IncompleteReadError, ConnectionError, pickle.UnpicklingError) as exc:
             logger.info("stream channel to model '%s' closed: %s", self._model_id, type(exc).__name__)
         finally:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from typing import AsyncIterator, Awaitable, Callable
 
-from engine.client.streams import Pending
+from engine.client.interface import Pending
 from deployments.model_calls import StreamChunk
 
 Hold = Callable[[float | None], Awaitable[None]]

@@ -34,7 +34,7 @@ from engine.errors import EngineDeadError
 from engine.mlx_settings import MLX_SETTINGS
 from engine.request import Request
 from engine.runner.loader import load_tokenizer_only
-from engine.validation import RequestLimits
+from engine.request import RequestLimits
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0

@@ -12,7 +12,7 @@ import queue
 import threading
 from typing import Callable
 
-from engine.client.intake import GuidedIntake
+from engine.client.loop import GuidedIntake
 from engine.client.interface import EngineClientBase, ServedModel
 from engine.client.loop import EngineLoop
 from engine.client.messages import AbortRequest, AddRequest, Shutdown

@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, new_request_cache
 from engine.kv.plain_batch import is_plain_request_cache
-from engine.kv.prefix_cache import CachedBlock, PrefixCache
+from engine.kv.cache_manager import CachedBlock, PrefixCache
 
 FALLBACK_BUDGET_BYTES = 1 << 30
 DEVICE_MEMORY_FRACTION = 0.1

@@ -1,17 +1,238 @@
-"""KVCacheManager: the scheduler's side of the prefix cache (plain Python, no MLX).
+"""The prefix cache's scheduler side (plain Python, no MLX): the block index and the KVCacheManager.
 
-It owns the prefix-cache index's bookkeeping for requests: which cached blocks an admitted request
-reuses (and locks until it finishes), where a prefill chunk may end, and which KV the runner should copy
-into the cache (completed prompts, rows leaving the decode batch) and when. The runner holds the KV and
-does the copies (kv/block_store.py); it never decides them.
+Prompt KV is cached in blocks of `block_size` tokens. A block is keyed by a chain hash of its tokens and its
+parent's hash, so equal hashes mean equal prefixes; matching also compares each block's tokens and parent link,
+so a hash collision can never hand one conversation another's KV. Blocks hold an opaque payload (the engine's
+per-layer arrays) and its size in bytes; unlocked leaf blocks are evicted least-recently-used whenever the byte
+budget would be exceeded. In `snapshot_only` mode (models whose caches cannot be cut by position) only the last
+block of an inserted chain carries a payload: a snapshot of the whole cache state at that block boundary; a
+match ends at the deepest block holding one.
+
+KVCacheManager owns that index's bookkeeping for requests: which cached blocks an admitted request reuses (and
+locks until it finishes), where a prefill chunk may end, and which KV the runner should copy into the cache
+(completed prompts, rows leaving the decode batch) and when. The runner holds the KV and does the copies
+(kv/block_store.py); it never decides them.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+import hashlib
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
 
-from engine.kv.prefix_cache import PrefixCache
 from engine.request import Request
+
+ROOT_HASH = 0
+
+
+def chain_hash(parent_hash: int, tokens: Sequence[int]) -> int:
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(parent_hash.to_bytes(16, "little"))
+    # struct packs in C (a prefix-cache hit hashes every block twice, on the TTFT path); the same
+    # bytes as each token's 4-byte little-endian form, and it refuses ids outside uint32 alike.
+    digest.update(struct.pack(f"<{len(tokens)}I", *tokens))
+    return int.from_bytes(digest.digest(), "little")
+
+
+@dataclass(eq=False)
+class CachedBlock:
+    block_hash: int
+    tokens: tuple[int, ...]
+    parent: "CachedBlock | None"
+    payload: Any
+    nbytes: int
+    ref_count: int = 0
+    num_children: int = 0
+    last_used: int = 0
+
+    @property
+    def parent_hash(self) -> int:
+        return self.parent.block_hash if self.parent is not None else ROOT_HASH
+
+    @property
+    def is_evictable(self) -> bool:
+        return self.ref_count == 0 and self.num_children == 0
+
+
+@dataclass
+class PrefixCacheStats:
+    hits: int = 0
+    misses: int = 0
+    hit_tokens: int = 0
+    evictions: int = 0
+    bytes_used: int = 0
+    num_blocks: int = 0
+
+
+def _no_payload(index: int) -> tuple[None, int]:
+    return None, 0
+
+
+# Builds the payload of block i (tokens [i*block_size, (i+1)*block_size)): (payload, nbytes).
+PayloadFactory = Callable[[int], tuple[Any, int]]
+
+
+@dataclass
+class PrefixCache:
+    block_size: int
+    capacity_bytes: int
+    snapshot_only: bool = False
+    stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    # In least- to most-recently-used order; a chain is touched leaf first so parents stay behind leaves.
+    _blocks: OrderedDict[int, CachedBlock] = field(default_factory=OrderedDict)
+    _clock: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.capacity_bytes < 0:
+            raise ValueError("block_size must be >= 1 and capacity_bytes >= 0")
+
+    # ---- lookup ------------------------------------------------------------
+    def match(self, tokens: Sequence[int], max_tokens: int | None = None) -> list[CachedBlock]:
+        """Longest chain of cached full blocks that is a prefix of tokens[:max_tokens]; counts a hit or miss."""
+        limit = len(tokens) if max_tokens is None else min(max_tokens, len(tokens))
+        matched: list[CachedBlock] = []
+        parent: CachedBlock | None = None
+        for start in range(0, limit - self.block_size + 1, self.block_size):
+            block_tokens = tuple(tokens[start : start + self.block_size])
+            parent_hash = parent.block_hash if parent is not None else ROOT_HASH
+            block = self._blocks.get(chain_hash(parent_hash, block_tokens))
+            if block is None or block.tokens != block_tokens or block.parent is not parent:
+                break
+            matched.append(block)
+            parent = block
+        if self.snapshot_only:
+            while matched and matched[-1].payload is None:
+                matched.pop()
+        self._touch(matched)
+        if matched:
+            self.stats.hits += 1
+            self.stats.hit_tokens += len(matched) * self.block_size
+        else:
+            self.stats.misses += 1
+        return matched
+
+    def lock(self, blocks: Sequence[CachedBlock]) -> None:
+        for block in blocks:
+            block.ref_count += 1
+
+    def unlock(self, blocks: Sequence[CachedBlock]) -> None:
+        for block in blocks:
+            if block.ref_count <= 0:
+                raise ValueError("unlock of a block that is not locked")
+            block.ref_count -= 1
+
+    # ---- insertion and eviction -------------------------------------------
+    def insert(self, tokens: Sequence[int], make_payload: PayloadFactory) -> list[CachedBlock]:
+        """Cache every full block of `tokens` not cached yet; returns the chain actually cached.
+
+        Stops early (never exceeding the budget) when a block cannot be made room for.
+        """
+        chain: list[CachedBlock] = []
+        parent: CachedBlock | None = None
+        num_blocks = len(tokens) // self.block_size
+        for index in range(num_blocks):
+            with_payload = not self.snapshot_only or index == num_blocks - 1
+            block_tokens = tuple(tokens[index * self.block_size : (index + 1) * self.block_size])
+            block_hash = chain_hash(parent.block_hash if parent else ROOT_HASH, block_tokens)
+            block = self._blocks.get(block_hash)
+            if block is not None and (block.tokens != block_tokens or block.parent is not parent):
+                break  # a hash collision: keep what is cached, add nothing below it
+            if block is None:
+                factory = make_payload if with_payload else _no_payload
+                block = self._add_block(block_hash, block_tokens, parent, factory, index, protect=chain)
+                if block is None:
+                    break
+            elif with_payload and block.payload is None and not self._attach_payload(block, make_payload, index, chain):
+                break
+            chain.append(block)
+            parent = block
+        self._touch(chain)
+        return chain
+
+    def _add_block(self, block_hash, block_tokens, parent, make_payload, index, protect) -> CachedBlock | None:
+        payload, nbytes = make_payload(index)
+        # The chain being built must survive the eviction that makes room for its next block.
+        self.lock(protect)
+        try:
+            if not self._make_room(nbytes):
+                return None
+        finally:
+            self.unlock(protect)
+        block = CachedBlock(block_hash, block_tokens, parent, payload, nbytes)
+        self._blocks[block_hash] = block
+        if parent is not None:
+            parent.num_children += 1
+        self.stats.bytes_used += nbytes
+        self.stats.num_blocks += 1
+        return block
+
+    def _attach_payload(self, block: CachedBlock, make_payload: PayloadFactory, index: int, chain) -> bool:
+        """Give a payload-less (snapshot-mode) block its snapshot, within the budget."""
+        payload, nbytes = make_payload(index)
+        self.lock([*chain, block])
+        try:
+            if not self._make_room(nbytes):
+                return False
+        finally:
+            self.unlock([*chain, block])
+        block.payload, block.nbytes = payload, nbytes
+        self.stats.bytes_used += nbytes
+        return True
+
+    def _make_room(self, nbytes: int) -> bool:
+        if nbytes > self.capacity_bytes:
+            return False
+        while self.stats.bytes_used + nbytes > self.capacity_bytes:
+            if not self._evict_one():
+                return False
+        return True
+
+    def _evict_one(self) -> bool:
+        victim = next((b for b in self._blocks.values() if b.is_evictable), None)
+        if victim is None:
+            return False
+        self._remove(victim)
+        self.stats.evictions += 1
+        # Payload-less parents left without children hold nothing worth keeping.
+        parent = victim.parent
+        while parent is not None and parent.payload is None and parent.is_evictable:
+            self._remove(parent)
+            parent = parent.parent
+        return True
+
+    def _remove(self, block: CachedBlock) -> None:
+        del self._blocks[block.block_hash]
+        if block.parent is not None:
+            block.parent.num_children -= 1
+        self.stats.bytes_used -= block.nbytes
+        self.stats.num_blocks -= 1
+
+    def evict_all_unlocked(self) -> None:
+        while self._evict_one():
+            pass
+
+    def _touch(self, blocks: Sequence[CachedBlock]) -> None:
+        self._clock += 1
+        for block in reversed(blocks):
+            block.last_used = self._clock
+            self._blocks.move_to_end(block.block_hash)
+
+    # ---- invariants ---------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Raise AssertionError if any bookkeeping invariant is broken."""
+        children: dict[int, int] = {h: 0 for h in self._blocks}
+        for block_hash, block in self._blocks.items():
+            assert block.block_hash == block_hash == chain_hash(block.parent_hash, block.tokens)
+            assert len(block.tokens) == self.block_size and block.ref_count >= 0 and block.nbytes >= 0
+            if block.parent is not None:
+                assert self._blocks.get(block.parent.block_hash) is block.parent, "orphaned block"
+                children[block.parent.block_hash] += 1
+        assert all(self._blocks[h].num_children == n for h, n in children.items())
+        assert self.stats.bytes_used == sum(b.nbytes for b in self._blocks.values())
+        assert self.stats.bytes_used <= self.capacity_bytes
+        assert self.stats.num_blocks == len(self._blocks)
 
 
 class KVCacheManager:

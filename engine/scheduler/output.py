@@ -13,7 +13,7 @@ from engine.errors import OrchardError
 from engine.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.kv.prefix_cache import CachedBlock
+    from engine.kv.cache_manager import CachedBlock
     from engine.sampling.structured import CompiledGuide
 
 

@@ -25,7 +25,7 @@ from engine.errors import (
 )
 from engine.output.request_output import Finish, TextDelta
 from tests.engine.test_batching import run_alone
-from tests.engine.test_structured_output import assert_valid, free_requests, prompt, schema_requests  # noqa: F401 (fixture)
+from tests.engine.test_structured_output import assert_valid, free_requests, prompt, schema_requests  # noqa: F401, F811 (fixture)
 from tests.support.json_schemas import SCHEMAS
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)

@@ -14,7 +14,7 @@ import pytest
 
 from deployments.model_calls import StreamChunk
 from deployments.transport.chunks import coalesce
-from engine.client.streams import StreamRouter
+from engine.client.interface import StreamRouter
 from engine.output.request_output import Finish, RequestOutput, TextDelta, Usage
 from engine.request import FinishReason
 

@@ -17,7 +17,6 @@ from deployments.config import (
     serve_app_name,
 )
 from deployments.ingress.model_store import ModelStore
-from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -214,8 +214,8 @@ def test_chunks_pushed_before_a_hang_up_still_go_out():
         connection.push(7, StreamChunk(text="t1", num_tokens=1, error=EngineDeadError("gone")))
         connection.hang_up()  # before any writer task ran
         batch = await asyncio.wait_for(read_frame(reader), timeout=5)
-        assert isinstance(batch, ChannelBatch) and [i.stream_id for i in batch.items] == [7]
-        assert batch.items[0].chunk.text == "t1" and batch.items[0].chunk.error.message == "gone"
+        assert isinstance(batch, ChannelBatch) and list(batch.chunks) == [7]
+        assert batch.chunks[7].text == "t1" and batch.chunks[7].error.message == "gone"
         their_writer.close()
 
     asyncio.run(main())

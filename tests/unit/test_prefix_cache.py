@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv.prefix_cache import PrefixCache
+from engine.kv.cache_manager import PrefixCache
 
 BLOCK = 4
 

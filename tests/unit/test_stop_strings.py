@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.output.stop import StopStringMatcher
+from engine.output.detokenizer import StopStringMatcher
 
 
 def run(pieces: list[str], stops: tuple[str, ...]) -> tuple[str, str | None]:
