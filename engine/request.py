@@ -12,7 +12,6 @@ from engine.errors import OrchardError
 from engine.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.kv.cache_manager import CachedBlock
     from engine.sampling.structured import CompiledGuide
 from dataclasses import replace
 
@@ -72,7 +71,7 @@ class Request:
     num_decode_steps: int = 0
     num_cached_tokens: int = 0
     # Prefix-cache blocks this request reuses; locked from admission until it finishes.
-    prefix_blocks: list["CachedBlock"] = field(default_factory=list)
+    prefix_blocks: list = field(default_factory=list)  # kv.cache_manager.CachedBlock (the kv layer sits above)
     stop_reason: str | int | None = None
     error: OrchardError | None = None
     # Structured output: the compiled automaton for sampling.guided, set before scheduling.

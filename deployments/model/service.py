@@ -16,6 +16,22 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable
 
+from deployments.chat.output_plan import plan_output
+from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
+from deployments.chat.parsers.selection import OutputParser, ParserNames, resolve_parser_names
+from deployments.chat.prompts import EncodedPrompt, PromptEncoder, TokenTexts
+from deployments.config import ModelConfig
+from deployments.model_calls import (
+    ChatPrompt,
+    GenerateJob,
+    MemoryUsage,
+    ModelInfo,
+    QueueStats,
+    StreamChunk,
+    TextPrompt,
+    TokenCount,
+)
+from deployments.transport.chunks import coalesce
 from engine.client.interface import EngineClient
 from engine.client.process_client import ProcessEngineClient
 from engine.client.spec import EngineSpec
@@ -23,16 +39,9 @@ from engine.client.thread_client import ThreadEngineClient
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, OrchardError
 from engine.output.request_output import Finish, TextDelta
-from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
-from deployments.chat.parsers.selection import OutputParser, ParserNames, resolve_parser_names
 from engine.request import Request
+from engine.runner.memory import EngineMemory, process_rss_bytes
 from engine.sampling.params import SamplingParams
-from deployments.transport.chunks import coalesce
-from deployments.config import ModelConfig
-from deployments.model.memory import memory_usage
-from deployments.chat.output_plan import plan_output
-from deployments.chat.prompts import EncodedPrompt, PromptEncoder, TokenTexts
-from deployments.model_calls import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TextPrompt, TokenCount
 
 # A child of Serve's logger, so replica log lines carry Serve's request id too.
 logger = logging.getLogger("ray.serve.orchard")
@@ -263,3 +272,20 @@ def _add_events(chunk: StreamChunk, events: list[ParsedEvent]) -> None:
             chunk.merge(StreamChunk(reasoning=event.text))
         elif isinstance(event, ToolCallDelta):
             chunk.merge(StreamChunk(tool_calls=[event]))
+
+
+MIB = 1024 * 1024
+
+
+def memory_usage(engine: EngineMemory, engine_in_own_process: bool) -> MemoryUsage:
+    """A model's memory as the API reports it: the engine process's MLX counters and RSS (plus, where the engine
+    steps in a child process, this serving process's RSS)."""
+    rss = engine.rss_bytes + (process_rss_bytes() if engine_in_own_process else 0)
+    total = rss if engine.buffers_in_rss else rss + engine.mlx_active_bytes
+    return MemoryUsage(
+        mlx_active_mb=round(engine.mlx_active_bytes / MIB, 1),
+        mlx_cache_mb=round(engine.mlx_cache_bytes / MIB, 1),
+        mlx_peak_mb=round(engine.mlx_peak_bytes / MIB, 1),
+        rss_mb=round(rss / MIB, 1),
+        total_mb=round(total / MIB, 1),
+    )

@@ -9,39 +9,16 @@ an incremental UTF-8 decoder; other tokenizers re-decode a short window of token
 from __future__ import annotations
 
 import codecs
-import json
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Callable, Protocol
+
+from engine.token_bytes import byte_level_table, is_byte_level
 
 
 class TextSource(Protocol):
     def add_token(self, token_id: int) -> str: ...
 
     def finalize(self) -> str: ...
-
-
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    codes, extra = list(printable), 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            codes.append(256 + extra)
-            extra += 1
-    return {byte: chr(code) for byte, code in zip(printable, codes)}
-
-
-@lru_cache(maxsize=1)
-def _unicode_to_byte() -> dict[str, int]:
-    return {char: byte for byte, char in bytes_to_unicode().items()}
-
-
-def _token_bytes(token: str) -> bytes:
-    table = _unicode_to_byte()
-    return b"".join(bytes([table[ch]]) if ch in table else ch.encode("utf-8") for ch in token)
 
 
 class ByteLevelSource:
@@ -87,23 +64,6 @@ class WindowSource:
         self._prefix_start = self._read_start = len(self._ids)
         self._prefix_text = ""
         return new_text
-
-
-def is_byte_level(tokenizer: Any) -> bool:
-    try:
-        decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
-    except (AttributeError, ValueError):
-        return False
-    return decoder.get("type") == "ByteLevel"
-
-
-def byte_level_table(tokenizer: Any, skip_special_tokens: bool = True) -> list[bytes]:
-    size = len(tokenizer)
-    table = [_token_bytes(t or "") for t in tokenizer.convert_ids_to_tokens(list(range(size)))]
-    for token_id, added in tokenizer.added_tokens_decoder.items():
-        if token_id < size:
-            table[token_id] = b"" if added.special and skip_special_tokens else added.content.encode("utf-8")
-    return table
 
 
 def text_source_factory(tokenizer: Any) -> Callable[[bool], TextSource]:

@@ -22,7 +22,7 @@ import numpy as np
 from outlines_core import Guide, Index, Vocabulary
 
 from engine.errors import InvalidRequestError
-from engine.output.detokenizer import byte_level_table, is_byte_level
+from engine.token_bytes import byte_level_table, is_byte_level
 from engine.sampling.guided import GuidedDecoding
 from engine.sampling.guided_regex import guided_regex
 
