@@ -52,9 +52,10 @@ class EngineClientBase(ABC):
         """Load the model and warm the engine; raises what the build raised."""
 
     async def close(self) -> None:
-        """Stop the engine and free its memory (streams still open end with EngineDeadError)."""
+        """Stop the engine and free its memory; streams still open end with EngineDeadError."""
         self._closed = True
         await self._stop()
+        self._streams.fail_all(EngineDeadError("The engine was closed"))
 
     @abstractmethod
     async def _stop(self) -> None: ...

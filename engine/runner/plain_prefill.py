@@ -5,7 +5,7 @@ sits after a row's real tokens, so the causal mask keeps the real positions exac
 per-row array mask is needed: on a GPU backend an array mask costs a non-fused attention, and
 mlx-lm's batched cache adds per-row bookkeeping ops; the plain mlx-lm KVCache takes a batch
 as it is. Each row's cache is then cut back to its real length. Measured on an H100 (bench/
-prefill_probe.py): 8 prompts of 512 tokens took 73 ms through the masked batch against 16 ms for
+prefill_probe.py, commit 52b8302): 8 prompts of 512 tokens took 73 ms through the masked batch against 16 ms for
 one plain forward. Only for models whose layers are all plain KVCaches (the runner's padded mode).
 """
 

@@ -1,7 +1,7 @@
 """Padded prefill shapes: few distinct forward shapes, so GPU kernels and plans are built once.
 
 MLX's GPU backends build kernels and attention plans for each new input shape: on an H100 the
-first forward at a new prefill shape cost 70-190 ms against 8-20 ms warm (bench/attention_probe.py).
+first forward at a new prefill shape cost 70-190 ms against 8-20 ms warm (bench/attention_probe.py, commit 8960592).
 Serving meets a new prompt length nearly every step, so each forward's length is padded up to a
 bucket, rows of very different lengths go to separate forwards, and the buckets are warmed at load.
 Plain Python: no MLX.

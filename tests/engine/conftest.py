@@ -36,3 +36,9 @@ def tiny_bpe_llama(tmp_path_factory, smollm_tokenizer_dir) -> LoadedModel:
     config = dict(LLAMA, vocab_size=49152, bos_token_id=1, eos_token_id=2)
     folder = write_model(tmp_path_factory.mktemp("tiny-bpe"), config, smollm_tokenizer_dir, scale=4.0)
     return load_model(folder)
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny_bpe_llama) -> list[int]:
+    """The structured-output tests' prompt, in the tiny BPE model's tokens."""
+    return tiny_bpe_llama.tokenizer.encode("Answer in JSON:")

@@ -25,7 +25,7 @@ from engine.errors import (
 )
 from engine.output.request_output import Finish, TextDelta
 from tests.engine.test_batching import run_alone
-from tests.engine.test_structured_output import assert_valid, free_requests, prompt, schema_requests  # noqa: F401, F811 (fixture)
+from tests.engine.test_structured_output import assert_valid, free_requests, schema_requests
 from tests.support.json_schemas import SCHEMAS
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -182,7 +182,7 @@ def test_a_model_that_fails_to_build_raises_from_start(kind, tmp_path):
 @pytest.mark.parametrize("kind", CLIENTS)
 def test_buffers_go_back_when_idle_and_close_ends_the_engine(kind, tiny_llama):
     """Freed buffers stay cached under load, go back to the device once the engine idles (not every N steps,
-    which would wait for the device holding the GIL); after close the client refuses requests."""
+    which would wait for the device holding the GIL); close ends open streams and refuses new requests."""
 
     async def scenario():
         client = await started(kind, tiny_llama)
@@ -195,9 +195,14 @@ def test_buffers_go_back_when_idle_and_close_ends_the_engine(kind, tiny_llama):
                 await asyncio.sleep(0.05)
             assert client.stats().memory.mlx_cache_bytes == 0
             assert client.health().alive
+            open_stream = aiter(client.submit(Request("open", [1, 2], SamplingParams(max_tokens=2000, **GREEDY))))
+            await anext(open_stream)
         finally:
             await client.close()
         assert not client.health().alive
+        with pytest.raises(EngineDeadError):  # a stream still open when the engine closed ends, never hangs
+            async for _ in open_stream:
+                pass
         with pytest.raises(EngineDeadError):
             client.submit(Request("late", [1, 2], SamplingParams(max_tokens=5)))
 

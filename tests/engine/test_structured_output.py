@@ -50,11 +50,6 @@ def free_requests(prompt: list[int]) -> list[Request]:
     ]
 
 
-@pytest.fixture(scope="module")
-def prompt(tiny_bpe_llama) -> list[int]:
-    return tiny_bpe_llama.tokenizer.encode("Answer in JSON:")
-
-
 def assert_valid(name: str, text: str, finish_reason: str) -> None:
     assert finish_reason == "stop", f"{name}: finished by {finish_reason} with {text!r}"
     parse_and_validate(text, SCHEMAS[name])
