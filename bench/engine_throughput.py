@@ -108,8 +108,8 @@ def step_into(core, trace: Trace) -> None:
 
 
 # ---- Orchard's engine API. Every import of engine/ in bench/ is in this block, except the serving launcher's
-# (bench/serving/orchard_server.py); the other benchmarks call these. Imports are lazy: without a working engine the
-# mlx-lm columns still run.
+# (bench/serving/orchard_server.py) and random_model's byte table; the others call these. Imports are lazy:
+# without a working engine the mlx-lm columns still run.
 def check_engine_api() -> None:
     """Import what the orchard column needs (raises what a half-written engine raises), and apply the MLX
     settings the engine applies when it loads a model, before anything touches the device: mlx-lm's columns

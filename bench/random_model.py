@@ -170,18 +170,6 @@ JSON_FRAGMENTS = ['{"', '"}', '":', '": ', '", "', '","', ', "', '{ "', '" }', "
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    codes, extra = list(printable), 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            codes.append(256 + extra)
-            extra += 1
-    return {byte: chr(code) for byte, code in zip(printable, codes)}
-
-
 def _pieces(count: int, seed: int) -> list[bytes]:
     """`count` distinct byte strings: bytes, JSON fragments, digit groups, then pseudo-words."""
     pieces: list[bytes] = []
@@ -208,6 +196,8 @@ def write_byte_level_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0) ->
     """Replaces the folder's tokenizer files with a byte-level BPE of `vocab_size` tokens (no merges: text
     encodes byte by byte, every id decodes)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from engine.token_bytes import bytes_to_unicode  # GPT-2's byte -> printable character map
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -341,7 +341,6 @@ def _stored_ids(graph: Graph) -> set[str]:
     return {m["model_id"] for m in stored["models"]}
 
 
-
 def test_api_loaded_model_comes_back_after_serve_restarts(graph, tiny_models):
     """Run-time apps vanish when Serve restarts; the ingress restores them from its state_dir.
 
