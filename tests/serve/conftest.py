@@ -58,6 +58,31 @@ def wait_until(condition, timeout_s: float, interval_s: float = 0.2, what: str =
         time.sleep(interval_s)
 
 
+# A graph of tiny models is running in ~20 s; with both cores of a 2-core machine busy elsewhere, several times
+# that (each model replica starts its engine process). An upper bound that only a hung start reaches.
+GRAPH_START_S = 300.0
+
+
+def deploy_graph(schema) -> None:
+    """What `serve run serve_config.yaml` does, waiting up to GRAPH_START_S for every application to run (Serve's
+    own blocking deploy gives up after 60 s); an application that fails to deploy fails at once, saying why."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ApplicationStatus
+
+    _get_global_client().deploy_apps(schema)
+    names = {app.name for app in schema.applications}
+
+    def all_running() -> bool:
+        apps = serve.status().applications
+        failed = {n: apps[n].message for n in names if n in apps and apps[n].status == ApplicationStatus.DEPLOY_FAILED}
+        if failed:
+            raise AssertionError(f"applications failed to deploy: {failed}")
+        return all(n in apps and apps[n].status == ApplicationStatus.RUNNING for n in names)
+
+    wait_until(all_running, GRAPH_START_S, interval_s=0.5, what=f"applications {sorted(names)} running")
+
+
 @dataclass
 class ServeCluster:
     port: int

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from deployments.config import serve_app_name
-from tests.serve.conftest import ServeCluster, TinyModels, wait_until
+from tests.serve.conftest import GRAPH_START_S, ServeCluster, TinyModels, deploy_graph, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 ALPHA = "tiny/alpha"  # an id with "/" on purpose
@@ -77,15 +77,14 @@ def serve_config_for_tests(models: TinyModels, state_dir: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def graph(serve_cluster, tiny_models, tmp_path_factory) -> Graph:
-    from ray.serve.context import _get_global_client
     from ray.serve.schema import ServeDeploySchema
 
     state_dir = tmp_path_factory.mktemp("orchard-state")
     schema = ServeDeploySchema.model_validate(serve_config_for_tests(tiny_models, state_dir))
-    _get_global_client().deploy_apps(schema, _blocking=True)  # what `serve run serve_config.yaml` does
+    deploy_graph(schema)
     graph = Graph(serve_cluster, state_dir)
     with graph.http() as http:
-        wait_until(lambda: _all_running(http, {ALPHA, BETA}), 90, what="both models running")
+        wait_until(lambda: _all_running(http, {ALPHA, BETA}), GRAPH_START_S, what="both models running")
     return graph
 
 
@@ -181,7 +180,8 @@ def test_load_through_admin_chat_unload_then_404(graph, tiny_models):
         assert GAMMA in _stored_ids(graph)
 
         chunks_at_accept = beta_stream.chunks
-        wait_until(lambda: (_status_of(http, GAMMA) or {}).get("status") == "running", 90, what="gamma running")
+        wait_until(lambda: (_status_of(http, GAMMA) or {}).get("status") == "running", GRAPH_START_S,
+                   what="gamma running")
         beta_stream.stop()
         # The deploy ran off the ingress's event loop: beta's stream kept flowing while gamma loaded.
         assert beta_stream.chunks - chunks_at_accept >= 5, f"a stream on {BETA} stalled while {GAMMA} loaded"
@@ -295,13 +295,13 @@ def test_queue_full_is_429_and_closed_streams_free_their_slots(graph):
             open_lines.append(stream.iter_lines())
             _read_to_first_content(open_lines[-1])
         # Engine stats are refreshed every 0.2 s while it works.
-        wait_until(lambda: _queue_row(http, BETA)["running"] == 2, 10, what="both streams running")
+        wait_until(lambda: _queue_row(http, BETA)["running"] == 2, 60, what="both streams running")
         refused = http.post("/v1/chat/completions", json=body)
         assert refused.status_code == 429, refused.text
         assert refused.json()["error"]["code"] == "queue_full" and refused.headers["retry-after"] == "1"
     # Both streams were closed mid-generation: the engine aborts them and frees their KV.
     with graph.http() as http:
-        wait_until(lambda: _queue_row(http, BETA)["running"] == 0, 20, what="beta idle")
+        wait_until(lambda: _queue_row(http, BETA)["running"] == 0, 60, what="beta idle")
 
 
 def test_disconnected_stream_is_aborted_in_the_engine(graph):
@@ -347,21 +347,22 @@ def test_api_loaded_model_comes_back_after_serve_restarts(graph, tiny_models):
     Runs last in this module: it tears the graph down and deploys serve_config's apps again.
     """
     from ray import serve
-    from ray.serve.context import _get_global_client
     from ray.serve.schema import ServeDeploySchema
 
     with graph.http() as http:
         accepted = http.post("/v1/admin/load-model", json={"model_id": GAMMA, "model_path": str(tiny_models.gamma)})
         assert accepted.status_code == 202, accepted.text
-        wait_until(lambda: (_status_of(http, GAMMA) or {}).get("status") == "running", 90, what="gamma running")
+        wait_until(lambda: (_status_of(http, GAMMA) or {}).get("status") == "running", GRAPH_START_S,
+                   what="gamma running")
     serve.shutdown()
     assert serve.status().applications == {}
     serve.start(http_options={"host": "127.0.0.1", "port": graph.cluster.port})
     schema = ServeDeploySchema.model_validate(serve_config_for_tests(tiny_models, graph.state_dir))
     assert GAMMA not in {app.args.get("model_id") for app in schema.applications}
-    _get_global_client().deploy_apps(schema, _blocking=True)
+    deploy_graph(schema)
     with graph.http() as http:
-        wait_until(lambda: _all_running(http, {ALPHA, BETA, GAMMA}), 120, what="gamma restored after restart")
+        wait_until(lambda: _all_running(http, {ALPHA, BETA, GAMMA}), GRAPH_START_S,
+                   what="gamma restored after restart")
         source = _status_of(http, GAMMA)
     answer = graph.openai().chat.completions.create(model=GAMMA, messages=CHAT, max_tokens=4, **GREEDY)
     assert answer.usage.completion_tokens == 4 and source["model_path"] == str(tiny_models.gamma)

@@ -20,7 +20,7 @@ import yaml
 from pydantic import TypeAdapter
 
 from deployments.config import serve_app_name
-from tests.serve.conftest import ServeCluster, wait_until
+from tests.serve.conftest import GRAPH_START_S, ServeCluster, deploy_graph, wait_until
 from tests.support.tiny_models import write_smollm2_tokenizer_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +54,6 @@ class ToolsGraph:
 
 @pytest.fixture(scope="module")
 def tools_graph(serve_cluster, tmp_path_factory) -> ToolsGraph:
-    from ray.serve.context import _get_global_client
     from ray.serve.schema import ServeDeploySchema
 
     root = tmp_path_factory.mktemp("tools-graph")
@@ -68,9 +67,9 @@ def tools_graph(serve_cluster, tmp_path_factory) -> ToolsGraph:
     model_app["args"].update(model_id=MODEL, model_path=str(model_path), context_length=CONTEXT,
                              chat_template_file=str(TEMPLATE))
     schema = ServeDeploySchema.model_validate({"applications": [ingress, model_app]})
-    _get_global_client().deploy_apps(schema, _blocking=True)  # what `serve run serve_config.yaml` does
+    deploy_graph(schema)
     with httpx.Client(base_url=serve_cluster.base_url, timeout=60) as http:
-        wait_until(lambda: _running(http), 90, what=f"{MODEL} running")
+        wait_until(lambda: _running(http), GRAPH_START_S, what=f"{MODEL} running")
     return ToolsGraph(serve_cluster)
 
 
