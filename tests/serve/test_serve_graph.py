@@ -204,7 +204,7 @@ def test_failed_load_reports_why_and_others_keep_serving(graph, tiny_models):
         accepted = http.post("/v1/admin/load-model", json={"model_id": BROKEN, "model_path": str(tiny_models.broken)})
         assert accepted.status_code == 202
         failed = wait_until(
-            lambda: (m := _status_of(http, BROKEN)) and m["status"] == "failed" and m, 90, what="broken failed"
+            lambda: (m := _status_of(http, BROKEN)) and m["status"] == "failed" and m, GRAPH_START_S, what="broken failed"
         )
         assert "no_such_architecture" in failed["error"]
         refused = http.post("/v1/chat/completions", json={"model": BROKEN, "messages": CHAT})
