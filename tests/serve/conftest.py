@@ -118,16 +118,23 @@ def start_ray_serve() -> int:
     raise AssertionError("unreachable")
 
 
-# Serve kills a proxy that is not ready within 5 s (then 10, 15, ...) or misses a 10 s health check; on a 2-core
-# machine whose cores are busy, a proxy's worker takes longer than that to start, and serve.start fails with it.
-SERVE_PATIENCE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}
+# Read by Ray's raylet and Serve's controller, which inherit the test process's environment:
+# - Ray starts its workers (Serve's proxy, the ingress, model replicas and so their engine processes) at nice 15:
+#   beside any busy process of normal priority they got a sliver of the CPU, and the graph tests took 25 minutes;
+# - Serve kills a proxy that is not ready within 5 s (then 10, 15, ...) or misses a 10 s health check, which a busy
+#   2-core machine exceeded, failing serve.start.
+TEST_RAY_ENV = {
+    "RAY_worker_niceness": "0",
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+}
 
 
 @pytest.fixture(scope="session")
 def serve_cluster():
     """One Ray instance and Serve (HTTP on 127.0.0.1) for the whole session: Ray starts in ~10 s."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    for name, value in SERVE_PATIENCE_ENV.items():  # read by Serve's controller, which inherits this environment
+    for name, value in TEST_RAY_ENV.items():
         os.environ.setdefault(name, value)
     import ray
     from ray import serve
