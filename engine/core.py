@@ -14,7 +14,7 @@ from engine.kv.cache_manager import PrefixCacheStats
 from engine.output.detokenizer import text_source_factory
 from engine.output.request_output import RequestOutput
 from engine.output.request_output import RequestOutputState
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestLimits, RequestStatus
 from engine.runner.loader import LoadedModel
 from engine.runner.memory import EngineMemory, read_engine_memory
 from engine.runner.runner import ModelRunner
@@ -22,7 +22,6 @@ from engine.runner_output import RunnerOutput
 from engine.sampling.structured import GuideCompiler
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
-from engine.request import RequestLimits
 
 THROUGHPUT_WINDOW_S = 10.0
 
