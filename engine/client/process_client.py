@@ -47,7 +47,6 @@ class ProcessEngineClient(EngineClientBase):
         self._child: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._send_lock = threading.Lock()
-        self._stopping = False
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> None:
@@ -97,7 +96,6 @@ class ProcessEngineClient(EngineClientBase):
     async def _stop(self) -> None:
         if self._child is None:
             return
-        self._stopping = True
         self._send(Shutdown())
         await self._reap()
 
@@ -146,7 +144,7 @@ class ProcessEngineClient(EngineClientBase):
         with self._send_lock:  # later sends (aborts of failed streams) then fail fast, and the socket is freed
             self._conn.close()
         reason = message.message if isinstance(message, EngineDied) else "the engine process exited"
-        if not self._stopping:
+        if not self._closed:  # an exit we asked for is no failure
             logger.error("engine process failed: %s", reason)
         self._die(EngineDeadError(f"The engine process stopped: {reason}"))
 
