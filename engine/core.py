@@ -9,11 +9,9 @@ from typing import Callable
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.kv.block_store import new_prefix_cache
-from engine.kv.cache_manager import KVCacheManager
-from engine.kv.cache_manager import PrefixCacheStats
+from engine.kv.cache_manager import KVCacheManager, PrefixCacheStats
 from engine.output.detokenizer import text_source_factory
-from engine.output.request_output import RequestOutput
-from engine.output.request_output import RequestOutputState
+from engine.output.request_output import RequestOutput, RequestOutputState
 from engine.request import Request, RequestLimits, RequestStatus
 from engine.runner.loader import LoadedModel
 from engine.runner.memory import EngineMemory, read_engine_memory

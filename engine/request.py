@@ -4,19 +4,16 @@ against the model's limits, made once, by the engine client at submit (and by ca
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Sequence
 
-from engine.errors import OrchardError
+from engine.errors import ContextLengthExceededError, InvalidRequestError, OrchardError
+from engine.sampling.guided_regex import guided_regex
 from engine.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.sampling.structured import CompiledGuide
-from dataclasses import replace
-
-from engine.errors import ContextLengthExceededError, InvalidRequestError
-from engine.sampling.guided_regex import guided_regex
 
 
 class RequestStatus(IntEnum):

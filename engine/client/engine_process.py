@@ -13,8 +13,7 @@ import sys
 import threading
 from multiprocessing.connection import Connection
 
-from engine.client.loop import GuidedIntake
-from engine.client.loop import EngineLoop
+from engine.client.loop import EngineLoop, GuidedIntake
 from engine.client.messages import (
     AbortRequest,
     AddRequest,

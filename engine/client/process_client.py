@@ -32,9 +32,8 @@ from engine.client.messages import (
 from engine.client.spec import EngineSpec
 from engine.errors import EngineDeadError
 from engine.mlx_settings import MLX_SETTINGS
-from engine.request import Request
+from engine.request import Request, RequestLimits
 from engine.runner.loader import load_tokenizer_only
-from engine.request import RequestLimits
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0

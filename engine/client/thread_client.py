@@ -12,9 +12,8 @@ import queue
 import threading
 from typing import Callable
 
-from engine.client.loop import GuidedIntake
 from engine.client.interface import EngineClientBase, ServedModel
-from engine.client.loop import EngineLoop
+from engine.client.loop import EngineLoop, GuidedIntake
 from engine.client.messages import AbortRequest, AddRequest, Shutdown
 from engine.client.spec import EngineSpec, build_engine_core
 from engine.core import EngineCore
