@@ -71,6 +71,14 @@ class ModelEntry:
     info: ModelInfo | None = None
     busy: bool = False  # a load or unload of ours is in flight: the backend's view lags behind
     seen_at: int = 0
+    # The folder the backend was given when it is not the model_path sent (a repo id's snapshot): never shown.
+    loaded_from: str | None = None
+
+    def as_sent(self, message: str | None) -> str | None:
+        """A failure message that names the model's path as it was sent."""
+        if message is None or self.loaded_from is None or self.config is None:
+            return message
+        return message.replace(self.loaded_from, self.config.model_path)
 
 
 @dataclass
@@ -167,7 +175,7 @@ class Registry:
                 )
             if entry.busy:
                 continue
-            entry.status, entry.error = state.status, state.message
+            entry.status, entry.error = state.status, entry.as_sent(state.message)
         for model_id, entry in list(self._entries.items()):
             if model_id in states or entry.busy:
                 continue
@@ -263,14 +271,14 @@ class Registry:
 
     async def _deploy(self, entry: ModelEntry, config: ModelConfig) -> None:
         started = time.monotonic()
-        resolved = config
         try:
             resolved = check_admin_model(config, self._model_roots)
+            if resolved.model_path != config.model_path:
+                entry.loaded_from = resolved.model_path
             await self._backend.deploy(resolved)
         except Exception as exc:
             message = exc.message if isinstance(exc, OrchardError) else repr(exc)
-            # Name the model as it was asked for: a repo id's snapshot folder is the server's business.
-            message = message.replace(resolved.model_path, config.model_path)
+            message = entry.as_sent(message)
             entry.status, entry.error = ModelStatus.FAILED, message
             logger.error("model %s failed to load: %s", config.id, message)
         else:

@@ -221,6 +221,7 @@ def test_repo_ids_load_from_the_local_hugging_face_cache(tiny_models, tmp_path, 
             broken = await http.post("/v1/admin/load-model", json={"model_id": "broken", "model_path": "org/broken"})
             assert broken.status_code == 202
             await wait_for(lambda: _has_status(stack, "broken", "failed"), timeout_s=30)
+            await asyncio.sleep(0.5)  # status polls merge the backend's own failure message in
             error = (await _loaded(stack))["broken"]["error"]
             assert "no_such_architecture" in error and "org/broken" in error and str(hub) not in error
 
