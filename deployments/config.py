@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
@@ -167,10 +167,21 @@ class ModelConfig(BaseModel):
         }
 
 
-class IngressConfig(BaseModel):
-    """The ingress application's `args` in serve_config.yaml."""
+# Keys from the environment where a config field is unset (the config wins: see IngressConfig).
+API_KEYS_ENV = "ORCHARD_API_KEYS"  # comma-separated
+ADMIN_KEY_ENV = "ORCHARD_ADMIN_KEY"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+_API_KEY = re.compile(r"[\x21-\x7e]{1,512}")  # printable ASCII, no spaces or commas (checked below)
 
-    model_config = ConfigDict(extra="forbid")
+
+class IngressConfig(BaseModel):
+    """The ingress application's `args` in serve_config.yaml.
+
+    Keys: a field set here wins; an unset one (null) is read from the environment of the Ray cluster
+    (ORCHARD_API_KEYS, comma-separated; ORCHARD_ADMIN_KEY). Keys are SecretStr: never in a repr or a log.
+    """
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # a bad key is never echoed
 
     state_dir: str | None = Field(None, description="where the API-loaded model list is kept")
     model_roots: list[str] | None = Field(
@@ -180,9 +191,42 @@ class IngressConfig(BaseModel):
     )
     restore_models: bool = True
     enable_admin: bool = True
+    api_keys: list[SecretStr] | None = Field(None, description="keys for the inference routes (null: from the env)")
+    admin_key: SecretStr | None = Field(None, description="the key for /v1/admin/* (null: from the env)")
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1, description="larger request bodies get 413")
     status_poll_interval_s: float = Field(2.0, gt=0)
     max_ongoing_requests: int = Field(1024, ge=1)
     ray_actor_options: RayActorOptions = Field(default_factory=RayActorOptions)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _valid_api_keys(cls, keys: list[SecretStr] | None) -> list[SecretStr] | None:
+        for key in keys or []:
+            check_api_key(key.get_secret_value(), "api_keys")
+        return keys
+
+    @field_validator("admin_key")
+    @classmethod
+    def _valid_admin_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None:
+            check_api_key(key.get_secret_value(), "admin_key")
+        return key
+
+    def resolved_api_keys(self) -> list[str]:
+        if self.api_keys is not None:
+            return [key.get_secret_value() for key in self.api_keys]
+        keys = [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
+        for key in keys:
+            check_api_key(key, API_KEYS_ENV)
+        return keys
+
+    def resolved_admin_key(self) -> str | None:
+        if self.admin_key is not None:
+            return self.admin_key.get_secret_value()
+        key = os.environ.get(ADMIN_KEY_ENV, "").strip() or None
+        if key is not None:
+            check_api_key(key, ADMIN_KEY_ENV)
+        return key
 
     def resolved_state_dir(self) -> Path:
         if self.state_dir:
@@ -215,6 +259,12 @@ def check_model_id(model_id: str) -> str:
     if APP_NAME_SLASH in model_id:
         raise ValueError(f"model_id '{model_id}' must not contain '{APP_NAME_SLASH}' (it stands for '/')")
     return model_id
+
+
+def check_api_key(key: str, source: str) -> None:
+    """A key a client can send in a header: printable ASCII without spaces or commas. Never quotes the key."""
+    if not _API_KEY.fullmatch(key) or "," in key:
+        raise ValueError(f"{source}: a key must be 1-512 printable ASCII characters without spaces or commas")
 
 
 def serve_app_name(model_id: str) -> str:
