@@ -16,9 +16,11 @@ from deployments.api.request_limits import (
     MAX_STOP_STRINGS,
     MAX_SYSTEM_BLOCKS,
     MAX_TOOLS,
+    refuse_invalid_unicode,
 )
 from deployments.config import ModelConfig
 from deployments.ingress.routes import create_app
+from engine.errors import InvalidRequestError
 from tests.serve.local_stack import LocalStack, local_stack
 
 MODEL = "tiny/alpha"
@@ -201,3 +203,14 @@ def test_the_openapi_spec_states_the_bounds(alpha):
     for fields in (chat_fields, messages_fields):
         assert fields["top_k"]["anyOf"][0]["maximum"] == 2**31 - 1
         assert fields["tools"]["anyOf"][0]["maxItems"] == MAX_TOOLS
+
+
+def test_the_unicode_check_names_the_path_and_survives_deep_nesting():
+    deep: object = ["t1", {"k": "\udfff"}]
+    for _ in range(50_000):  # deeper than Python's recursion limit: the walk is a loop
+        deep = [deep]
+    with pytest.raises(InvalidRequestError) as info:
+        refuse_invalid_unicode({"model": "m", "chat_template_kwargs": {"x": deep}})
+    assert info.value.param == "chat_template_kwargs.x" + ".0" * 50_000 + ".1.k"
+    body = {"messages": [{"role": "user", "content": "é 日本 🙂"}]}  # valid non-ASCII passes untouched
+    assert refuse_invalid_unicode(body) is body
