@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,15 +45,13 @@ from bench.serving.compare import (
     orchard_spec,
 )
 from bench.serving.load import run_async, write_json
-from bench.serving.stats import percentile
-from bench.serving.tables import Table, fmt, show
+from bench.serving.soak_report import summarize, table, verdict
+from bench.serving.tables import show
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_ID = "soak-tiny"
 SMOL_ID = "SmolLM2-135M-Instruct"  # serve_config.yaml's embedded default model
 TINY_VOCAB = 512  # bench.random_model's tiny shape
-FAILURES = ("server_error", "hung", "stream_error", "invalid", "client_error", "connection_error")
-KEPT_FAILURES = 200  # failed answers kept whole in the JSON (all are counted)
 SMOL_PROMPTS = ("Name a color.", "What is {a} plus {b}?", "Say hello to {name}.", "Count to {a}.",
                 "Give one word for the number {a}.", "Is {a} bigger than {b}? Answer yes or no.")
 NAMES = ("Ada", "Grace", "Alan", "Edsger", "Barbara")
@@ -127,27 +126,47 @@ def _cut(rng: np.random.Generator) -> Cut:
     return Cut(int(rng.integers(0, 4)))  # 0: right after the headers, before the first event
 
 
-async def run_requests(url: str, shapes: list[Shape], concurrency: int, timeout_s: float, deadline: float,
+@dataclass
+class Lane:
+    """Shapes sent by their own closed-loop workers."""
+
+    shapes: list[Shape]
+    workers: int
+
+
+def lanes(shapes: list[Shape], concurrency: int, smol: str | None, smol_concurrency: int) -> list[Lane]:
+    """SmolLM2 gets at most `smol_concurrency` of the workers: in one closed loop its slow requests would hold
+    most of them (a 5% share of the requests became ~80% of those in flight on a CPU)."""
+    slow = [s for s in shapes if s.model == smol]
+    fast = [s for s in shapes if s.model != smol]
+    if not slow or not fast:
+        return [Lane(shapes, concurrency)]
+    smol_workers = max(1, min(smol_concurrency, concurrency - 1))
+    return [Lane(fast, concurrency - smol_workers), Lane(slow, smol_workers)]
+
+
+async def run_requests(url: str, plan_lanes: list[Lane], timeout_s: float, deadline: float,
                        headers: dict[str, str]) -> list[Answer]:
-    """Closed loop: `concurrency` workers send the shapes in order; none starts after `deadline`."""
+    """Each lane's workers send its shapes in order, each the next one when its last ended; none starts after
+    `deadline`."""
     answers: list[Answer] = []
-    pending = iter(shapes)
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)  # send() bounds each request itself
 
-    async def worker() -> None:
-        for shape in pending:  # one iterator shared by the workers (one event loop: no races)
+    async def worker(pending: Iterator[Shape]) -> None:
+        for shape in pending:  # one iterator shared by a lane's workers (one event loop: no races)
             if time.perf_counter() > deadline:
                 return
             answers.append(await send(session, url, shape, timeout_s))
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
-        progress = asyncio.create_task(_progress(answers, len(shapes)))
+        progress = asyncio.create_task(_progress(answers, sum(len(lane.shapes) for lane in plan_lanes)))
+        iterators = [(iter(lane.shapes), lane.workers) for lane in plan_lanes]
         try:
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await asyncio.gather(*(worker(pending) for pending, workers in iterators for _ in range(workers)))
         finally:
             progress.cancel()
-    return answers
+    return sorted(answers, key=lambda a: a.shape.index)
 
 
 async def _progress(answers: list[Answer], total: int, every_s: float = 15.0) -> None:
@@ -197,18 +216,20 @@ async def soak(args: argparse.Namespace, url: str, tiny: str, smol: str | None) 
     models = [tiny] + ([smol] if smol else [])
     headers = {"Authorization": f"Bearer {args.api_key}", "x-api-key": args.api_key} if args.api_key else {}
     shapes = plan(mix, tiny, smol)
+    plan_lanes = lanes(shapes, args.concurrency, smol, args.smol_concurrency)
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as session:
         health_before, before = await read_health(session, url), await read_state(session, url, models)
         started = time.perf_counter()
-        answers = await run_requests(url, shapes, args.concurrency, args.request_timeout, started + args.max_seconds,
-                                     headers)
+        answers = await run_requests(url, plan_lanes, args.request_timeout, started + args.max_seconds, headers)
         wall_s = time.perf_counter() - started
         settled = await settle(session, url, before, args.settle_seconds)
         health_after = await read_health(session, url)
     report = summarize(answers, len(shapes), wall_s)
     report.update(health_before=health_before, health_after=health_after, state_before=asdict_map(before),
                   state_after=asdict_map(settled.models), idle_after=settled.idle, settle_s=settled.seconds)
-    report["settings"] = {"url": url, "models": models, "concurrency": args.concurrency, **asdict(mix),
+    report["settings"] = {"url": url, "models": models, "concurrency": args.concurrency,
+                          "lanes": [{"models": sorted({s.model for s in lane.shapes}), "requests": len(lane.shapes),
+                                     "workers": lane.workers} for lane in plan_lanes], **asdict(mix),
                           "request_timeout_s": args.request_timeout, "max_seconds": args.max_seconds}
     report["verdict"] = verdict(report)
     return report
@@ -216,77 +237,6 @@ async def soak(args: argparse.Namespace, url: str, tiny: str, smol: str | None) 
 
 def asdict_map(states: dict[str, ModelState]) -> dict[str, dict[str, Any]]:
     return {m: asdict(s) for m, s in states.items()}
-
-
-def summarize(answers: list[Answer], planned: int, wall_s: float) -> dict[str, Any]:
-    outcomes = Counter(a.outcome for a in answers)
-    ok = [a for a in answers if a.outcome == "ok"]
-    ttfts = [a.ttft_s for a in ok if a.ttft_s is not None]
-    by = {key: {str(k): dict(Counter(a.outcome for a in answers if fn(a) == k)) for k in sorted({fn(a) for a in answers})}
-          for key, fn in (("model", lambda a: a.shape.model), ("api", lambda a: f"{a.shape.api}{'/stream' if a.shape.stream else ''}"))}
-    failed = [a for a in answers if a.outcome in FAILURES]
-    return {
-        "planned": planned, "sent": len(answers), "not_started": planned - len(answers), "wall_s": round(wall_s, 1),
-        "outcomes": {k: outcomes.get(k, 0) for k in ("ok", "overload", "disconnected", *FAILURES)},
-        "statuses": {str(k): v for k, v in sorted(Counter(a.status for a in answers).items(), key=lambda kv: str(kv[0]))},
-        "server_errors_5xx": sum(1 for a in answers if a.status is not None and a.status >= 500),
-        "latency_s": _quantiles([a.latency_s for a in ok]), "ttft_s": _quantiles(ttfts),
-        "latency_s_by_outcome": {k: _quantiles([a.latency_s for a in answers if a.outcome == k]) for k in sorted(outcomes)},
-        "json_checked": sum(1 for a in ok if a.shape.json_schema and a.finish == "stop"),
-        "by_model": by["model"], "by_api": by["api"],
-        "failures": [answer_record(a) for a in failed[:KEPT_FAILURES]],
-        "slowest": [answer_record(a) for a in sorted(answers, key=lambda a: -a.latency_s)[:5]],
-    }
-
-
-def _quantiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p95": None, "max": None}
-    return {"p50": round(percentile(values, 50), 4), "p95": round(percentile(values, 95), 4), "max": round(max(values), 4)}
-
-
-def answer_record(a: Answer) -> dict[str, Any]:
-    record = asdict(a)
-    record["shape"]["prompt"] = a.shape.prompt[:200]
-    record["latency_s"] = round(a.latency_s, 3)
-    return record
-
-
-def verdict(report: dict[str, Any]) -> dict[str, Any]:
-    reasons = [f"{report['outcomes'][k]} {k}" for k in FAILURES if report["outcomes"][k]]
-    if report["server_errors_5xx"] and not report["outcomes"]["server_error"]:
-        reasons.append(f"{report['server_errors_5xx']} 5xx")
-    if not report["idle_after"]:
-        reasons.append("not idle after the run (running, waiting or KV above baseline): a leak")
-    if report["health_after"]["http_status"] != 200:
-        reasons.append(f"/health answers {report['health_after']} after the run")
-    if report["sent"] == 0:
-        reasons.append("no request was sent")
-    return {"passed": not reasons, "reasons": reasons}
-
-
-def table(report: dict[str, Any]) -> Table:
-    o, lat = report["outcomes"], report["latency_s"]
-    rows = [["requests (sent / planned)", f"{report['sent']} / {report['planned']}"],
-            ["statuses", ", ".join(f"{k}: {v}" for k, v in report["statuses"].items())],
-            ["ok / disconnected / overload (429)", f"{o['ok']} / {o['disconnected']} / {o['overload']}"],
-            ["5xx / hung", f"{report['server_errors_5xx']} / {o['hung']}"],
-            ["stream errors / invalid / other 4xx / conn errors",
-             f"{o['stream_error']} / {o['invalid']} / {o['client_error']} / {o['connection_error']}"],
-            ["latency p50 / p95 / max s (ok)", f"{fmt(lat['p50'], 3)} / {fmt(lat['p95'], 3)} / {fmt(lat['max'], 3)}"],
-            ["TTFT p50 / p95 s (ok streams)", f"{fmt(report['ttft_s']['p50'], 3)} / {fmt(report['ttft_s']['p95'], 3)}"],
-            ["wall s (+ settle s)", f"{report['wall_s']} (+ {report['settle_s']})"]]
-    for model, before in report["state_before"].items():
-        after = report["state_after"][model]
-        states = [f"{s['running']}/{s['waiting']}/{s['kv_cache_bytes']}" for s in (before, after)]
-        rows.append([f"{model}: running/waiting/KV bytes", " -> ".join(states)])
-    if "serve_log_errors" in report:
-        logged = report["serve_log_errors"]
-        rows.append(["Serve log ERROR lines / tracebacks", f"{logged['error_lines']} / {logged['tracebacks']}"])
-    rows.append(["health before -> after", f"{report['health_before']['status']} -> {report['health_after']['status']}"])
-    passed = report["verdict"]["passed"]
-    rows.append(["verdict", "PASS" if passed else "FAIL: " + "; ".join(report["verdict"]["reasons"])])
-    return Table("soak", ["", "value"], rows)
 
 
 # ---- where the server is
@@ -358,6 +308,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--disconnect-fraction", type=float, default=0.1)
     p.add_argument("--smol-fraction", type=float, default=0.05)
+    p.add_argument("--smol-concurrency", type=int, default=4,
+                   help="of the --concurrency workers, those that send the SmolLM2 requests (their own closed loop)")
     p.add_argument("--stream-fraction", type=float, default=0.6, help="of the requests not cut by the client")
     p.add_argument("--stop-fraction", type=float, default=0.25, help="requests with stop strings")
     p.add_argument("--json-fraction", type=float, default=0.3, help="SmolLM2 chat requests with JSON-schema output")

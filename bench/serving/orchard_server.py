@@ -2,6 +2,7 @@
 
     python -m bench.serving.orchard_server --model PATH --port 8000 [--decode-batch 128 ...] \
         [--model-arg KEY=VALUE ...]     # KEY may be dotted: advanced.prefill_warmup_seconds=15
+        [--with-config-models]          # serve_config.yaml's own models too, as written (bench.soak)
 
 The ingress and model entries are serve_config.yaml's own, deployed the way `serve run` does
 (a ServeDeploySchema), with the model entry pointed at PATH and sized for the benchmark
