@@ -243,11 +243,13 @@ def asdict_map(states: dict[str, ModelState]) -> dict[str, dict[str, Any]]:
 def check_loopback(url: str, allow_remote: bool) -> str:
     host = urlparse(url).hostname
     if not host:
-        raise SystemExit(f"--url {url!r}: no host")
+        print(f"--url {url!r}: no host", file=sys.stderr)
+        raise SystemExit(2)
     addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
     if not allow_remote and not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
-        raise SystemExit(f"--url {url!r} resolves to {sorted(addresses)}, beyond loopback: a load test there needs "
-                         "--allow-remote (and the owner's consent)")
+        print(f"--url {url!r} resolves to {sorted(addresses)}, beyond loopback: a load test there needs "
+              "--allow-remote (and the owner's consent)", file=sys.stderr)
+        raise SystemExit(2)
     return url.rstrip("/")
 
 
