@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import datetime
 import ipaddress
+import json
 import os
 import socket
 import sys
@@ -108,7 +109,7 @@ def plan(mix: Mix, tiny: str, smol: str | None) -> list[Shape]:
             shape.prompt = str(rng.choice(SMOL_PROMPTS)).format(a=int(rng.integers(2, 50)), b=int(rng.integers(2, 50)),
                                                                 name=str(rng.choice(NAMES)))
             shape.json_schema = api == "chat" and rng.random() < mix.json_fraction
-            shape.max_tokens = 12 if shape.json_schema else shape.max_tokens  # {"answer": "yes"} and a little room
+            shape.max_tokens = 16 if shape.json_schema else shape.max_tokens  # {"answer": "yes"}: ~10 tokens
         else:
             words = int(np.exp(rng.uniform(np.log(4), np.log(mix.max_prompt_words))))
             shared = rng.random() < 0.5
@@ -179,17 +180,27 @@ async def _progress(answers: list[Answer], total: int, every_s: float = 15.0) ->
 
 
 # ---- the server's state
+class StatsUnavailable(RuntimeError):
+    """/v1/queue/stats did not answer 200 (say, behind a key this run was not given)."""
+
+
 async def read_state(session: aiohttp.ClientSession, url: str, models: list[str]) -> dict[str, ModelState]:
     async with session.get(url + "/v1/queue/stats") as resp:
-        rows = {r["id"]: r for r in (await resp.json())["models"]} if resp.status == 200 else {}
+        if resp.status != 200:
+            raise StatsUnavailable(f"/v1/queue/stats answered {resp.status}: {(await resp.text())[:300]}")
+        rows = {r["id"]: r for r in (await resp.json())["models"]}
     return {m: ModelState(rows.get(m, {}).get("status"), rows.get(m, {}).get("waiting"),
                           rows.get(m, {}).get("running"), rows.get(m, {}).get("kv_cache_bytes")) for m in models}
 
 
 async def read_health(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     async with session.get(url + "/health") as resp:
-        body = await resp.json(content_type=None)
-    return {"http_status": resp.status, "status": body.get("status") if isinstance(body, dict) else None}
+        text = await resp.text()
+    try:
+        status = json.loads(text).get("status")
+    except (ValueError, AttributeError):
+        status = f"not a JSON object: {text[:100]!r}"
+    return {"http_status": resp.status, "status": status}
 
 
 def is_idle(now: ModelState, baseline: ModelState) -> bool:
@@ -200,8 +211,12 @@ def is_idle(now: ModelState, baseline: ModelState) -> bool:
 async def settle(session: aiohttp.ClientSession, url: str, baseline: dict[str, ModelState], timeout_s: float) -> Settle:
     """Poll until every model is idle (running and waiting 0, KV at most its baseline), at most timeout_s."""
     started = time.perf_counter()
+    unknown = ModelState(None, None, None, None)
     while True:
-        now = await read_state(session, url, list(baseline))
+        try:
+            now = await read_state(session, url, list(baseline))
+        except (StatsUnavailable, aiohttp.ClientError, asyncio.TimeoutError):  # a server restarting: not idle yet
+            now = {m: unknown for m in baseline}
         elapsed = time.perf_counter() - started
         if all(is_idle(now[m], baseline[m]) for m in baseline) or elapsed > timeout_s:
             return Settle(all(is_idle(now[m], baseline[m]) for m in baseline), round(elapsed, 1), now)

@@ -3,7 +3,8 @@ failed answers whole; the verdict and the printed table."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -19,8 +20,6 @@ def summarize(answers: list[Answer], planned: int, wall_s: float) -> dict[str, A
     outcomes = Counter(a.outcome for a in answers)
     ok = [a for a in answers if a.outcome == "ok"]
     ttfts = [a.ttft_s for a in ok if a.ttft_s is not None]
-    by = {key: {str(k): dict(Counter(a.outcome for a in answers if fn(a) == k)) for k in sorted({fn(a) for a in answers})}
-          for key, fn in (("model", lambda a: a.shape.model), ("api", lambda a: f"{a.shape.api}{'/stream' if a.shape.stream else ''}"))}
     failed = [a for a in answers if a.outcome in FAILURES]
     return {
         "planned": planned, "sent": len(answers), "not_started": planned - len(answers), "wall_s": round(wall_s, 1),
@@ -29,11 +28,22 @@ def summarize(answers: list[Answer], planned: int, wall_s: float) -> dict[str, A
         "server_errors_5xx": sum(1 for a in answers if a.status is not None and a.status >= 500),
         "latency_s": _quantiles([a.latency_s for a in ok]), "ttft_s": _quantiles(ttfts),
         "latency_s_by_outcome": {k: _quantiles([a.latency_s for a in answers if a.outcome == k]) for k in sorted(outcomes)},
+        "latency_s_by_model": {m: _quantiles([a.latency_s for a in ok if a.shape.model == m])
+                               for m in sorted({a.shape.model for a in answers})},
+        "json_sent": sum(1 for a in answers if a.shape.json_schema),
         "json_checked": sum(1 for a in ok if a.shape.json_schema and a.finish == "stop"),
-        "by_model": by["model"], "by_api": by["api"],
+        "by_model": _outcomes_by(answers, lambda a: a.shape.model),
+        "by_api": _outcomes_by(answers, lambda a: a.shape.api + ("/stream" if a.shape.stream else "")),
         "failures": [answer_record(a) for a in failed[:KEPT_FAILURES]],
         "slowest": [answer_record(a) for a in sorted(answers, key=lambda a: -a.latency_s)[:5]],
     }
+
+
+def _outcomes_by(answers: list[Answer], key: Callable[[Answer], str]) -> dict[str, dict[str, int]]:
+    groups: dict[str, Counter] = defaultdict(Counter)
+    for a in answers:
+        groups[key(a)][a.outcome] += 1
+    return {k: dict(v) for k, v in sorted(groups.items())}
 
 
 def _quantiles(values: list[float]) -> dict[str, float | None]:
@@ -62,6 +72,10 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
     return {"passed": not reasons, "reasons": reasons}
 
 
+def _triple(q: dict[str, float | None]) -> str:
+    return f"{fmt(q['p50'], 3)} / {fmt(q['p95'], 3)} / {fmt(q['max'], 3)}"
+
+
 def table(report: dict[str, Any]) -> Table:
     o, lat = report["outcomes"], report["latency_s"]
     rows = [["requests (sent / planned)", f"{report['sent']} / {report['planned']}"],
@@ -70,7 +84,8 @@ def table(report: dict[str, Any]) -> Table:
             ["5xx / hung", f"{report['server_errors_5xx']} / {o['hung']}"],
             ["stream errors / invalid / other 4xx / conn errors",
              f"{o['stream_error']} / {o['invalid']} / {o['client_error']} / {o['connection_error']}"],
-            ["latency p50 / p95 / max s (ok)", f"{fmt(lat['p50'], 3)} / {fmt(lat['p95'], 3)} / {fmt(lat['max'], 3)}"],
+            ["latency p50 / p95 / max s (ok)", _triple(lat)],
+            *[[f"  {model}", _triple(q)] for model, q in report["latency_s_by_model"].items()],
             ["TTFT p50 / p95 s (ok streams)", f"{fmt(report['ttft_s']['p50'], 3)} / {fmt(report['ttft_s']['p95'], 3)}"],
             ["wall s (+ settle s)", f"{report['wall_s']} (+ {report['settle_s']})"]]
     for model, before in report["state_before"].items():
