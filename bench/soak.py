@@ -336,8 +336,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=120.0, help="a request still open after this is hung")
     p.add_argument("--max-seconds", type=float, default=1800.0, help="no request starts after this")
     p.add_argument("--settle-seconds", type=float, default=60.0, help="how long the server may take to become idle")
-    p.add_argument("--api-key", default=os.environ.get("ORCHARD_SOAK_API_KEY"),
-                   help="sent as Authorization: Bearer and x-api-key (default: $ORCHARD_SOAK_API_KEY)")
+    p.add_argument("--api-key", default=os.environ.get("ORCHARD_API_KEYS", "").split(",")[0].strip() or None,
+                   help="sent as Authorization: Bearer and x-api-key (default: the first of $ORCHARD_API_KEYS, the "
+                        "server's own setting)")
     p.add_argument("--tiny-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="with --start: another field of the tiny model's entry, e.g. queue_size=8 (repeatable)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
