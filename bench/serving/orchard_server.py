@@ -2,6 +2,7 @@
 
     python -m bench.serving.orchard_server --model PATH --port 8000 [--decode-batch 128 ...] \
         [--model-arg KEY=VALUE ...]     # KEY may be dotted: advanced.prefill_warmup_seconds=15
+        [--with-config-models]          # serve_config.yaml's own models too, as written (bench.soak)
 
 The ingress and model entries are serve_config.yaml's own, deployed the way `serve run` does
 (a ServeDeploySchema), with the model entry pointed at PATH and sized for the benchmark
@@ -48,6 +49,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="any other model entry field (YAML value), e.g. max_ongoing_requests=1024; a dotted KEY "
                         "sets a nested field, e.g. advanced.prefill_warmup_seconds=15")
+    p.add_argument("--with-config-models", action="store_true",
+                   help="also serve serve_config.yaml's own model applications as they are (the embedded SmolLM2)")
     p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2, help="Ray's logical CPUs")
     p.add_argument("--throughput-optimized", action="store_true", help="RAY_SERVE_THROUGHPUT_OPTIMIZED=1")
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
@@ -103,8 +106,15 @@ def config_applications() -> tuple[dict[str, Any], dict[str, Any]]:
     return copy.deepcopy(ingress), copy.deepcopy(template)
 
 
+def config_model_applications() -> list[dict[str, Any]]:
+    """serve_config.yaml's model applications as written."""
+    apps = yaml.safe_load((REPO / "serve_config.yaml").read_text())["applications"]
+    return [a for a in apps if "model_path" in (a.get("args") or {})]
+
+
 def deploy_schema(args: argparse.Namespace, model_id: str, state_dir: str) -> dict[str, Any]:
-    """serve_config.yaml with its model entry copied onto our model (same builder, same fields)."""
+    """serve_config.yaml with its model entry copied onto our model (same builder, same fields); with
+    --with-config-models, the config's own models come too."""
     from deployments.config import serve_app_name
 
     ingress, model = config_applications()
@@ -114,7 +124,8 @@ def deploy_schema(args: argparse.Namespace, model_id: str, state_dir: str) -> di
     model["args"].update(model_entry_args(args, model_id))
     for path, value in parse_fields(args.model_arg):
         set_field(model["args"], path, value)
-    return {"applications": [ingress, model]}
+    extra = config_model_applications() if args.with_config_models else []
+    return {"applications": [ingress, model] + [a for a in extra if a["name"] != model["name"]]}
 
 
 def mlx_backend_env() -> dict[str, str]:
