@@ -54,6 +54,22 @@ class EngineDeadError(OrchardError):
     code = "engine_dead"
 
 
+class EngineRestartingError(OrchardError):
+    """The model's engine died and is being restarted in place: retry after a few seconds."""
+
+    code = "engine_restarting"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, param="model")
+        self.retry_after_s = retry_after_s
+
+
+class ModelUnloadedError(OrchardError):
+    """The model was unloaded while the request ran (or before it could start)."""
+
+    code = "model_unloaded"
+
+
 LOADING_RETRY_AFTER_S = 5
 
 
