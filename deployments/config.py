@@ -21,7 +21,11 @@ DEFAULT_MODEL_PATH = "default"
 KNOWN_PARSERS = {"tool_call_parser": TOOL_PARSER_NAMES, "reasoning_parser": REASONING_PARSER_NAMES}
 # The Serve deployment of every model application (the registry recognises model applications by it).
 MODEL_SERVER_DEPLOYMENT = "ModelServer"
-_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,255}$")
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+/-]*$")
+# Serve names each replica's log file "replica_<app>_ModelServer_<8 chars>.log" (and .log.N, _memray_N.bin) after
+# the application, and a file name holds at most 255 bytes: a 256-character id failed with "File name too long".
+# 128 characters (app name at most 191 with each '/' as '--', no empty parts) leave that room and fit HF repo ids.
+MAX_MODEL_ID_CHARS = 128
 # Serve's config builder writes a log file named after the application, so '/' cannot be in an
 # application name (Ray 2.60); model "org/name" is application "org--name".
 APP_NAME_SLASH = "--"
@@ -113,14 +117,15 @@ class ModelConfig(BaseModel):
             raise ValueError(f"unknown parser '{value}' (choose from {', '.join(known)})")
         return value
 
+    @field_validator("model_id")
+    @classmethod
+    def _given_model_id(cls, value: str | None) -> str | None:
+        return value if value is None else check_model_id(value)
+
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
         if self.model_id is None:
-            self.model_id = default_model_id(self.model_path)
-        if not _MODEL_ID.match(self.model_id) or ".." in self.model_id.split("/"):
-            raise ValueError(f"model_id '{self.model_id}' may hold only letters, digits and . _ : @ + / -")
-        if APP_NAME_SLASH in self.model_id:
-            raise ValueError(f"model_id '{self.model_id}' must not contain '{APP_NAME_SLASH}' (it stands for '/')")
+            self.model_id = check_model_id(default_model_id(self.model_path))
         try:
             self.engine_config()
         except InvalidRequestError as exc:  # surface engine limits at config time, not in the replica
@@ -169,7 +174,11 @@ class IngressConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     state_dir: str | None = Field(None, description="where the API-loaded model list is kept")
-    model_roots: list[str] | None = Field(None, description="if set, admin loads must lie under one of these")
+    model_roots: list[str] | None = Field(
+        None,
+        description="admin loads of local folders must lie under one of these "
+        "(null: Orchard's and Hugging Face's model caches, default_model_roots())",
+    )
     restore_models: bool = True
     enable_admin: bool = True
     status_poll_interval_s: float = Field(2.0, gt=0)
@@ -193,6 +202,22 @@ class IngressConfig(BaseModel):
         }
 
 
+def check_model_id(model_id: str) -> str:
+    """A model id that can name its Serve application (and that application's log files)."""
+    if len(model_id) > MAX_MODEL_ID_CHARS:
+        raise ValueError(
+            f"model_id is {len(model_id)} characters long; the most is {MAX_MODEL_ID_CHARS} "
+            "(Serve names log files after it)"
+        )
+    if not _MODEL_ID.match(model_id) or ".." in model_id.split("/"):
+        raise ValueError(f"model_id '{model_id}' may hold only letters, digits and . _ : @ + / -")
+    if "" in model_id.split("/"):
+        raise ValueError(f"model_id '{model_id}' must not have an empty part between '/'")
+    if APP_NAME_SLASH in model_id:
+        raise ValueError(f"model_id '{model_id}' must not contain '{APP_NAME_SLASH}' (it stands for '/')")
+    return model_id
+
+
 def serve_app_name(model_id: str) -> str:
     """The Serve application that runs a model."""
     return model_id.replace("/", APP_NAME_SLASH)
@@ -212,10 +237,21 @@ def default_model_id(model_path: str) -> str:
 def check_model_folder(
     raw: str, roots: list[str] | None = None, param: str = "model_path", base_dir: Path | None = None
 ) -> Path:
-    """A local model folder, safely: no '..', a directory holding config.json, under `roots` if given.
+    """A local model folder, safely: no '..', under `roots` if given, a directory holding config.json.
 
     Relative paths are allowed only with a base_dir (serve_config.yaml: the directory `serve run` ran in).
     """
+    resolved = _allowed_folder_path(raw, roots, param, base_dir)
+    if not resolved.is_dir():
+        raise InvalidRequestError(f"'{param}' is not a directory: {raw}", param=param)
+    if not (resolved / "config.json").is_file():
+        raise InvalidRequestError(f"'{param}' holds no config.json: {raw}", param=param)
+    return resolved
+
+
+def _allowed_folder_path(raw: str, roots: list[str] | None, param: str, base_dir: Path | None = None) -> Path:
+    """The resolved path if it may be used, before looking at what is there: a path outside the roots is refused
+    the same way whether it exists or not, so a caller cannot probe the server's files."""
     path = Path(raw).expanduser()
     if ".." in path.parts:
         raise InvalidRequestError(f"'{param}' must not contain '..'", param=param)
@@ -224,22 +260,17 @@ def check_model_folder(
     if not path.is_absolute():
         raise InvalidRequestError(f"'{param}' must be an absolute path to a local model folder", param=param)
     resolved = path.resolve()
-    if not resolved.is_dir():
-        raise InvalidRequestError(f"'{param}' is not a directory: {raw}", param=param)
-    if not (resolved / "config.json").is_file():
-        raise InvalidRequestError(f"'{param}' holds no config.json: {raw}", param=param)
     if roots is not None and not any(resolved.is_relative_to(Path(r).expanduser().resolve()) for r in roots):
         raise InvalidRequestError(f"'{param}' lies outside the allowed model_roots", param=param)
     return resolved
 
 
-def check_model_sources(
-    config: ModelConfig, roots: list[str] | None = None, base_dir: Path | None = None
-) -> ModelConfig:
-    """Validate every path a model config names; returns a copy with absolute paths."""
+def check_model_sources(config: ModelConfig, base_dir: Path | None = None) -> ModelConfig:
+    """Validate every path a serve_config.yaml model names (the operator's: no roots); returns a copy with
+    absolute paths."""
     updates: dict[str, Any] = {}
     if not config.uses_default_model:
-        updates["model_path"] = str(check_model_folder(config.model_path, roots, base_dir=base_dir))
+        updates["model_path"] = str(check_model_folder(config.model_path, base_dir=base_dir))
     if config.chat_template_file is not None:
         template = Path(config.chat_template_file).expanduser()
         if not template.is_absolute() and base_dir is not None:
@@ -250,3 +281,88 @@ def check_model_sources(
             )
         updates["chat_template_file"] = str(template.resolve())
     return config.model_copy(update=updates)
+
+
+# ---- models loaded through the admin API (or restored from its list) -------------------------------------
+# Fields only serve_config.yaml may set, and why: over HTTP they would run or read what the caller names.
+OPERATOR_ONLY_FIELDS = {
+    "trust_remote_code": "it lets a model folder run its own Python code",
+    "chat_template_file": "it reads a file on the server",
+}
+
+
+def default_model_roots() -> list[str]:
+    """Where admin loads may come from when model_roots is unset: Orchard's and Hugging Face's model caches."""
+    # Imported here: it imports MLX, which the config's other users do not need.
+    from engine.models.default_model import models_root
+
+    return [str(models_root()), str(hf_hub_cache())]
+
+
+def hf_hub_cache() -> Path:
+    """Hugging Face's hub cache by huggingface_hub's rules, read now: its `constants` are fixed at its import."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(os.path.expandvars(explicit)).expanduser()
+    hf_home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(os.path.expandvars(hf_home)).expanduser() / "hub"
+
+
+def check_admin_policy(config: ModelConfig, roots: list[str]) -> None:
+    """What an admin load may name, whatever is on disk: no operator-only field; a folder under `roots`, or a
+    Hugging Face repo id."""
+    for field, why in OPERATOR_ONLY_FIELDS.items():
+        if getattr(config, field) not in (None, False):
+            raise InvalidRequestError(
+                f"'{field}' is an operator setting: set it in serve_config.yaml, not over HTTP ({why})", param=field
+            )
+    if config.uses_default_model:
+        return
+    if _is_local_path(config.model_path):
+        _allowed_folder_path(config.model_path, roots, "model_path")
+    else:
+        _check_repo_id(config.model_path)
+
+
+def check_admin_model(config: ModelConfig, roots: list[str]) -> ModelConfig:
+    """check_admin_policy, then what is on disk: a copy whose model_path is the local folder to load (a repo id's
+    snapshot in the local Hugging Face cache)."""
+    check_admin_policy(config, roots)
+    if config.uses_default_model:
+        return config
+    if _is_local_path(config.model_path):
+        folder = check_model_folder(config.model_path, roots)
+    else:
+        folder = hub_snapshot_folder(config.model_path)
+    return config.model_copy(update={"model_path": str(folder)})
+
+
+def hub_snapshot_folder(repo_id: str) -> Path:
+    """The folder of a Hugging Face repo's `main` revision in the local hub cache (nothing is downloaded)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    _check_repo_id(repo_id)
+    config_file = try_to_load_from_cache(repo_id, "config.json", cache_dir=hf_hub_cache())
+    if not isinstance(config_file, str):  # None (not cached) or "cached as missing"
+        raise InvalidRequestError(
+            f"'model_path' '{repo_id}' is not in the local Hugging Face cache (downloading it is not supported yet; "
+            "a model folder must be an absolute path)",
+            param="model_path",
+        )
+    return Path(config_file).parent
+
+
+def _is_local_path(raw: str) -> bool:
+    return raw.startswith(("/", "~"))
+
+
+def _check_repo_id(raw: str) -> None:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(raw)
+    except HFValidationError as exc:
+        raise InvalidRequestError(
+            "'model_path' must be an absolute path to a model folder or a Hugging Face repo id (org/name)",
+            param="model_path",
+        ) from exc

@@ -29,6 +29,10 @@ class LocalModelClient:
         return self._service.queue_stats()
 
 
+# The ingress's application name in process, as serve_config.yaml names it under Serve.
+LOCAL_INGRESS_APP = "orchard"
+
+
 class LocalBackend:
     def __init__(
         self, new_engine_client: EngineClientFactory = thread_engine_client, unload_drain_s: float = UNLOAD_DRAIN_S
@@ -58,6 +62,9 @@ class LocalBackend:
 
     async def deployments(self) -> dict[str, DeploymentState]:
         return dict(self._states)
+
+    async def reserved_names(self) -> set[str]:
+        return {LOCAL_INGRESS_APP}
 
     async def client(self, model_id: str) -> LocalModelClient:
         service = self._services.get(model_id)

@@ -15,8 +15,16 @@ from enum import Enum
 from typing import Protocol
 
 from engine.client.interface import EngineStatus
-from engine.errors import EngineDeadError, ModelExistsError, ModelLoadError, ModelLoadingError, ModelNotFoundError, OrchardError
-from deployments.config import ModelConfig, check_model_sources
+from engine.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    ModelExistsError,
+    ModelLoadError,
+    ModelLoadingError,
+    ModelNotFoundError,
+    OrchardError,
+)
+from deployments.config import ModelConfig, check_admin_model, check_admin_policy, default_model_roots, serve_app_name
 from deployments.model_calls import ModelClient, ModelInfo, QueueStats
 from deployments.ingress.model_store import ModelStore
 
@@ -59,6 +67,9 @@ class ModelBackend(Protocol):
 
     async def client(self, model_id: str) -> ModelClient: ...
 
+    async def reserved_names(self) -> set[str]:
+        """Application names a model must not take: the ingress's own and every application that is not a model."""
+
 
 @dataclass
 class ModelEntry:
@@ -70,6 +81,14 @@ class ModelEntry:
     info: ModelInfo | None = None
     busy: bool = False  # a load or unload of ours is in flight: the backend's view lags behind
     seen_at: int = 0
+    # The folder the backend was given when it is not the model_path sent (a repo id's snapshot): never shown.
+    loaded_from: str | None = None
+
+    def as_sent(self, message: str | None) -> str | None:
+        """A failure message that names the model's path as it was sent."""
+        if message is None or self.loaded_from is None or self.config is None:
+            return message
+        return message.replace(self.loaded_from, self.config.model_path)
 
     @property
     def current_status(self) -> ModelStatus:
@@ -101,7 +120,8 @@ class Registry:
     ) -> None:
         self._backend = backend
         self._store = store
-        self._model_roots = model_roots
+        # Admin loads of local folders must lie under these (None: Orchard's and Hugging Face's model caches).
+        self._model_roots = default_model_roots() if model_roots is None else list(model_roots)
         self._poll_interval_s = poll_interval_s
         self._entries: dict[str, ModelEntry] = {}
         self._api_configs: dict[str, ModelConfig] = {}
@@ -113,12 +133,30 @@ class Registry:
     async def start(self, restore: bool = True) -> None:
         await self.refresh(force=True)
         if restore and self._store is not None:
-            for config in self._store.load():
-                self._api_configs[config.id] = config
-                if config.id not in self._entries:
-                    logger.info("restoring model %s loaded through the API before a restart", config.id)
-                    self._begin_load(config)
+            await self._restore(self._store.load())
         self._spawn(self._poll())
+
+    async def _restore(self, stored: list[ModelConfig]) -> None:
+        """Reload the API-loaded models of the last run that an admin load would accept now.
+
+        A refused one is never applied and is left out of the list from its next save; one whose folder or
+        cached repo is merely missing is kept and shows as failed (check_admin_model runs again in _deploy).
+        """
+        reserved = await self._backend.reserved_names()
+        for config in stored:
+            try:
+                check_admin_policy(config, self._model_roots)
+                self._check_not_reserved(config.id, reserved)
+            except InvalidRequestError as exc:
+                logger.warning("not restoring stored model '%s': %s", config.id, exc.message)
+                continue
+            self._api_configs[config.id] = config
+            running = self._entries.get(config.id)
+            if running is not None:  # the ingress restarted, the model's application did not: it is still ours
+                running.source, running.config = "api", config
+                continue
+            logger.info("restoring model %s loaded through the API before a restart", config.id)
+            self._begin_load(config)
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -160,7 +198,7 @@ class Registry:
                 )
             if entry.busy:
                 continue
-            entry.status, entry.error = state.status, state.message
+            entry.status, entry.error = state.status, entry.as_sent(state.message)
         for model_id, entry in list(self._entries.items()):
             if model_id in states or entry.busy:
                 continue
@@ -225,10 +263,16 @@ class Registry:
 
     # ---- admin ----------------------------------------------------------------------
     async def load(self, config: ModelConfig) -> ModelEntry:
-        """Accept a load: validated now, deployed in the background (status loading -> running/failed)."""
-        config = check_model_sources(config, self._model_roots)
+        """Accept a load: validated now, deployed in the background (status loading -> running/failed).
+
+        The config is kept as sent (a repo id, not its snapshot folder), so a restore resolves it again.
+        """
+        check_admin_model(config, self._model_roots)
         await self.refresh(force=True)
+        self._check_not_reserved(config.id, await self._backend.reserved_names())
         existing = self._entries.get(config.id)
+        if existing is not None and existing.source != "api":
+            raise ModelExistsError(f"The model '{config.id}' is configured in serve_config.yaml", param="model_id")
         if existing is not None and existing.status != ModelStatus.FAILED:
             raise ModelExistsError(f"The model '{config.id}' is already {existing.status.value}", param="model_id")
         self._api_configs[config.id] = config
@@ -241,12 +285,25 @@ class Registry:
         self._spawn(self._deploy(entry, config))
         return entry
 
+    @staticmethod
+    def _check_not_reserved(model_id: str, reserved: set[str]) -> None:
+        if serve_app_name(model_id) in reserved:
+            raise InvalidRequestError(
+                f"model_id '{model_id}' is reserved: an application that is not a model (the server's own, or "
+                "another Serve application) has that name",
+                param="model_id",
+            )
+
     async def _deploy(self, entry: ModelEntry, config: ModelConfig) -> None:
         started = time.monotonic()
         try:
-            await self._backend.deploy(config)
+            resolved = check_admin_model(config, self._model_roots)
+            if resolved.model_path != config.model_path:
+                entry.loaded_from = resolved.model_path
+            await self._backend.deploy(resolved)
         except Exception as exc:
             message = exc.message if isinstance(exc, OrchardError) else repr(exc)
+            message = entry.as_sent(message)
             entry.status, entry.error = ModelStatus.FAILED, message
             logger.error("model %s failed to load: %s", config.id, message)
         else:

@@ -31,12 +31,16 @@ class ModelStore:
         except (OSError, ValueError) as exc:
             logger.error("cannot read %s (%s); starting without API-loaded models", self.path, exc)
             return []
+        entries = raw.get("models") if isinstance(raw, dict) else None
+        if not isinstance(entries, list):
+            logger.error("%s holds no list of models; starting without API-loaded models", self.path)
+            return []
         configs = []
-        for entry in raw.get("models", []):
+        for entry in entries:
             try:
                 configs.append(ModelConfig.model_validate(entry))
             except ValidationError as exc:  # one bad entry must not hide the others
-                logger.error("skipping a stored model in %s: %s", self.path, exc)
+                logger.warning("not restoring stored model %s: %s", _entry_name(entry), _one_line(exc))
         return configs
 
     def save(self, configs: list[ModelConfig]) -> None:
@@ -51,3 +55,15 @@ class ModelStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _entry_name(entry: object) -> str:
+    if isinstance(entry, dict):
+        name = entry.get("model_id") or entry.get("model_path")
+        if isinstance(name, str):
+            return f"'{name[:80]}'" + ("..." if len(name) > 80 else "")
+    return "(unnamed)"
+
+
+def _one_line(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors())

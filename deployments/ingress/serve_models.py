@@ -35,6 +35,8 @@ _STATUS = {
 class ServeBackend:
     def __init__(self) -> None:
         self._clients: dict[str, ServeModelClient] = {}
+        # Built in the ingress's replica: its own application (serve_config.yaml's `orchard`) is learned, not assumed.
+        self._own_app_name = serve.get_replica_context().app_name
 
     async def deploy(self, config: ModelConfig) -> None:
         self._clients.pop(config.id, None)
@@ -64,6 +66,11 @@ class ServeBackend:
                 message = summarize_failure(detail)
             states[model_id_of_app(name)] = DeploymentState(model_status, message)
         return states
+
+    async def reserved_names(self) -> set[str]:
+        status = await asyncio.to_thread(serve.status)
+        others = {name for name, app in status.applications.items() if MODEL_SERVER_DEPLOYMENT not in app.deployments}
+        return others | {self._own_app_name}
 
     async def client(self, model_id: str) -> ServeModelClient:
         client = self._clients.get(model_id)

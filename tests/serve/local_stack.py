@@ -35,7 +35,9 @@ async def local_stack(
     model_roots: list[str] | None = None,
     unload_drain_s: float = UNLOAD_DRAIN_S,
 ) -> AsyncIterator[LocalStack]:
-    """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones."""
+    """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
+    folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
+    LOCAL_INGRESS_APP."""
     backend = LocalBackend(new_engine_client, unload_drain_s)
     for config in configs:
         await backend.deploy(config)

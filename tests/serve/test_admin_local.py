@@ -20,9 +20,16 @@ def _stored_ids(state_dir) -> list[str]:
     return [m["model_id"] for m in json.loads((state_dir / "models.json").read_text())["models"]]
 
 
+def _roots(tiny_models) -> list[str]:
+    """Admin loads take folders under model_roots only: the tiny models' folder."""
+    return [str(tiny_models.alpha.parent)]
+
+
 def test_load_answers_503_while_loading_then_serves_then_unloads(tiny_models, tmp_path):
     async def scenario():
-        async with local_stack([], tmp_path, new_engine_client=slow_engine_client(0.5)) as stack:
+        async with local_stack(
+            [], tmp_path, new_engine_client=slow_engine_client(0.5), model_roots=_roots(tiny_models)
+        ) as stack:
             http = stack.http
             accepted = await http.post("/v1/admin/load-model", json={"model_path": str(tiny_models.gamma)})
             assert accepted.status_code == 202
@@ -59,13 +66,13 @@ async def _gone(stack, model_id: str) -> bool:
 
 def test_api_loaded_models_come_back_after_a_restart(tiny_models, tmp_path):
     async def first_life():
-        async with local_stack([], tmp_path) as stack:
+        async with local_stack([], tmp_path, model_roots=_roots(tiny_models)) as stack:
             body = {"model_id": "org/gamma", "model_path": str(tiny_models.gamma), "cb_max_num_seqs": 7}
             assert (await stack.http.post("/v1/admin/load-model", json=body)).status_code == 202
             await wait_for(lambda: _is(stack, "org/gamma", "running"))
 
     async def second_life(restore: bool):
-        async with local_stack([], tmp_path, restore=restore) as stack:
+        async with local_stack([], tmp_path, restore=restore, model_roots=_roots(tiny_models)) as stack:
             if not restore:
                 return await _status(stack, "org/gamma")
             await wait_for(lambda: _is(stack, "org/gamma", "running"))
@@ -82,7 +89,7 @@ def test_failed_load_reports_why_and_the_rest_keep_serving(tiny_models, tmp_path
     alpha = ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha))
 
     async def scenario():
-        async with local_stack([alpha], tmp_path) as stack:
+        async with local_stack([alpha], tmp_path, model_roots=_roots(tiny_models)) as stack:
             http = stack.http
             accepted = await http.post("/v1/admin/load-model", json={"model_id": "broken", "model_path": str(tiny_models.broken)})
             assert accepted.status_code == 202

@@ -9,10 +9,13 @@ import yaml
 from pydantic import ValidationError
 
 from deployments.config import (
+    MAX_MODEL_ID_CHARS,
     IngressConfig,
     ModelConfig,
+    check_admin_model,
     check_model_folder,
     check_model_sources,
+    default_model_roots,
     model_id_of_app,
     serve_app_name,
 )
@@ -66,6 +69,9 @@ def test_unknown_fields_are_refused_by_name():
         ({"model_id": "a--b"}, "must not contain '--'"),
         ({"model_id": "../etc"}, "may hold only"),
         ({"model_id": "has space"}, "may hold only"),
+        ({"model_id": "m" * 129}, "model_id is 129 characters long; the most is 128"),
+        ({"model_id": "a//b"}, "empty part"),
+        ({"model_id": "org/"}, "empty part"),
     ],
 )
 def test_invalid_values_are_refused_with_a_reason(fields, message):
@@ -128,6 +134,46 @@ def test_model_folders_are_checked_safely(tiny_models, tmp_path):
     with pytest.raises(InvalidRequestError, match="model_roots"):
         check_model_folder(str(folder), roots=[str(tmp_path)])
     assert check_model_folder("alpha", base_dir=folder.parent) == folder.resolve()
+
+
+def test_model_ids_are_short_enough_for_serve_log_file_names():
+    """Serve names a replica's log file after its application; a file name holds 255 bytes (Linux)."""
+    from ray.serve._private.common import ServeComponentType
+    from ray.serve._private.utils import get_component_file_name
+
+    longest = ModelConfig(model_path="default", model_id="a/" * (MAX_MODEL_ID_CHARS // 2 - 1) + "ab").id
+    assert len(longest) == MAX_MODEL_ID_CHARS
+    names = [
+        get_component_file_name(f"{serve_app_name(longest)}_ModelServer", "abcd1234", ServeComponentType.REPLICA, suffix)
+        for suffix in (".log", "_memray_10.bin", "_tracing.json")
+    ]
+    assert max(len(name) for name in names) + len(".99") <= 255, names  # rotated logs: .log.N
+    with pytest.raises(ValidationError, match="the most is 128"):  # an id taken from a folder's name too
+        ModelConfig(model_path="/m/" + "n" * 129)
+
+
+def test_default_model_roots_are_orchards_and_hugging_faces_caches(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path / "orchard"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert default_model_roots() == [str(tmp_path / "orchard" / "models"), str(tmp_path / "hub")]
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert default_model_roots()[1] == str(tmp_path / "hf" / "hub")
+    assert IngressConfig().model_roots is None  # unset: the registry takes these defaults
+
+
+def test_admin_loads_refuse_paths_outside_the_roots_without_looking_at_them(tiny_models, tmp_path):
+    roots = [str(tmp_path)]
+    answers = []
+    for path in (tiny_models.alpha, tiny_models.alpha / "config.json", "/no/such/folder", "/etc"):
+        with pytest.raises(InvalidRequestError) as refused:
+            check_admin_model(ModelConfig(model_id="m", model_path=str(path)), roots)
+        answers.append((refused.value.param, refused.value.message))
+    assert set(answers) == {("model_path", "'model_path' lies outside the allowed model_roots")}
+    allowed = check_admin_model(ModelConfig(model_id="m", model_path=str(tiny_models.alpha)), [str(tiny_models.alpha)])
+    assert allowed.model_path == str(tiny_models.alpha.resolve())
+    assert check_admin_model(ModelConfig(model_path="default"), []).uses_default_model
 
 
 def test_every_path_in_a_model_config_is_checked(tiny_models, tmp_path):

@@ -29,6 +29,7 @@ ALPHA = "tiny/alpha"  # an id with "/" on purpose
 BETA = "tiny-beta"
 GAMMA = "tiny/gamma"
 BROKEN = "tiny-broken"
+INGRESS_APP = "orchard"  # serve_config.yaml's name for the ingress application
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 CHAT = [{"role": "user", "content": "t1 t2 t3"}]
 ALPHA_CONTEXT = 4096
@@ -59,7 +60,8 @@ def serve_config_for_tests(models: TinyModels, state_dir: Path) -> dict:
     """serve_config.yaml itself, its model entry copied onto two tiny models (same builder, same fields)."""
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
     ingress, model_template = config["applications"]
-    ingress["args"].update(state_dir=str(state_dir), status_poll_interval_s=0.5)
+    # Admin loads take folders under model_roots only: the tiny models' folder.
+    ingress["args"].update(state_dir=str(state_dir), status_poll_interval_s=0.5, model_roots=[str(models.alpha.parent)])
 
     def model_app(name: str, path: Path, advanced: dict | None = None, **overrides) -> dict:
         app = copy.deepcopy(model_template)
@@ -215,8 +217,14 @@ def test_failed_load_reports_why_and_others_keep_serving(graph, tiny_models):
 
 
 def test_admin_refuses_unsafe_or_unknown_load_bodies(graph, tiny_models):
+    gamma = str(tiny_models.gamma)
     with graph.http() as http:
         cases = [
+            ({"model_path": gamma, "model_id": INGRESS_APP}, "model_id"),  # would replace the ingress
+            ({"model_path": gamma, "model_id": "x", "trust_remote_code": True}, "trust_remote_code"),
+            ({"model_path": gamma, "model_id": "x", "chat_template_file": "/etc/passwd"}, "chat_template_file"),
+            ({"model_path": gamma, "model_id": "m" * 256}, "model_id"),
+            ({"model_path": "/etc", "model_id": "x"}, "model_path"),  # outside model_roots
             ({"model_path": f"{tiny_models.alpha}/../alpha"}, "model_path"),
             ({"model_path": str(tiny_models.alpha / "config.json")}, "model_path"),
             ({"model_path": "relative/folder"}, "model_path"),
@@ -228,6 +236,10 @@ def test_admin_refuses_unsafe_or_unknown_load_bodies(graph, tiny_models):
             assert response.status_code in (400, 409), (body, response.text)
             assert response.json()["error"]["param"] == param, response.text
         assert http.delete("/v1/admin/unload-model/no-such-model").status_code == 404
+        assert INGRESS_APP not in _stored_ids(graph) and "x" not in _stored_ids(graph)
+        time.sleep(2.0)  # on main, a load named "orchard" had replaced the ingress (every route 404) within 5 s
+        assert http.get("/health").status_code == 200
+        assert graph.openai().chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=2).choices
 
 
 # ---- operational routes -------------------------------------------------------------------------
@@ -337,6 +349,8 @@ def _read_to_first_content(lines: Iterator[str]) -> str:
 
 
 def _stored_ids(graph: Graph) -> set[str]:
+    if not (graph.state_dir / "models.json").exists():
+        return set()
     stored = json.loads((graph.state_dir / "models.json").read_text())
     return {m["model_id"] for m in stored["models"]}
 
