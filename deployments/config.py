@@ -68,6 +68,8 @@ class AdvancedOptions(BaseModel):
     # An ingress on the replica's node streams over a Unix socket (transport/channel.py) instead of one Ray
     # handle stream per request (false: always the handle; several replicas use the handle anyway).
     stream_channel: bool = True
+    # On unload, open streams get this long to finish before they end with model_unloaded.
+    unload_drain_s: float = Field(10.0, ge=0)
 
 
 class ModelConfig(BaseModel):
@@ -165,6 +167,8 @@ class ModelConfig(BaseModel):
             "ray_actor_options": self.ray_actor_options.to_ray(),
             # A failed model load is reported, not retried 20 times (Serve's default).
             "max_constructor_retry_count": 1,
+            # Serve kills a replica that has not stopped by then: the unload's drain and the engine's stop come first.
+            "graceful_shutdown_timeout_s": self.advanced.unload_drain_s + 20.0,
         }
 
 

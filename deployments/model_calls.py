@@ -143,6 +143,7 @@ class ModelInfo:
     memory: MemoryUsage
     # The engine's state (running, degraded, restarting, failed) and how often it was restarted.
     health: EngineHealth = field(default_factory=lambda: EngineHealth(EngineStatus.RUNNING))
+    engine_pid: int | None = None  # where the engine steps in a process of its own
     engine_restarts: int = 0
 
 

@@ -91,6 +91,7 @@ def loaded_model(entry: ModelEntry) -> dict[str, Any]:
         "created_at": info.created_at if info else entry.seen_at,
         "status": entry.current_status.value,
         "pid": info.pid if info else None,
+        "engine_pid": info.engine_pid if info else None,
         "memory": _memory(info.memory) if info else None,
         "engine_restarts": info.engine_restarts if info else None,
         "error": entry.current_error,

@@ -7,7 +7,7 @@ from typing import AsyncIterator
 
 from engine.errors import ModelLoadError, ModelNotFoundError
 from deployments.config import ModelConfig
-from deployments.model.service import UNLOAD_DRAIN_S, EngineClientFactory, ModelService, thread_engine_client
+from deployments.model.service import EngineClientFactory, ModelService, thread_engine_client
 from deployments.model_calls import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
 from deployments.ingress.model_registry import DeploymentState, ModelStatus
 
@@ -34,11 +34,8 @@ LOCAL_INGRESS_APP = "orchard"
 
 
 class LocalBackend:
-    def __init__(
-        self, new_engine_client: EngineClientFactory = thread_engine_client, unload_drain_s: float = UNLOAD_DRAIN_S
-    ) -> None:
+    def __init__(self, new_engine_client: EngineClientFactory = thread_engine_client) -> None:
         self._new_engine_client = new_engine_client
-        self._unload_drain_s = unload_drain_s
         self._services: dict[str, ModelService] = {}
         self._states: dict[str, DeploymentState] = {}
 
@@ -58,7 +55,7 @@ class LocalBackend:
         self._states.pop(model_id, None)
         service = self._services.pop(model_id, None)
         if service is not None:
-            await service.unload(self._unload_drain_s)
+            await service.unload()
 
     async def deployments(self) -> dict[str, DeploymentState]:
         return dict(self._states)

@@ -67,7 +67,7 @@ class ModelServer:
 
     async def __del__(self) -> None:
         """Serve is unloading this model (or replacing the replica): refuse new streams, let open ones finish
-        for UNLOAD_DRAIN_S, end the rest with model_unloaded, then stop the engine (before the process exits,
+        for advanced.unload_drain_s, end the rest with model_unloaded, then stop the engine (before the process exits,
         else MLX may abort)."""
         channel = getattr(self, "channel", None)
         if channel is not None:

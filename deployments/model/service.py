@@ -54,8 +54,6 @@ MAX_WINDOW_S = 0.25
 # Prompts are rendered and tokenized in these threads, not on the event loop: the Rust encode releases the
 # GIL, so a burst of 512-token prompts (~1-2 ms each) is tokenized side by side while the loop keeps serving.
 TOKENIZE_THREADS = 4
-# On unload, open streams get this long to finish; then they end with model_unloaded.
-UNLOAD_DRAIN_S = 10.0
 
 EngineClientFactory = Callable[[ModelConfig], EngineClient]
 
@@ -114,11 +112,11 @@ class ModelService:
             time.monotonic() - started, self.parser_names.tool, self.parser_names.reasoning,
         )
 
-    async def unload(self, drain_s: float = UNLOAD_DRAIN_S) -> None:
-        """Refuse new requests, give open streams up to drain_s to finish, then end the rest with
+    async def unload(self) -> None:
+        """Refuse new requests, give open streams up to advanced.unload_drain_s to finish, then end the rest with
         model_unloaded and stop the engine."""
         self._unloading = True
-        deadline = time.monotonic() + drain_s
+        deadline = time.monotonic() + self.config.advanced.unload_drain_s
         while self._active_streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self._active_streams:
@@ -223,6 +221,7 @@ class ModelService:
             context_length=served.context_length,
             created_at=self.created_at,
             pid=os.getpid(),
+            engine_pid=self._engine.pid,
             memory=memory_usage(self._engine.stats().memory, served.in_own_process),
             health=self._engine.health(),
             engine_restarts=self._engine.restarts_total,

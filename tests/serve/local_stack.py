@@ -14,7 +14,7 @@ import httpx
 from deployments.config import ModelConfig
 from deployments.ingress.routes import create_app
 from deployments.ingress.local_models import LocalBackend
-from deployments.model.service import UNLOAD_DRAIN_S, EngineClientFactory, thread_engine_client
+from deployments.model.service import EngineClientFactory, thread_engine_client
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.model_store import ModelStore
 
@@ -33,12 +33,11 @@ async def local_stack(
     new_engine_client: EngineClientFactory = thread_engine_client,
     restore: bool = True,
     model_roots: list[str] | None = None,
-    unload_drain_s: float = UNLOAD_DRAIN_S,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
     LOCAL_INGRESS_APP."""
-    backend = LocalBackend(new_engine_client, unload_drain_s)
+    backend = LocalBackend(new_engine_client)
     for config in configs:
         await backend.deploy(config)
     store = ModelStore(state_dir) if state_dir is not None else None

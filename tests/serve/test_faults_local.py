@@ -66,12 +66,12 @@ async def _is_health(http, status: str) -> bool:
 
 
 def test_unload_answers_at_once_drains_and_ends_cut_streams_with_model_unloaded(tiny_models, tmp_path):
-    alpha = ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha))
+    alpha = ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha), advanced={"unload_drain_s": 1.0})
     # httpx's ASGI transport returns a response only once it is complete: the stream is read from the model.
     job = GenerateJob("long", TextPrompt("t1 t2"), SamplingParams(max_tokens=1900, temperature=0.0, ignore_eos=True), stream=True)
 
     async def scenario():
-        async with local_stack([alpha], tmp_path, unload_drain_s=1.0) as stack:
+        async with local_stack([alpha], tmp_path) as stack:
             http = stack.http
             chunks = (await stack.registry.route("alpha")).generate(job)
             first = await anext(chunks)
