@@ -56,3 +56,22 @@ def test_engine_limits_are_refused_naming_the_field():
     assert EngineConfig(prefix_cache_bytes=0).prefix_cache_bytes == 0
     with pytest.raises(InvalidRequestError, match="byte budget"):
         EngineConfig(prefix_cache_bytes=10)
+
+
+def test_every_typed_error_survives_pickling_with_its_fields():
+    """Errors cross processes pickled (engine process, Ray, the stream channel): one that cannot be rebuilt from its
+    message breaks the stream that carries it."""
+    import inspect
+    import pickle
+
+    import engine.errors as errors
+
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.OrchardError)]
+    assert len(classes) >= 10
+    for cls in classes:
+        error = cls("why")
+        if hasattr(error, "retry_after_s"):
+            error.retry_after_s = 7
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is cls and copy.message == "why" and copy.code == cls.code
+        assert vars(copy) == vars(error)
