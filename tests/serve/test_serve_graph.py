@@ -232,7 +232,7 @@ def _health_detail(http: httpx.Client, model_id: str, status: str) -> dict | Non
 
 def _unload_cuts_a_stream_with_model_unloaded(graph: Graph, http: httpx.Client) -> None:
     """DELETE answers at once; a stream it cuts (gamma drains for 0 s) ends with a model_unloaded error event."""
-    body = {"model": GAMMA, "messages": CHAT, "max_tokens": LONG, "stream": True, **GREEDY}
+    body = {"model": GAMMA, "messages": CHAT, "max_tokens": LONG, "stream": True, "temperature": 0, "ignore_eos": True}
     with graph.http() as streaming, streaming.stream("POST", "/v1/chat/completions", json=body) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
