@@ -85,11 +85,12 @@ class EngineClientBase(ABC):
     async def close(self, error: OrchardError | None = None) -> None:
         """Stop the engine and free its memory; streams still open end with `error` (EngineDeadError)."""
         self._closed = True
-        await self._stop()
         error = error or EngineDeadError("The engine was closed")
+        # First: the engine's own end (the process's socket closing) must not be what the streams are told.
         self._streams.fail_all(error)
         if self._dead is None:
             self._dead = error
+        await self._stop()
         self._signal_dead()
 
     @abstractmethod
@@ -163,7 +164,8 @@ class EngineClientBase(ABC):
 
     def _die(self, error: EngineDeadError) -> None:
         """The engine stopped: every open stream ends with `error` (what was already decided came first)."""
-        self._dead = error
+        if self._dead is None:
+            self._dead = error
         self._loop.call_soon_threadsafe(self._streams.fail_all, error)
         self._loop.call_soon_threadsafe(self._signal_dead)
 
