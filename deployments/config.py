@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
@@ -172,10 +172,21 @@ class ModelConfig(BaseModel):
         }
 
 
-class IngressConfig(BaseModel):
-    """The ingress application's `args` in serve_config.yaml."""
+# Keys from the environment where a config field is unset (the config wins: see IngressConfig).
+API_KEYS_ENV = "ORCHARD_API_KEYS"  # comma-separated
+ADMIN_KEY_ENV = "ORCHARD_ADMIN_KEY"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+_API_KEY = re.compile(r"[\x21-\x7e]{1,512}")  # printable ASCII, no spaces or commas (checked below)
 
-    model_config = ConfigDict(extra="forbid")
+
+class IngressConfig(BaseModel):
+    """The ingress application's `args` in serve_config.yaml.
+
+    Keys: a field set here wins; an unset one (null) is read from the environment of the Ray cluster
+    (ORCHARD_API_KEYS, comma-separated; ORCHARD_ADMIN_KEY). Keys are SecretStr: never in a repr or a log.
+    """
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # a bad key is never echoed
 
     state_dir: str | None = Field(None, description="where the API-loaded model list is kept")
     model_roots: list[str] | None = Field(
@@ -185,9 +196,42 @@ class IngressConfig(BaseModel):
     )
     restore_models: bool = True
     enable_admin: bool = True
+    api_keys: list[SecretStr] | None = Field(None, description="keys for the inference routes (null: from the env)")
+    admin_key: SecretStr | None = Field(None, description="the key for /v1/admin/* (null: from the env)")
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1, description="larger request bodies get 413")
     status_poll_interval_s: float = Field(2.0, gt=0)
     max_ongoing_requests: int = Field(1024, ge=1)
     ray_actor_options: RayActorOptions = Field(default_factory=RayActorOptions)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _valid_api_keys(cls, keys: list[SecretStr] | None) -> list[SecretStr] | None:
+        for key in keys or []:
+            check_api_key(key.get_secret_value(), "api_keys")
+        return keys
+
+    @field_validator("admin_key")
+    @classmethod
+    def _valid_admin_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None:
+            check_api_key(key.get_secret_value(), "admin_key")
+        return key
+
+    def resolved_api_keys(self) -> list[str]:
+        if self.api_keys is not None:
+            return [key.get_secret_value() for key in self.api_keys]
+        keys = [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
+        for key in keys:
+            check_api_key(key, API_KEYS_ENV)
+        return keys
+
+    def resolved_admin_key(self) -> str | None:
+        if self.admin_key is not None:
+            return self.admin_key.get_secret_value()
+        key = os.environ.get(ADMIN_KEY_ENV, "").strip() or None
+        if key is not None:
+            check_api_key(key, ADMIN_KEY_ENV)
+        return key
 
     def resolved_state_dir(self) -> Path:
         if self.state_dir:
@@ -222,6 +266,12 @@ def check_model_id(model_id: str) -> str:
     return model_id
 
 
+def check_api_key(key: str, source: str) -> None:
+    """A key a client can send in a header: printable ASCII without spaces or commas. Never quotes the key."""
+    if not _API_KEY.fullmatch(key) or "," in key:
+        raise ValueError(f"{source}: a key must be 1-512 printable ASCII characters without spaces or commas")
+
+
 def serve_app_name(model_id: str) -> str:
     """The Serve application that runs a model."""
     return model_id.replace("/", APP_NAME_SLASH)
@@ -236,137 +286,3 @@ def default_model_id(model_path: str) -> str:
     if model_path == DEFAULT_MODEL_PATH:
         return DEFAULT_MODEL_ID
     return Path(model_path).name or model_path
-
-
-def check_model_folder(
-    raw: str, roots: list[str] | None = None, param: str = "model_path", base_dir: Path | None = None
-) -> Path:
-    """A local model folder, safely: no '..', under `roots` if given, a directory holding config.json.
-
-    Relative paths are allowed only with a base_dir (serve_config.yaml: the directory `serve run` ran in).
-    """
-    resolved = _allowed_folder_path(raw, roots, param, base_dir)
-    if not resolved.is_dir():
-        raise InvalidRequestError(f"'{param}' is not a directory: {raw}", param=param)
-    if not (resolved / "config.json").is_file():
-        raise InvalidRequestError(f"'{param}' holds no config.json: {raw}", param=param)
-    return resolved
-
-
-def _allowed_folder_path(raw: str, roots: list[str] | None, param: str, base_dir: Path | None = None) -> Path:
-    """The resolved path if it may be used, before looking at what is there: a path outside the roots is refused
-    the same way whether it exists or not, so a caller cannot probe the server's files."""
-    path = Path(raw).expanduser()
-    if ".." in path.parts:
-        raise InvalidRequestError(f"'{param}' must not contain '..'", param=param)
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    if not path.is_absolute():
-        raise InvalidRequestError(f"'{param}' must be an absolute path to a local model folder", param=param)
-    resolved = path.resolve()
-    if roots is not None and not any(resolved.is_relative_to(Path(r).expanduser().resolve()) for r in roots):
-        raise InvalidRequestError(f"'{param}' lies outside the allowed model_roots", param=param)
-    return resolved
-
-
-def check_model_sources(config: ModelConfig, base_dir: Path | None = None) -> ModelConfig:
-    """Validate every path a serve_config.yaml model names (the operator's: no roots); returns a copy with
-    absolute paths."""
-    updates: dict[str, Any] = {}
-    if not config.uses_default_model:
-        updates["model_path"] = str(check_model_folder(config.model_path, base_dir=base_dir))
-    if config.chat_template_file is not None:
-        template = Path(config.chat_template_file).expanduser()
-        if not template.is_absolute() and base_dir is not None:
-            template = base_dir / template
-        if ".." in template.parts or not template.is_absolute() or not template.is_file():
-            raise InvalidRequestError(
-                "'chat_template_file' must be an absolute path to a file", param="chat_template_file"
-            )
-        updates["chat_template_file"] = str(template.resolve())
-    return config.model_copy(update=updates)
-
-
-# ---- models loaded through the admin API (or restored from its list) -------------------------------------
-# Fields only serve_config.yaml may set, and why: over HTTP they would run or read what the caller names.
-OPERATOR_ONLY_FIELDS = {
-    "trust_remote_code": "it lets a model folder run its own Python code",
-    "chat_template_file": "it reads a file on the server",
-}
-
-
-def default_model_roots() -> list[str]:
-    """Where admin loads may come from when model_roots is unset: Orchard's and Hugging Face's model caches."""
-    # Imported here: it imports MLX, which the config's other users do not need.
-    from engine.models.default_model import models_root
-
-    return [str(models_root()), str(hf_hub_cache())]
-
-
-def hf_hub_cache() -> Path:
-    """Hugging Face's hub cache by huggingface_hub's rules, read now: its `constants` are fixed at its import."""
-    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if explicit:
-        return Path(os.path.expandvars(explicit)).expanduser()
-    hf_home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
-    return Path(os.path.expandvars(hf_home)).expanduser() / "hub"
-
-
-def check_admin_policy(config: ModelConfig, roots: list[str]) -> None:
-    """What an admin load may name, whatever is on disk: no operator-only field; a folder under `roots`, or a
-    Hugging Face repo id."""
-    for field, why in OPERATOR_ONLY_FIELDS.items():
-        if getattr(config, field) not in (None, False):
-            raise InvalidRequestError(
-                f"'{field}' is an operator setting: set it in serve_config.yaml, not over HTTP ({why})", param=field
-            )
-    if config.uses_default_model:
-        return
-    if _is_local_path(config.model_path):
-        _allowed_folder_path(config.model_path, roots, "model_path")
-    else:
-        _check_repo_id(config.model_path)
-
-
-def check_admin_model(config: ModelConfig, roots: list[str]) -> ModelConfig:
-    """check_admin_policy, then what is on disk: a copy whose model_path is the local folder to load (a repo id's
-    snapshot in the local Hugging Face cache)."""
-    check_admin_policy(config, roots)
-    if config.uses_default_model:
-        return config
-    if _is_local_path(config.model_path):
-        folder = check_model_folder(config.model_path, roots)
-    else:
-        folder = hub_snapshot_folder(config.model_path)
-    return config.model_copy(update={"model_path": str(folder)})
-
-
-def hub_snapshot_folder(repo_id: str) -> Path:
-    """The folder of a Hugging Face repo's `main` revision in the local hub cache (nothing is downloaded)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    _check_repo_id(repo_id)
-    config_file = try_to_load_from_cache(repo_id, "config.json", cache_dir=hf_hub_cache())
-    if not isinstance(config_file, str):  # None (not cached) or "cached as missing"
-        raise InvalidRequestError(
-            f"'model_path' '{repo_id}' is not in the local Hugging Face cache (downloading it is not supported yet; "
-            "a model folder must be an absolute path)",
-            param="model_path",
-        )
-    return Path(config_file).parent
-
-
-def _is_local_path(raw: str) -> bool:
-    return raw.startswith(("/", "~"))
-
-
-def _check_repo_id(raw: str) -> None:
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(raw)
-    except HFValidationError as exc:
-        raise InvalidRequestError(
-            "'model_path' must be an absolute path to a model folder or a Hugging Face repo id (org/name)",
-            param="model_path",
-        ) from exc

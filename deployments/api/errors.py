@@ -1,4 +1,7 @@
-"""The one place errors become HTTP: status, OpenAI error body, headers."""
+"""The one place errors become HTTP: status, OpenAI error body, headers.
+
+The errors of the HTTP edge itself (keys, body size) are defined here: the engine knows nothing of HTTP.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +24,25 @@ from engine.errors import (
 )
 
 QUEUE_RETRY_AFTER_S = 1
+ANTHROPIC_PATHS = "/v1/messages"  # these routes answer errors in Anthropic's shape
+
+
+class AuthenticationError(OrchardError):
+    """No API key, or one that is not configured (401). The message never quotes the key."""
+
+    code = "invalid_api_key"
+
+
+class PermissionDeniedError(OrchardError):
+    """A valid key that may not use this route: an inference key on an admin route (403)."""
+
+    code = "insufficient_permissions"
+
+
+class RequestTooLargeError(OrchardError):
+    """The request body is larger than the ingress's max_body_bytes (413)."""
+
+    code = "request_too_large"
 
 
 @dataclass
@@ -41,6 +63,9 @@ class _Rule:
 _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (ContextLengthExceededError, _Rule(400, "invalid_request_error")),
     (InvalidRequestError, _Rule(400, "invalid_request_error")),
+    (AuthenticationError, _Rule(401, "invalid_request_error")),
+    (PermissionDeniedError, _Rule(403, "invalid_request_error")),
+    (RequestTooLargeError, _Rule(413, "invalid_request_error")),
     (ModelNotFoundError, _Rule(404, "invalid_request_error")),
     (ModelExistsError, _Rule(409, "invalid_request_error")),
     (QueueFullError, _Rule(429, "rate_limit_error", QUEUE_RETRY_AFTER_S)),
@@ -69,6 +94,8 @@ def wire_error(exc: BaseException) -> WireError:
     retry_after = exc.retry_after_s if timed else rule.retry_after_s
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
+    if rule.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"  # RFC 9110: a 401 names the scheme to use
     return WireError(rule.status, error_body(exc.message, rule.type, exc.param, code), headers)
 
 
@@ -111,3 +138,8 @@ def as_anthropic(error: WireError) -> WireError:
     if param and error.status == 400 and param not in message:
         message = f"{param}: {message}"  # Anthropic's bodies have no 'param': name it in the message
     return WireError(error.status, anthropic_error_body(error.status, message), error.headers)
+
+
+def wire_error_for_path(path: str, error: WireError) -> WireError:
+    """The error in the shape of the API that `path` belongs to."""
+    return as_anthropic(error) if path.startswith(ANTHROPIC_PATHS) else error

@@ -7,6 +7,15 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from deployments.api.openapi_errors import (
+    ADMIN_LISTING,
+    ADMIN_LOAD,
+    ADMIN_UNLOAD,
+    ANY_ROUTE,
+    HEALTH_UNHEALTHY,
+    LISTING,
+    error_responses,
+)
 from deployments.config import ModelConfig
 from deployments.model_calls import MemoryUsage
 from deployments.ingress.model_registry import ModelEntry, ModelQueueStats, ModelStatus
@@ -18,19 +27,19 @@ if TYPE_CHECKING:
 def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/health")
+    @router.get("/health", responses={**HEALTH_UNHEALTHY, **error_responses(ANY_ROUTE)})
     async def health() -> JSONResponse:
         body = health_body(await registry.details())
         return JSONResponse(body, status_code=503 if body["status"] == "unhealthy" else 200)
 
-    @router.get("/v1/queue/stats")
+    @router.get("/v1/queue/stats", responses=error_responses(LISTING))
     async def queue_stats() -> dict[str, Any]:
         return queue_stats_body(await registry.queue_stats())
 
     if not enable_admin:
         return router
 
-    @router.post("/v1/admin/load-model", status_code=202)
+    @router.post("/v1/admin/load-model", status_code=202, responses=error_responses(ADMIN_LOAD))
     async def load_model(body: ModelConfig) -> dict[str, Any]:
         entry = await registry.load(body)
         config = entry.config
@@ -42,12 +51,12 @@ def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
             "model_type": config.model_type,
         }
 
-    @router.delete("/v1/admin/unload-model/{model_id:path}")
+    @router.delete("/v1/admin/unload-model/{model_id:path}", responses=error_responses(ADMIN_UNLOAD))
     async def unload_model(model_id: str) -> dict[str, Any]:
         entry = await registry.unload(model_id)
         return {"status": entry.status.value, "model_id": model_id}
 
-    @router.get("/v1/admin/loaded-models")
+    @router.get("/v1/admin/loaded-models", responses=error_responses(ADMIN_LISTING))
     async def loaded_models() -> dict[str, Any]:
         entries = await registry.details()
         return {"object": "list", "data": [loaded_model(e) for e in entries], "total": len(entries)}

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
+from ray.serve.context import _get_global_client
 
 from deployments.config import IngressConfig
+from deployments.ingress.auth import ApiKeys, check_admin_exposure
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.model_store import ModelStore
 from deployments.ingress.routes import create_app
 from deployments.ingress.serve_models import ServeBackend
+
+logger = logging.getLogger("ray.serve.orchard")
 
 
 @serve.deployment(name="Ingress")
@@ -22,15 +28,28 @@ class Ingress:
 
     async def __init__(self, config: dict[str, Any]) -> None:
         self.config = IngressConfig.model_validate(config)
+        self.keys = ApiKeys.from_config(self.config)
+        check_admin_exposure(self.config.enable_admin, self.keys, await proxy_bind_host())
+        logger.info("ingress starting: %r, admin %s", self.keys, "on" if self.config.enable_admin else "off")
         store = ModelStore(self.config.resolved_state_dir())
         self.registry = Registry(ServeBackend(), store, self.config.model_roots, self.config.status_poll_interval_s)
         await self.registry.start(restore=self.config.restore_models)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(self.registry, self.config.enable_admin)
+        return create_app(self.registry, self.config.enable_admin, self.keys, self.config.max_body_bytes)
 
     async def __del__(self) -> None:
         registry = getattr(self, "registry", None)
         if registry is not None:
             with contextlib.suppress(Exception):
                 await registry.close()
+
+
+async def proxy_bind_host() -> str | None:
+    """The host Serve's HTTP proxies bind (http_options.host; None: HTTP disabled), from the controller.
+
+    Ray 2.60 has no public API for it: the controller client's http_config is what `serve start` / `serve run`
+    gave the proxies (the controller call blocks, hence the thread).
+    """
+    client = await asyncio.to_thread(_get_global_client)
+    return client.http_config.host

@@ -24,7 +24,8 @@ from engine.errors import (
     ModelNotFoundError,
     OrchardError,
 )
-from deployments.config import ModelConfig, check_admin_model, check_admin_policy, default_model_roots, serve_app_name
+from deployments.config import ModelConfig, serve_app_name
+from deployments.model_sources import check_admin_model, check_admin_policy, default_model_roots
 from deployments.model_calls import ModelClient, ModelInfo, QueueStats
 from deployments.ingress.model_store import ModelStore
 

@@ -7,10 +7,8 @@ create_app(registry) builds the FastAPI app over any registry backend, so the sa
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
-from contextvars import ContextVar
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI, Request
@@ -24,49 +22,29 @@ from deployments.api.anthropic_convert import chat_prompt, messages_job
 from deployments.api.anthropic_render import MessageMeta, MessagesRenderer
 from deployments.api.anthropic_schemas import CountTokensRequest, MessagesRequest
 from deployments.api.openai_convert import chat_job, completion_job
-from deployments.api.errors import WireError, as_anthropic, http_error, validation_error, wire_error
+from deployments.api.errors import WireError, http_error, validation_error, wire_error, wire_error_for_path
+from deployments.api.openapi_errors import (
+    COUNT_TOKENS,
+    EVENT_STREAM,
+    GENERATION,
+    LISTING,
+    MODEL_LOOKUP,
+    document_errors_as_sent,
+    error_responses,
+)
 from deployments.api.openai_render import ChatRenderer, CompletionRenderer, ResponseMeta
 from deployments.api.openai_objects import ModelCard, ModelList
 from deployments.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from deployments.api.sse import SSE_HEADERS
 from deployments.model_calls import GenerateJob, StreamChunk
+from deployments.config import DEFAULT_MAX_BODY_BYTES
+from deployments.ingress.auth import ApiKeyMiddleware, ApiKeys
+from deployments.ingress.edge import REQUEST_ID, BodyLimitMiddleware, RequestIdMiddleware
 from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
 
 logger = logging.getLogger("ray.serve.orchard")
-REQUEST_ID: ContextVar[str] = ContextVar("orchard_request_id", default="-")
-_SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 Renderer = ChatRenderer | CompletionRenderer | MessagesRenderer
-ANTHROPIC_PATHS = "/v1/messages"  # these routes answer errors in Anthropic's shape
-
-
-class RequestIdMiddleware:
-    """Every request gets an id for its log lines: the caller's X-Request-Id, or a new one echoed back.
-
-    Under Serve the proxy has already set (and will echo) the header, so only the id is read.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        incoming = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        given = bool(_SAFE_REQUEST_ID.match(incoming))
-        request_id = incoming if given else uuid.uuid4().hex
-
-        async def send_with_id(message: dict) -> None:
-            if message["type"] == "http.response.start" and not given:
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
-            await send(message)
-
-        token = REQUEST_ID.set(request_id)
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            REQUEST_ID.reset(token)
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -83,40 +61,49 @@ class ClosingStreamingResponse(StreamingResponse):
             await self._close()
 
 
-def create_app(registry: Registry, enable_admin: bool = True) -> FastAPI:
+def create_app(
+    registry: Registry,
+    enable_admin: bool = True,
+    keys: ApiKeys | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     app = FastAPI(title="Orchard", version="0.1.0")
+    # The last added runs first: request id, then the key check, then the body limit (no body read before both).
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
+    app.add_middleware(ApiKeyMiddleware, keys=keys or ApiKeys([]))
     app.add_middleware(RequestIdMiddleware)
     _install_error_handlers(app)
     app.include_router(openai_router(registry))
     app.include_router(anthropic_router(registry))
     app.include_router(admin_router(registry, enable_admin))
+    document_errors_as_sent(app)
     return app
 
 
 def openai_router(registry: Registry) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions", responses={**EVENT_STREAM, **error_responses(GENERATION)})
     async def chat_completions(body: ChatCompletionRequest) -> Response:
         meta = ResponseMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
         job = chat_job(body, meta.id, REQUEST_ID.get())
         renderer = ChatRenderer(meta, _include_usage(body))
         return await _generation_response(registry, body.model, job, renderer)
 
-    @router.post("/v1/completions")
+    @router.post("/v1/completions", responses={**EVENT_STREAM, **error_responses(GENERATION)})
     async def completions(body: CompletionRequest) -> Response:
         meta = ResponseMeta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
         job = completion_job(body, meta.id, REQUEST_ID.get())
         renderer = CompletionRenderer(meta, _include_usage(body))
         return await _generation_response(registry, body.model, job, renderer)
 
-    @router.get("/v1/models")
+    @router.get("/v1/models", responses=error_responses(LISTING))
     async def list_models() -> dict[str, Any]:
         await registry.refresh()
         cards = [_model_card(e) for e in registry.entries() if e.status in _LISTED]
         return ModelList(data=cards).dump()
 
-    @router.get("/v1/models/{model_id:path}")
+    @router.get("/v1/models/{model_id:path}", responses=error_responses(MODEL_LOOKUP))
     async def get_model(model_id: str) -> dict[str, Any]:
         await registry.refresh()
         entry = next((e for e in registry.entries() if e.model_id == model_id and e.status in _LISTED), None)
@@ -131,14 +118,14 @@ def anthropic_router(registry: Registry) -> APIRouter:
     """Anthropic's Messages API; the `anthropic-version` / `anthropic-beta` headers are tolerated."""
     router = APIRouter()
 
-    @router.post("/v1/messages")
+    @router.post("/v1/messages", responses={**EVENT_STREAM, **error_responses(GENERATION, anthropic=True)})
     async def messages(body: MessagesRequest) -> Response:
         message_id = f"msg_{uuid.uuid4().hex}"
         job = messages_job(body, message_id, REQUEST_ID.get())
         renderer = MessagesRenderer(MessageMeta(message_id, body.model))
         return await _generation_response(registry, body.model, job, renderer)
 
-    @router.post("/v1/messages/count_tokens")
+    @router.post("/v1/messages/count_tokens", responses=error_responses(COUNT_TOKENS, anthropic=True))
     async def count_tokens(body: CountTokensRequest) -> dict[str, Any]:
         prompt = chat_prompt(body)
         client = await registry.route(body.model)
@@ -211,8 +198,7 @@ async def _sse_body(first: StreamChunk, chunks: AsyncIterator[StreamChunk], rend
 
 # ---- errors -------------------------------------------------------------------------------
 def _error_response(request: Request, error: WireError) -> JSONResponse:
-    if request.url.path.startswith(ANTHROPIC_PATHS):
-        error = as_anthropic(error)
+    error = wire_error_for_path(request.url.path, error)
     return JSONResponse(error.body, status_code=error.status, headers=error.headers)
 
 

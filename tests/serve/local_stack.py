@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import AsyncIterator
 
 import httpx
+from fastapi import FastAPI
 
-from deployments.config import ModelConfig
+from deployments.config import DEFAULT_MAX_BODY_BYTES, ModelConfig
+from deployments.ingress.auth import ApiKeys
 from deployments.ingress.routes import create_app
 from deployments.ingress.local_models import LocalBackend
 from deployments.model.service import EngineClientFactory, thread_engine_client
@@ -24,6 +26,7 @@ class LocalStack:
     http: httpx.AsyncClient
     registry: Registry
     backend: LocalBackend
+    app: FastAPI  # for clients built on httpx2 (the anthropic SDK)
 
 
 @contextlib.asynccontextmanager
@@ -33,6 +36,8 @@ async def local_stack(
     new_engine_client: EngineClientFactory = thread_engine_client,
     restore: bool = True,
     model_roots: list[str] | None = None,
+    keys: ApiKeys | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
@@ -43,10 +48,10 @@ async def local_stack(
     store = ModelStore(state_dir) if state_dir is not None else None
     registry = Registry(backend, store, model_roots, poll_interval_s=0.2)
     await registry.start(restore=restore)
-    transport = httpx.ASGITransport(app=create_app(registry))
+    app = create_app(registry, keys=keys, max_body_bytes=max_body_bytes)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://orchard", timeout=30) as http:
-            yield LocalStack(http, registry, backend)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://orchard", timeout=30) as http:
+            yield LocalStack(http, registry, backend, app)
     finally:
         await registry.close()
         await backend.close()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from deployments.config import ModelConfig, check_model_sources
+from deployments.config import ModelConfig
+from deployments.model_sources import check_model_sources
 from deployments.ingress.local_models import LOCAL_INGRESS_APP, LocalBackend
 from engine.errors import ModelLoadError
 from tests.serve.local_stack import local_stack, wait_for

@@ -1,0 +1,163 @@
+"""API keys: which routes need which key, checked in constant time before a request's body is read.
+
+Inference keys guard every route but /health and the API docs; the admin key, if set, alone opens /v1/admin/*
+(an inference key there gets 403). With no admin key the admin routes need what the inference routes need.
+Keys arrive as `Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>` (Anthropic); neither the configured
+keys nor a presented one is ever logged or repeated in an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+from deployments.api.errors import AuthenticationError, PermissionDeniedError
+from deployments.config import IngressConfig
+from deployments.ingress.edge import send_error
+
+# Load balancers probe /health without keys; the API description holds nothing secret.
+OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+ADMIN_PATH = "/v1/admin"
+MISSING_KEY = "Missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+INVALID_KEY = "Invalid API key"
+ADMIN_ONLY = "This route needs the admin key; an inference key may not use it"
+
+
+class RouteAccess(Enum):
+    OPEN = "open"
+    INFERENCE = "inference"
+    ADMIN = "admin"
+
+
+def route_access(path: str) -> RouteAccess:
+    if path in OPEN_PATHS:
+        return RouteAccess.OPEN
+    if path == ADMIN_PATH or path.startswith(ADMIN_PATH + "/"):
+        return RouteAccess.ADMIN
+    return RouteAccess.INFERENCE  # unknown paths too: no route map for callers without a key
+
+
+def _digest(key: bytes) -> bytes:
+    # Equal-length digests: compare_digest then leaks neither a key's contents nor its length.
+    return hashlib.sha256(key).digest()
+
+
+class ApiKeys:
+    """The configured keys, as digests; repr shows only how many there are."""
+
+    def __init__(self, inference: list[str], admin: str | None = None) -> None:
+        if admin is not None and admin in inference:
+            raise ValueError("the admin key must differ from every inference key (leave it unset to share them)")
+        self._inference = tuple(_digest(k.encode()) for k in inference)
+        self._admin = _digest(admin.encode()) if admin is not None else None
+
+    @classmethod
+    def from_config(cls, config: IngressConfig) -> ApiKeys:
+        return cls(config.resolved_api_keys(), config.resolved_admin_key())
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._inference) or self._admin is not None
+
+    @property
+    def has_admin_key(self) -> bool:
+        return self._admin is not None
+
+    def __repr__(self) -> str:
+        return f"ApiKeys({len(self._inference)} inference key(s), admin key {'set' if self._admin else 'unset'})"
+
+    def authorize(self, access: RouteAccess, presented: list[bytes]) -> None:
+        """Returns if the presented keys open a route of this kind; raises the 401 or 403 error otherwise."""
+        allowed = self._allowed(access)
+        if allowed is None:
+            return
+        if not presented:
+            raise AuthenticationError(MISSING_KEY)
+        digests = [_digest(p) for p in presented]
+        if any(_matches_any(d, allowed) for d in digests):
+            return
+        admin_only = access is RouteAccess.ADMIN and self._admin is not None
+        if admin_only and any(_matches_any(d, self._inference) for d in digests):
+            raise PermissionDeniedError(ADMIN_ONLY)  # a valid key, but this route is the admin key's alone
+        raise AuthenticationError(INVALID_KEY)
+
+    def _allowed(self, access: RouteAccess) -> tuple[bytes, ...] | None:
+        """The key digests that open a route of this kind; None: the route is open."""
+        if access is RouteAccess.OPEN:
+            return None
+        if access is RouteAccess.ADMIN and self._admin is not None:
+            return (self._admin,)
+        if not self._inference:
+            return None
+        return self._inference + ((self._admin,) if self._admin is not None else ())
+
+
+def _matches_any(digest: bytes, allowed: tuple[bytes, ...]) -> bool:
+    """Compares with every key, never stopping at a match: the time taken says nothing about which matched."""
+    matched = False
+    for key in allowed:
+        matched |= hmac.compare_digest(digest, key)
+    return matched
+
+
+def presented_keys(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """The keys a request carries: Bearer tokens of `Authorization` and `x-api-key` values."""
+    keys = []
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.strip().partition(b" ")
+            if scheme.lower() == b"bearer" and token.strip():
+                keys.append(token.strip())
+        elif name == b"x-api-key" and value.strip():
+            keys.append(value.strip())
+    return keys
+
+
+class ApiKeyMiddleware:
+    """Refuses a request without the key its route needs before the body is read (401/403 in the API's shape)."""
+
+    def __init__(self, app: Any, keys: ApiKeys) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or not self.keys.enabled:
+            await self.app(scope, receive, send)
+            return
+        try:
+            self.keys.authorize(route_access(scope["path"]), presented_keys(scope["headers"]))
+        except (AuthenticationError, PermissionDeniedError) as exc:
+            await send_error(scope, receive, send, exc)
+            return
+        await self.app(scope, receive, send)
+
+
+# ---- the bind rule ------------------------------------------------------------------------
+LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """Whether an HTTP bind address is reachable from this machine only (None: Serve's HTTP is disabled)."""
+    if host is None:
+        return True
+    name = host.strip().strip("[]").lower()
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False  # a host name may resolve to any interface
+
+
+def check_admin_exposure(enable_admin: bool, keys: ApiKeys, bind_host: str | None) -> None:
+    """Beyond loopback, anyone who reaches the port could load models: the admin API then needs its own key."""
+    if enable_admin and not keys.has_admin_key and not is_loopback_host(bind_host):
+        raise ValueError(
+            f"Refusing to start: HTTP binds to {bind_host!r} (beyond loopback) and the admin API is enabled "
+            "without an admin key. Set the ingress's `admin_key` or ORCHARD_ADMIN_KEY, set `enable_admin: false`, "
+            "or bind http_options.host to 127.0.0.1."
+        )

@@ -1,0 +1,149 @@
+"""Where a model may come from: the folders and files a model config names, checked before anything loads.
+
+serve_config.yaml is the operator's and may name any folder (check_model_sources); an admin load (and the restore
+of the list it keeps) may name only a folder under model_roots or a Hugging Face repo id already cached, and never
+an operator-only field (check_admin_model).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from deployments.config import ModelConfig
+from engine.errors import InvalidRequestError
+
+
+def check_model_folder(
+    raw: str, roots: list[str] | None = None, param: str = "model_path", base_dir: Path | None = None
+) -> Path:
+    """A local model folder, safely: no '..', under `roots` if given, a directory holding config.json.
+
+    Relative paths are allowed only with a base_dir (serve_config.yaml: the directory `serve run` ran in).
+    """
+    resolved = _allowed_folder_path(raw, roots, param, base_dir)
+    if not resolved.is_dir():
+        raise InvalidRequestError(f"'{param}' is not a directory: {raw}", param=param)
+    if not (resolved / "config.json").is_file():
+        raise InvalidRequestError(f"'{param}' holds no config.json: {raw}", param=param)
+    return resolved
+
+
+def _allowed_folder_path(raw: str, roots: list[str] | None, param: str, base_dir: Path | None = None) -> Path:
+    """The resolved path if it may be used, before looking at what is there: a path outside the roots is refused
+    the same way whether it exists or not, so a caller cannot probe the server's files."""
+    path = Path(raw).expanduser()
+    if ".." in path.parts:
+        raise InvalidRequestError(f"'{param}' must not contain '..'", param=param)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if not path.is_absolute():
+        raise InvalidRequestError(f"'{param}' must be an absolute path to a local model folder", param=param)
+    resolved = path.resolve()
+    if roots is not None and not any(resolved.is_relative_to(Path(r).expanduser().resolve()) for r in roots):
+        raise InvalidRequestError(f"'{param}' lies outside the allowed model_roots", param=param)
+    return resolved
+
+
+def check_model_sources(config: ModelConfig, base_dir: Path | None = None) -> ModelConfig:
+    """Validate every path a serve_config.yaml model names (the operator's: no roots); returns a copy with
+    absolute paths."""
+    updates: dict[str, Any] = {}
+    if not config.uses_default_model:
+        updates["model_path"] = str(check_model_folder(config.model_path, base_dir=base_dir))
+    if config.chat_template_file is not None:
+        template = Path(config.chat_template_file).expanduser()
+        if not template.is_absolute() and base_dir is not None:
+            template = base_dir / template
+        if ".." in template.parts or not template.is_absolute() or not template.is_file():
+            raise InvalidRequestError(
+                "'chat_template_file' must be an absolute path to a file", param="chat_template_file"
+            )
+        updates["chat_template_file"] = str(template.resolve())
+    return config.model_copy(update=updates)
+
+
+# ---- models loaded through the admin API (or restored from its list) -------------------------------------
+# Fields only serve_config.yaml may set, and why: over HTTP they would run or read what the caller names.
+OPERATOR_ONLY_FIELDS = {
+    "trust_remote_code": "it lets a model folder run its own Python code",
+    "chat_template_file": "it reads a file on the server",
+}
+
+
+def default_model_roots() -> list[str]:
+    """Where admin loads may come from when model_roots is unset: Orchard's and Hugging Face's model caches."""
+    # Imported here: it imports MLX, which the config's other users do not need.
+    from engine.models.default_model import models_root
+
+    return [str(models_root()), str(hf_hub_cache())]
+
+
+def hf_hub_cache() -> Path:
+    """Hugging Face's hub cache by huggingface_hub's rules, read now: its `constants` are fixed at its import."""
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(os.path.expandvars(explicit)).expanduser()
+    hf_home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(os.path.expandvars(hf_home)).expanduser() / "hub"
+
+
+def check_admin_policy(config: ModelConfig, roots: list[str]) -> None:
+    """What an admin load may name, whatever is on disk: no operator-only field; a folder under `roots`, or a
+    Hugging Face repo id."""
+    for field, why in OPERATOR_ONLY_FIELDS.items():
+        if getattr(config, field) not in (None, False):
+            raise InvalidRequestError(
+                f"'{field}' is an operator setting: set it in serve_config.yaml, not over HTTP ({why})", param=field
+            )
+    if config.uses_default_model:
+        return
+    if _is_local_path(config.model_path):
+        _allowed_folder_path(config.model_path, roots, "model_path")
+    else:
+        _check_repo_id(config.model_path)
+
+
+def check_admin_model(config: ModelConfig, roots: list[str]) -> ModelConfig:
+    """check_admin_policy, then what is on disk: a copy whose model_path is the local folder to load (a repo id's
+    snapshot in the local Hugging Face cache)."""
+    check_admin_policy(config, roots)
+    if config.uses_default_model:
+        return config
+    if _is_local_path(config.model_path):
+        folder = check_model_folder(config.model_path, roots)
+    else:
+        folder = hub_snapshot_folder(config.model_path)
+    return config.model_copy(update={"model_path": str(folder)})
+
+
+def hub_snapshot_folder(repo_id: str) -> Path:
+    """The folder of a Hugging Face repo's `main` revision in the local hub cache (nothing is downloaded)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    _check_repo_id(repo_id)
+    config_file = try_to_load_from_cache(repo_id, "config.json", cache_dir=hf_hub_cache())
+    if not isinstance(config_file, str):  # None (not cached) or "cached as missing"
+        raise InvalidRequestError(
+            f"'model_path' '{repo_id}' is not in the local Hugging Face cache (downloading it is not supported yet; "
+            "a model folder must be an absolute path)",
+            param="model_path",
+        )
+    return Path(config_file).parent
+
+
+def _is_local_path(raw: str) -> bool:
+    return raw.startswith(("/", "~"))
+
+
+def _check_repo_id(raw: str) -> None:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(raw)
+    except HFValidationError as exc:
+        raise InvalidRequestError(
+            "'model_path' must be an absolute path to a model folder or a Hugging Face repo id (org/name)",
+            param="model_path",
+        ) from exc

@@ -1,0 +1,82 @@
+"""Where keys come from (config wins over the environment), what a key may be, and the bind rule: an ingress that
+serves beyond loopback with the admin API on and no admin key refuses to start."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from deployments.config import ADMIN_KEY_ENV, API_KEYS_ENV, IngressConfig
+from deployments.ingress.auth import (
+    ApiKeys,
+    RouteAccess,
+    check_admin_exposure,
+    is_loopback_host,
+    route_access,
+)
+
+
+@pytest.fixture(autouse=True)
+def no_key_env(monkeypatch):
+    monkeypatch.delenv(API_KEYS_ENV, raising=False)
+    monkeypatch.delenv(ADMIN_KEY_ENV, raising=False)
+
+
+def test_keys_come_from_the_environment_when_the_config_leaves_them_unset(monkeypatch):
+    assert IngressConfig().resolved_api_keys() == [] and IngressConfig().resolved_admin_key() is None
+    monkeypatch.setenv(API_KEYS_ENV, " env-one, env-two ,,")
+    monkeypatch.setenv(ADMIN_KEY_ENV, "env-admin")
+    assert IngressConfig().resolved_api_keys() == ["env-one", "env-two"]
+    assert IngressConfig().resolved_admin_key() == "env-admin"
+    # The config wins, field by field; an explicit empty list means no inference keys whatever the environment.
+    config = IngressConfig(api_keys=["cfg-one"], admin_key="cfg-admin")
+    assert config.resolved_api_keys() == ["cfg-one"] and config.resolved_admin_key() == "cfg-admin"
+    assert IngressConfig(api_keys=[]).resolved_api_keys() == []
+    assert IngressConfig(api_keys=["cfg-one"]).resolved_admin_key() == "env-admin"
+
+
+def test_keys_are_secret_in_reprs_dumps_and_refusals(monkeypatch):
+    config = IngressConfig(api_keys=["sk-secret-one"], admin_key="sk-secret-admin")
+    for text in (repr(config), str(config), str(config.model_dump()), config.model_dump_json()):
+        assert "sk-secret" not in text
+    with pytest.raises(ValidationError) as refused:
+        IngressConfig(api_keys=["sk-has space"])
+    assert "api_keys" in str(refused.value) and "sk-has" not in str(refused.value)
+    with pytest.raises(ValidationError) as refused:
+        IngressConfig(admin_key="sk-ünïcode")
+    assert "admin_key" in str(refused.value) and "sk-" not in str(refused.value)
+    monkeypatch.setenv(API_KEYS_ENV, "sk-good,sk-tab\there")
+    with pytest.raises(ValueError, match=API_KEYS_ENV) as refused:
+        IngressConfig().resolved_api_keys()
+    assert "sk-tab" not in str(refused.value)
+
+
+def test_the_admin_key_must_differ_from_the_inference_keys():
+    with pytest.raises(ValueError, match="must differ") as refused:
+        ApiKeys(["sk-same"], "sk-same")
+    assert "sk-same" not in str(refused.value)
+
+
+def test_routes_by_access():
+    assert [route_access(p) for p in ("/health", "/openapi.json", "/docs")] == [RouteAccess.OPEN] * 3
+    admin = ("/v1/admin/load-model", "/v1/admin/unload-model/a/b", "/v1/admin/loaded-models", "/v1/admin")
+    assert [route_access(p) for p in admin] == [RouteAccess.ADMIN] * 4
+    inference = ("/v1/chat/completions", "/v1/messages", "/v1/models", "/v1/queue/stats", "/v1/administrator", "/x")
+    assert [route_access(p) for p in inference] == [RouteAccess.INFERENCE] * 6
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LOCALHOST", None])
+def test_loopback_hosts(host):
+    assert is_loopback_host(host)
+    check_admin_exposure(True, ApiKeys([]), host)  # no admin key needed
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "10.0.0.1", "myhost.example"])
+def test_beyond_loopback_the_admin_api_needs_its_key(host):
+    assert not is_loopback_host(host)
+    with pytest.raises(ValueError) as refused:
+        check_admin_exposure(True, ApiKeys(["sk-inference-only"]), host)
+    message = str(refused.value)
+    assert repr(host) in message and "admin_key" in message and "ORCHARD_ADMIN_KEY" in message
+    check_admin_exposure(True, ApiKeys([], "sk-admin"), host)
+    check_admin_exposure(False, ApiKeys([]), host)  # no admin API: nothing to guard
