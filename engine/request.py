@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
+from numbers import Integral
 from typing import TYPE_CHECKING, Sequence
 
 from engine.errors import ContextLengthExceededError, InvalidRequestError, OrchardError
@@ -133,8 +134,10 @@ class RequestLimits:
         num_prompt = request.num_prompt_tokens
         if num_prompt == 0:
             raise InvalidRequestError("The prompt is empty", param="prompt")
-        if any(not 0 <= t < self.vocab_size for t in request.prompt_token_ids):
-            raise InvalidRequestError("The prompt holds token ids outside the vocabulary", param="prompt")
+        if any(not isinstance(t, Integral) or not 0 <= t < self.vocab_size for t in request.prompt_token_ids):
+            raise InvalidRequestError(
+                f"The prompt holds token ids outside the vocabulary (0..{self.vocab_size - 1})", param="prompt"
+            )
         request.sampling.validate(self.vocab_size)
         if request.sampling.guided is not None:
             guided_regex(request.sampling.guided)  # raises InvalidRequestError for a spec it cannot express

@@ -8,11 +8,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from deployments.api.request_limits import (
+    INT32_MAX,
+    MAX_MESSAGES,
+    MAX_STOP_STRINGS,
+    MAX_SYSTEM_BLOCKS,
+    MAX_TOOLS,
+    at_most,
+    refuse_invalid_unicode,
+)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # Python's json reads NaN and Infinity literals: no float field takes them.
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
 
 class _Block(BaseModel):
@@ -97,21 +108,32 @@ class ThinkingConfig(BaseModel):
 
 class _MessagesFields(_Strict):
     model: str = Field(min_length=1)
-    messages: list[Message] = Field(min_length=1)
-    system: str | list[TextBlock] | None = None
-    tools: list[ToolDefinition] | None = None
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    # A list's max_length would name the union member ("system.list[TextBlock]"): the validator below names "system".
+    system: str | Annotated[list[TextBlock], Field(json_schema_extra={"maxItems": MAX_SYSTEM_BLOCKS})] | None = None
+    tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     # Ours (as on the OpenAI route): extra chat-template switches, e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, body: Any) -> Any:
+        return refuse_invalid_unicode(body)
+
+    @field_validator("system")
+    @classmethod
+    def _few_system_blocks(cls, system: str | list[TextBlock] | None) -> str | list[TextBlock] | None:
+        return at_most(system, MAX_SYSTEM_BLOCKS, "system blocks")
+
 
 class MessagesRequest(_MessagesFields):
-    max_tokens: int = Field(ge=1)
-    stop_sequences: list[str] | None = None
+    max_tokens: int = Field(ge=1, le=INT32_MAX)
+    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_STRINGS)
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)  # at or above the vocabulary: every token
     stream: bool = False
     metadata: dict[str, Any] | None = None  # e.g. Claude Code's user_id: accepted, unused
     # Accepted and unused: they concern Anthropic's own service.

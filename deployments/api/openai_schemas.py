@@ -1,18 +1,31 @@
 """OpenAI request bodies (chat completions, completions) as pydantic models.
 
 Unknown top-level fields are refused (as OpenAI does), so a misspelt sampling field never
-goes silently unused. Fields of later issues (tools) are shape-checked now.
+goes silently unused. Fields of later issues (tools) are shape-checked now. Numbers are bounded by what the
+engine can hold (request_limits); the engine checks them again against the model (vocabulary, context).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from deployments.api.request_limits import (
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_MESSAGES,
+    MAX_STOP_STRINGS,
+    MAX_TOOLS,
+    at_most,
+    refuse_invalid_unicode,
+)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # Python's json reads NaN and Infinity literals: no float field takes them.
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
 
 class _Lenient(BaseModel):
@@ -139,21 +152,25 @@ class StreamOptions(_Strict):
 
 
 # ---- request bodies ----------------------------------------------------------------
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
 class _SamplingFields(_Strict):
     """Sampling fields shared by both endpoints (OpenAI's plus the common vLLM extras)."""
 
     model: str = Field(min_length=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)  # at or above the vocabulary: every token
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    # A list's max_length would name the union member ("stop.list[str]"): the validator below names "stop".
+    stop: str | Annotated[list[str], Field(json_schema_extra={"maxItems": MAX_STOP_STRINGS})] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     n: int | None = Field(None, ge=1)
     stream: bool = False
@@ -165,14 +182,24 @@ class _SamplingFields(_Strict):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, body: Any) -> Any:
+        return refuse_invalid_unicode(body)
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stop_strings(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        return at_most(stop, MAX_STOP_STRINGS, "stop strings")
+
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Tool] | None = None
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -181,8 +208,9 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
+    # Token ids are checked against the vocabulary by the engine (param "prompt"; bounds here would name a member).
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for /v1/completions
+    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)  # OpenAI's default for /v1/completions
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None

@@ -75,7 +75,7 @@ class RowParamArrays:
 
     temperatures: mx.array
     seeds: mx.array
-    top_ks: mx.array  # 0 (off) stands as the vocabulary size
+    top_ks: mx.array  # 0 (off) and any k above the vocabulary stand as the vocabulary size
     top_ps: mx.array
     min_ps: mx.array
 
@@ -85,10 +85,16 @@ class RowParamArrays:
         return cls(
             temperatures=mx.array([p.temperature for p in params], mx.float32),
             seeds=mx.array([r.seed for r in rows], mx.uint32),
-            top_ks=mx.array([p.top_k if p.top_k > 0 else vocab_size for p in params], mx.int32),
+            top_ks=mx.array([_kept_by_top_k(p.top_k, vocab_size) for p in params], mx.int32),
             top_ps=mx.array([p.top_p for p in params], mx.float32),
             min_ps=mx.array([p.min_p for p in params], mx.float32),
         )
+
+
+def _kept_by_top_k(top_k: int, vocab_size: int) -> int:
+    """How many tokens a row's top-k keeps: all of them when it is off or at least the vocabulary (the k-th
+    largest logit is then read inside the row, never past its end)."""
+    return min(top_k, vocab_size) if top_k > 0 else vocab_size
 
 
 class BatchSampler:
@@ -99,7 +105,7 @@ class BatchSampler:
         self.vocab_size = vocab_size
         params = [r.params for r in rows]
         self.all_greedy = all(p.is_greedy for p in params)
-        self.top_k = max((p.top_k for p in params), default=0)
+        self.uses_top_k = any(0 < p.top_k < vocab_size for p in params)
         self.uses_top_p = any(p.top_p < 1.0 for p in params)
         self.uses_min_p = any(p.min_p > 0.0 for p in params)
         self.max_top_logprobs = max((p.top_logprobs for p in params), default=0)
@@ -225,9 +231,9 @@ class BatchSampler:
             probs = mx.softmax(scaled, axis=-1)
             threshold = mx.max(probs, axis=-1, keepdims=True) * self.arrays.min_ps[:, None]
             scaled = mx.where(probs < threshold, neg_inf, scaled)
-        if self.top_k or self.uses_top_p:
+        if self.uses_top_k or self.uses_top_p:
             sorted_desc = -mx.sort(-scaled, axis=-1)
-            if self.top_k:
+            if self.uses_top_k:
                 kth = mx.take_along_axis(sorted_desc, (self.arrays.top_ks - 1)[:, None], axis=-1)
                 scaled = mx.where(scaled < kth, neg_inf, scaled)
                 sorted_desc = mx.where(mx.arange(scaled.shape[-1])[None] < self.arrays.top_ks[:, None], sorted_desc, neg_inf)
@@ -240,7 +246,8 @@ class BatchSampler:
         mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs
         # Keep each token whose preceding mass is below top_p; the threshold is the last kept logit.
         keep = mass_before < self.arrays.top_ps[:, None]
-        last_kept = mx.sum(keep, axis=-1, keepdims=True) - 1
+        # At least the top token: a top_p that rounds to 0 in float32 keeps none, and index -1 is outside the row.
+        last_kept = mx.maximum(mx.sum(keep, axis=-1, keepdims=True) - 1, 0)
         threshold = mx.take_along_axis(sorted_desc, last_kept, axis=-1)
         return mx.where(scaled < threshold, neg_inf, scaled)
 

@@ -1,4 +1,4 @@
-"""Sampling parameter validation names the field; engine config accepts Bodega's names."""
+"""Sampling parameter and prompt validation names the field; engine config accepts Bodega's names."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
-from engine.sampling.params import SamplingParams, make_logit_bias
+from engine.request import Request, RequestLimits
+from engine.sampling.params import INT32_MAX, SamplingParams, make_logit_bias
 
 
 @pytest.mark.parametrize(
@@ -56,6 +57,44 @@ def test_engine_limits_are_refused_naming_the_field():
     assert EngineConfig(prefix_cache_bytes=0).prefix_cache_bytes == 0
     with pytest.raises(InvalidRequestError, match="byte budget"):
         EngineConfig(prefix_cache_bytes=10)
+
+
+@pytest.mark.parametrize(
+    "field, value, vocab_size",
+    [
+        ("top_k", 2**31, 1000),  # the sampler's int32 array cannot hold it (std::bad_cast killed the engine)
+        ("top_k", 2**64, 1000),
+        ("top_logprobs", 9, 8),  # more alternatives than the vocabulary has
+        ("temperature", 1e39, 1000),  # beyond float32: infinity on the device
+        ("temperature", 10**400, 1000),  # an int too large for a float
+        ("repetition_penalty", 1e-40, 1000),  # rounds to 0 in float32: positive logits / 0
+        ("repetition_penalty", 10**400, 1000),
+        ("logit_bias", ((1.5, 1.0),), 1000),  # not a token id
+        ("stop_token_ids", (2.5,), 1000),
+    ],
+)
+def test_values_the_sampler_cannot_represent_are_refused_naming_the_field(field, value, vocab_size):
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(**{field: value}).validate(vocab_size=vocab_size)
+    assert info.value.param == field
+    assert field in info.value.message
+
+
+def test_representable_extremes_pass():
+    """top_k above the vocabulary keeps every token; any int seed is reduced to 32 bits; float32's range is fine."""
+    SamplingParams(
+        top_k=INT32_MAX, seed=-(10**30), temperature=3e38, repetition_penalty=1e-37, top_p=1e-46, top_logprobs=8,
+        logit_bias=((7, 100),), stop_token_ids=(0, 7),
+    ).validate(vocab_size=8)
+    SamplingParams(top_k=100_000).validate(vocab_size=256)
+
+
+@pytest.mark.parametrize("token_id", [1.5, -1, 256, 2**31, 10**30])
+def test_prompt_token_ids_outside_the_vocabulary_are_refused(token_id):
+    limits = RequestLimits(vocab_size=256, context_length=64)
+    with pytest.raises(InvalidRequestError) as info:
+        limits.validate(Request("r", [1, token_id, 3], SamplingParams(max_tokens=4)))
+    assert info.value.param == "prompt" and "0..255" in info.value.message
 
 
 def test_every_typed_error_survives_pickling_with_its_fields():

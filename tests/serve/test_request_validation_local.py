@@ -1,0 +1,216 @@
+"""Bad requests over HTTP (in-process stack, real engines): 400 in each API's shape naming the field, never a dead
+engine. Lone surrogates, 32-bit bounds, and the counts of messages, tools and stop strings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import anthropic
+import httpx2
+import openai
+import pytest
+
+from deployments.api.request_limits import (
+    MAX_MESSAGES,
+    MAX_STOP_STRINGS,
+    MAX_SYSTEM_BLOCKS,
+    MAX_TOOLS,
+    refuse_invalid_unicode,
+)
+from deployments.config import ModelConfig
+from deployments.ingress.routes import create_app
+from engine.errors import InvalidRequestError
+from tests.serve.local_stack import LocalStack, local_stack
+
+MODEL = "tiny/alpha"
+USER = [{"role": "user", "content": "t1 t2 t3"}]
+OPENAI_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+ANTHROPIC_TOOL = {"name": "f", "input_schema": {"type": "object"}}
+LONE = "t1 \ud800 t2"  # json.dumps writes it as the escape "\ud800", which json.loads turns back into a lone surrogate
+
+
+@pytest.fixture()
+def alpha(tiny_models) -> ModelConfig:
+    return ModelConfig(model_id=MODEL, model_path=str(tiny_models.alpha), context_length=512)
+
+
+def chat(**fields) -> dict:
+    return {"model": MODEL, "messages": USER, "max_tokens": 4, "temperature": 0, **fields}
+
+
+def messages(**fields) -> dict:
+    return {"model": MODEL, "messages": USER, "max_tokens": 4, **fields}
+
+
+async def post(stack: LocalStack, path: str, body: dict):
+    # Sent as ASCII JSON: the surrogate travels as its escape, as a client's JSON encoder sends it.
+    return await stack.http.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+
+
+def assert_openai_400(response, param: str, *words: str) -> None:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["code"] is None
+    assert all(word in error["message"] for word in words), error["message"]
+
+
+def assert_anthropic_400(response, param: str, *words: str) -> None:
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert all(word in body["error"]["message"] for word in (param, *words)), body["error"]["message"]
+
+
+# ---- text that is not valid Unicode -----------------------------------------------------------------------
+OPENAI_SURROGATES = [
+    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": LONE}]), "messages.0.content"),
+    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": [{"type": "text", "text": LONE}]}]),
+     "messages.0.content.0.text"),
+    ("/v1/chat/completions", chat(tools=[{**OPENAI_TOOL, "function": {"name": "f", "description": LONE}}]),
+     "tools.0.function.description"),
+    ("/v1/chat/completions", chat(stop=["x", LONE]), "stop.1"),
+    ("/v1/chat/completions", chat(model=LONE), "model"),
+    ("/v1/chat/completions", chat(metadata={LONE: "x"}), "metadata"),  # in a key
+    ("/v1/completions", {"model": MODEL, "prompt": LONE, "max_tokens": 4}, "prompt"),
+]
+ANTHROPIC_SURROGATES = [
+    ("/v1/messages", messages(messages=[{"role": "user", "content": LONE}]), "messages.0.content"),
+    ("/v1/messages", messages(system=[{"type": "text", "text": LONE}]), "system.0.text"),
+    ("/v1/messages", messages(stop_sequences=[LONE]), "stop_sequences.0"),
+    ("/v1/messages/count_tokens", {"model": MODEL, "messages": [{"role": "user", "content": LONE}]},
+     "messages.0.content"),
+    ("/v1/messages/count_tokens",
+     {"model": MODEL, "messages": USER, "tools": [{**ANTHROPIC_TOOL, "input_schema": {"type": "object", LONE: 1}}]},
+     "tools.0.input_schema"),
+]
+
+
+def test_lone_surrogates_are_400_naming_the_field_and_the_model_keeps_serving(alpha):
+    async def scenario():
+        async with local_stack([alpha]) as stack:
+            answers = [await post(stack, path, body) for path, body, _ in OPENAI_SURROGATES + ANTHROPIC_SURROGATES]
+            after = [await post(stack, "/v1/chat/completions", chat()), await post(stack, "/v1/messages", messages())]
+            return answers, after
+
+    answers, after = asyncio.run(scenario())
+    for (_, _, param), response in zip(OPENAI_SURROGATES, answers):
+        assert_openai_400(response, param, "not valid Unicode")
+    for (_, _, param), response in zip(ANTHROPIC_SURROGATES, answers[len(OPENAI_SURROGATES):]):
+        assert_anthropic_400(response, param, "not valid Unicode")
+    assert [r.status_code for r in after] == [200, 200]
+
+
+def test_real_clients_get_bad_request_errors_naming_the_field(alpha):
+    """(The SDKs cannot send a lone surrogate at all: their JSON encoders refuse it. Hand-written JSON can.)"""
+    async def scenario():
+        async with local_stack([alpha]) as stack:
+            oai = openai.AsyncOpenAI(base_url="http://orchard/v1", api_key="unused", http_client=stack.http, max_retries=0)
+            # The anthropic SDK speaks httpx2: its own in-process transport over the same registry.
+            http2 = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=create_app(stack.registry)))
+            ant = anthropic.AsyncAnthropic(base_url="http://orchard", api_key="unused", http_client=http2, max_retries=0)
+            with pytest.raises(openai.BadRequestError) as openai_error:
+                await oai.chat.completions.create(model=MODEL, messages=USER, max_tokens=4, extra_body={"top_k": 2**31})
+            with pytest.raises(anthropic.BadRequestError) as anthropic_error:
+                await ant.messages.create(model=MODEL, messages=USER, max_tokens=4,
+                                          stop_sequences=["x"] * (MAX_STOP_STRINGS + 1))
+            served = await oai.chat.completions.create(model=MODEL, messages=USER, max_tokens=4)
+            return openai_error.value, anthropic_error.value, served
+
+    openai_error, anthropic_error, served = asyncio.run(scenario())
+    assert openai_error.status_code == 400 and openai_error.body["param"] == "top_k"
+    assert anthropic_error.status_code == 400 and "stop_sequences" in anthropic_error.body["error"]["message"]
+    assert served.choices[0].finish_reason == "length"
+
+
+# ---- top_k ----------------------------------------------------------------------------------------------------
+def test_top_k_beyond_int32_is_400_and_above_the_vocabulary_keeps_every_token(alpha):
+    sampled = {"temperature": 1.5, "seed": 7, "max_tokens": 12, "ignore_eos": True}
+
+    async def scenario():
+        async with local_stack([alpha]) as stack:
+            refused = [await post(stack, "/v1/chat/completions", chat(top_k=2**31)),
+                       await post(stack, "/v1/messages", messages(top_k=2**31))]
+            texts = []
+            for top_k in (0, 300, 100_000, 2**31 - 1):  # the tiny model has 256 tokens
+                response = await post(stack, "/v1/chat/completions", chat(top_k=top_k, **sampled))
+                assert response.status_code == 200, response.text
+                texts.append(response.json()["choices"][0]["message"]["content"])
+            return refused, texts
+
+    refused, texts = asyncio.run(scenario())
+    assert_openai_400(refused[0], "top_k", "2147483647")
+    assert_anthropic_400(refused[1], "top_k", "2147483647")
+    assert texts[0] and texts == [texts[0]] * 4
+
+
+# ---- counts ----------------------------------------------------------------------------------------------------
+OPENAI_COUNTS = [
+    (chat(messages=USER * (MAX_MESSAGES + 1)), "messages", f"at most {MAX_MESSAGES}"),
+    (chat(tools=[OPENAI_TOOL] * (MAX_TOOLS + 1)), "tools", f"at most {MAX_TOOLS}"),
+    (chat(stop=["x"] * (MAX_STOP_STRINGS + 1)), "stop", f"at most {MAX_STOP_STRINGS}"),
+]
+ANTHROPIC_COUNTS = [
+    (messages(messages=USER * (MAX_MESSAGES + 1)), "messages", f"at most {MAX_MESSAGES}"),
+    (messages(tools=[ANTHROPIC_TOOL] * (MAX_TOOLS + 1)), "tools", f"at most {MAX_TOOLS}"),
+    (messages(stop_sequences=["x"] * (MAX_STOP_STRINGS + 1)), "stop_sequences", f"at most {MAX_STOP_STRINGS}"),
+    (messages(system=[{"type": "text", "text": "x"}] * (MAX_SYSTEM_BLOCKS + 1)), "system", f"at most {MAX_SYSTEM_BLOCKS}"),
+]
+
+
+def test_too_many_messages_tools_or_stop_strings_are_400_naming_the_field(alpha):
+    async def scenario():
+        async with local_stack([alpha]) as stack:
+            openai_answers = [await post(stack, "/v1/chat/completions", body) for body, _, _ in OPENAI_COUNTS]
+            anthropic_answers = [await post(stack, "/v1/messages", body) for body, _, _ in ANTHROPIC_COUNTS]
+            return openai_answers, anthropic_answers
+
+    openai_answers, anthropic_answers = asyncio.run(scenario())
+    for (_, param, words), response in zip(OPENAI_COUNTS, openai_answers):
+        assert_openai_400(response, param, words)
+    for (_, param, words), response in zip(ANTHROPIC_COUNTS, anthropic_answers):
+        assert_anthropic_400(response, param, words)
+
+
+def test_counts_at_the_limits_are_accepted(alpha):
+    async def scenario():
+        async with local_stack([alpha]) as stack:
+            counted = await post(stack, "/v1/messages/count_tokens", {
+                "model": MODEL, "messages": [{"role": "user", "content": "t1"}] * MAX_MESSAGES,
+                "tools": [{**ANTHROPIC_TOOL, "name": f"f{i}"} for i in range(MAX_TOOLS)],
+                "system": [{"type": "text", "text": "t2"}] * MAX_SYSTEM_BLOCKS,
+            })
+            stopped = await post(stack, "/v1/chat/completions", chat(stop=[f"x{i}" for i in range(MAX_STOP_STRINGS)]))
+            sequences = await post(stack, "/v1/messages", messages(stop_sequences=["x"] * MAX_STOP_STRINGS))
+            return counted, stopped, sequences
+
+    counted, stopped, sequences = asyncio.run(scenario())
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > MAX_MESSAGES, counted.text
+    assert stopped.status_code == 200 and sequences.status_code == 200
+
+
+def test_the_openapi_spec_states_the_bounds(alpha):
+    async def scenario():
+        async with local_stack([alpha]) as stack:
+            return (await stack.http.get("/openapi.json")).json()["components"]["schemas"]
+
+    schemas = asyncio.run(scenario())
+    chat_fields = schemas["ChatCompletionRequest"]["properties"]
+    messages_fields = schemas["MessagesRequest"]["properties"]
+    assert chat_fields["messages"]["maxItems"] == MAX_MESSAGES
+    assert messages_fields["stop_sequences"]["anyOf"][0]["maxItems"] == MAX_STOP_STRINGS
+    assert {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP_STRINGS} in chat_fields["stop"]["anyOf"]
+    for fields in (chat_fields, messages_fields):
+        assert fields["top_k"]["anyOf"][0]["maximum"] == 2**31 - 1
+        assert fields["tools"]["anyOf"][0]["maxItems"] == MAX_TOOLS
+
+
+def test_the_unicode_check_names_the_path_and_survives_deep_nesting():
+    deep: object = ["t1", {"k": "\udfff"}]
+    for _ in range(50_000):  # deeper than Python's recursion limit: the walk is a loop
+        deep = [deep]
+    with pytest.raises(InvalidRequestError) as info:
+        refuse_invalid_unicode({"model": "m", "chat_template_kwargs": {"x": deep}})
+    assert info.value.param == "chat_template_kwargs.x" + ".0" * 50_000 + ".1.k"
+    body = {"messages": [{"role": "user", "content": "é 日本 🙂"}]}  # valid non-ASCII passes untouched
+    assert refuse_invalid_unicode(body) is body
