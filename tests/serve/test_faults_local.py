@@ -94,3 +94,65 @@ def test_unload_answers_at_once_drains_and_ends_cut_streams_with_model_unloaded(
 
 async def _no_models(http) -> bool:
     return (await http.get("/v1/admin/loaded-models")).json()["data"] == []
+
+
+def test_a_client_gone_mid_stream_is_one_info_line_not_a_traceback(tiny_models, tmp_path):
+    """Under Serve, reading from a client that went away raises TaskCancelledError (Ray's real exception here)."""
+    import json
+    import logging
+
+    from ray.exceptions import TaskCancelledError
+
+    alpha = ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha))
+    body = json.dumps({"model": "alpha", "messages": [{"role": "user", "content": "t1"}], "max_tokens": 1500,
+                       "temperature": 0, "ignore_eos": True, "stream": True}).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "root_path": "", "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 5555), "server": ("127.0.0.1", 8000),
+    }
+
+    async def scenario():
+        async with local_stack([alpha], tmp_path) as stack:
+            sent: list[dict] = []
+            reads = 0
+
+            async def receive() -> dict:
+                nonlocal reads
+                reads += 1
+                if reads == 1:
+                    return {"type": "http.request", "body": body, "more_body": False}
+                await asyncio.sleep(0.3)  # some chunks go out first
+                raise TaskCancelledError()
+
+            async def send(message: dict) -> None:
+                sent.append(message)
+
+            await asyncio.wait_for(stack.app(scope, receive, send), 30)
+            await wait_for(lambda: _idle(stack), timeout_s=10)
+            return sent
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("ray.serve.orchard")  # Serve's logger does not propagate to the root
+    previous_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        sent = asyncio.run(scenario())
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous_level)
+    chunks = [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
+    assert sent[0]["status"] == 200 and chunks and b"[DONE]" not in b"".join(m["body"] for m in chunks)
+    assert not [r for r in records if r.levelno >= logging.ERROR], [r.getMessage() for r in records]
+    gone = [r for r in records if "client disconnected" in r.getMessage()]
+    assert len(gone) == 1 and "TaskCancelledError" in gone[0].getMessage()
+
+
+async def _idle(stack) -> bool:
+    """The cut request was aborted in the engine: nothing runs there any more."""
+    stats = (await stack.http.get("/v1/queue/stats")).json()["models"][0]
+    return stats["running"] == 0 and stats["waiting"] == 0
