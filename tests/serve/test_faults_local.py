@@ -156,3 +156,24 @@ async def _idle(stack) -> bool:
     """The cut request was aborted in the engine: nothing runs there any more."""
     stats = (await stack.http.get("/v1/queue/stats")).json()["models"][0]
     return stats["running"] == 0 and stats["waiting"] == 0
+
+
+def test_an_engine_whose_step_does_not_end_is_degraded_then_ok_again(tiny_models, tmp_path):
+    alpha = ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha))
+
+    async def scenario():
+        async with local_stack([alpha], tmp_path, new_engine_client=process_engine_client) as stack:
+            service = stack.backend._services["alpha"]
+            service._engine._client.stall_after_s = 1.0  # the derived bound is >= 10 s; the test waits less
+            os.kill(service.engine_pid, signal.SIGSTOP)  # as a step that runs on and on
+            try:
+                await _until(lambda: _is_health(stack.http, "degraded"), timeout_s=5.0, interval_s=0.1)
+                degraded = await _health(stack.http)
+            finally:
+                os.kill(service.engine_pid, signal.SIGCONT)
+            await _until(lambda: _is_health(stack.http, "ok"), timeout_s=5.0, interval_s=0.1)
+            return degraded
+
+    degraded = asyncio.run(scenario())
+    assert degraded["code"] == 200 and degraded["models_detail"][0]["status"] == "degraded"
+    assert "No engine step has ended for" in degraded["models_detail"][0]["error"]
