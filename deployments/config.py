@@ -68,6 +68,8 @@ class AdvancedOptions(BaseModel):
     # An ingress on the replica's node streams over a Unix socket (transport/channel.py) instead of one Ray
     # handle stream per request (false: always the handle; several replicas use the handle anyway).
     stream_channel: bool = True
+    # On unload, open streams get this long to finish before they end with model_unloaded.
+    unload_drain_s: float = Field(10.0, ge=0)
 
 
 class ModelConfig(BaseModel):
@@ -88,7 +90,8 @@ class ModelConfig(BaseModel):
     max_prefill_seqs: int = Field(EngineConfig.max_prefill_seqs, ge=1)
     max_decode_seqs: int = Field(EngineConfig.max_decode_seqs, ge=1)
     prefill_chunk_tokens: int = Field(EngineConfig.prefill_chunk_tokens, ge=0)
-    prefill_step_tokens: int = Field(EngineConfig.prefill_step_tokens, ge=0)
+    # null: what this machine prefills in ~0.5 s (measured at load; a GPU-sized constant stalls a CPU for minutes)
+    prefill_step_tokens: int | None = Field(None, ge=0)
     enable_prefix_cache: bool = True
     prefix_cache_bytes: int | None = Field(None, ge=0)
     queue_size: int | None = Field(100, ge=0)
@@ -164,6 +167,8 @@ class ModelConfig(BaseModel):
             "ray_actor_options": self.ray_actor_options.to_ray(),
             # A failed model load is reported, not retried 20 times (Serve's default).
             "max_constructor_retry_count": 1,
+            # Serve kills a replica that has not stopped by then: the unload's drain and the engine's stop come first.
+            "graceful_shutdown_timeout_s": self.advanced.unload_drain_s + 20.0,
         }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal, Protocol
 
+from engine.client.interface import EngineHealth, EngineStatus
 from engine.errors import OrchardError
 from engine.output.request_output import Finish
 from deployments.chat.parsers.deltas import ToolCallDelta
@@ -140,6 +141,10 @@ class ModelInfo:
     created_at: int
     pid: int
     memory: MemoryUsage
+    # The engine's state (running, degraded, restarting, failed) and how often it was restarted.
+    health: EngineHealth = field(default_factory=lambda: EngineHealth(EngineStatus.RUNNING))
+    engine_pid: int | None = None  # where the engine steps in a process of its own
+    engine_restarts: int = 0
 
 
 @dataclass

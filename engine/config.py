@@ -17,14 +17,15 @@ class EngineConfig:
     ones alone (None: only max_num_seqs applies). prefill_chunk_tokens is the most
     prompt tokens one request prefills per step (0: whole prompts in one step), as
     mlx-lm's prefill step size; prefill_step_tokens bounds all prefilling requests
-    together per step (0: only chunks x max_prefill_seqs).
+    together per step (0: only chunks x max_prefill_seqs; None: what this device
+    prefills in about half a second, measured by EngineCore at load).
     """
 
     max_num_seqs: int = 256
     max_prefill_seqs: int = 32
     max_decode_seqs: int = 32
     prefill_chunk_tokens: int = 2048
-    prefill_step_tokens: int = 16384
+    prefill_step_tokens: int | None = None
     # Pad prefill forwards to a few lengths and warm them at load (runner/prefill_shapes.py);
     # None: on with a GPU, off on the CPU (where padding only costs). Models with plain KV caches only.
     pad_prefill_shapes: bool | None = None
@@ -45,7 +46,7 @@ class EngineConfig:
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"'{name}' must be >= 1", param=name)
         for name in ("prefill_chunk_tokens", "prefill_step_tokens"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise InvalidRequestError(f"'{name}' must be >= 0", param=name)
         if self.context_length is not None and self.context_length < 2:
             raise InvalidRequestError("'context_length' must be >= 2", param="context_length")
@@ -69,7 +70,7 @@ class EngineConfig:
     @property
     def prefill_token_budget(self) -> int | None:
         """Prompt tokens all prefilling requests may compute in one step (None: unbounded, also
-        when chunking is off: whole prompts, however long)."""
+        when chunking is off: whole prompts, however long; and before EngineCore has measured it)."""
         return (self.prefill_chunk_tokens and self.prefill_step_tokens) or None
 
     @property

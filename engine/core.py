@@ -16,6 +16,7 @@ from engine.request import Request, RequestLimits, RequestStatus
 from engine.runner.loader import LoadedModel
 from engine.runner.memory import EngineMemory, read_engine_memory
 from engine.runner.runner import ModelRunner
+from engine.runner.step_budget import measure_prefill_budget
 from engine.runner_output import RunnerOutput
 from engine.sampling.structured import GuideCompiler
 from engine.scheduler.output import SchedulerOutput
@@ -45,16 +46,24 @@ class EngineStats:
     memory: EngineMemory
     # None when the prefix cache is off (disabled, or a model whose caches cannot be cut into blocks).
     prefix_cache: PrefixCacheStats | None = None
+    # How long a step should take at most here (None: not measured): EngineClient.health() calls an engine
+    # whose steps stop ending for many times this long degraded.
+    expected_step_s: float | None = None
 
 
 class EngineCore:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
         self.loaded = loaded
-        self.config = config or EngineConfig()
-        self.context_length = self.config.context_length or loaded.context_length
+        config = config or EngineConfig()
+        self.context_length = config.context_length or loaded.context_length
+        self.expected_step_s: float | None = None
+        if config.prefill_step_tokens is None:  # from this device's measured speed, before anything sizes by it
+            budget = measure_prefill_budget(loaded.model, self.context_length)
+            config = replace(config, prefill_step_tokens=budget.step_tokens)
+            self.expected_step_s = budget.expected_step_s
+        self.config = config
         # What every request is checked against, by the engine client before it reaches this core.
         self.limits = RequestLimits(loaded.vocab_size, self.context_length)
-        config = self.config
         prefix_cache = new_prefix_cache(
             loaded.model, config.enable_prefix_cache, config.prefix_block_size, config.prefix_cache_bytes
         )
@@ -162,6 +171,7 @@ class EngineCore:
             process_cpu_seconds=time.process_time(),
             memory=read_engine_memory(),
             prefix_cache=replace(self.runner.prefix_cache.stats) if self.runner.prefix_cache else None,
+            expected_step_s=self.expected_step_s,
         )
 
     def release_idle_buffers(self) -> None:

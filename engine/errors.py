@@ -54,7 +54,24 @@ class EngineDeadError(OrchardError):
     code = "engine_dead"
 
 
+class ModelUnloadedError(OrchardError):
+    """The model was unloaded while the request ran (or before it could start)."""
+
+    code = "model_unloaded"
+
+
 LOADING_RETRY_AFTER_S = 5
+
+
+class EngineRestartingError(OrchardError):
+    """The model's engine died and is being restarted in place: retry after a few seconds."""
+
+    code = "engine_restarting"
+
+    # A default, so that the error unpickles (exceptions are rebuilt from their message, then get their fields).
+    def __init__(self, message: str, *, retry_after_s: int = LOADING_RETRY_AFTER_S) -> None:
+        super().__init__(message, param="model")
+        self.retry_after_s = retry_after_s
 
 
 class ModelLoadingError(OrchardError):

@@ -11,11 +11,13 @@ from typing import Any
 from engine.errors import (
     ContextLengthExceededError,
     EngineDeadError,
+    EngineRestartingError,
     InvalidRequestError,
     ModelExistsError,
     ModelLoadError,
     ModelLoadingError,
     ModelNotFoundError,
+    ModelUnloadedError,
     OrchardError,
     QueueFullError,
     QueueTimeoutError,
@@ -70,6 +72,8 @@ _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (QueueTimeoutError, _Rule(503, "server_error", QUEUE_RETRY_AFTER_S)),
     (ModelLoadingError, _Rule(503, "server_error")),
     (ModelLoadError, _Rule(503, "server_error")),
+    (EngineRestartingError, _Rule(503, "server_error")),
+    (ModelUnloadedError, _Rule(503, "server_error")),
     (EngineDeadError, _Rule(503, "server_error")),
 ]
 
@@ -86,7 +90,8 @@ def wire_error(exc: BaseException) -> WireError:
     # A plain InvalidRequestError's code would repeat its type; OpenAI sends null there.
     code = None if type(exc) is InvalidRequestError else exc.code
     headers = {}
-    retry_after = exc.retry_after_s if isinstance(exc, ModelLoadingError) else rule.retry_after_s
+    timed = isinstance(exc, (ModelLoadingError, EngineRestartingError))
+    retry_after = exc.retry_after_s if timed else rule.retry_after_s
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
     if rule.status == 401:

@@ -30,7 +30,7 @@ def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
     @router.get("/health", responses={**HEALTH_UNHEALTHY, **error_responses(ANY_ROUTE)})
     async def health() -> JSONResponse:
         body = health_body(await registry.details())
-        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+        return JSONResponse(body, status_code=503 if body["status"] == "unhealthy" else 200)
 
     @router.get("/v1/queue/stats", responses=error_responses(LISTING))
     async def queue_stats() -> dict[str, Any]:
@@ -53,8 +53,8 @@ def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
 
     @router.delete("/v1/admin/unload-model/{model_id:path}", responses=error_responses(ADMIN_UNLOAD))
     async def unload_model(model_id: str) -> dict[str, Any]:
-        await registry.unload(model_id)
-        return {"status": "unloaded", "model_id": model_id}
+        entry = await registry.unload(model_id)
+        return {"status": entry.status.value, "model_id": model_id}
 
     @router.get("/v1/admin/loaded-models", responses=error_responses(ADMIN_LISTING))
     async def loaded_models() -> dict[str, Any]:
@@ -65,18 +65,24 @@ def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
 
 
 def health_body(entries: list[ModelEntry]) -> dict[str, Any]:
+    """ok: every model serves normally; degraded: some model's engine is stalled or restarting while another
+    serves; unhealthy (503): none serves."""
     if not entries:
         return {"status": "unhealthy", "model_id": None, "model_status": "no_models"}
-    running = [e for e in entries if e.status == ModelStatus.RUNNING]
+    statuses = [e.current_status for e in entries]
+    serving = [s for s in statuses if s in (ModelStatus.RUNNING, ModelStatus.DEGRADED)]
+    troubled = any(s in (ModelStatus.DEGRADED, ModelStatus.UNHEALTHY) for s in statuses)
+    status = "unhealthy" if not serving else ("degraded" if troubled else "ok")
     return {
-        "status": "ok" if running else "unhealthy",
+        "status": status,
         "model_id": ", ".join(e.model_id for e in entries),
-        "model_status": f"initialized ({len(running)} model(s))" if running else "no_running_models",
+        "model_status": f"initialized ({len(serving)} model(s))" if serving else "no_running_models",
         "models_detail": [
             {
                 "id": e.model_id,
                 "type": _model_type(e),
-                "status": e.status.value,
+                "status": e.current_status.value,
+                "error": e.current_error,
                 "ram_usage_mb": e.info.memory.total_mb if e.info is not None else None,
             }
             for e in entries
@@ -92,10 +98,12 @@ def loaded_model(entry: ModelEntry) -> dict[str, Any]:
         "model_path": info.model_path if info else (config.model_path if config else None),
         "context_length": info.context_length if info else (config.context_length if config else None),
         "created_at": info.created_at if info else entry.seen_at,
-        "status": entry.status.value,
+        "status": entry.current_status.value,
         "pid": info.pid if info else None,
+        "engine_pid": info.engine_pid if info else None,
         "memory": _memory(info.memory) if info else None,
-        "error": entry.error,
+        "engine_restarts": info.engine_restarts if info else None,
+        "error": entry.current_error,
     }
 
 
@@ -136,7 +144,7 @@ def _queue_row(row: ModelQueueStats) -> dict[str, Any]:
         capacity = stats.queue_size if stats.queue_size is not None else stats.max_num_seqs
     return {
         "id": row.entry.model_id,
-        "status": row.entry.status.value,
+        "status": row.entry.current_status.value,
         "waiting": stats.waiting if stats else None,
         "running": stats.running if stats else None,
         "decoding": stats.decoding if stats else None,

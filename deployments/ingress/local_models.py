@@ -55,7 +55,7 @@ class LocalBackend:
         self._states.pop(model_id, None)
         service = self._services.pop(model_id, None)
         if service is not None:
-            await service.shutdown()
+            await service.unload()
 
     async def deployments(self) -> dict[str, DeploymentState]:
         return dict(self._states)
@@ -71,4 +71,5 @@ class LocalBackend:
 
     async def close(self) -> None:
         for model_id in list(self._services):
-            await self.undeploy(model_id)
+            self._states.pop(model_id, None)
+            await self._services.pop(model_id).shutdown()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+from engine.client.interface import EngineStatus
 from engine.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -36,9 +37,18 @@ INFO_TIMEOUT_S = 5.0
 class ModelStatus(str, Enum):
     LOADING = "loading"
     RUNNING = "running"
+    DEGRADED = "degraded"  # serving, but its engine's current step runs far past its expected time
     FAILED = "failed"
     UNHEALTHY = "unhealthy"
     UNLOADING = "unloading"
+
+
+# A running replica's engine state, as the model reports it, read over Serve's view of the replica.
+_ENGINE_STATUS = {
+    EngineStatus.DEGRADED: ModelStatus.DEGRADED,
+    EngineStatus.RESTARTING: ModelStatus.UNHEALTHY,
+    EngineStatus.FAILED: ModelStatus.FAILED,
+}
 
 
 @dataclass
@@ -80,6 +90,19 @@ class ModelEntry:
         if message is None or self.loaded_from is None or self.config is None:
             return message
         return message.replace(self.loaded_from, self.config.model_path)
+
+    @property
+    def current_status(self) -> ModelStatus:
+        """The status to report: Serve's view of the replicas, and for a running one its engine's own."""
+        if self.status == ModelStatus.RUNNING and self.info is not None:
+            return _ENGINE_STATUS.get(self.info.health.status, self.status)
+        return self.status
+
+    @property
+    def current_error(self) -> str | None:
+        if self.current_status != self.status:
+            return self.info.health.message
+        return self.error
 
 
 @dataclass
@@ -194,8 +217,10 @@ class Registry:
         if entry is None or entry.status != ModelStatus.RUNNING:
             await self.refresh()
             entry = self._entries.get(model_id)
-        if entry is None or entry.status == ModelStatus.UNLOADING:
+        if entry is None:
             raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model")
+        if entry.status == ModelStatus.UNLOADING:
+            raise ModelNotFoundError(f"The model '{model_id}' is being unloaded", param="model")
         if entry.status == ModelStatus.LOADING:
             raise ModelLoadingError(f"The model '{model_id}' is loading; retry shortly")
         if entry.status == ModelStatus.FAILED:
@@ -288,8 +313,9 @@ class Registry:
         finally:
             entry.busy = False
 
-    async def unload(self, model_id: str) -> None:
-        """Stop the model and forget it; returns once its memory is freed."""
+    async def unload(self, model_id: str) -> ModelEntry:
+        """Begin an unload and return at once: new requests are refused now, open streams get the model's drain
+        time and then end with model_unloaded, and the memory is freed in the background (status unloading)."""
         await self.refresh(force=True)
         entry = self._entries.get(model_id)
         if entry is None:
@@ -297,13 +323,24 @@ class Registry:
         if entry.busy:
             raise ModelExistsError(f"The model '{model_id}' is {entry.status.value}; retry when it settles")
         entry.status, entry.busy = ModelStatus.UNLOADING, True
+        if self._api_configs.pop(model_id, None) is not None:
+            self._persist()  # now: a restart during the drain must not bring the model back
+        self._spawn(self._undeploy(entry))
+        return entry
+
+    async def _undeploy(self, entry: ModelEntry) -> None:
+        started = time.monotonic()
         try:
-            await self._backend.undeploy(model_id)
+            await self._backend.undeploy(entry.model_id)
+        except Exception as exc:
+            entry.status, entry.error = ModelStatus.FAILED, f"The unload failed: {exc!r}"
+            logger.exception("model %s did not unload", entry.model_id)
+            return
         finally:
             entry.busy = False
-        self._entries.pop(model_id, None)
-        if self._api_configs.pop(model_id, None) is not None:
-            self._persist()
+        if self._entries.get(entry.model_id) is entry:
+            del self._entries[entry.model_id]
+        logger.info("model %s unloaded in %.1f s", entry.model_id, time.monotonic() - started)
 
     def _persist(self) -> None:
         if self._store is not None:

@@ -56,9 +56,23 @@ class ClosingStreamingResponse(StreamingResponse):
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, _disconnect_on_failure(receive), send)
         finally:
             await self._close()
+
+
+def _disconnect_on_failure(receive: Callable) -> Callable:
+    """A receive that reports a failure to read from the client as its disconnect: Serve's proxy raises
+    TaskCancelledError there when the client goes away, which logged a full traceback as an unexpected error."""
+
+    async def receive_or_disconnect() -> dict:
+        try:
+            return await receive()
+        except Exception as exc:
+            logger.info("client disconnected (%s) [request %s]", type(exc).__name__, REQUEST_ID.get())
+            return {"type": "http.disconnect"}
+
+    return receive_or_disconnect
 
 
 def create_app(

@@ -21,8 +21,8 @@ from deployments.model_calls import ChatPrompt, GenerateJob, ModelInfo, QueueSta
 from deployments.transport.channel import ChannelAddress, ChannelServer
 
 logger = logging.getLogger("ray.serve.orchard")
-# On unload, streams open on the channel get this long to finish (Serve waits for its handle streams likewise).
-CHANNEL_DRAIN_S = 10.0
+# After the unload's drain, the channel's streams have this long to send their last chunks.
+CHANNEL_FLUSH_S = 2.0
 
 
 @serve.deployment(name=MODEL_SERVER_DEPLOYMENT)
@@ -65,18 +65,18 @@ class ModelServer:
             stats = dataclasses.replace(stats, channel_streams_total=self.channel.streams_served)
         return stats
 
-    async def check_health(self) -> None:
-        """Serve's periodic health check: a dead engine thread gets the replica replaced."""
-        self.service.check_health()
-
     async def __del__(self) -> None:
+        """Serve is unloading this model (or replacing the replica): refuse new streams, let open ones finish
+        for advanced.unload_drain_s, end the rest with model_unloaded, then stop the engine (before the process exits,
+        else MLX may abort)."""
         channel = getattr(self, "channel", None)
         if channel is not None:
-            await channel.close(drain_s=CHANNEL_DRAIN_S)
-        # Stop the MLX thread and free its objects before the process exits (else MLX may abort).
+            channel.stop_accepting()
         service = getattr(self, "service", None)
         if service is not None:
-            await service.shutdown()
+            await service.unload()
+        if channel is not None:
+            await channel.close(drain_s=CHANNEL_FLUSH_S)  # the streams' last (error) chunks reach the ingress
 
 
 def build_model_application(config: ModelConfig) -> Application:

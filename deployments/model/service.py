@@ -35,9 +35,10 @@ from deployments.transport.chunks import coalesce
 from engine.client.interface import EngineClient
 from engine.client.process_client import ProcessEngineClient
 from engine.client.spec import EngineSpec
+from engine.client.supervisor import SupervisedEngine
 from engine.client.thread_client import ThreadEngineClient
 from engine.core import EngineStats
-from engine.errors import EngineDeadError, OrchardError
+from engine.errors import EngineDeadError, ModelUnloadedError, OrchardError
 from engine.output.request_output import Finish, TextDelta
 from engine.request import Request
 from engine.runner.memory import EngineMemory, process_rss_bytes
@@ -83,12 +84,14 @@ class ModelService:
     def __init__(self, config: ModelConfig, new_engine_client: EngineClientFactory = process_engine_client) -> None:
         self.config = config
         self.model_id = config.id
-        self._engine = new_engine_client(config)
+        # A dead engine is restarted in place (same replica, same config) within a budget.
+        self._engine = SupervisedEngine(lambda: new_engine_client(config))
         self._prompts: PromptEncoder | None = None
         self._token_texts: TokenTexts | None = None
         self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="orchard-tokenize")
         self.parser_names = ParserNames()
         self._active_streams = 0
+        self._unloading = False
         self.created_at = 0
 
     async def start(self) -> None:
@@ -109,14 +112,28 @@ class ModelService:
             time.monotonic() - started, self.parser_names.tool, self.parser_names.reasoning,
         )
 
-    async def shutdown(self) -> None:
+    async def unload(self) -> None:
+        """Refuse new requests, give open streams up to advanced.unload_drain_s to finish, then end the rest with
+        model_unloaded and stop the engine."""
+        self._unloading = True
+        deadline = time.monotonic() + self.config.advanced.unload_drain_s
+        while self._active_streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._active_streams:
+            logger.info("model %s unloaded with %d streams still open", self.model_id, self._active_streams)
+        await self.shutdown(ModelUnloadedError(f"The model '{self.model_id}' was unloaded", param="model"))
+
+    async def shutdown(self, error: OrchardError | None = None) -> None:
+        """Stop the engine; streams still open end with `error` (EngineDeadError by default)."""
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
-        await self._engine.close()
+        await self._engine.close(error)
 
     # ---- generation --------------------------------------------------------
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         """Chunks of the job's output; errors (even validation ones) arrive as a last chunk."""
         try:
+            if self._unloading:
+                raise ModelUnloadedError(f"The model '{self.model_id}' is being unloaded", param="model")
             prompt = await self._encode(job.prompt)
             plan = plan_output(self.parser_names, job, prompt.text)
             sampling = self._clamped(plan.sampling, len(prompt.token_ids)) if job.clamp_max_tokens else plan.sampling
@@ -204,7 +221,10 @@ class ModelService:
             context_length=served.context_length,
             created_at=self.created_at,
             pid=os.getpid(),
+            engine_pid=self._engine.pid,
             memory=memory_usage(self._engine.stats().memory, served.in_own_process),
+            health=self._engine.health(),
+            engine_restarts=self._engine.restarts_total,
         )
 
     def queue_stats(self) -> QueueStats:
@@ -232,10 +252,10 @@ class ModelService:
             return time.process_time() + stats.process_cpu_seconds
         return stats.process_cpu_seconds
 
-    def check_health(self) -> None:
-        health = self._engine.health()
-        if not health.alive:
-            raise EngineDeadError(f"The engine of model '{self.model_id}' is not running: {health.message}")
+    @property
+    def engine_pid(self) -> int | None:
+        """The engine process's pid (None: the engine runs on a thread of this process)."""
+        return self._engine.pid
 
     @property
     def _encoder(self) -> PromptEncoder:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from engine.client.interface import Pending, merged
-from engine.errors import EngineDeadError, ModelNotFoundError
+from engine.errors import EngineDeadError, ModelUnloadedError
 from deployments.model_calls import GenerateJob, StreamChunk
 from deployments.transport.errors import model_process_died
 
@@ -169,6 +169,10 @@ class ChannelServer:
     def open_streams(self) -> int:
         return sum(len(c.tasks) for c in self._connections)
 
+    def stop_accepting(self) -> None:
+        """New streams are refused (model_unloaded); open ones go on."""
+        self._accepting = False
+
     async def close(self, drain_s: float) -> None:
         """Refuse new streams, give open ones up to `drain_s` to finish, then cancel the rest."""
         self._accepting = False
@@ -216,7 +220,7 @@ class ChannelServer:
 
     def _open(self, connection: ChannelConnection, message: OpenStream) -> None:
         if not self._accepting:
-            refusal = ModelNotFoundError("The model is being unloaded", param="model")
+            refusal = ModelUnloadedError("The model is being unloaded", param="model")
             connection.push(message.stream_id, StreamChunk(error=refusal))
             return
         self.streams_served += 1

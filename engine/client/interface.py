@@ -8,8 +8,10 @@ request is validated), opens its stream and hands it to the engine; `abort`, `st
 from __future__ import annotations
 
 import asyncio
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Generic, Protocol, TypeVar
 
@@ -30,10 +32,27 @@ class ServedModel:
     in_own_process: bool
 
 
+class EngineStatus(str, Enum):
+    RUNNING = "running"
+    DEGRADED = "degraded"  # alive, but no step has ended for far longer than a step takes here
+    RESTARTING = "restarting"  # (SupervisedEngine) it died; a new engine is starting in its place
+    FAILED = "failed"  # stopped: closed, never started, or died (past the restart budget where supervised)
+
+
 @dataclass(frozen=True)
 class EngineHealth:
-    alive: bool
-    message: str | None = None  # why not, when not alive
+    status: EngineStatus
+    message: str | None = None  # why, when not running
+
+    @property
+    def alive(self) -> bool:
+        return self.status in (EngineStatus.RUNNING, EngineStatus.DEGRADED)
+
+
+# An engine busy in one step this long without a word is degraded: at least MIN_STALL_S, or STALL_FACTOR
+# times the step time its measured prefill budget aims at.
+MIN_STALL_S = 10.0
+STALL_FACTOR = 10.0
 
 
 class EngineClientBase(ABC):
@@ -45,17 +64,34 @@ class EngineClientBase(ABC):
         self._stats: EngineStats | None = None
         self._dead: OrchardError | None = None
         self._closed = False
+        self._heard_at = time.monotonic()  # the engine's heartbeat: its last outputs or stats
+        self._died: asyncio.Event | None = None  # set on the loop once the engine has stopped
+        self.stall_after_s: float | None = None  # silence that makes the engine degraded (None: derived)
+
+    async def wait_dead(self) -> OrchardError:
+        """Return (with the reason) once the engine has stopped: died, or closed."""
+        if self._died is None:
+            self._died = asyncio.Event()
+        if self._dead is None:
+            await self._died.wait()
+        assert self._dead is not None
+        return self._dead
 
     # ---- lifecycle -------------------------------------------------------
     @abstractmethod
     async def start(self) -> None:
         """Load the model and warm the engine; raises what the build raised."""
 
-    async def close(self) -> None:
-        """Stop the engine and free its memory; streams still open end with EngineDeadError."""
+    async def close(self, error: OrchardError | None = None) -> None:
+        """Stop the engine and free its memory; streams still open end with `error` (EngineDeadError)."""
         self._closed = True
+        error = error or EngineDeadError("The engine was closed")
+        # First: the engine's own end (the process's socket closing) must not be what the streams are told.
+        self._streams.fail_all(error)
+        if self._dead is None:
+            self._dead = error
         await self._stop()
-        self._streams.fail_all(EngineDeadError("The engine was closed"))
+        self._signal_dead()
 
     @abstractmethod
     async def _stop(self) -> None: ...
@@ -99,24 +135,43 @@ class EngineClientBase(ABC):
 
     def health(self) -> EngineHealth:
         if self._dead is not None:
-            return EngineHealth(False, self._dead.message)
+            return EngineHealth(EngineStatus.FAILED, self._dead.message)
         if self._closed:
-            return EngineHealth(False, "The engine was closed")
+            return EngineHealth(EngineStatus.FAILED, "The engine was closed")
         if self._served is None:
-            return EngineHealth(False, "The engine has not started")
-        return EngineHealth(True)
+            return EngineHealth(EngineStatus.FAILED, "The engine has not started")
+        silent_s, stall_s = time.monotonic() - self._heard_at, self._stall_after_s()
+        if silent_s > stall_s:
+            return EngineHealth(
+                EngineStatus.DEGRADED, f"No engine step has ended for {silent_s:.0f} s (a step should take < {stall_s:.0f} s)"
+            )
+        return EngineHealth(EngineStatus.RUNNING)
+
+    def _stall_after_s(self) -> float:
+        if self.stall_after_s is not None:
+            return self.stall_after_s
+        expected = self._stats.expected_step_s if self._stats is not None else None
+        return max(MIN_STALL_S, STALL_FACTOR * expected) if expected else MIN_STALL_S
 
     # ---- from the engine (any thread) -----------------------------------------
     def _post_outputs(self, outputs: list[RequestOutput]) -> None:
+        self._heard_at = time.monotonic()
         self._loop.call_soon_threadsafe(self._streams.deliver, outputs)
 
     def _set_stats(self, stats: EngineStats) -> None:
+        self._heard_at = time.monotonic()  # the engine loop posts stats between steps, and every 0.5 s idle
         self._stats = stats
 
     def _die(self, error: EngineDeadError) -> None:
         """The engine stopped: every open stream ends with `error` (what was already decided came first)."""
-        self._dead = error
+        if self._dead is None:
+            self._dead = error
         self._loop.call_soon_threadsafe(self._streams.fail_all, error)
+        self._loop.call_soon_threadsafe(self._signal_dead)
+
+    def _signal_dead(self) -> None:
+        if self._died is not None:
+            self._died.set()
 
 
 # The interface callers program against (thread_client.ThreadEngineClient, process_client.ProcessEngineClient).

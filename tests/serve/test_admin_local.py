@@ -47,7 +47,8 @@ def test_load_answers_503_while_loading_then_serves_then_unloads(tiny_models, tm
             answer = await http.post("/v1/chat/completions", json={"model": "gamma", **CHAT})
             assert answer.status_code == 200 and answer.json()["model"] == "gamma"
 
-            assert (await http.delete("/v1/admin/unload-model/gamma")).json() == {"status": "unloaded", "model_id": "gamma"}
+            assert (await http.delete("/v1/admin/unload-model/gamma")).json() == {"status": "unloading", "model_id": "gamma"}
+            await wait_for(lambda: _gone(stack, "gamma"))
             gone = await http.post("/v1/chat/completions", json={"model": "gamma", **CHAT})
             assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
             assert _stored_ids(tmp_path) == []
@@ -57,6 +58,10 @@ def test_load_answers_503_while_loading_then_serves_then_unloads(tiny_models, tm
 
 async def _is(stack, model_id: str, status: str) -> bool:
     return await _status(stack, model_id) == status
+
+
+async def _gone(stack, model_id: str) -> bool:
+    return await _status(stack, model_id) is None
 
 
 def test_api_loaded_models_come_back_after_a_restart(tiny_models, tmp_path):
@@ -99,7 +104,7 @@ def test_failed_load_reports_why_and_the_rest_keep_serving(tiny_models, tmp_path
                 "alpha": "running", "broken": "failed"
             }
             assert (await http.delete("/v1/admin/unload-model/broken")).status_code == 200
-            assert await _status(stack, "broken") is None
+            await wait_for(lambda: _gone(stack, "broken"))
 
     asyncio.run(scenario())
 

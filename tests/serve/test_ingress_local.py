@@ -247,7 +247,8 @@ def test_request_id_reaches_the_log_lines(alpha):
     handler.emit = records.append  # type: ignore[method-assign]
     logger = logging.getLogger("ray.serve.orchard")
     logger.addHandler(handler)
-    previous_level, logger.level = logger.level, logging.INFO
+    previous_level = logger.level
+    logger.setLevel(logging.INFO)  # setLevel, not .level: it clears the cached level an earlier test left
 
     async def scenario():
         async with local_stack([alpha]) as stack:

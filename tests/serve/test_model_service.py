@@ -79,7 +79,7 @@ def test_a_request_after_shutdown_gets_a_typed_error_chunk(tiny_models):
     assert chunks[0].error.code == EngineDeadError("x").code
 
 
-def test_stats_and_info_come_from_the_engine_process_and_its_death_is_reported(tiny_models):
+def test_stats_and_info_come_from_the_engine_process_and_a_killed_engine_is_restarted(tiny_models):
     import os
     import signal
     import time
@@ -92,21 +92,25 @@ def test_stats_and_info_come_from_the_engine_process_and_its_death_is_reported(t
             told = await _prompt_tokens(service, _job(2))
             stats, info = service.queue_stats(), service.info()
             serving_cpu = time.process_time()
-            engine_pid = service._engine.pid
+            engine_pid = service.engine_pid
             os.kill(engine_pid, signal.SIGKILL)
-            deadline = time.monotonic() + 10
-            while service._engine.health().alive and time.monotonic() < deadline:
+            deadline = time.monotonic() + 1.0
+            while service.info().health.alive and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            during = service.info()
+            refused = [chunk async for chunk in service.generate(_job(3))]
+            while not service.info().health.alive and time.monotonic() < deadline + 60:
                 await asyncio.sleep(0.05)
-            after = [chunk async for chunk in service.generate(_job(3))]
-            return told, stats, info, engine_pid, after, serving_cpu
+            told_after = await _prompt_tokens(service, _job(3))
+            return told, stats, info, engine_pid, serving_cpu, during, refused, service.info(), told_after
         finally:
             await service.shutdown()
 
-    told, stats, info, engine_pid, after, serving_cpu = asyncio.run(run())
+    told, stats, info, engine_pid, serving_cpu, during, refused, after, told_after = asyncio.run(run())
     assert told > 0 and stats.generation_tokens_total == 2  # counted in the engine process
     assert engine_pid != os.getpid() and info.pid == os.getpid()
     assert info.memory.mlx_active_mb > 0  # the model's weights, held by the engine process
     assert stats.process_cpu_seconds_total - serving_cpu > 0.1  # the engine process's load and steps count too
-    with pytest.raises(EngineDeadError):
-        service.check_health()
-    assert len(after) == 1 and after[0].error is not None and after[0].error.code == EngineDeadError("x").code
+    assert during.health.status.value == "restarting" and "engine process" in during.health.message
+    assert len(refused) == 1 and refused[0].error.code == "engine_restarting"
+    assert after.health.status.value == "running" and after.engine_restarts == 1 and told_after > 0

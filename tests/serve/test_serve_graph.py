@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import copy
 import json
+import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -168,8 +170,10 @@ def test_load_through_admin_chat_unload_then_404(graph, tiny_models):
     with graph.http() as http:
         beta_stream = _BackgroundStream(graph, BETA)
         beta_stream.start()
+        loading_began = time.monotonic()
         accepted = http.post("/v1/admin/load-model", json={
             "model_id": GAMMA, "model_path": str(tiny_models.gamma), "cb_max_num_seqs": 8,
+            "advanced": {"unload_drain_s": 0},
         })
         assert accepted.status_code == 202, accepted.text
         assert accepted.json() == {
@@ -184,6 +188,7 @@ def test_load_through_admin_chat_unload_then_404(graph, tiny_models):
         chunks_at_accept = beta_stream.chunks
         wait_until(lambda: (_status_of(http, GAMMA) or {}).get("status") == "running", GRAPH_START_S,
                    what="gamma running")
+        load_s = time.monotonic() - loading_began
         beta_stream.stop()
         # The deploy ran off the ingress's event loop: beta's stream kept flowing while gamma loaded.
         assert beta_stream.chunks - chunks_at_accept >= 5, f"a stream on {BETA} stalled while {GAMMA} loaded"
@@ -191,13 +196,53 @@ def test_load_through_admin_chat_unload_then_404(graph, tiny_models):
         answer = client.chat.completions.create(model=GAMMA, messages=CHAT, max_tokens=5, **GREEDY)
         assert answer.model == GAMMA and answer.usage.completion_tokens == 5
 
-        unloaded = http.delete(f"/v1/admin/unload-model/{GAMMA}")
-        assert unloaded.status_code == 200 and unloaded.json() == {"status": "unloaded", "model_id": GAMMA}
+        _kill_engine_and_see_it_restart(graph, http, load_s)
+        _unload_cuts_a_stream_with_model_unloaded(graph, http)
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model=GAMMA, messages=CHAT, max_tokens=5)
     assert missing.value.body["code"] == "model_not_found"
     assert GAMMA not in _stored_ids(graph)
     assert client.chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=3).choices[0].message.content
+
+
+def _kill_engine_and_see_it_restart(graph: Graph, http: httpx.Client, load_s: float) -> None:
+    """kill -9 of gamma's engine process: /health says so within 1 s, gamma answers 503 + Retry-After, the others
+    serve on, and gamma serves again within its load time + 5 s."""
+    engine_pid = _status_of(http, GAMMA)["engine_pid"]
+    killed = time.monotonic()
+    os.kill(engine_pid, signal.SIGKILL)
+    detail = wait_until(lambda: _health_detail(http, GAMMA, "unhealthy"), 1.0, what="gamma unhealthy", interval_s=0.02)
+    assert time.monotonic() - killed < 1.0 and "engine process" in detail["error"]
+    assert http.get("/health").json()["status"] == "degraded"  # alpha and beta serve on
+    refused = http.post("/v1/chat/completions", json={"model": GAMMA, "messages": CHAT, "max_tokens": 2})
+    assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1, refused.text
+    assert refused.json()["error"]["code"] == "engine_restarting"
+    wait_until(lambda: _health_detail(http, GAMMA, "running"), load_s + 5.0, what="gamma restarted")
+    assert time.monotonic() - killed < load_s + 5.0
+    status = _status_of(http, GAMMA)
+    assert status["engine_restarts"] == 1 and status["engine_pid"] != engine_pid
+    answer = graph.openai().chat.completions.create(model=GAMMA, messages=CHAT, max_tokens=3, **GREEDY)
+    assert answer.usage.completion_tokens == 3
+
+
+def _health_detail(http: httpx.Client, model_id: str, status: str) -> dict | None:
+    details = http.get("/health").json()["models_detail"]
+    return next((d for d in details if d["id"] == model_id and d["status"] == status), None)
+
+
+def _unload_cuts_a_stream_with_model_unloaded(graph: Graph, http: httpx.Client) -> None:
+    """DELETE answers at once; a stream it cuts (gamma drains for 0 s) ends with a model_unloaded error event."""
+    body = {"model": GAMMA, "messages": CHAT, "max_tokens": LONG, "stream": True, "temperature": 0, "ignore_eos": True}
+    with graph.http() as streaming, streaming.stream("POST", "/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+        asked = time.monotonic()
+        unloading = http.delete(f"/v1/admin/unload-model/{GAMMA}")
+        assert time.monotonic() - asked < 1.0
+        assert unloading.status_code == 200 and unloading.json() == {"status": "unloading", "model_id": GAMMA}
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert "error" in events[-1] and events[-1]["error"]["code"] == "model_unloaded", events[-1]
+    wait_until(lambda: _status_of(http, GAMMA) is None, GRAPH_START_S, what="gamma unloaded")
 
 
 def test_failed_load_reports_why_and_others_keep_serving(graph, tiny_models):
@@ -213,7 +258,7 @@ def test_failed_load_reports_why_and_others_keep_serving(graph, tiny_models):
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_load_failed"
         assert client.chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=3).choices[0].message.content
         assert http.delete(f"/v1/admin/unload-model/{BROKEN}").status_code == 200
-        assert _status_of(http, BROKEN) is None
+        wait_until(lambda: _status_of(http, BROKEN) is None, GRAPH_START_S, what="broken unloaded")
 
 
 def test_admin_refuses_unsafe_or_unknown_load_bodies(graph, tiny_models):

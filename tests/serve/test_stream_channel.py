@@ -23,7 +23,7 @@ from deployments.transport.channel import (
     ChannelServer,
     read_frame,
 )
-from engine.errors import EngineDeadError, ModelNotFoundError, OrchardError
+from engine.errors import EngineDeadError, ModelUnloadedError, OrchardError
 from engine.output.request_output import Finish
 from engine.sampling.params import SamplingParams
 
@@ -165,7 +165,7 @@ def test_unloading_drains_open_streams_and_refuses_new_ones(run_with_channel):
         closing = asyncio.create_task(server.close(drain_s=60.0))
         await asyncio.sleep(0.05)
         refused = await _collect(client.stream(_job(6)))
-        assert len(refused) == 1 and isinstance(refused[0].error, ModelNotFoundError)
+        assert len(refused) == 1 and isinstance(refused[0].error, ModelUnloadedError)
         chunks = await running  # the open stream finished, not cut
         assert _joined(chunks).num_tokens == 200 and _joined(chunks).error is None
         await asyncio.wait_for(closing, timeout=30)

@@ -95,3 +95,22 @@ def test_prompt_token_ids_outside_the_vocabulary_are_refused(token_id):
     with pytest.raises(InvalidRequestError) as info:
         limits.validate(Request("r", [1, token_id, 3], SamplingParams(max_tokens=4)))
     assert info.value.param == "prompt" and "0..255" in info.value.message
+
+
+def test_every_typed_error_survives_pickling_with_its_fields():
+    """Errors cross processes pickled (engine process, Ray, the stream channel): one that cannot be rebuilt from its
+    message breaks the stream that carries it."""
+    import inspect
+    import pickle
+
+    import engine.errors as errors
+
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.OrchardError)]
+    assert len(classes) >= 10
+    for cls in classes:
+        error = cls("why")
+        if hasattr(error, "retry_after_s"):
+            error.retry_after_s = 7
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is cls and copy.message == "why" and copy.code == cls.code
+        assert vars(copy) == vars(error)
