@@ -95,6 +95,9 @@ class SupervisedEngine:
             client = self._new_client()
             try:
                 await client.start()
+            except asyncio.CancelledError:  # closed while the new engine loads: it must not outlive us
+                await client.close()
+                raise
             except Exception as exc:
                 reason = exc.message if isinstance(exc, OrchardError) else repr(exc)
                 logger.error("the engine did not restart: %s", reason)
