@@ -21,7 +21,7 @@ from tests.support.sockets import listening_sockets
 def serve_add_port(monkeypatch):
     """Serve's module global, put back after the test (the wrapper replaces it for the whole process)."""
     if not is_loopback(ray.util.get_node_ip_address()):
-        pytest.skip("Ray's node IP is not loopback here: run through scripts/test.sh (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0)")
+        pytest.skip("Ray's node IP is not loopback: run through scripts/test.sh (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0)")
     monkeypatch.setattr(replica, "add_port_to_grpc_server", replica.add_port_to_grpc_server)
 
 

@@ -332,7 +332,8 @@ def test_every_socket_of_the_cluster_listens_on_loopback_only(graph):
     beyond_loopback = [s for s in listeners if not s.is_loopback]
     assert beyond_loopback == [], "listening beyond loopback:\n" + "\n".join(map(str, beyond_loopback))
     assert any(s.port == graph.cluster.port for s in listeners)  # Serve's HTTP port: the list is this namespace's
-    for replica in (f"ServeReplica:{INGRESS_APP}:Ingress", f"ServeReplica:{serve_app_name(BETA)}:{MODEL_SERVER_DEPLOYMENT}"):
+    for deployment in (f"{INGRESS_APP}:Ingress", f"{serve_app_name(BETA)}:{MODEL_SERVER_DEPLOYMENT}"):
+        replica = f"ServeReplica:{deployment}"
         assert any(replica in s.process for s in listeners), f"no socket of {replica} in {listeners}"
     # The rebound gRPC server still answers: a handle call that goes over it instead of Ray's object store.
     handle = serve.get_deployment_handle(MODEL_SERVER_DEPLOYMENT, app_name=serve_app_name(BETA))
