@@ -6,5 +6,6 @@ The engine (engine/) knows nothing of Ray or HTTP; this package adapts it:
 - `ingress/`: HTTP routes, the model registry and its backends; `api/`: OpenAI and Anthropic wire formats;
 - `model/`: a model's Serve deployment and the service that owns its engine client;
 - `chat/`: chat templates, tokenizing and the tool-call/reasoning parsers, on the model's side;
-- `transport/`: Ray handles or the stream channel between the two.
+- `transport/`: Ray handles or the stream channel between the two;
+- `ray_loopback.py` keeps a local server's replicas listening on loopback only.
 """

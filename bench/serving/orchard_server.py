@@ -175,6 +175,8 @@ def _set_environment(args: argparse.Namespace) -> None:
     if str(REPO) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in paths if p])
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray's node IP 127.0.0.1, hence every Ray process on loopback (read at `import ray`), as the README's server.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if args.throughput_optimized:
         os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
     sys.path.insert(0, str(REPO))

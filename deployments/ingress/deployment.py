@@ -17,6 +17,7 @@ from deployments.ingress.model_registry import Registry
 from deployments.ingress.model_store import ModelStore
 from deployments.ingress.routes import create_app
 from deployments.ingress.serve_models import ServeBackend
+from deployments.ray_loopback import keep_replica_grpc_on_loopback
 
 logger = logging.getLogger("ray.serve.orchard")
 
@@ -27,6 +28,7 @@ class Ingress:
     """The ingress replica: owns the registry; the FastAPI app is built once the registry exists."""
 
     async def __init__(self, config: dict[str, Any]) -> None:
+        keep_replica_grpc_on_loopback()
         self.config = IngressConfig.model_validate(config)
         self.keys = ApiKeys.from_config(self.config)
         check_admin_exposure(self.config.enable_admin, self.keys, await proxy_bind_host())

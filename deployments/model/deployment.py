@@ -18,6 +18,7 @@ from ray.serve import Application
 from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
 from deployments.model.service import ModelService
 from deployments.model_calls import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
+from deployments.ray_loopback import keep_replica_grpc_on_loopback
 from deployments.transport.channel import ChannelAddress, ChannelServer
 
 logger = logging.getLogger("ray.serve.orchard")
@@ -28,6 +29,7 @@ CHANNEL_FLUSH_S = 2.0
 @serve.deployment(name=MODEL_SERVER_DEPLOYMENT)
 class ModelServer:
     async def __init__(self, config: dict[str, Any]) -> None:
+        keep_replica_grpc_on_loopback()
         self.config = ModelConfig.model_validate(config)
         app_name = serve.get_replica_context().app_name
         if app_name != serve_app_name(self.config.id):

@@ -23,8 +23,9 @@ import openai
 import pytest
 import yaml
 
-from deployments.config import serve_app_name
+from deployments.config import MODEL_SERVER_DEPLOYMENT, serve_app_name
 from tests.serve.conftest import GRAPH_START_S, ServeCluster, TinyModels, deploy_graph, wait_until
+from tests.support.sockets import listening_sockets
 
 REPO = Path(__file__).resolve().parents[2]
 ALPHA = "tiny/alpha"  # an id with "/" on purpose
@@ -317,6 +318,26 @@ def test_request_id_is_echoed(graph):
         response = http.get("/v1/models", headers={"X-Request-Id": "orchard-test-42"})
         assert response.headers["x-request-id"] == "orchard-test-42"
         assert http.get("/v1/models").headers["x-request-id"]  # generated when absent
+
+
+# ---- network exposure -------------------------------------------------------------------------------
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net/tcp")
+def test_every_socket_of_the_cluster_listens_on_loopback_only(graph):
+    """Ray's processes (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) and each replica's inter-deployment gRPC server
+    (deployments/ray_loopback.py) listen on loopback only; scripts/test.sh gives this namespace a host-like
+    address too, which Ray would otherwise take as its node IP and bind."""
+    from ray import serve
+
+    listeners = listening_sockets()
+    beyond_loopback = [s for s in listeners if not s.is_loopback]
+    assert beyond_loopback == [], "listening beyond loopback:\n" + "\n".join(map(str, beyond_loopback))
+    assert any(s.port == graph.cluster.port for s in listeners)  # Serve's HTTP port: the list is this namespace's
+    for deployment in (f"{INGRESS_APP}:Ingress", f"{serve_app_name(BETA)}:{MODEL_SERVER_DEPLOYMENT}"):
+        replica = f"ServeReplica:{deployment}"
+        assert any(replica in s.process for s in listeners), f"no socket of {replica} in {listeners}"
+    # The rebound gRPC server still answers: a handle call that goes over it instead of Ray's object store.
+    handle = serve.get_deployment_handle(MODEL_SERVER_DEPLOYMENT, app_name=serve_app_name(BETA))
+    assert handle.options(_by_reference=False).info.remote().result(timeout_s=60).model_id == BETA
 
 
 # ---- errors ---------------------------------------------------------------------------------------
