@@ -98,6 +98,7 @@ class EngineClientBase(ABC):
 
     def _started(self, served: ServedModel, limits: RequestLimits, stats: EngineStats) -> None:
         self._served, self._limits, self._stats = served, limits, stats
+        self._heard_at = time.monotonic()  # a long load is no stalled step
 
     @property
     def served(self) -> ServedModel:

@@ -144,13 +144,13 @@ class SupervisedEngine:
         return self._client
 
     async def resubmit(self, request: Request, dead: EngineClient) -> tuple[EngineClient, RequestStream]:
-        """Queue a request again on the engine that replaced `dead`, once it runs; raises if none will."""
+        """Queue a request (a fresh copy, submitted once) again on the engine that replaced `dead`, once it runs;
+        raises if none will."""
         while self._status is not EngineStatus.FAILED:
             client = self._client
             if self._status is EngineStatus.RUNNING and client is not dead and client.health().alive:
                 logger.info("request %s re-queued on the restarted engine", request.request_id)
-                copy = Request(request.request_id, request.prompt_token_ids, request.sampling, arrival_time=request.arrival_time)
-                return client, client.submit(copy)
+                return client, client.submit(request)
             await self._changed.wait()
         raise EngineDeadError(self._failure)
 
