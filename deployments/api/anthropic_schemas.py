@@ -1,7 +1,8 @@
 """Anthropic Messages API request bodies (POST /v1/messages, /v1/messages/count_tokens).
 
-Top-level fields are checked strictly (Anthropic refuses unknown ones too); content blocks and
-tools ignore keys we do not use, so `cache_control`, `citations` and the like are accepted anywhere.
+Known top-level fields are checked strictly; unknown ones are accepted and ignored (logged once, counted:
+api/unknown_fields.py), since Claude Code adds fields with its releases. Content blocks and tools ignore keys we do
+not use, so `cache_control`, `citations` and the like are accepted anywhere.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from deployments.api.unknown_fields import accept_unknown_fields
+from engine.errors import InvalidRequestError
 from deployments.api.request_limits import (
     INT32_MAX,
     MAX_MESSAGES,
@@ -106,7 +109,26 @@ class ThinkingConfig(BaseModel):
     budget_tokens: int | None = None
 
 
-class _MessagesFields(_Strict):
+class OutputConfig(BaseModel):
+    """Claude Code sends {"effort": ...}: accepted (there is no effort knob here); a structured output `format`
+    is not honoured yet and is refused by name."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    effort: str | None = None
+    format: Any = None
+
+    @field_validator("format")
+    @classmethod
+    def _no_format(cls, value: Any) -> Any:
+        if value is not None:
+            raise InvalidRequestError("'output_config.format' is not supported yet", param="output_config.format")
+        return value
+
+
+class _MessagesFields(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=(), allow_inf_nan=False)
+
     model: str = Field(min_length=1)
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     # A list's max_length would name the union member ("system.list[TextBlock]"): the validator below names "system".
@@ -116,6 +138,12 @@ class _MessagesFields(_Strict):
     thinking: ThinkingConfig | None = None
     # Ours (as on the OpenAI route): extra chat-template switches, e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
+
+    @model_validator(mode="after")
+    def _unknown_fields(self) -> "_MessagesFields":
+        accept_unknown_fields("anthropic", self.model_extra)
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -1,7 +1,8 @@
 """OpenAI request bodies (chat completions, completions) as pydantic models.
 
-Unknown top-level fields are refused (as OpenAI does), so a misspelt sampling field never
-goes silently unused. Fields of later issues (tools) are shape-checked now. Numbers are bounded by what the
+Unknown top-level fields are accepted and ignored (logged once, counted: api/unknown_fields.py), since clients add
+fields with every release; known fields are validated strictly, and the few unknown ones that would change the
+answer are refused by name. Fields of later issues (tools) are shape-checked now. Numbers are bounded by what the
 engine can hold (request_limits); the engine checks them again against the model (vocabulary, context).
 """
 
@@ -11,6 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from deployments.api.unknown_fields import accept_unknown_fields
 from deployments.api.request_limits import (
     INT32_MAX,
     INT64_MAX,
@@ -149,14 +151,18 @@ class ResponseFormat(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    # vLLM's (guidellm sends it): accepted; the usage comes in the last chunk, as with include_usage alone.
+    continuous_usage_stats: bool = False
 
 
 # ---- request bodies ----------------------------------------------------------------
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
-class _SamplingFields(_Strict):
+class _SamplingFields(BaseModel):
     """Sampling fields shared by both endpoints (OpenAI's plus the common vLLM extras)."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=(), allow_inf_nan=False)
 
     model: str = Field(min_length=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -186,6 +192,11 @@ class _SamplingFields(_Strict):
     @classmethod
     def _valid_unicode(cls, body: Any) -> Any:
         return refuse_invalid_unicode(body)
+
+    @model_validator(mode="after")
+    def _unknown_fields(self) -> "_SamplingFields":
+        accept_unknown_fields("openai", self.model_extra)
+        return self
 
     @field_validator("stop")
     @classmethod

@@ -16,6 +16,7 @@ from deployments.api.openapi_errors import (
     LISTING,
     error_responses,
 )
+from deployments.api.unknown_fields import ignored_field_counts
 from deployments.config import ModelConfig
 from deployments.model_calls import MemoryUsage
 from deployments.ingress.model_registry import ModelEntry, ModelQueueStats, ModelStatus
@@ -134,6 +135,8 @@ def queue_stats_body(rows: list[ModelQueueStats]) -> dict[str, Any]:
             "models": len(models),
         },
         "models": models,
+        # Unknown request fields accepted and ignored since the ingress started ("api.field": requests).
+        "ignored_fields": ignored_field_counts(),
     }
 
 

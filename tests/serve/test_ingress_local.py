@@ -160,7 +160,8 @@ def test_completion_prompt_as_token_ids(alpha):
         ({"model": "missing"}, 404, "model", "model_not_found"),
         ({"n": 2}, 400, "n", None),
         ({"temperature": 3}, 400, "temperature", None),
-        ({"warp": 1}, 400, "warp", None),
+        ({"functions": [{"name": "f"}]}, 400, "functions", None),  # unknown fields are ignored; this one is not
+        ({"modalities": ["text", "audio"]}, 400, "modalities", None),
         ({"response_format": {"type": "json_object"}}, 400, "response_format", None),
         ({"response_format": {"type": "yaml"}}, 400, "response_format.type", None),
         ({"top_logprobs": 2}, 400, "top_logprobs", None),

@@ -111,10 +111,14 @@ def test_anthropic_requests_refused_with_the_field_named(fields, param):
     assert refused.value.param == param
 
 
-def test_anthropic_unknown_fields_and_server_tools_are_refused():
-    with pytest.raises(ValidationError, match="warp"):
-        MessagesRequest.model_validate({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
-                                        "warp": 1})
+def test_anthropic_unknown_fields_are_ignored_but_server_tools_and_output_formats_refused():
+    base = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    # Claude Code 2.1's and other clients' newer fields: accepted, they do not change the answer (issue 26).
+    accepted = MessagesRequest.model_validate({**base, "warp": 1, "speed": "fast", "betas": ["x"],
+                                               "output_config": {"effort": "high"}, "inference_geo": "eu"})
+    assert accepted.output_config.effort == "high" and accepted.model_extra["speed"] == "fast"
+    with pytest.raises(InvalidRequestError, match="output_config.format"):
+        MessagesRequest.model_validate({**base, "output_config": {"format": {"type": "json_schema"}}})
     with pytest.raises(ValidationError, match="type"):
         MessagesRequest.model_validate({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
                                         "tools": [{"type": "web_search_20250305", "name": "web_search"}]})

@@ -1,0 +1,56 @@
+"""Forward-compatible parsing: clients (Claude Code, Codex, the SDKs) add top-level request fields with every
+release, and refusing them broke every user at each upgrade. A top-level field we do not know is accepted and
+ignored: logged once per name, counted in /v1/queue/stats. A field we know would change the answer and cannot
+honour keeps a 400 naming it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+from engine.errors import InvalidRequestError
+
+logger = logging.getLogger("ray.serve.orchard")
+
+# Fields that would change the answer, which Orchard cannot honour (yet): why each is refused.
+UNHONOURED = {
+    "openai": {
+        "functions": "legacy function calling is not supported: send 'tools'",
+        "function_call": "legacy function calling is not supported: send 'tool_choice'",
+        "audio": "audio output is not supported",
+    },
+    "anthropic": {},
+}
+_TEXT_ONLY = {"modalities": ["text"]}  # OpenAI's modalities: only text can be honoured
+
+_counts: Counter[str] = Counter()
+_lock = threading.Lock()  # the routes run on one loop, but tests and tools may parse from threads
+
+
+def accept_unknown_fields(api: str, extra: dict[str, Any] | None) -> None:
+    """Check a request's unknown top-level fields (pydantic's model_extra): refuse an unhonourable one,
+    record the others as ignored."""
+    for name, value in (extra or {}).items():
+        _refuse_if_unhonoured(api, name, value)
+        key = f"{api}.{name}"
+        with _lock:
+            first = key not in _counts
+            _counts[key] += 1
+        if first:
+            logger.info("ignoring the unknown request field '%s' (%s API): it does not change the answer", name, api)
+
+
+def _refuse_if_unhonoured(api: str, name: str, value: Any) -> None:
+    why = UNHONOURED[api].get(name)
+    if why is not None and value is not None:
+        raise InvalidRequestError(f"'{name}': {why}", param=name)
+    if name in _TEXT_ONLY and value is not None and any(m not in _TEXT_ONLY[name] for m in value or ()):
+        raise InvalidRequestError(f"'{name}': only {_TEXT_ONLY[name]} can be produced", param=name)
+
+
+def ignored_field_counts() -> dict[str, int]:
+    """How many requests carried each ignored field since this process started ("api.field" -> count)."""
+    with _lock:
+        return dict(sorted(_counts.items()))
