@@ -94,6 +94,9 @@ class ModelConfig(BaseModel):
     prefill_step_tokens: int | None = Field(None, ge=0)
     enable_prefix_cache: bool = True
     prefix_cache_bytes: int | None = Field(None, ge=0)
+    # What a request that names no max_tokens may generate (null: up to the context length; one such reply ran for
+    # over 10 minutes on a CPU). Cut to the room the prompt leaves.
+    default_max_tokens: int | None = Field(4096, ge=1)
     queue_size: int | None = Field(100, ge=0)
     queue_timeout: float | None = Field(300.0, gt=0)
     chat_template_file: str | None = None

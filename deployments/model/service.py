@@ -136,7 +136,7 @@ class ModelService:
                 raise ModelUnloadedError(f"The model '{self.model_id}' is being unloaded", param="model")
             prompt = await self._encode(job.prompt)
             plan = plan_output(self.parser_names, job, prompt.text)
-            sampling = self._clamped(plan.sampling, len(prompt.token_ids)) if job.clamp_max_tokens else plan.sampling
+            sampling = self._with_max_tokens(plan.sampling, len(prompt.token_ids), job.clamp_max_tokens)
             stream = self._engine.submit(Request(job.request_id, prompt.token_ids, sampling))
         except OrchardError as exc:
             logger.info("request %s (%s) refused: %s", job.request_id, job.log_id, exc.message)
@@ -189,6 +189,14 @@ class ModelService:
         except RuntimeError as exc:  # the pool refuses new work once shutdown() has begun
             raise EngineDeadError(f"Model '{self.model_id}' is shutting down") from exc
         return await work
+
+    def _with_max_tokens(self, sampling: SamplingParams, num_prompt: int, clamp: bool) -> SamplingParams:
+        """A request without max_tokens gets the model's default_max_tokens (cut to the room the prompt leaves:
+        a default must not turn a long prompt into an error); Anthropic's max_tokens is cut to that room too."""
+        default = self.config.default_max_tokens
+        if sampling.max_tokens is None and default is not None:
+            return self._clamped(dataclasses.replace(sampling, max_tokens=default), num_prompt)
+        return self._clamped(sampling, num_prompt) if clamp else sampling
 
     def _clamped(self, sampling: SamplingParams, num_prompt: int) -> SamplingParams:
         room = self._engine.served.context_length - num_prompt
