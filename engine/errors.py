@@ -63,10 +63,8 @@ class ModelUnloadedError(OrchardError):
 LOADING_RETRY_AFTER_S = 5
 
 
-class EngineRestartingError(OrchardError):
-    """The model's engine died and is being restarted in place: retry after a few seconds."""
-
-    code = "engine_restarting"
+class RetryLaterError(OrchardError):
+    """The model will serve again shortly: the caller is told to retry after retry_after_s (Retry-After)."""
 
     # A default, so that the error unpickles (exceptions are rebuilt from their message, then get their fields).
     def __init__(self, message: str, *, retry_after_s: int = LOADING_RETRY_AFTER_S) -> None:
@@ -74,14 +72,16 @@ class EngineRestartingError(OrchardError):
         self.retry_after_s = retry_after_s
 
 
-class ModelLoadingError(OrchardError):
-    """The model exists but is still loading: retry after a few seconds."""
+class EngineRestartingError(RetryLaterError):
+    """The model's engine died and is being restarted in place."""
+
+    code = "engine_restarting"
+
+
+class ModelLoadingError(RetryLaterError):
+    """The model exists but is still loading."""
 
     code = "model_loading"
-
-    def __init__(self, message: str, *, retry_after_s: int = LOADING_RETRY_AFTER_S) -> None:
-        super().__init__(message, param="model")
-        self.retry_after_s = retry_after_s
 
 
 class ModelExistsError(OrchardError):

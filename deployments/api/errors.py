@@ -21,6 +21,7 @@ from engine.errors import (
     OrchardError,
     QueueFullError,
     QueueTimeoutError,
+    RetryLaterError,
 )
 
 QUEUE_RETRY_AFTER_S = 1
@@ -90,8 +91,7 @@ def wire_error(exc: BaseException) -> WireError:
     # A plain InvalidRequestError's code would repeat its type; OpenAI sends null there.
     code = None if type(exc) is InvalidRequestError else exc.code
     headers = {}
-    timed = isinstance(exc, (ModelLoadingError, EngineRestartingError))
-    retry_after = exc.retry_after_s if timed else rule.retry_after_s
+    retry_after = exc.retry_after_s if isinstance(exc, RetryLaterError) else rule.retry_after_s
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
     if rule.status == 401:

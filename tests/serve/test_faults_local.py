@@ -27,9 +27,7 @@ async def _health(http) -> dict:
 async def _until(predicate, timeout_s: float, interval_s: float = 0.02) -> float:
     """Seconds until predicate() (a coroutine function) is true; fails past timeout_s."""
     started = time.monotonic()
-    while not await predicate():
-        assert time.monotonic() - started < timeout_s, f"not within {timeout_s} s"
-        await asyncio.sleep(interval_s)
+    await wait_for(predicate, timeout_s, interval_s)
     return time.monotonic() - started
 
 

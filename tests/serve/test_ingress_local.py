@@ -162,6 +162,7 @@ def test_completion_prompt_as_token_ids(alpha):
         ({"temperature": 3}, 400, "temperature", None),
         ({"functions": [{"name": "f"}]}, 400, "functions", None),  # unknown fields are ignored; this one is not
         ({"modalities": ["text", "audio"]}, 400, "modalities", None),
+        ({"modalities": 5}, 400, "modalities", None),
         ({"response_format": {"type": "json_object"}}, 400, "response_format", None),
         ({"response_format": {"type": "yaml"}}, 400, "response_format.type", None),
         ({"top_logprobs": 2}, 400, "top_logprobs", None),
