@@ -152,7 +152,7 @@ def json_schema_guide(schema: dict):
 
 async def start_engine_client(build_core):
     """The asyncio client of a core that `build_core()` (no arguments) builds on the engine's own thread:
-    `submit(request)` gives an async iterator of text deltas, then one finish event."""
+    `submit(request)` gives an async iterator of its admission, text deltas, then one finish event."""
     from engine.client.thread_client import ThreadEngineClient
 
     client = ThreadEngineClient(build_core)
@@ -165,10 +165,17 @@ async def close_engine_client(client) -> None:
 
 
 def is_text_delta(event) -> bool:
-    """A stream event that carries text (token_ids, text); the other kind ends the stream (reason)."""
+    """A stream event that carries text (token_ids, text)."""
     from engine.output.request_output import TextDelta
 
     return isinstance(event, TextDelta)
+
+
+def is_finish(event) -> bool:
+    """The event that ends a stream (reason, usage)."""
+    from engine.output.request_output import Finish
+
+    return isinstance(event, Finish)
 
 
 # ---- engines

@@ -33,6 +33,7 @@ from bench.engine_throughput import (
     close_engine_client,
     engine_core,
     greedy_request,
+    is_finish,
     is_text_delta,
     json_schema_guide,
     load_orchard_model,
@@ -109,7 +110,7 @@ async def consume(engine, request, record: StreamRecord) -> StreamRecord:
             record.arrivals.append(time.perf_counter())
             record.tokens += len(event.token_ids)
             record.text += event.text
-        else:
+        elif is_finish(event):
             record.finish_reason = event.reason.value
     return record
 

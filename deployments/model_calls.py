@@ -77,7 +77,9 @@ class StreamChunk:
 
     `text` is the content (all the text when the model has no output parser), `reasoning` the
     reasoning text and `tool_calls` the tool-call deltas the model side parsed out of the output.
-    Within a chunk they come in that order. The first chunk carries the prompt's token count.
+    Within a chunk they come in that order. The first chunk carries the prompt's token count. A streamed
+    job's first chunk is `admitted` (the engine has taken the request in, refusals are behind it) and carries
+    `cached_tokens` too, usually before any output: the ingress opens the HTTP stream with it.
     """
 
     text: str = ""
@@ -88,10 +90,17 @@ class StreamChunk:
     reasoning: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     prompt_tokens: int | None = None
+    admitted: bool = False
+    cached_tokens: int | None = None  # of prompt_tokens, from the prefix cache (told with the admission)
 
     @property
     def is_last(self) -> bool:
         return self.finish is not None or self.error is not None
+
+    @property
+    def is_admission_only(self) -> bool:
+        """The admission with no output yet: sent at once, and no coalescing window starts with it."""
+        return self.admitted and not (self.num_tokens or self.text or self.reasoning or self.tool_calls or self.is_last)
 
     def merge(self, later: "StreamChunk") -> None:
         self.text += later.text
@@ -109,6 +118,9 @@ class StreamChunk:
             self.logprobs = (self.logprobs or []) + later.logprobs
         if self.prompt_tokens is None:
             self.prompt_tokens = later.prompt_tokens
+        if self.cached_tokens is None:
+            self.cached_tokens = later.cached_tokens
+        self.admitted = self.admitted or later.admitted
         self.finish = later.finish or self.finish
         self.error = later.error or self.error
 

@@ -105,12 +105,19 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests() or self.runner.holds_state()
 
     # ---- the step --------------------------------------------------------
-    def step(self, before_device_work: Callable[[], None] | None = None) -> list[RequestOutput]:
-        """One step; before_device_work is called once the step's forward is built, before the device runs it."""
+    def step(
+        self,
+        before_device_work: Callable[[], None] | None = None,
+        on_admitted: Callable[[list[RequestOutput]], None] | None = None,
+    ) -> list[RequestOutput]:
+        """One step; before_device_work is called once the step's forward is built, before the device runs it.
+        on_admitted gets the Admitted outputs of the requests this step takes in, before their prefill runs."""
         started, started_cpu = time.perf_counter(), time.thread_time()
         if self.scheduler.uncached_prompts_may_be_hit():  # copied before admissions look for hits
             self.runner.cache_prefilled_prompts()
         scheduled = self.scheduler.schedule()
+        if on_admitted is not None and scheduled.new_requests:
+            on_admitted(self._admissions(scheduled))
         sampled = self.runner.execute(scheduled, before_device_work)
         self.last_step_first_tokens = sampled.num_first_tokens
         outputs = self._expired_outputs(scheduled)
@@ -132,6 +139,11 @@ class EngineCore:
                 self.scheduler.finish_request(state.request, verdict.finished_status)
                 del self._states[token.request_id]
         return outputs
+
+    def _admissions(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
+        """The requests taken in this step, with their prompt's prefix-cache hit (matched by the scheduler)."""
+        states = [self._states[new.request_id] for new in scheduled.new_requests]
+        return [RequestOutput(state.request.request_id, admitted=state.admitted()) for state in states]
 
     def _expired_outputs(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
         outputs = []

@@ -146,18 +146,28 @@ def _apply_delta(block: dict[str, Any], delta: dict[str, Any]) -> None:
         block["_json"] = block.get("_json", "") + delta["partial_json"]
 
 
+PING = ("ping", {"type": "ping"})
+
+
 @dataclass
 class MessageStreamRenderer:
     meta: MessageMeta
     _builder: BlockBuilder = field(default_factory=BlockBuilder)
     _started: bool = False
 
+    def start(self, first: StreamChunk) -> list[tuple[str, dict[str, Any]]]:
+        """message_start (once), from the stream's first chunk: its admission, with the prompt's cache split."""
+        if self._started:
+            return []
+        self._started = True
+        # The same split as message_delta's usage (the engine's Finish): input_tokens exclude cache reads.
+        usage = usage_dict(Usage(first.prompt_tokens or 0, 0, first.cached_tokens or 0))
+        message = {**_message_shell(self.meta), "stop_reason": None, "stop_sequence": None, "usage": usage}
+        return [("message_start", {"type": "message_start", "message": message}), PING]
+
     def events(self, chunk: StreamChunk) -> list[tuple[str, dict[str, Any]]]:
-        """(event name, payload) pairs for this chunk, in Anthropic's order."""
-        events = []
-        if not self._started:
-            self._started = True
-            events += self._start(chunk.prompt_tokens or 0)
+        """(event name, payload) pairs for this chunk, in Anthropic's order (message_start first, if not sent)."""
+        events = self.start(chunk)
         for op in self._builder.ops(chunk):
             events.append(_op_event(op))
         if chunk.finish is not None:
@@ -167,13 +177,6 @@ class MessageStreamRenderer:
                      "usage": usage_dict(chunk.finish.usage)}
             events += [("message_delta", delta), ("message_stop", {"type": "message_stop"})]
         return events
-
-    def _start(self, prompt_tokens: int) -> list[tuple[str, dict[str, Any]]]:
-        message = {**_message_shell(self.meta), "stop_reason": None, "stop_sequence": None, "usage": {
-            "input_tokens": prompt_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-            "output_tokens": 0,
-        }}
-        return [("message_start", {"type": "message_start", "message": message}), ("ping", {"type": "ping"})]
 
 
 def _op_event(op: BlockOp) -> tuple[str, dict[str, Any]]:
@@ -185,7 +188,7 @@ def _op_event(op: BlockOp) -> tuple[str, dict[str, Any]]:
 
 
 class MessagesRenderer:
-    """The ingress's renderer interface (completion / sse / sse_error / sse_end) for /v1/messages."""
+    """The ingress's renderer interface (ingress/routes.py's Renderer) for /v1/messages."""
 
     def __init__(self, meta: MessageMeta) -> None:
         self._meta = meta
@@ -194,8 +197,14 @@ class MessagesRenderer:
     def completion(self, total: StreamChunk) -> dict[str, Any]:
         return message_response(self._meta, total)
 
+    def sse_start(self, first: StreamChunk) -> str:
+        return named_sse_events(self._stream.start(first))
+
     def sse(self, chunk: StreamChunk) -> str:
         return named_sse_events(self._stream.events(chunk))
+
+    def sse_keepalive(self) -> str:
+        return named_sse_events([PING])
 
     def sse_error(self, error: WireError) -> str:
         return named_sse_events([("error", as_anthropic(error).body)])

@@ -29,7 +29,7 @@ from deployments.api.openai_objects import (
 from deployments.chat.parsers.deltas import ToolCallDelta
 from engine.request import FinishReason
 from deployments.api.errors import WireError
-from deployments.api.sse import SSE_DONE, sse_event, sse_events
+from deployments.api.sse import SSE_DONE, SSE_KEEPALIVE, sse_event, sse_events
 from deployments.model_calls import StreamChunk, TokenLogprobInfo
 
 
@@ -99,14 +99,26 @@ def chat_logprobs(infos: list[TokenLogprobInfo] | None) -> ChatLogprobs | None:
 
 
 class _OpenAIStream:
-    """OpenAI's SSE: `data:` lines, errors as an error object, `data: [DONE]` at the end."""
+    """OpenAI's SSE: `data:` lines, errors as an error object, `data: [DONE]` at the end, SSE comments to keep
+    an idle stream alive (clients skip them)."""
+
+    def opening_payloads(self) -> list[dict[str, Any]]:
+        """What the stream starts with, once (written at admission, before any output)."""
+        return []
 
     def stream_payloads(self, chunk: StreamChunk) -> list[dict[str, Any]]:
         raise NotImplementedError
 
+    def sse_start(self, first: StreamChunk) -> str:
+        payloads = self.opening_payloads()
+        return sse_events(payloads) if payloads else ""
+
     def sse(self, chunk: StreamChunk) -> str:
         payloads = self.stream_payloads(chunk)
         return sse_events(payloads) if payloads else ""
+
+    def sse_keepalive(self) -> str:
+        return SSE_KEEPALIVE
 
     def sse_error(self, error: WireError) -> str:
         return sse_event(error.body)
@@ -142,13 +154,17 @@ class ChatRenderer(_OpenAIStream):
         )
         return response.dump()
 
+    def opening_payloads(self) -> list[dict[str, Any]]:
+        """The role chunk, once."""
+        if self._sent_role:
+            return []
+        self._sent_role = True
+        return [self._chunk(ChatDelta(role="assistant", content=""), None, None)]
+
     def stream_payloads(self, chunk: StreamChunk) -> list[dict[str, Any]]:
-        """OpenAI's order: a role chunk, reasoning / content / tool-call chunks, an empty-delta
-        finish chunk, a usage chunk."""
-        payloads = []
-        if not self._sent_role:
-            self._sent_role = True
-            payloads.append(self._chunk(ChatDelta(role="assistant", content=""), None, None))
+        """OpenAI's order: a role chunk (if the opening did not send it), reasoning / content / tool-call chunks,
+        an empty-delta finish chunk, a usage chunk."""
+        payloads = self.opening_payloads()
         if chunk.reasoning:
             payloads.append(self._chunk(ChatDelta(reasoning_content=chunk.reasoning), None, None))
         if chunk.text or chunk.logprobs:

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 SSE_DONE = "data: [DONE]\n\n"
+SSE_KEEPALIVE = ": keep-alive\n\n"  # an SSE comment: clients ignore it, idle timeouts see bytes
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 

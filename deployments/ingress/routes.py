@@ -6,10 +6,11 @@ create_app(registry) builds the FastAPI app over any registry backend, so the sa
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -44,7 +45,54 @@ from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
 
 logger = logging.getLogger("ray.serve.orchard")
 
-Renderer = ChatRenderer | CompletionRenderer | MessagesRenderer
+# While a stream has nothing to send (a long prefill takes minutes on a slow CPU), a keep-alive goes out this
+# often, so clients' and proxies' idle timeouts see a live connection (Anthropic's API pings about as often).
+KEEPALIVE_S = 10.0
+
+
+class Renderer(Protocol):
+    """How a route writes its answer: one JSON body, or an SSE stream that opens at admission (before any
+    output), renders the chunks, keeps itself alive while none comes, and ends (or reports an error)."""
+
+    def completion(self, total: StreamChunk) -> dict[str, Any]: ...
+
+    def sse_start(self, first: StreamChunk) -> str: ...
+
+    def sse(self, chunk: StreamChunk) -> str: ...
+
+    def sse_keepalive(self) -> str: ...
+
+    def sse_error(self, error: WireError) -> str: ...
+
+    def sse_end(self) -> str: ...
+
+
+class ChunkReader:
+    """A model's chunk stream read with a timeout: a read that times out stays pending for the next one (the
+    stream is not cancelled between chunks); close() ends that read before it closes the stream."""
+
+    def __init__(self, chunks: AsyncIterator[StreamChunk]) -> None:
+        self._chunks = chunks
+        self._reading: asyncio.Task | None = None
+
+    async def next(self, timeout_s: float | None) -> StreamChunk | None:
+        """The next chunk; None if none came within timeout_s (None: no limit)."""
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(anext(self._chunks))
+        done, _ = await asyncio.wait({self._reading}, timeout=timeout_s)
+        if not done:
+            return None
+        reading, self._reading = self._reading, None
+        return reading.result()
+
+    async def aclose(self) -> None:
+        reading, self._reading = self._reading, None
+        if reading is not None:  # the stream cannot be closed while a read runs in it
+            reading.cancel()
+            await asyncio.wait({reading})
+            if not reading.cancelled():
+                reading.exception()  # retrieved: a failed read is no error once the response is over
+        await self._chunks.aclose()
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -80,6 +128,7 @@ def create_app(
     enable_admin: bool = True,
     keys: ApiKeys | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    keepalive_s: float = KEEPALIVE_S,
 ) -> FastAPI:
     app = FastAPI(title="Orchard", version="0.1.0")
     # The last added runs first: request id, then the key check, then the body limit (no body read before both).
@@ -87,14 +136,14 @@ def create_app(
     app.add_middleware(ApiKeyMiddleware, keys=keys or ApiKeys([]))
     app.add_middleware(RequestIdMiddleware)
     _install_error_handlers(app)
-    app.include_router(openai_router(registry))
-    app.include_router(anthropic_router(registry))
+    app.include_router(openai_router(registry, keepalive_s))
+    app.include_router(anthropic_router(registry, keepalive_s))
     app.include_router(admin_router(registry, enable_admin))
     document_errors_as_sent(app)
     return app
 
 
-def openai_router(registry: Registry) -> APIRouter:
+def openai_router(registry: Registry, keepalive_s: float = KEEPALIVE_S) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/chat/completions", responses={**EVENT_STREAM, **error_responses(GENERATION)})
@@ -102,14 +151,14 @@ def openai_router(registry: Registry) -> APIRouter:
         meta = ResponseMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
         job = chat_job(body, meta.id, REQUEST_ID.get())
         renderer = ChatRenderer(meta, _include_usage(body))
-        return await _generation_response(registry, body.model, job, renderer)
+        return await _generation_response(registry, body.model, job, renderer, keepalive_s)
 
     @router.post("/v1/completions", responses={**EVENT_STREAM, **error_responses(GENERATION)})
     async def completions(body: CompletionRequest) -> Response:
         meta = ResponseMeta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
         job = completion_job(body, meta.id, REQUEST_ID.get())
         renderer = CompletionRenderer(meta, _include_usage(body))
-        return await _generation_response(registry, body.model, job, renderer)
+        return await _generation_response(registry, body.model, job, renderer, keepalive_s)
 
     @router.get("/v1/models", responses=error_responses(LISTING))
     async def list_models() -> dict[str, Any]:
@@ -128,7 +177,7 @@ def openai_router(registry: Registry) -> APIRouter:
     return router
 
 
-def anthropic_router(registry: Registry) -> APIRouter:
+def anthropic_router(registry: Registry, keepalive_s: float = KEEPALIVE_S) -> APIRouter:
     """Anthropic's Messages API; the `anthropic-version` / `anthropic-beta` headers are tolerated."""
     router = APIRouter()
 
@@ -137,7 +186,7 @@ def anthropic_router(registry: Registry) -> APIRouter:
         message_id = f"msg_{uuid.uuid4().hex}"
         job = messages_job(body, message_id, REQUEST_ID.get())
         renderer = MessagesRenderer(MessageMeta(message_id, body.model))
-        return await _generation_response(registry, body.model, job, renderer)
+        return await _generation_response(registry, body.model, job, renderer, keepalive_s)
 
     @router.post("/v1/messages/count_tokens", responses=error_responses(COUNT_TOKENS, anthropic=True))
     async def count_tokens(body: CountTokensRequest) -> dict[str, Any]:
@@ -163,19 +212,22 @@ def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
     return body.stream and body.stream_options is not None and body.stream_options.include_usage
 
 
-async def _generation_response(registry: Registry, model_id: str, job: GenerateJob, renderer: Renderer) -> Response:
-    """Route, wait for the first chunk (errors before any byte is sent get their own status), answer."""
+async def _generation_response(
+    registry: Registry, model_id: str, job: GenerateJob, renderer: Renderer, keepalive_s: float = KEEPALIVE_S
+) -> Response:
+    """Route, wait for the first chunk (a stream's: its admission, before the prefill; else the whole answer), so
+    that refusals (queue full, invalid, too long) get their own status before any byte is sent; answer."""
     logger.info("request %s for model %s, stream=%s [X-Request-Id %s]", job.request_id, model_id, job.stream, job.log_id)
     client = await registry.route(model_id)
-    chunks = client.generate(job)
+    chunks = ChunkReader(client.generate(job))
     handed_to_response = False
     try:
-        first = await anext(chunks)
+        first = await chunks.next(None)
         if first.error is not None:
             raise first.error
         if job.stream:
             handed_to_response = True
-            return ClosingStreamingResponse(_sse_body(first, chunks, renderer), close=chunks.aclose)
+            return ClosingStreamingResponse(_sse_body(first, chunks, renderer, keepalive_s), close=chunks.aclose)
         total = await _whole(first, chunks)
         return JSONResponse(renderer.completion(total))
     finally:
@@ -183,28 +235,35 @@ async def _generation_response(registry: Registry, model_id: str, job: GenerateJ
             await chunks.aclose()  # on errors and cancellation too: aborts the request in the engine
 
 
-async def _whole(first: StreamChunk, chunks: AsyncIterator[StreamChunk]) -> StreamChunk:
+async def _whole(first: StreamChunk, chunks: ChunkReader) -> StreamChunk:
     total = first
     while not total.is_last:
-        total.merge(await anext(chunks))
+        total.merge(await chunks.next(None))
     if total.error is not None:
         raise total.error
     return total
 
 
-async def _sse_body(first: StreamChunk, chunks: AsyncIterator[StreamChunk], renderer: Renderer) -> AsyncIterator[str]:
-    chunk = first
+async def _sse_body(
+    first: StreamChunk, chunks: ChunkReader, renderer: Renderer, keepalive_s: float = KEEPALIVE_S
+) -> AsyncIterator[str]:
+    """The stream's events: the opening at once (the first chunk is the admission, or already has output), then
+    each chunk's, with a keep-alive after every keepalive_s without one."""
+    text, chunk = renderer.sse_start(first), first
     while True:
         if chunk.error is not None:  # headers are sent: report the error in the stream, as OpenAI does
             logger.info("stream failed: %s [request %s]", chunk.error.message, REQUEST_ID.get())
-            yield renderer.sse_error(wire_error(chunk.error))
+            yield text + renderer.sse_error(wire_error(chunk.error))
             break
-        text = renderer.sse(chunk)
+        text += renderer.sse(chunk)
         if text:
             yield text
         if chunk.is_last:
             break
-        chunk = await anext(chunks)
+        text, chunk = "", await chunks.next(keepalive_s)
+        while chunk is None:
+            yield renderer.sse_keepalive()
+            chunk = await chunks.next(keepalive_s)
     end = renderer.sse_end()
     if end:
         yield end

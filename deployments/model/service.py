@@ -32,14 +32,14 @@ from deployments.model_calls import (
     TokenCount,
 )
 from deployments.transport.chunks import coalesce
-from engine.client.interface import EngineClient
+from engine.client.interface import EngineClient, StreamEvent
 from engine.client.process_client import ProcessEngineClient
 from engine.client.spec import EngineSpec
 from engine.client.supervisor import SupervisedEngine
 from engine.client.thread_client import ThreadEngineClient
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, ModelUnloadedError, OrchardError
-from engine.output.request_output import Finish, TextDelta
+from engine.output.request_output import Admitted, TextDelta
 from engine.request import Request
 from engine.runner.memory import EngineMemory, process_rss_bytes
 from engine.sampling.params import SamplingParams
@@ -130,7 +130,8 @@ class ModelService:
 
     # ---- generation --------------------------------------------------------
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
-        """Chunks of the job's output; errors (even validation ones) arrive as a last chunk."""
+        """Chunks of the job's output; errors (even validation ones) arrive as a last chunk. A streamed job's first
+        chunk is its admission (the engine took the request in: nothing can refuse it now, short of a failure)."""
         try:
             if self._unloading:
                 raise ModelUnloadedError(f"The model '{self.model_id}' is being unloaded", param="model")
@@ -148,7 +149,7 @@ class ModelService:
         last: StreamChunk | None = None
         try:
             window = self._window_s if job.stream else _whole_output
-            parsed = self._chunks(stream, plan.parser, num_prompt)
+            parsed = self._chunks(stream, plan.parser, num_prompt, tell_admission=job.stream)
             # aclosing: a client that goes away closes the chain at once, aborting the request.
             async with contextlib.aclosing(coalesce(parsed, window, hold=stream.hold)) as chunks:
                 async for last in chunks:
@@ -158,12 +159,16 @@ class ModelService:
             self._log_end(job, last)
 
     async def _chunks(
-        self, stream: AsyncIterator[TextDelta | Finish], parser: OutputParser | None, num_prompt: int
+        self, stream: AsyncIterator[StreamEvent], parser: OutputParser | None, num_prompt: int, tell_admission: bool
     ) -> AsyncIterator[StreamChunk]:
         prompt_tokens: int | None = num_prompt  # told once, with the first chunk
         try:
             async for event in stream:
-                if isinstance(event, TextDelta):
+                if isinstance(event, Admitted):
+                    if not tell_admission:  # a whole response has no use for it
+                        continue
+                    chunk = StreamChunk(admitted=True, cached_tokens=event.cached_tokens)
+                elif isinstance(event, TextDelta):
                     chunk = StreamChunk(num_tokens=len(event.token_ids), logprobs=self._texts.logprob_infos(event.logprobs))
                     _add_text(chunk, event.text, parser)
                 else:

@@ -1,4 +1,6 @@
 """Time-coalescing of a request's stream on the model replica: first chunk at once, then at most one per window.
+An admission chunk (the request taken in, no output yet) also goes at once and starts no window: the first
+output after it is still a first chunk (time to first token).
 
 A Ray handle stream carries only ~2,000 items/s in total (docs/architecture.md), while batched decoding makes
 several thousand tokens/s; one item per engine step would make Ray (or the channel's frames) the bottleneck.
@@ -28,8 +30,8 @@ async def _pump(
             pending.add(chunk)
             if chunk.is_last:
                 return
-            if hold is not None:  # until the window is over or the request ends (None: until it ends)
-                await hold(window_s())
+            if hold is not None and not chunk.is_admission_only:
+                await hold(window_s())  # until the window is over or the request ends (None: until it ends)
 
 
 async def coalesce(
@@ -54,7 +56,8 @@ async def coalesce(
                 if sent_at is not None:  # the first chunk goes at once (time to first token)
                     await asyncio.sleep(max(0.0, sent_at + window - loop.time()))
             chunk = pending.take()
-            sent_at = loop.time()
+            if not chunk.is_admission_only:
+                sent_at = loop.time()
             yield chunk
             if chunk.is_last:
                 return

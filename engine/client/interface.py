@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Callable, Generic, Protocol, TypeVar
 
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
-from engine.output.request_output import Finish, RequestOutput, TextDelta
+from engine.output.request_output import Admitted, Finish, RequestOutput, TextDelta
 from engine.request import Request, RequestLimits
 
 
@@ -236,8 +236,12 @@ class Pending(Generic[T]):
             pass
 
 
+StreamEvent = Admitted | TextDelta | Finish
+
+
 class RequestStream:
-    """Async iterator of TextDelta items then one Finish; raises the request's OrchardError.
+    """Async iterator of one Admitted (once the scheduler takes the request in), TextDelta items, then one Finish;
+    raises the request's OrchardError. A request refused or aborted before it was taken in has no Admitted.
 
     Closing it early (client gone) aborts the request through `abort`.
     """
@@ -247,7 +251,7 @@ class RequestStream:
         self._pending = pending
         self._abort = abort
 
-    def __aiter__(self) -> AsyncIterator[TextDelta | Finish]:
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._iterate()
 
     async def hold(self, timeout_s: float | None) -> None:
@@ -255,13 +259,15 @@ class RequestStream:
         outputs merge, so a consumer that holds between reads wakes once, not per token."""
         await self._pending.wait_end(timeout_s)
 
-    async def _iterate(self) -> AsyncIterator[TextDelta | Finish]:
+    async def _iterate(self) -> AsyncIterator[StreamEvent]:
         ended = False
         try:
             while not ended:
                 await self._pending.ready.wait()
                 output = self._pending.take()
                 ended = output.is_last
+                if output.admitted is not None:
+                    yield output.admitted
                 if output.delta is not None:
                     yield output.delta
                 if output.error is not None:

@@ -59,7 +59,9 @@ class EngineLoop:
         its device work comes next: their consumer (streams, Ray) then takes the GIL or a core while this
         thread waits on the device, not while it builds the next graph. A step that completed prompts posts
         at once: their first tokens would otherwise also wait for the next step's prefix-cache copies (~14 ms
-        for 32 prompts of 512 tokens on an H100), and time to first token is what a new request waits on."""
+        for 32 prompts of 512 tokens on an H100), and time to first token is what a new request waits on.
+        Admissions go out once the step is scheduled, before its prefill runs: a long prompt's stream opens
+        at once instead of after its prefill."""
         core = self._core
         last_stats = 0.0
         while True:
@@ -72,7 +74,7 @@ class EngineLoop:
             first_tokens = 0
             if core.has_unfinished_requests():
                 self._idle_since = None
-                outputs += core.step(before_device_work=self.post_held_outputs)
+                outputs += core.step(before_device_work=self.post_held_outputs, on_admitted=self._post_outputs)
                 first_tokens = core.last_step_first_tokens
             else:
                 self._release_buffers_when_idle()

@@ -18,10 +18,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from engine.client.interface import EngineClient, EngineHealth, EngineStatus, RequestStream, ServedModel
+from engine.client.interface import EngineClient, EngineHealth, EngineStatus, RequestStream, ServedModel, StreamEvent
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, EngineRestartingError, OrchardError
-from engine.output.request_output import Finish, TextDelta
+from engine.output.request_output import Admitted
 from engine.request import Request
 
 logger = logging.getLogger(__name__)
@@ -196,7 +196,8 @@ class SupervisedEngine:
 
 
 class ResubmittingStream:
-    """A request's stream that survives an engine death as long as the request has produced nothing."""
+    """A request's stream that survives an engine death as long as the request has produced nothing (its
+    admission is no output: the new engine's is not passed on when the caller was already told of one)."""
 
     def __init__(self, engine: SupervisedEngine, request: Request, client: EngineClient, stream: RequestStream) -> None:
         self.request_id = request.request_id
@@ -208,15 +209,20 @@ class ResubmittingStream:
     async def hold(self, timeout_s: float | None) -> None:
         await self._stream.hold(timeout_s)
 
-    def __aiter__(self) -> AsyncIterator[TextDelta | Finish]:
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[TextDelta | Finish]:
-        produced = requeued = False
+    async def _iterate(self) -> AsyncIterator[StreamEvent]:
+        produced = requeued = admitted = False
         while True:
             try:
                 async for item in self._stream:
-                    produced = True
+                    if isinstance(item, Admitted):
+                        if admitted:
+                            continue
+                        admitted = True
+                    else:
+                        produced = True
                     yield item
                 return
             except EngineDeadError:

@@ -1,5 +1,5 @@
-"""What leaves the engine for a request: neutral events (TextDelta, Finish, errors) that the API layer renders as
-OpenAI/Anthropic, and RequestOutputState, which turns a request's sampled tokens into them (detokenizing, stops)."""
+"""What leaves the engine for a request: neutral events (Admitted, TextDelta, Finish, errors) that the API layer renders
+as OpenAI/Anthropic, and RequestOutputState, which turns a request's sampled tokens into them (detokenizing, stops)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,15 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The scheduler took the request in (past the queue's checks; its prefix-cache match made): its prefill
+    starts now. Sent before its first token, so a stream can open while a long prompt is prefilled."""
+
+    prompt_tokens: int
+    cached_tokens: int  # of prompt_tokens, read from the prefix cache (counted in usage the same way)
 
 
 @dataclass
@@ -60,6 +69,7 @@ class RequestOutput:
     delta: TextDelta | None = None
     finish: Finish | None = None
     error: OrchardError | None = None
+    admitted: Admitted | None = None  # comes before any delta of the request
 
     @property
     def is_last(self) -> bool:
@@ -67,6 +77,7 @@ class RequestOutput:
 
     def merge(self, later: "RequestOutput") -> None:
         """Append a later step's output for the same request (a consumer that fell behind takes both at once)."""
+        self.admitted = self.admitted or later.admitted
         if later.delta is not None:
             if self.delta is None:
                 self.delta = later.delta
@@ -133,6 +144,9 @@ class RequestOutputState:
 
     def finish_event(self, status: RequestStatus) -> Finish:
         return Finish(FINISH_REASON_OF_STATUS[status], self.usage(), self.request.stop_reason)
+
+    def admitted(self) -> Admitted:
+        return Admitted(self.request.num_prompt_tokens, self.request.num_cached_tokens)
 
     def usage(self) -> Usage:
         request = self.request

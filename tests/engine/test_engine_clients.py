@@ -23,7 +23,7 @@ from engine.errors import (
     QueueFullError,
     QueueTimeoutError,
 )
-from engine.output.request_output import Finish, TextDelta
+from engine.output.request_output import Admitted, Finish, TextDelta
 from tests.engine.test_batching import run_alone
 from tests.engine.test_structured_output import assert_valid, free_requests, schema_requests
 from tests.support.json_schemas import SCHEMAS
@@ -38,7 +38,7 @@ async def collect(stream) -> tuple[list[int], str, Finish]:
         if isinstance(event, TextDelta):
             token_ids += event.token_ids
             text += event.text
-        else:
+        elif isinstance(event, Finish):
             finish = event
     return token_ids, text, finish
 
@@ -126,6 +126,41 @@ def test_queue_full_is_reported_to_the_refused_request_only(kind, tiny_llama):
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
+def test_a_stream_opens_with_its_admission_which_tells_the_usage_its_finish_tells(kind, tiny_llama):
+    """Admitted (prompt tokens, prefix-cache hit) comes first, once the scheduler has taken the request in; the
+    same prompt again hits the cache, and its admission and its finish count the same cached tokens. A request
+    the queue refuses gets no admission, only its error."""
+    prompt = [(7 * i) % 250 + 1 for i in range(100)]
+
+    async def events_of(stream) -> list:
+        return [event async for event in stream]
+
+    async def scenario():
+        client = await started(kind, tiny_llama, max_num_seqs=1, prefix_block_size=32)
+        try:
+            first = await events_of(client.submit(Request("a", prompt, SamplingParams(max_tokens=4, **GREEDY))))
+            again = await events_of(client.submit(Request("b", prompt, SamplingParams(max_tokens=4, **GREEDY))))
+            held = aiter(client.submit(Request("held", [1, 2], SamplingParams(max_tokens=2000, **GREEDY))))
+            assert isinstance(await anext(held), Admitted)
+            refused: list = []
+            with pytest.raises(QueueFullError):
+                async for event in client.submit(Request("refused", [3, 4], SamplingParams(max_tokens=2))):
+                    refused.append(event)
+            await held.aclose()
+            return first, again, refused
+        finally:
+            await client.close()
+
+    first, again, refused = run(scenario)
+    for events, cached in ((first, 0), (again, 96)):  # 3 whole blocks: the last prompt token is always computed
+        admitted, *deltas, finish = events
+        assert admitted == Admitted(prompt_tokens=100, cached_tokens=cached)
+        assert all(isinstance(d, TextDelta) for d in deltas) and isinstance(finish, Finish)
+        assert (finish.usage.prompt_tokens, finish.usage.cached_tokens) == (100, cached)
+    assert refused == []
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
 def test_queue_timeout_expires_a_request_that_never_started(kind, tiny_llama):
     async def scenario():
         client = await started(kind, tiny_llama, max_decode_seqs=1, queue_timeout=0.05)
@@ -210,7 +245,7 @@ def test_buffers_go_back_when_idle_and_close_ends_the_engine(kind, tiny_llama):
 
 
 def _break_thread_engine(client) -> None:
-    def broken_step(before_device_work=None):
+    def broken_step(before_device_work=None, on_admitted=None):
         raise RuntimeError("device lost")
 
     client.core.step = broken_step

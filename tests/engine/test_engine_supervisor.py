@@ -17,6 +17,7 @@ from engine.client.process_client import ProcessEngineClient
 from engine.client.spec import EngineSpec
 from engine.client.supervisor import RestartBudget, SupervisedEngine
 from engine.errors import EngineDeadError, EngineRestartingError
+from engine.output.request_output import Admitted, Finish, TextDelta
 from tests.engine.test_engine_clients import GREEDY, collect, run
 
 # One decode row: a second request waits in the engine's queue while the first streams.
@@ -51,7 +52,8 @@ def test_a_killed_engine_restarts_in_place_and_requeues_what_had_not_started(tin
         load_s = time.monotonic() - load_started
         try:
             streaming = aiter(engine.submit(_long("streaming", [1, 2, 3])))
-            await anext(streaming)
+            assert isinstance(await anext(streaming), Admitted)
+            assert isinstance(await anext(streaming), TextDelta)  # it has streamed output
             queued = asyncio.create_task(collect(engine.submit(
                 Request("queued", [4, 5, 6], SamplingParams(max_tokens=7, **GREEDY))
             )))
@@ -81,6 +83,29 @@ def test_a_killed_engine_restarts_in_place_and_requeues_what_had_not_started(tin
     assert finish.reason.value == "length" and len(token_ids) == 7
     assert token_ids == after[0]  # the re-queued request ran as a fresh one would, on the new engine
     assert second_pid not in (None, first_pid) and restarts == 1
+
+
+def test_a_request_admitted_without_output_yet_is_requeued_and_told_of_its_admission_once(tiny_llama):
+    """Killed during a long prefill (after the request's admission, before its first token), the request runs again
+    on the new engine; its stream tells one admission, then a whole run's tokens."""
+    prompt = [(7 * i) % 250 + 1 for i in range(1600)]
+    slow_prefill = EngineConfig(prefill_chunk_tokens=2, prefill_step_tokens=2)  # 800 steps
+
+    async def scenario():
+        engine = _supervised(tiny_llama, config=slow_prefill)
+        await engine.start()
+        try:
+            stream = aiter(engine.submit(Request("long", prompt, SamplingParams(max_tokens=3, **GREEDY))))
+            admitted = await anext(stream)
+            os.kill(engine.pid, signal.SIGKILL)
+            return admitted, [event async for event in stream], engine.restarts_total
+        finally:
+            await engine.close()
+
+    admitted, rest, restarts = run(scenario, timeout_s=120)
+    assert admitted == Admitted(prompt_tokens=1600, cached_tokens=0) and restarts == 1
+    assert [type(e) for e in rest] == [TextDelta] * (len(rest) - 1) + [Finish]
+    assert sum(len(e.token_ids) for e in rest[:-1]) == 3 and rest[-1].reason.value == "length"
 
 
 def test_past_the_restart_budget_the_engine_is_failed_and_says_why(tiny_llama):

@@ -81,7 +81,7 @@ async def collect(stream) -> tuple[list[str], Finish]:
     async for event in stream:
         if isinstance(event, TextDelta):
             deltas.append(event.text)
-        else:
+        elif isinstance(event, Finish):
             finish = event
     return deltas, finish
 

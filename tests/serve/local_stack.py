@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import httpx
 from fastapi import FastAPI
 
 from deployments.config import DEFAULT_MAX_BODY_BYTES, ModelConfig
 from deployments.ingress.auth import ApiKeys
-from deployments.ingress.routes import create_app
+from deployments.ingress.routes import KEEPALIVE_S, create_app
 from deployments.ingress.local_models import LocalBackend
 from deployments.model.service import EngineClientFactory, thread_engine_client
 from deployments.ingress.model_registry import Registry
@@ -38,6 +39,7 @@ async def local_stack(
     model_roots: list[str] | None = None,
     keys: ApiKeys | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    keepalive_s: float = KEEPALIVE_S,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
@@ -48,7 +50,7 @@ async def local_stack(
     store = ModelStore(state_dir) if state_dir is not None else None
     registry = Registry(backend, store, model_roots, poll_interval_s=0.2)
     await registry.start(restore=restore)
-    app = create_app(registry, keys=keys, max_body_bytes=max_body_bytes)
+    app = create_app(registry, keys=keys, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://orchard", timeout=30) as http:
             yield LocalStack(http, registry, backend, app)
@@ -85,3 +87,55 @@ async def wait_for(condition, timeout_s: float = 10.0, interval_s: float = 0.05)
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout_s} s")
         await asyncio.sleep(interval_s)
+
+
+@dataclass
+class SentMessage:
+    """One ASGI message of a response as the app sent it: its start (status, headers) or a part of its body."""
+
+    at: float  # the event loop's time when sent
+    status: int | None = None
+    headers: dict[str, str] | None = None
+    body: str = ""
+
+
+async def send_streaming(app: FastAPI, path: str, body: dict[str, Any]) -> AsyncIterator[SentMessage]:
+    """POST `body` to `app` as an ASGI server does, yielding the response's messages the moment the app sends
+    them (httpx's ASGI transport hands a response over only once its body is complete). Leaving early is the
+    client's disconnect."""
+    loop = asyncio.get_running_loop()
+    sent: asyncio.Queue[dict] = asyncio.Queue()
+    gone = asyncio.Event()
+    data = json.dumps(body).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        "server": ("orchard", 80), "client": ("127.0.0.1", 123),
+    }
+    requests = [{"type": "http.request", "body": data, "more_body": False}]
+
+    async def receive() -> dict:
+        if requests:
+            return requests.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        await sent.put({**message, "at": loop.time()})
+
+    serving = asyncio.create_task(app(scope, receive, send))
+    try:
+        while True:
+            message = await sent.get()
+            if message["type"] == "http.response.start":
+                headers = {k.decode(): v.decode() for k, v in message.get("headers", [])}
+                yield SentMessage(message["at"], status=message["status"], headers=headers)
+            elif message["type"] == "http.response.body":
+                if message.get("body"):
+                    yield SentMessage(message["at"], body=message["body"].decode())
+                if not message.get("more_body", False):
+                    return
+    finally:
+        gone.set()
+        await serving

@@ -139,13 +139,13 @@ def test_completion_renderer_text_offsets_continue():
 
 
 def test_an_error_after_the_headers_goes_into_the_stream():
-    from deployments.ingress.routes import _sse_body
+    from deployments.ingress.routes import ChunkReader, _sse_body
 
     async def rest():
         yield StreamChunk(error=QueueTimeoutError("waited too long"))
 
     async def scenario():
-        body = _sse_body(StreamChunk(text="a", num_tokens=1), rest(), ChatRenderer(META))
+        body = _sse_body(StreamChunk(text="a", num_tokens=1), ChunkReader(rest()), ChatRenderer(META))
         return [part async for part in body]
 
     parts = asyncio.run(scenario())

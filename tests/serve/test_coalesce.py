@@ -15,7 +15,7 @@ import pytest
 from deployments.model_calls import StreamChunk
 from deployments.transport.chunks import coalesce
 from engine.client.interface import StreamRouter
-from engine.output.request_output import Finish, RequestOutput, TextDelta, Usage
+from engine.output.request_output import Admitted, Finish, RequestOutput, TextDelta, Usage
 from engine.request import FinishReason
 
 FINISH = Finish(FinishReason.LENGTH, Usage(3, 40))
@@ -144,3 +144,50 @@ def test_with_a_hold_and_no_window_the_source_is_read_at_the_start_and_the_end()
     out, reads = asyncio.run(_engine_stream_scenario(None))
     assert len(out) == 1 and out[0].num_tokens == 60 and out[0].finish is FINISH
     assert len(reads) <= 3  # the first delta(s), the rest merged, the finish
+
+
+def test_the_admission_and_the_first_output_after_it_both_go_at_once():
+    """A stream's admission (no output yet) is sent at once and starts no window: neither the source's hold nor
+    the reader's wait runs after it, so the first output still goes at once (time to first token)."""
+
+    async def scenario():
+        router = StreamRouter()
+        stream = router.open("r", abort=lambda request_id: None)
+        out: list[StreamChunk] = []
+        received = asyncio.Condition()
+
+        async def source():
+            async for item in stream:
+                if isinstance(item, Admitted):
+                    yield StreamChunk(admitted=True, prompt_tokens=item.prompt_tokens, cached_tokens=item.cached_tokens)
+                elif isinstance(item, TextDelta):
+                    yield StreamChunk(text=item.text, num_tokens=len(item.token_ids))
+                else:
+                    yield StreamChunk(finish=item)
+
+        async def until_received(count: int) -> None:
+            async with received:
+                await received.wait_for(lambda: len(out) >= count)
+
+        async def produce() -> None:
+            router.deliver([RequestOutput("r", admitted=Admitted(prompt_tokens=40, cached_tokens=32))])
+            await until_received(1)
+            router.deliver([RequestOutput("r", delta=TextDelta("w0 ", [0]))])
+            await until_received(2)
+            for i in range(1, 10):
+                router.deliver([RequestOutput("r", delta=TextDelta(f"w{i} ", [i]))])
+            router.deliver([RequestOutput("r", finish=FINISH)])
+
+        producer = asyncio.create_task(produce())
+        async for chunk in coalesce(source(), lambda: LONG_WINDOW_S, hold=stream.hold):
+            async with received:
+                out.append(chunk)
+                received.notify_all()
+        await producer
+        return out
+
+    # Bounded far below the window: a first output held back for a window after the admission would time out.
+    out = asyncio.run(asyncio.wait_for(scenario(), LONG_WINDOW_S / 2))
+    assert [c.text for c in out] == ["", "w0 ", "".join(f"w{i} " for i in range(1, 10))]
+    assert out[0].is_admission_only and (out[0].prompt_tokens, out[0].cached_tokens) == (40, 32)
+    assert not out[1].admitted and out[1].num_tokens == 1 and out[-1].finish is FINISH
