@@ -78,8 +78,9 @@ class StreamChunk:
     `text` is the content (all the text when the model has no output parser), `reasoning` the
     reasoning text and `tool_calls` the tool-call deltas the model side parsed out of the output.
     Within a chunk they come in that order. The first chunk carries the prompt's token count. A streamed
-    job's first chunk is `admitted` (the engine has taken the request in, refusals are behind it) and carries
-    `cached_tokens` too, usually before any output: the ingress opens the HTTP stream with it.
+    job's first chunk is `queued` (the engine accepted the request: refusals are behind it; the ingress opens the
+    HTTP stream with it); a later one is `admitted` (taken into the batch, its prefill starts) and carries
+    `cached_tokens`: the API's opening event goes out with it, usually before any output.
     """
 
     text: str = ""
@@ -90,6 +91,7 @@ class StreamChunk:
     reasoning: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     prompt_tokens: int | None = None
+    queued: bool = False  # the engine accepted the request (it may still wait for a slot)
     admitted: bool = False
     cached_tokens: int | None = None  # of prompt_tokens, from the prefix cache (told with the admission)
 
@@ -99,8 +101,8 @@ class StreamChunk:
 
     @property
     def is_admission_only(self) -> bool:
-        """The admission with no output yet: sent at once, and no coalescing window starts with it."""
-        return self.admitted and not (self.num_tokens or self.text or self.reasoning or self.tool_calls or self.is_last)
+        """Queued or admitted, with no output yet: sent at once, and no coalescing window starts with it."""
+        return self.queued and not (self.num_tokens or self.text or self.reasoning or self.tool_calls or self.is_last)
 
     def merge(self, later: "StreamChunk") -> None:
         self.text += later.text
@@ -120,6 +122,7 @@ class StreamChunk:
             self.prompt_tokens = later.prompt_tokens
         if self.cached_tokens is None:
             self.cached_tokens = later.cached_tokens
+        self.queued = self.queued or later.queued
         self.admitted = self.admitted or later.admitted
         self.finish = later.finish or self.finish
         self.error = later.error or self.error

@@ -36,7 +36,7 @@ from deployments.api.openapi_errors import (
 from deployments.api.openai_render import ChatRenderer, CompletionRenderer, ResponseMeta
 from deployments.api.openai_objects import ModelCard, ModelList
 from deployments.api.openai_schemas import ChatCompletionRequest, CompletionRequest
-from deployments.api.sse import SSE_HEADERS
+from deployments.api.sse import SSE_HEADERS, SSE_KEEPALIVE
 from deployments.model_calls import GenerateJob, StreamChunk
 from deployments.config import DEFAULT_MAX_BODY_BYTES
 from deployments.ingress.auth import ApiKeyMiddleware, ApiKeys
@@ -247,9 +247,15 @@ async def _whole(first: StreamChunk, chunks: ChunkReader) -> StreamChunk:
 async def _sse_body(
     first: StreamChunk, chunks: ChunkReader, renderer: Renderer, keepalive_s: float = KEEPALIVE_S
 ) -> AsyncIterator[str]:
-    """The stream's events: the opening at once (the first chunk is the admission, or already has output), then
-    each chunk's, with a keep-alive after every keepalive_s without one."""
-    text, chunk = renderer.sse_start(first), first
+    """The stream's events. While the request waits in the engine's queue: SSE comments (bytes for clients' idle
+    timers, no API event yet), at once and every keepalive_s. The opening event at admission (the prefix-cache
+    hit is known then), or with the first output; then each chunk's, with a keep-alive after every keepalive_s
+    without one."""
+    chunk: StreamChunk | None = first
+    while chunk is None or _queued_only(chunk):
+        yield SSE_KEEPALIVE
+        chunk = await chunks.next(keepalive_s)
+    text = renderer.sse_start(chunk) if chunk.error is None else ""
     while True:
         if chunk.error is not None:  # headers are sent: report the error in the stream, as OpenAI does
             logger.info("stream failed: %s [request %s]", chunk.error.message, REQUEST_ID.get())
@@ -267,6 +273,10 @@ async def _sse_body(
     end = renderer.sse_end()
     if end:
         yield end
+
+
+def _queued_only(chunk: StreamChunk) -> bool:
+    return chunk.is_admission_only and not chunk.admitted
 
 
 # ---- errors -------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from engine.client.supervisor import SupervisedEngine
 from engine.client.thread_client import ThreadEngineClient
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, ModelUnloadedError, OrchardError
-from engine.output.request_output import Admitted, TextDelta
+from engine.output.request_output import Admitted, Queued, TextDelta
 from engine.request import Request
 from engine.runner.memory import EngineMemory, process_rss_bytes
 from engine.sampling.params import SamplingParams
@@ -164,10 +164,10 @@ class ModelService:
         prompt_tokens: int | None = num_prompt  # told once, with the first chunk
         try:
             async for event in stream:
-                if isinstance(event, Admitted):
-                    if not tell_admission:  # a whole response has no use for it
+                if isinstance(event, (Queued, Admitted)):
+                    if not tell_admission:  # a whole response has no use for them
                         continue
-                    chunk = StreamChunk(admitted=True, cached_tokens=event.cached_tokens)
+                    chunk = _admission_chunk(event)
                 elif isinstance(event, TextDelta):
                     chunk = StreamChunk(num_tokens=len(event.token_ids), logprobs=self._texts.logprob_infos(event.logprobs))
                     _add_text(chunk, event.text, parser)
@@ -284,6 +284,12 @@ class ModelService:
 
 def _seconds(milliseconds: float | None) -> float | None:
     return None if milliseconds is None else milliseconds / 1000.0
+
+
+def _admission_chunk(event: Queued | Admitted) -> StreamChunk:
+    if isinstance(event, Queued):
+        return StreamChunk(queued=True)
+    return StreamChunk(queued=True, admitted=True, cached_tokens=event.cached_tokens)
 
 
 def _whole_output() -> None:

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Callable, Generic, Protocol, TypeVar
 
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
-from engine.output.request_output import Admitted, Finish, RequestOutput, TextDelta
+from engine.output.request_output import Admitted, Finish, Queued, RequestOutput, TextDelta
 from engine.request import Request, RequestLimits
 
 
@@ -236,12 +236,13 @@ class Pending(Generic[T]):
             pass
 
 
-StreamEvent = Admitted | TextDelta | Finish
+StreamEvent = Queued | Admitted | TextDelta | Finish
 
 
 class RequestStream:
-    """Async iterator of one Admitted (once the scheduler takes the request in), TextDelta items, then one Finish;
-    raises the request's OrchardError. A request refused or aborted before it was taken in has no Admitted.
+    """Async iterator of one Queued (the engine accepted the request), one Admitted (the scheduler took it in),
+    TextDelta items, then one Finish; raises the request's OrchardError. A request refused before it was queued has
+    neither, one that ends while waiting (aborted, queue timeout) no Admitted.
 
     Closing it early (client gone) aborts the request through `abort`.
     """
@@ -266,6 +267,8 @@ class RequestStream:
                 await self._pending.ready.wait()
                 output = self._pending.take()
                 ended = output.is_last
+                if output.queued is not None:
+                    yield output.queued
                 if output.admitted is not None:
                     yield output.admitted
                 if output.delta is not None:

@@ -17,7 +17,7 @@ from typing import Callable
 from engine.client.messages import AbortRequest, AddRequest, Shutdown
 from engine.core import EngineCore, EngineStats
 from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
-from engine.output.request_output import Finish, RequestOutput, Usage
+from engine.output.request_output import Finish, Queued, RequestOutput, Usage
 from engine.request import FinishReason, Request
 from engine.sampling.structured import GuideCompiler
 
@@ -101,7 +101,16 @@ class EngineLoop:
             self._held_outputs = []
 
     def _apply_commands(self, block: bool, outputs: list[RequestOutput]) -> bool:
-        """Apply queued commands; True when asked to shut down."""
+        """Apply queued commands; True when asked to shut down. Accepted requests are told so at once (Queued): a
+        stream opens then, even if the request waits behind a long prefill."""
+        queued: list[RequestOutput] = []
+        try:
+            return self._apply_each_command(block, outputs, queued)
+        finally:
+            if queued:
+                self._post_outputs(queued)
+
+    def _apply_each_command(self, block: bool, outputs: list[RequestOutput], queued: list[RequestOutput]) -> bool:
         while True:
             try:
                 command = self._commands.get(timeout=IDLE_POLL_S) if block else self._commands.get_nowait()
@@ -113,6 +122,7 @@ class EngineLoop:
             if isinstance(command, AddRequest):
                 try:
                     self._core.add_request(command.request)
+                    queued.append(RequestOutput(command.request.request_id, queued=Queued()))
                 except OrchardError as exc:
                     outputs.append(RequestOutput(command.request.request_id, error=exc))
             elif isinstance(command, AbortRequest):

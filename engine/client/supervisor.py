@@ -21,7 +21,7 @@ from typing import AsyncIterator, Callable
 from engine.client.interface import EngineClient, EngineHealth, EngineStatus, RequestStream, ServedModel, StreamEvent
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, EngineRestartingError, OrchardError
-from engine.output.request_output import Admitted
+from engine.output.request_output import Admitted, Queued
 from engine.request import Request
 
 logger = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ class SupervisedEngine:
 
 class ResubmittingStream:
     """A request's stream that survives an engine death as long as the request has produced nothing (its
-    admission is no output: the new engine's is not passed on when the caller was already told of one)."""
+    queueing and admission are no output: the new engine's are not passed on when the caller was already told)."""
 
     def __init__(self, engine: SupervisedEngine, request: Request, client: EngineClient, stream: RequestStream) -> None:
         self.request_id = request.request_id
@@ -213,14 +213,15 @@ class ResubmittingStream:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[StreamEvent]:
-        produced = requeued = admitted = False
+        produced = requeued = False
+        told: set[type] = set()  # Queued / Admitted already passed on
         while True:
             try:
                 async for item in self._stream:
-                    if isinstance(item, Admitted):
-                        if admitted:
+                    if isinstance(item, (Queued, Admitted)):
+                        if type(item) in told:
                             continue
-                        admitted = True
+                        told.add(type(item))
                     else:
                         produced = True
                     yield item

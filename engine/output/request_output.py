@@ -1,4 +1,4 @@
-"""What leaves the engine for a request: neutral events (Admitted, TextDelta, Finish, errors) that the API layer renders
+"""What leaves the engine for a request: neutral events (Queued, Admitted, TextDelta, Finish, errors) that the API layer renders
 as OpenAI/Anthropic, and RequestOutputState, which turns a request's sampled tokens into them (detokenizing, stops)."""
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Queued:
+    """The engine accepted the request into its queue (past the queue-size check); it may still wait there for a
+    free slot or for other prompts' prefill. A stream can open now, so clients see bytes while it waits."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class RequestOutput:
     finish: Finish | None = None
     error: OrchardError | None = None
     admitted: Admitted | None = None  # comes before any delta of the request
+    queued: Queued | None = None  # comes before its admission
 
     @property
     def is_last(self) -> bool:
@@ -77,6 +84,7 @@ class RequestOutput:
 
     def merge(self, later: "RequestOutput") -> None:
         """Append a later step's output for the same request (a consumer that fell behind takes both at once)."""
+        self.queued = self.queued or later.queued
         self.admitted = self.admitted or later.admitted
         if later.delta is not None:
             if self.delta is None:

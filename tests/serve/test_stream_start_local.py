@@ -66,10 +66,15 @@ async def _streamed(config: ModelConfig, path: str, body: dict) -> list[SentMess
 def test_anthropic_stream_opens_at_admission_and_pings_through_a_long_prefill(slow_prefill):
     sent = asyncio.run(_streamed(slow_prefill, "/v1/messages", messages_body(LONG_PROMPT, stream=True)))
     assert sent[0].status == 200 and sent[0].headers["content-type"].startswith("text/event-stream")
+    # The request may wait a step in the engine's queue (comments only), then the opening is one write:
+    # message_start and Anthropic's first ping.
     events = timeline(sent)
+    queued = [kind for _, kind, _ in events].index("message_start")
+    assert {kind for _, kind, _ in events[:queued]} <= {"comment"}
+    events = events[queued:]
     kinds = [kind for _, kind, _ in events]
-    # The opening is one write, before anything else: message_start and Anthropic's first ping.
-    assert sse_events(sent[1].body) == [events[0][1:], events[1][1:]] and kinds[:2] == ["message_start", "ping"]
+    opening = next(m for m in sent[1:] if "message_start" in m.body)
+    assert sse_events(opening.body) == [events[0][1:], events[1][1:]] and kinds[:2] == ["message_start", "ping"]
     first_text = kinds.index("content_block_delta")
     pings = [at for at, kind, _ in events[2:first_text] if kind == "ping"]
     # The stream was open (headers and message_start out) while the prompt was still being prefilled: keep-alive
@@ -93,6 +98,9 @@ def test_openai_streams_open_with_the_role_chunk_and_keep_alive_comments(slow_pr
     chat, text = asyncio.run(scenario())
     assert chat[0].status == 200 and chat[0].headers["content-type"].startswith("text/event-stream")
     events = timeline(chat)
+    role_at = [kind for _, kind, _ in events].index("data")  # comments only while the request is queued
+    assert {kind for _, kind, _ in events[:role_at]} <= {"comment"}
+    events = events[role_at:]
     opening = json.loads(events[0][2])
     assert opening["object"] == "chat.completion.chunk"
     assert opening["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -142,7 +150,7 @@ def test_a_full_queue_is_still_429_before_any_stream_starts(tiny_models, path, b
             endless = SamplingParams(max_tokens=60000, ignore_eos=True)
             job = GenerateJob("held", TextPrompt(text="t1"), endless, stream=True)
             held = client.generate(job)
-            assert (await anext(held)).admitted  # taken in: the engine is full
+            await _until_admitted(held)  # taken in: the engine is full
             try:
                 return [m async for m in send_streaming(stack.app, path, body)]
             finally:
@@ -153,6 +161,70 @@ def test_a_full_queue_is_still_429_before_any_stream_starts(tiny_models, path, b
     assert sent[0].headers["retry-after"] == "1"
     error = json.loads("".join(m.body for m in sent[1:]))["error"]
     assert error["type"] == error_type and "max_num_seqs=1" in error["message"]
+
+
+async def _until_admitted(chunks) -> None:
+    while not (await anext(chunks)).admitted:
+        pass
+
+
+def _held_config(tiny_models, **fields) -> ModelConfig:
+    """One decode slot, room for more in the queue."""
+    return ModelConfig(model_id=MODEL, model_path=str(tiny_models.alpha), max_decode_seqs=1, max_num_seqs=4,
+                       max_prefill_seqs=1, **fields)
+
+
+async def _with_slot_held(stack, stream_while_held):
+    """stream_while_held(held) runs while an endless request (`held`, which it may close) holds the only decode slot."""
+    client = await stack.registry.route(MODEL)
+    endless = SamplingParams(max_tokens=60000, ignore_eos=True)
+    held = client.generate(GenerateJob("held", TextPrompt(text="t1"), endless, stream=True))
+    await _until_admitted(held)
+    try:
+        return await stream_while_held(held)
+    finally:
+        await held.aclose()
+
+
+def test_a_queued_request_gets_headers_and_comments_at_once_and_its_opening_at_admission(tiny_models):
+    """Waiting for a decode slot (here: behind an endless request; on a slow machine: behind a long prefill), the
+    stream is open (bytes for the client's first-byte and idle timers) but sends no API event until it is taken in:
+    message_start must tell the prefix-cache split, known only then."""
+
+    async def scenario():
+        async with local_stack([_held_config(tiny_models)], keepalive_s=KEEPALIVE_S) as stack:
+            async def stream_while_held(held):
+                sent = []
+                async for message in send_streaming(stack.app, "/v1/messages", messages_body("t1 t2", stream=True)):
+                    sent.append(message)
+                    if len([m for m in sent if m.body]) == 4:  # three keep-alives while queued: free the slot
+                        await held.aclose()
+                return sent
+            return await _with_slot_held(stack, stream_while_held)
+
+    sent = asyncio.run(scenario())
+    assert sent[0].status == 200 and sent[0].headers["content-type"].startswith("text/event-stream")
+    kinds = [kind for _, kind, _ in timeline(sent)]
+    start = kinds.index("message_start")
+    assert start >= 4 and kinds[:start] == ["comment"] * start
+    assert kinds[start + 1] == "ping" and kinds[-2:] == ["message_delta", "message_stop"]
+
+
+def test_a_queue_timeout_while_queued_is_an_error_event_in_the_open_stream(tiny_models):
+    async def scenario():
+        config = _held_config(tiny_models, queue_timeout=0.3)
+        async with local_stack([config], keepalive_s=KEEPALIVE_S) as stack:
+            async def stream_while_held(held):
+                body = messages_body("t1 t2", stream=True)
+                return [m async for m in send_streaming(stack.app, "/v1/messages", body)]
+            return await _with_slot_held(stack, stream_while_held)
+
+    sent = asyncio.run(scenario())
+    assert sent[0].status == 200
+    events = timeline(sent)
+    assert {kind for _, kind, _ in events[:-1]} == {"comment"} and events[-1][1] == "error"
+    error = json.loads(events[-1][2])
+    assert error["type"] == "error" and error["error"]["type"] == "overloaded_error"
 
 
 def test_usage_is_one_within_a_stream_and_between_streamed_and_whole_answers(tiny_models):
@@ -176,7 +248,7 @@ def test_usage_is_one_within_a_stream_and_between_streamed_and_whole_answers(tin
     input_fields = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
     def stream_usages(response) -> tuple[dict, dict]:
-        events = {kind: json.loads(data) for kind, data in sse_events(response.text) if kind != "ping"}
+        events = {kind: json.loads(data) for kind, data in sse_events(response.text) if kind not in ("ping", "comment")}
         start, delta = events["message_start"]["message"]["usage"], events["message_delta"]["usage"]
         return {f: start[f] for f in input_fields}, {f: delta[f] for f in input_fields}
 
