@@ -101,11 +101,11 @@ class ModelService:
             sys.setswitchinterval(switch_ms / 1000.0)
         await self._engine.start()
         tokenizer = self._engine.served.tokenizer
-        self._prompts = PromptEncoder(tokenizer)
-        self._token_texts = TokenTexts(tokenizer)
         self.parser_names = resolve_parser_names(
             self.config.tool_call_parser, self.config.reasoning_parser, getattr(tokenizer, "chat_template", None)
         )
+        self._prompts = PromptEncoder(tokenizer, tools_in_system_prompt=self.parser_names.tools_in_system_prompt)
+        self._token_texts = TokenTexts(tokenizer)
         self.created_at = int(time.time())
         logger.info(
             "model %s ready in %.1f s (tool-call parser %s, reasoning parser %s)", self.model_id,
