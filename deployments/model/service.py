@@ -40,7 +40,7 @@ from engine.client.thread_client import ThreadEngineClient
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, ModelUnloadedError, OrchardError
 from engine.output.request_output import Finish, TextDelta
-from engine.request import Request
+from engine.request import FinishReason, Request
 from engine.runner.memory import EngineMemory, process_rss_bytes
 from engine.sampling.params import SamplingParams
 
@@ -169,7 +169,7 @@ class ModelService:
                 else:
                     chunk = StreamChunk(finish=event)
                     if parser is not None:
-                        _add_events(chunk, parser.finish())
+                        _add_events(chunk, parser.finish(cut=event.reason is FinishReason.LENGTH))
                 chunk.prompt_tokens, prompt_tokens = prompt_tokens, None
                 yield chunk
         except OrchardError as exc:  # queue full / timeout / engine death surface here

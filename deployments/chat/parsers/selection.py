@@ -33,7 +33,9 @@ REASONING_PARSER_NAMES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3
 class OutputParser(Protocol):
     def feed(self, text: str) -> list[ParsedEvent]: ...
 
-    def finish(self) -> list[ParsedEvent]: ...
+    def finish(self, cut: bool = False) -> list[ParsedEvent]:
+        """The events the end of the output releases; `cut`: it ended at max_tokens."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -111,9 +113,9 @@ class ChainedParser:
         events = self._reasoning.feed(text) if self._reasoning else [ContentDelta(text)]
         return self._through_tools(events)
 
-    def finish(self) -> list[ParsedEvent]:
+    def finish(self, cut: bool = False) -> list[ParsedEvent]:
         events = self._through_tools(self._reasoning.finish()) if self._reasoning else []
-        return events + (self._tools.finish() if self._tools else [])
+        return events + (self._tools.finish(cut) if self._tools else [])
 
     def _through_tools(self, events: list[ParsedEvent]) -> list[ParsedEvent]:
         if self._tools is None:
