@@ -60,7 +60,9 @@ class PromptEncoder:
             # Some templates refuse a system turn (Gemma's): the tools then open the first user turn.
             return self._render(generic_tools.with_user_block(messages, block), None, prompt.template_kwargs)
 
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]) -> str:
+    def _render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]
+    ) -> str:
         try:
             return self._tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs

@@ -63,7 +63,8 @@ def bare(folder: Path) -> ModelConfig:
 
 
 def qwen(folder: Path) -> ModelConfig:
-    return ModelConfig(model_id=QWEN, model_path=str(folder), context_length=1536, chat_template_file=str(QWEN3_TEMPLATE))
+    return ModelConfig(model_id=QWEN, model_path=str(folder), context_length=1536,
+                       chat_template_file=str(QWEN3_TEMPLATE))
 
 
 @dataclass
@@ -301,8 +302,8 @@ def test_a_tool_loop_history_renders_on_a_template_without_tools(model_folder):
         async with clients(bare(model_folder)) as c:
             counted = await c.anthropic.messages.count_tokens(model=BARE, messages=anthropic_history,
                                                               tools=[ANTHROPIC_WEATHER])
-            answered = await c.anthropic.messages.create(model=BARE, messages=anthropic_history, tools=[ANTHROPIC_WEATHER],
-                                                         max_tokens=3, extra_body=GREEDY)
+            answered = await c.anthropic.messages.create(model=BARE, messages=anthropic_history,
+                                                         tools=[ANTHROPIC_WEATHER], max_tokens=3, extra_body=GREEDY)
             chat = await c.openai.chat.completions.create(model=BARE, messages=openai_history, tools=[WEATHER],
                                                           max_tokens=3, **GREEDY)
             plain = await c.openai.chat.completions.create(model=BARE, messages=openai_history, max_tokens=3, **GREEDY)

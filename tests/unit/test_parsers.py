@@ -168,7 +168,8 @@ def test_a_harmony_call_cut_by_max_tokens_is_unfinished():
 
 def test_an_xml_call_cut_by_max_tokens_is_unfinished_with_what_was_written():
     counter = itertools.count()
-    parser = build_output_parser(ParserNames("qwen3_coder"), ParseOptions(tools=FILE_TOOLS, new_id=lambda: f"call_{next(counter)}"))
+    options = ParseOptions(tools=FILE_TOOLS, new_id=lambda: f"call_{next(counter)}")
+    parser = build_output_parser(ParserNames("qwen3_coder"), options)
     text = ("<tool_call>\n<function=run_shell>\n<parameter=command>\nls\n</parameter>\n</function>\n"
             "<function=read_file>\n<parameter=path>\nsrc/a")
     assert merge_events(parser.feed(text) + parser.finish(cut=True)) == [

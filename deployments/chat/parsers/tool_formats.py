@@ -25,6 +25,7 @@ class MalformedCall(ValueError):
 
 
 ParamTypes = dict[str, dict[str, str]]  # function name -> parameter name -> JSON schema type
+BlockParser = Callable[[str, ParamTypes], list[ParsedCall]]  # a block's inner text -> its calls
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,8 @@ class ToolFormat:
     name: str
     start: str
     end: str
-    parse_block: Callable[[str, ParamTypes], list[ParsedCall]]
-    parse_unfinished: Callable[[str, ParamTypes], list[ParsedCall]]  # a block the output was cut inside
+    parse_block: BlockParser
+    parse_unfinished: BlockParser  # a block the output was cut inside
 
 
 def param_types(tools: list[dict[str, Any]] | None) -> ParamTypes:
@@ -115,7 +116,7 @@ def parse_hermes_unfinished(body: str, types: ParamTypes) -> list[ParsedCall]:
     return [ParsedCall(json.loads(f'"{name.group(1)}"'), body[found.end():] if found else "", unfinished=True)]
 
 
-def _last_call_unfinished(parse: Callable[[str, ParamTypes], list[ParsedCall]]) -> Callable[[str, ParamTypes], list[ParsedCall]]:
+def _last_call_unfinished(parse: BlockParser) -> BlockParser:
     """For the XML formats, whose parsers already read an open parameter as far as it goes: the last call of a
     cut block is the unfinished one."""
     def parse_unfinished(body: str, types: ParamTypes) -> list[ParsedCall]:
