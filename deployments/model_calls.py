@@ -111,7 +111,8 @@ class StreamChunk:
             last = self.tool_calls[-1] if self.tool_calls else None
             if last is not None and last.index == delta.index:
                 self.tool_calls[-1] = ToolCallDelta(
-                    last.index, last.arguments + delta.arguments, last.id or delta.id, last.name or delta.name
+                    last.index, last.arguments + delta.arguments, last.id or delta.id, last.name or delta.name,
+                    last.unfinished or delta.unfinished,
                 )
             else:
                 self.tool_calls.append(delta)

@@ -54,6 +54,7 @@ class BlockBuilder:
     _open: tuple[str, int | None] | None = None  # ("thinking" | "text" | "tool_use", tool index)
     _count: int = 0
     called_tools: bool = False
+    _unfinished_calls: set[int] = field(default_factory=set)  # tool indexes left out
 
     def ops(self, chunk: StreamChunk) -> list[BlockOp]:
         ops: list[BlockOp] = []
@@ -82,6 +83,12 @@ class BlockBuilder:
         return ops + [BlockOp("start", self._count - 1, block=block)]
 
     def _tool_ops(self, call: ToolCallDelta) -> list[BlockOp]:
+        # A call cut by max_tokens is left out (stop_reason "max_tokens" says why): its input would be half an
+        # object that matches no schema, and a client must not run a half-written command or file.
+        if call.unfinished:
+            self._unfinished_calls.add(call.index)
+        if call.index in self._unfinished_calls:
+            return []
         self.called_tools = True
         arguments = call.arguments
         ops: list[BlockOp] = []

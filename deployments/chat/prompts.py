@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from deployments.chat import generic_tools
 from engine.errors import InvalidRequestError
 from engine.output.request_output import TokenLogprob
 from deployments.model_calls import ChatPrompt, TextPrompt, TokenLogprobInfo, TopTokenLogprob
@@ -17,8 +18,10 @@ class EncodedPrompt:
 
 
 class PromptEncoder:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tools_in_system_prompt: bool = False) -> None:
         self._tokenizer = tokenizer
+        # The generic tool format (chat/generic_tools.py): the template is never given tools or tool turns.
+        self._tools_in_system_prompt = tools_in_system_prompt
 
     def token_ids(self, prompt: ChatPrompt | TextPrompt) -> list[int]:
         return self.encode(prompt).token_ids
@@ -40,13 +43,29 @@ class PromptEncoder:
             )
         # tool_choice "none": the model is not shown the tools, so it has nothing to call.
         tools = prompt.tools if prompt.tools and prompt.tool_choice != "none" else None
+        if self._tools_in_system_prompt:
+            return self._generic_tools_text(prompt, tools)
+        return self._render(prompt.messages, tools, prompt.template_kwargs)
+
+    def _generic_tools_text(self, prompt: ChatPrompt, tools: list[dict[str, Any]] | None) -> str:
+        messages = generic_tools.history_as_text(prompt.messages)
+        if not tools:
+            return self._render(messages, None, prompt.template_kwargs)
+        block = generic_tools.tools_block(tools, prompt.tool_choice, prompt.tool_name)
+        try:
+            return self._render(generic_tools.with_system_block(messages, block), None, prompt.template_kwargs)
+        except InvalidRequestError:
+            if messages and messages[0].get("role") == "system":
+                raise  # the client's own system turn fails too
+            # Some templates refuse a system turn (Gemma's): the tools then open the first user turn.
+            return self._render(generic_tools.with_user_block(messages, block), None, prompt.template_kwargs)
+
+    def _render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]
+    ) -> str:
         try:
             return self._tokenizer.apply_chat_template(
-                prompt.messages,
-                tools=tools,
-                add_generation_prompt=True,
-                tokenize=False,
-                **prompt.template_kwargs,
+                messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
             )
         except Exception as exc:  # jinja raises many types (TemplateError, TypeError, raise_exception's)
             raise InvalidRequestError(f"The chat template could not render these messages: {exc}", param="messages")

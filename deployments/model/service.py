@@ -40,7 +40,7 @@ from engine.client.thread_client import ThreadEngineClient
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, ModelUnloadedError, OrchardError
 from engine.output.request_output import Admitted, Queued, TextDelta
-from engine.request import Request
+from engine.request import FinishReason, Request
 from engine.runner.memory import EngineMemory, process_rss_bytes
 from engine.sampling.params import SamplingParams
 
@@ -101,11 +101,11 @@ class ModelService:
             sys.setswitchinterval(switch_ms / 1000.0)
         await self._engine.start()
         tokenizer = self._engine.served.tokenizer
-        self._prompts = PromptEncoder(tokenizer)
-        self._token_texts = TokenTexts(tokenizer)
         self.parser_names = resolve_parser_names(
             self.config.tool_call_parser, self.config.reasoning_parser, getattr(tokenizer, "chat_template", None)
         )
+        self._prompts = PromptEncoder(tokenizer, tools_in_system_prompt=self.parser_names.tools_in_system_prompt)
+        self._token_texts = TokenTexts(tokenizer)
         self.created_at = int(time.time())
         logger.info(
             "model %s ready in %.1f s (tool-call parser %s, reasoning parser %s)", self.model_id,
@@ -174,7 +174,7 @@ class ModelService:
                 else:
                     chunk = StreamChunk(finish=event)
                     if parser is not None:
-                        _add_events(chunk, parser.finish())
+                        _add_events(chunk, parser.finish(cut=event.reason is FinishReason.LENGTH))
                 chunk.prompt_tokens, prompt_tokens = prompt_tokens, None
                 yield chunk
         except OrchardError as exc:  # queue full / timeout / engine death surface here

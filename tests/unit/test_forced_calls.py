@@ -11,7 +11,7 @@ import re
 import string
 
 import pytest
-from outlines_core import Index, Vocabulary
+from outlines_core import Guide, Index, Vocabulary
 
 from engine.errors import InvalidRequestError
 from deployments.chat.parsers.deltas import ToolCallDelta, merge_events
@@ -30,14 +30,19 @@ CALLS = {
                   '<parameter name="limit">5</parameter>\n</invoke>\n</minimax:tool_call>',
     "harmony": '<|channel|>commentary to=functions.read_file <|constrain|>json<|message|>{"path": "src/a.py", "limit": 5}',
 }
-VOCABULARY = Vocabulary(0, {c: [i + 1] for i, c in enumerate(sorted(set(string.printable)))})
+CALLS["generic"] = CALLS["qwen3"]  # models without a tool format of their own: the Hermes convention
+CHARS = sorted(set(string.printable))
+VOCABULARY = Vocabulary(0, {c: [i + 1] for i, c in enumerate(CHARS)})  # token 0: EOS
 
 
 @pytest.mark.parametrize("family", sorted(CALLS))
 def test_forced_call_regex_accepts_the_call_and_reads_back(family):
     names = ParserNames(family, family if family == "harmony" else None)
     regex = forced_call_regex(names, FILE_TOOLS, "read_file")
-    Index(regex, VOCABULARY)  # compiles for the engine's masks
+    guide = Guide(Index(regex, VOCABULARY))  # compiles for the engine's masks
+    for char in CALLS[family]:
+        guide.advance(CHARS.index(char) + 1)
+    assert guide.get_tokens() == [0]  # the call is complete: only EOS may follow, so the request ends there
     assert re.fullmatch(regex, CALLS[family])
     assert not re.fullmatch(regex, CALLS[family].replace("read_file", "run_shell"))
     assert re.fullmatch(forced_call_regex(names, FILE_TOOLS, None), CALLS[family])  # required: any tool

@@ -11,8 +11,14 @@ from hypothesis import strategies as st
 
 from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta, merge_events
 from deployments.chat.parsers.lexer import Marker, MarkerLexer, Text
-from deployments.chat.parsers.selection import ParseOptions, ParserNames, build_output_parser, infer_parser_names
-from tests.unit.parser_recordings import QWEN3, RECORDINGS, WEATHER_TOOLS, Recording
+from deployments.chat.parsers.selection import (
+    ParseOptions,
+    ParserNames,
+    build_output_parser,
+    infer_parser_names,
+    resolve_parser_names,
+)
+from tests.unit.parser_recordings import FILE_TOOLS, QWEN3, RECORDINGS, WEATHER_TOOLS, Recording
 
 IDS = [r.name for r in RECORDINGS]
 MARKUP = ("<tool_call", "</tool_call", "<think", "</think", "<|", "<function=", "<parameter", "<arg_", "<invoke",
@@ -112,3 +118,60 @@ def test_tool_markup_stays_content_when_tools_are_off():
 ])
 def test_parser_names_inferred_from_the_chat_template(template, expected):
     assert infer_parser_names(template) == expected
+
+
+# ---- the generic format, and calls cut by max_tokens ---------------------------------------------------------
+def test_a_template_without_tool_markup_gets_the_generic_format():
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"
+    names = resolve_parser_names(None, None, chatml)
+    assert names == ParserNames("generic", None) and names.tools_in_system_prompt
+    assert not names.keeps_special_tokens(tools_enabled=True)  # its markers are plain text
+    assert resolve_parser_names("qwen3", None, chatml) == ParserNames("qwen3", None)
+    assert not resolve_parser_names(None, None, "<tool_call> <think>").tools_in_system_prompt
+    counter = itertools.count()
+    parser = build_output_parser(names, ParseOptions(tools=WEATHER_TOOLS, new_id=lambda: f"call_{next(counter)}"))
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "parameters": {"city": "Paris"}}\n</tool_call>'
+    assert merge_events(parser.feed(text) + parser.finish()) == [
+        ContentDelta("Let me check."), ToolCallDelta(0, '{"city": "Paris"}', "call_0", "get_weather")]
+
+
+def _finish(names: ParserNames, text: str, cut: bool) -> list[ParsedEvent]:
+    counter = itertools.count()
+    parser = build_output_parser(names, ParseOptions(tools=WEATHER_TOOLS, new_id=lambda: f"call_{next(counter)}"))
+    return merge_events(parser.feed(text) + parser.finish(cut=cut))
+
+
+@pytest.mark.parametrize("names", [QWEN3, ParserNames("generic")], ids=["qwen3", "generic"])
+def test_a_call_cut_by_max_tokens_keeps_its_arguments_as_written(names):
+    head = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": '
+    assert _finish(names, head + '{"city": "Par ', cut=True) == [
+        ContentDelta("Sure."), ToolCallDelta(0, '{"city": "Par ', "call_0", "get_weather", unfinished=True)]
+    assert _finish(names, head, cut=True) == [
+        ContentDelta("Sure."), ToolCallDelta(0, "", "call_0", "get_weather", unfinished=True)]
+    # Cut before the name: no call, and no half-written markup as content either.
+    assert _finish(names, 'Sure.\n<tool_call>\n{"name": "get_wea', cut=True) == [ContentDelta("Sure.")]
+    # Whole but for the end marker: a finished call.
+    assert _finish(names, head + '{"city": "Paris"}}', cut=True) == [
+        ContentDelta("Sure."), ToolCallDelta(0, '{"city": "Paris"}', "call_0", "get_weather")]
+    # Not cut (a stop token ended it): the call as the model wrote it, as before.
+    assert _finish(names, head + '{"city": "Par', cut=False) == [
+        ContentDelta("Sure."), ToolCallDelta(0, '{"city": "Par', "call_0", "get_weather")]
+
+
+def test_a_harmony_call_cut_by_max_tokens_is_unfinished():
+    harmony = ParserNames("harmony", "harmony")
+    text = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Par'
+    assert _finish(harmony, text, cut=True) == [ToolCallDelta(0, '{"city": "Par', "call_0", "get_weather", True)]
+    # <|call|> is a stop token: a whole call ends the output inside the body.
+    assert _finish(harmony, text + 'is"}', cut=True) == [ToolCallDelta(0, '{"city": "Paris"}', "call_0", "get_weather")]
+
+
+def test_an_xml_call_cut_by_max_tokens_is_unfinished_with_what_was_written():
+    counter = itertools.count()
+    options = ParseOptions(tools=FILE_TOOLS, new_id=lambda: f"call_{next(counter)}")
+    parser = build_output_parser(ParserNames("qwen3_coder"), options)
+    text = ("<tool_call>\n<function=run_shell>\n<parameter=command>\nls\n</parameter>\n</function>\n"
+            "<function=read_file>\n<parameter=path>\nsrc/a")
+    assert merge_events(parser.feed(text) + parser.finish(cut=True)) == [
+        ToolCallDelta(0, '{"command": "ls"}', "call_0", "run_shell"),
+        ToolCallDelta(1, '{"path": "src/a"}', "call_1", "read_file", unfinished=True)]

@@ -21,12 +21,14 @@ class ToolCallDelta:
 
     The first delta of a call carries its id and name; later ones only argument fragments.
     `arguments` is JSON text: the fragments of one call concatenate to the arguments object.
+    `unfinished`: the output was cut (max_tokens) inside this call, so `arguments` is the text written so far.
     """
 
     index: int
     arguments: str = ""
     id: str | None = None
     name: str | None = None
+    unfinished: bool = False
 
 
 ParsedEvent = ContentDelta | ReasoningDelta | ToolCallDelta
@@ -43,7 +45,7 @@ def merge_events(events: list[ParsedEvent]) -> list[ParsedEvent]:
             merged[-1] = ReasoningDelta(last.text + event.text)
         elif isinstance(event, ToolCallDelta) and isinstance(last, ToolCallDelta) and last.index == event.index:
             merged[-1] = ToolCallDelta(last.index, last.arguments + event.arguments, last.id or event.id,
-                                       last.name or event.name)
+                                       last.name or event.name, last.unfinished or event.unfinished)
         elif not (isinstance(event, (ContentDelta, ReasoningDelta)) and not event.text):
             merged.append(event)
     return merged

@@ -48,11 +48,13 @@ class HarmonyParser:
         self._lexer.feed(text)
         return self._drain()
 
-    def finish(self) -> list[ParsedEvent]:
+    def finish(self, cut: bool = False) -> list[ParsedEvent]:
+        """`cut`: the output ended at max_tokens, so a call body still open is unfinished (else its stop token,
+        <|call|>, ended it)."""
         self._lexer.finish()
         events = self._drain()
         if self._body is _Body.CALL:
-            events += self._close_call()
+            events += self._close_call(unfinished=cut)
         elif self._header is not None and not self._saw_message:
             # No harmony markers at all (special tokens stripped?): the text is all we have.
             events.append(ContentDelta("".join(self._header)))
@@ -101,16 +103,18 @@ class HarmonyParser:
         else:
             self._body = _Body.CONTENT  # final, and commentary preambles to the user
 
-    def _close_call(self) -> list[ParsedEvent]:
-        text = "".join(self._call_text).strip()
+    def _close_call(self, unfinished: bool = False) -> list[ParsedEvent]:
+        text = "".join(self._call_text)
+        text = text.lstrip() if unfinished else text.strip()
         self._body = None
         if self._max_calls is not None and self._num_calls >= self._max_calls:
             return []
         try:
             arguments = json.dumps(json.loads(text), ensure_ascii=False)
+            unfinished = False  # whole after all
         except ValueError:
             arguments = text  # sent as the model wrote it, like any invalid arguments
-        event = ToolCallDelta(self._num_calls, arguments, self._new_id(), self._call_name)
+        event = ToolCallDelta(self._num_calls, arguments, self._new_id(), self._call_name, unfinished)
         self._num_calls += 1
         return [event]
 

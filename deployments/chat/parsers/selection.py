@@ -1,7 +1,9 @@
 """Parser names (configured, or inferred from the chat template) and one parser per request.
 
 `tool_call_parser` / `reasoning_parser` take Bodega's names; the qwen3 family variants share
-the Hermes format. A request's parser chains reasoning (first) and tool calls (on the content).
+the Hermes format. A model without a tool format of its own gets the generic one (chat/generic_tools.py: tools in
+the system prompt, calls in the Hermes convention). A request's parser chains reasoning (first) and tool calls (on
+the content).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from deployments.chat.parsers.tool_formats import GLM4_MOE, HERMES, MINIMAX_M2, 
 from deployments.chat.parsers.tool_parser import ToolCallParser, new_call_id
 
 HARMONY = "harmony"
+GENERIC = "generic"
 TOOL_FORMATS: dict[str, ToolFormat] = {
     "qwen3": HERMES, "qwen3_moe": HERMES, "qwen3_next": HERMES, "qwen3_vl": HERMES, "hermes": HERMES,
-    "qwen3_coder": QWEN3_CODER, "glm4_moe": GLM4_MOE, "minimax_m2": MINIMAX_M2,
+    "qwen3_coder": QWEN3_CODER, "glm4_moe": GLM4_MOE, "minimax_m2": MINIMAX_M2, GENERIC: HERMES,
 }
 TOOL_PARSER_NAMES = (*TOOL_FORMATS, HARMONY)
 # Every <think> family; qwen3_coder writes no reasoning, but naming it is harmless.
@@ -30,7 +33,9 @@ REASONING_PARSER_NAMES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3
 class OutputParser(Protocol):
     def feed(self, text: str) -> list[ParsedEvent]: ...
 
-    def finish(self) -> list[ParsedEvent]: ...
+    def finish(self, cut: bool = False) -> list[ParsedEvent]:
+        """The events the end of the output releases; `cut`: it ended at max_tokens."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -42,10 +47,16 @@ class ParserNames:
     def is_harmony(self) -> bool:
         return HARMONY in (self.tool, self.reasoning)
 
+    @property
+    def tools_in_system_prompt(self) -> bool:
+        """The generic format: the prompt describes the tools itself, not the chat template."""
+        return self.tool == GENERIC
+
     def keeps_special_tokens(self, tools_enabled: bool) -> bool:
         """Harmony's channel markers are special tokens, and some families mark tool calls with
-        special tokens: the detokenizer must keep them in the text then (as vLLM's parsers do)."""
-        return self.is_harmony or (tools_enabled and self.tool is not None)
+        special tokens: the detokenizer must keep them in the text then (as vLLM's parsers do).
+        The generic format's markers are plain text."""
+        return self.is_harmony or (tools_enabled and self.tool not in (None, GENERIC))
 
 
 def infer_parser_names(chat_template: str | None) -> ParserNames:
@@ -69,9 +80,11 @@ def infer_parser_names(chat_template: str | None) -> ParserNames:
 
 
 def resolve_parser_names(tool: str | None, reasoning: str | None, chat_template: str | None) -> ParserNames:
-    """Configured names win; a missing one is inferred from the chat template."""
+    """Configured names win; a missing one is inferred from the chat template. A template with no tool format we
+    read gets the generic one, so that tools are never dropped (a template's own format we cannot parse would turn
+    every call into content)."""
     inferred = infer_parser_names(chat_template)
-    names = ParserNames(tool or inferred.tool, reasoning or inferred.reasoning)
+    names = ParserNames(tool or inferred.tool or GENERIC, reasoning or inferred.reasoning)
     if names.tool is not None and names.tool not in TOOL_PARSER_NAMES:
         raise InvalidRequestError(f"Unknown tool_call_parser '{names.tool}'", param="tool_call_parser")
     if names.reasoning is not None and names.reasoning not in REASONING_PARSER_NAMES:
@@ -100,9 +113,9 @@ class ChainedParser:
         events = self._reasoning.feed(text) if self._reasoning else [ContentDelta(text)]
         return self._through_tools(events)
 
-    def finish(self) -> list[ParsedEvent]:
+    def finish(self, cut: bool = False) -> list[ParsedEvent]:
         events = self._through_tools(self._reasoning.finish()) if self._reasoning else []
-        return events + (self._tools.finish() if self._tools else [])
+        return events + (self._tools.finish(cut) if self._tools else [])
 
     def _through_tools(self, events: list[ParsedEvent]) -> list[ParsedEvent]:
         if self._tools is None:

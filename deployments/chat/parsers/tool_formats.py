@@ -6,6 +6,7 @@ Argument values written as text (XML-style formats) are typed by the tool's JSON
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any, Callable
 class ParsedCall:
     name: str
     arguments: str  # JSON text of the arguments object (as the model wrote it when it is not JSON)
+    unfinished: bool = False  # the output was cut inside it: `arguments` is what was written so far
 
 
 class MalformedCall(ValueError):
@@ -23,6 +25,7 @@ class MalformedCall(ValueError):
 
 
 ParamTypes = dict[str, dict[str, str]]  # function name -> parameter name -> JSON schema type
+BlockParser = Callable[[str, ParamTypes], list[ParsedCall]]  # a block's inner text -> its calls
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,8 @@ class ToolFormat:
     name: str
     start: str
     end: str
-    parse_block: Callable[[str, ParamTypes], list[ParsedCall]]
+    parse_block: BlockParser
+    parse_unfinished: BlockParser  # a block the output was cut inside
 
 
 def param_types(tools: list[dict[str, Any]] | None) -> ParamTypes:
@@ -97,6 +101,30 @@ def _salvage_hermes(body: str) -> ParsedCall:
         return ParsedCall(json.loads(f'"{name.group(1)}"'), rest.rstrip().removesuffix("}").rstrip())
 
 
+def parse_hermes_unfinished(body: str, types: ParamTypes) -> list[ParsedCall]:
+    """A call cut short: its name, and its arguments' text exactly as far as the model wrote it."""
+    try:
+        json.loads(body)
+    except ValueError:
+        pass
+    else:  # whole after all: only the end marker is missing
+        return parse_hermes(body, types)
+    name = _HERMES_NAME.search(body)
+    if name is None:
+        raise MalformedCall("cut before the function name was written")
+    found = _HERMES_ARGS.search(body, name.end()) or _HERMES_ARGS.search(body)
+    return [ParsedCall(json.loads(f'"{name.group(1)}"'), body[found.end():] if found else "", unfinished=True)]
+
+
+def _last_call_unfinished(parse: BlockParser) -> BlockParser:
+    """For the XML formats, whose parsers already read an open parameter as far as it goes: the last call of a
+    cut block is the unfinished one."""
+    def parse_unfinished(body: str, types: ParamTypes) -> list[ParsedCall]:
+        calls = parse(body, types)
+        return calls[:-1] + [dataclasses.replace(calls[-1], unfinished=True)]
+    return parse_unfinished
+
+
 # ---- Qwen3-Coder: <tool_call><function=NAME><parameter=KEY>value</parameter></function></tool_call>
 _CODER_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
 _CODER_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
@@ -155,7 +183,9 @@ def parse_minimax_m2(body: str, types: ParamTypes) -> list[ParsedCall]:
     return calls
 
 
-HERMES = ToolFormat("qwen3", "<tool_call>", "</tool_call>", parse_hermes)
-QWEN3_CODER = ToolFormat("qwen3_coder", "<tool_call>", "</tool_call>", parse_qwen3_coder)
-GLM4_MOE = ToolFormat("glm4_moe", "<tool_call>", "</tool_call>", parse_glm4_moe)
-MINIMAX_M2 = ToolFormat("minimax_m2", "<minimax:tool_call>", "</minimax:tool_call>", parse_minimax_m2)
+HERMES = ToolFormat("qwen3", "<tool_call>", "</tool_call>", parse_hermes, parse_hermes_unfinished)
+QWEN3_CODER = ToolFormat("qwen3_coder", "<tool_call>", "</tool_call>", parse_qwen3_coder,
+                         _last_call_unfinished(parse_qwen3_coder))
+GLM4_MOE = ToolFormat("glm4_moe", "<tool_call>", "</tool_call>", parse_glm4_moe, _last_call_unfinished(parse_glm4_moe))
+MINIMAX_M2 = ToolFormat("minimax_m2", "<minimax:tool_call>", "</minimax:tool_call>", parse_minimax_m2,
+                        _last_call_unfinished(parse_minimax_m2))

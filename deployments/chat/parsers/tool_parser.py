@@ -2,7 +2,8 @@
 
 Text outside call blocks streams out as content; a block is held until its end marker and
 then emitted as whole calls (id and name with the complete arguments), so a partial call
-never reaches the client. Whitespace between content and calls is dropped.
+never reaches the client until the output ends inside it: cut by max_tokens, it goes out marked
+unfinished. Whitespace between content and calls is dropped.
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ class ToolCallParser:
         self._lexer.feed(text)
         return self._drain()
 
-    def finish(self) -> list[ParsedEvent]:
+    def finish(self, cut: bool = False) -> list[ParsedEvent]:
+        """`cut`: the output ended at max_tokens, so a block still open is an unfinished call."""
         self._lexer.finish()
         events = self._drain()
         if self._block is not None:  # the output ended inside a block (max_tokens, or a stop token as end)
-            events += self._close_block()
+            events += self._close_block(unfinished=cut)
         events.append(ContentDelta(self._content.flush()))
         return [e for e in events if not isinstance(e, ContentDelta) or e.text]
 
@@ -69,13 +71,19 @@ class ToolCallParser:
                 events.append(ContentDelta(self._content.text(token.text)))
         return [e for e in events if not isinstance(e, ContentDelta) or e.text]
 
-    def _close_block(self) -> list[ParsedEvent]:
-        body = "".join(self._block or []).strip()
+    def _close_block(self, unfinished: bool = False) -> list[ParsedEvent]:
+        text = "".join(self._block or [])
         self._block = None
         self._content.restart(strip_leading=True)
+        # An unfinished call's arguments are its text as written so far, trailing spaces included.
+        body = text.lstrip() if unfinished else text.strip()
+        parse = self._format.parse_unfinished if unfinished else self._format.parse_block
         try:
-            calls = self._format.parse_block(body, self._types)
+            calls = parse(body, self._types)
         except MalformedCall as exc:
+            if unfinished:  # half a call's markup is no answer: the finish reason (length) tells the client
+                logger.info("%s tool call cut before it was readable (%s); dropped", self._format.name, exc)
+                return []
             # Unreadable as a call: its text (never the markers) goes out as content.
             logger.info("%s tool call not understood (%s); sent as content", self._format.name, exc)
             return [ContentDelta(body)]
@@ -84,7 +92,7 @@ class ToolCallParser:
             if self._max_calls is not None and self._num_calls >= self._max_calls:
                 logger.info("tool call '%s' dropped: parallel_tool_calls is false", call.name)
                 continue
-            events.append(ToolCallDelta(self._num_calls, call.arguments, self._new_id(), call.name))
+            events.append(ToolCallDelta(self._num_calls, call.arguments, self._new_id(), call.name, call.unfinished))
             self._num_calls += 1
         return events
 

@@ -1,0 +1,112 @@
+"""The generic tool format, for models whose chat template has no tool format of ours (tool_call_parser "generic").
+
+The tools are described in the system prompt, and calls are written in the Hermes convention
+(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`): the JSON convention small instruct models have seen
+most, the one Qwen's and Hermes' templates teach, read back by the HERMES parser and enforced by the same
+forced-call regex. Past calls and tool results are rendered as text in the same convention, since templates
+without tools drop `tool_calls` and know no `tool` role.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from deployments.model_calls import ToolChoiceMode
+
+CALL_START, CALL_END = "<tool_call>", "</tool_call>"
+RESULT_START, RESULT_END = "<tool_response>", "</tool_response>"
+
+_INTRO = (
+    "# Tools\n\n"
+    "You can call functions to help with the user's request. Each function is described by one JSON object "
+    "inside <tools></tools>: its name, what it does, and the JSON schema of its arguments.\n<tools>\n"
+)
+_HOW_TO_CALL = (
+    "\n</tools>\n\n"
+    "To call a function, reply with a JSON object holding its name and arguments inside <tool_call></tool_call> "
+    "tags:\n<tool_call>\n{\"name\": \"function_name\", \"arguments\": {\"argument_name\": \"value\"}}\n</tool_call>\n"
+    "Write one <tool_call> block per call. Each call's result comes back inside <tool_response></tool_response> tags."
+)
+
+
+def tools_block(tools: list[dict[str, Any]], tool_choice: ToolChoiceMode, tool_name: str | None) -> str:
+    """The system-prompt text that lists `tools` (OpenAI-style definitions) and says how to call them."""
+    lines = []
+    for tool in tools:
+        function = tool["function"]
+        described = {"name": function["name"]}
+        if function.get("description"):
+            described["description"] = function["description"]
+        described["parameters"] = function.get("parameters") or {"type": "object", "properties": {}}
+        lines.append(json.dumps(described, ensure_ascii=False))
+    block = _INTRO + "\n".join(lines) + _HOW_TO_CALL
+    if tool_choice == "function":
+        block += f"\nAnswer by calling the function {tool_name}."
+    elif tool_choice == "required":
+        block += "\nAnswer with a function call."
+    return block
+
+
+def call_text(call: dict[str, Any]) -> str:
+    """One past call (an OpenAI-style `tool_calls` entry) as the model would have written it."""
+    function = call.get("function") or {}
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):  # arguments as JSON text (or invalid text, kept as written)
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            pass
+    body = json.dumps({"name": function.get("name", ""), "arguments": arguments}, ensure_ascii=False)
+    return f"{CALL_START}\n{body}\n{CALL_END}"
+
+
+def history_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Assistant tool calls become <tool_call> blocks in its content; tool results become user turns with
+    <tool_response> blocks (adjacent results and the user text next to them share one turn, for templates that
+    insist on alternating roles)."""
+    out: list[dict[str, Any]] = []
+    last_was_result = False
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant" and message.get("tool_calls"):
+            parts = [message["content"]] if message.get("content") else []
+            rendered = {k: v for k, v in message.items() if k != "tool_calls"}
+            rendered["content"] = "\n".join(parts + [call_text(call) for call in message["tool_calls"]])
+            out.append(rendered)
+            last_was_result = False
+        elif role == "tool":
+            text = f"{RESULT_START}\n{message.get('content') or ''}\n{RESULT_END}"
+            _add_user_text(out, text, merge=bool(out) and out[-1]["role"] == "user" and last_was_result)
+            last_was_result = True
+        elif role == "user" and last_was_result:
+            _add_user_text(out, message.get("content") or "", merge=True)
+            last_was_result = False
+        else:
+            out.append(message)
+            last_was_result = False
+    return out
+
+
+def _add_user_text(out: list[dict[str, Any]], text: str, merge: bool) -> None:
+    if merge:
+        out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n{text}"}
+    else:
+        out.append({"role": "user", "content": text})
+
+
+def with_system_block(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
+    """The tools block after the first system message's text, or as a system message of its own."""
+    if messages and messages[0].get("role") == "system":
+        system = messages[0].get("content") or ""
+        return [{**messages[0], "content": f"{system}\n\n{block}" if system else block}, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
+def with_user_block(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
+    """The tools block at the start of the first user message (for templates that refuse a system turn)."""
+    for index, message in enumerate(messages):
+        if message.get("role") == "user":
+            merged = {**message, "content": f"{block}\n\n{message.get('content') or ''}"}
+            return [*messages[:index], merged, *messages[index + 1:]]
+    return [{"role": "user", "content": block}, *messages]
