@@ -102,7 +102,7 @@ class StreamChunk:
     @property
     def is_admission_only(self) -> bool:
         """Queued or admitted, with no output yet: sent at once, and no coalescing window starts with it."""
-        return self.queued and not (self.num_tokens or self.text or self.reasoning or self.tool_calls or self.is_last)
+        return (self.queued or self.admitted) and not (self.num_tokens or self.text or self.reasoning or self.tool_calls or self.is_last)
 
     def merge(self, later: "StreamChunk") -> None:
         self.text += later.text

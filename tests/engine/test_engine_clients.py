@@ -23,7 +23,7 @@ from engine.errors import (
     QueueFullError,
     QueueTimeoutError,
 )
-from engine.output.request_output import Admitted, Finish, TextDelta
+from engine.output.request_output import Admitted, Finish, Queued, TextDelta
 from tests.engine.test_batching import run_alone
 from tests.engine.test_structured_output import assert_valid, free_requests, schema_requests
 from tests.support.json_schemas import SCHEMAS
@@ -127,7 +127,7 @@ def test_queue_full_is_reported_to_the_refused_request_only(kind, tiny_llama):
 
 @pytest.mark.parametrize("kind", CLIENTS)
 def test_a_stream_opens_with_its_admission_which_tells_the_usage_its_finish_tells(kind, tiny_llama):
-    """Admitted (prompt tokens, prefix-cache hit) comes first, once the scheduler has taken the request in; the
+    """Queued comes first (the engine accepted the request), then Admitted (prompt tokens, prefix-cache hit) once the scheduler has taken the request in; the
     same prompt again hits the cache, and its admission and its finish count the same cached tokens. A request
     the queue refuses gets no admission, only its error."""
     prompt = [(7 * i) % 250 + 1 for i in range(100)]
@@ -141,7 +141,7 @@ def test_a_stream_opens_with_its_admission_which_tells_the_usage_its_finish_tell
             first = await events_of(client.submit(Request("a", prompt, SamplingParams(max_tokens=4, **GREEDY))))
             again = await events_of(client.submit(Request("b", prompt, SamplingParams(max_tokens=4, **GREEDY))))
             held = aiter(client.submit(Request("held", [1, 2], SamplingParams(max_tokens=2000, **GREEDY))))
-            assert isinstance(await anext(held), Admitted)
+            assert [type(await anext(held)), type(await anext(held))] == [Queued, Admitted]
             refused: list = []
             with pytest.raises(QueueFullError):
                 async for event in client.submit(Request("refused", [3, 4], SamplingParams(max_tokens=2))):
@@ -153,8 +153,8 @@ def test_a_stream_opens_with_its_admission_which_tells_the_usage_its_finish_tell
 
     first, again, refused = run(scenario)
     for events, cached in ((first, 0), (again, 96)):  # 3 whole blocks: the last prompt token is always computed
-        admitted, *deltas, finish = events
-        assert admitted == Admitted(prompt_tokens=100, cached_tokens=cached)
+        queued, admitted, *deltas, finish = events
+        assert queued == Queued() and admitted == Admitted(prompt_tokens=100, cached_tokens=cached)
         assert all(isinstance(d, TextDelta) for d in deltas) and isinstance(finish, Finish)
         assert (finish.usage.prompt_tokens, finish.usage.cached_tokens) == (100, cached)
     assert refused == []

@@ -17,7 +17,7 @@ from engine.client.process_client import ProcessEngineClient
 from engine.client.spec import EngineSpec
 from engine.client.supervisor import RestartBudget, SupervisedEngine
 from engine.errors import EngineDeadError, EngineRestartingError
-from engine.output.request_output import Admitted, Finish, TextDelta
+from engine.output.request_output import Admitted, Finish, Queued, TextDelta
 from tests.engine.test_engine_clients import GREEDY, collect, run
 
 # One decode row: a second request waits in the engine's queue while the first streams.
@@ -52,7 +52,7 @@ def test_a_killed_engine_restarts_in_place_and_requeues_what_had_not_started(tin
         load_s = time.monotonic() - load_started
         try:
             streaming = aiter(engine.submit(_long("streaming", [1, 2, 3])))
-            assert isinstance(await anext(streaming), Admitted)
+            assert [type(await anext(streaming)), type(await anext(streaming))] == [Queued, Admitted]
             assert isinstance(await anext(streaming), TextDelta)  # it has streamed output
             queued = asyncio.create_task(collect(engine.submit(
                 Request("queued", [4, 5, 6], SamplingParams(max_tokens=7, **GREEDY))
@@ -87,7 +87,7 @@ def test_a_killed_engine_restarts_in_place_and_requeues_what_had_not_started(tin
 
 def test_a_request_admitted_without_output_yet_is_requeued_and_told_of_its_admission_once(tiny_llama):
     """Killed during a long prefill (after the request's admission, before its first token), the request runs again
-    on the new engine; its stream tells one admission, then a whole run's tokens."""
+    on the new engine; its stream tells one queueing and one admission, then a whole run's tokens."""
     prompt = [(7 * i) % 250 + 1 for i in range(1600)]
     slow_prefill = EngineConfig(prefill_chunk_tokens=2, prefill_step_tokens=2)  # 800 steps
 
@@ -96,7 +96,8 @@ def test_a_request_admitted_without_output_yet_is_requeued_and_told_of_its_admis
         await engine.start()
         try:
             stream = aiter(engine.submit(Request("long", prompt, SamplingParams(max_tokens=3, **GREEDY))))
-            admitted = await anext(stream)
+            queued, admitted = await anext(stream), await anext(stream)
+            assert queued == Queued()
             os.kill(engine.pid, signal.SIGKILL)
             return admitted, [event async for event in stream], engine.restarts_total
         finally:
