@@ -48,7 +48,7 @@ def _by_type(known: set[str], default: str | None = None) -> Callable[[Any], str
 
     def tag(value: Any) -> str:
         kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
-        return kind if kind in known else "unknown"
+        return kind if isinstance(kind, str) and kind in known else "unknown"
 
     return tag
 
