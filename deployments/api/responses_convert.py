@@ -49,7 +49,7 @@ _EFFORT_FOR_TEMPLATES = {"none": "low", "minimal": "low", "xhigh": "high", "max"
 class ResponsesJob:
     job: GenerateJob
     items: list[InputItem]  # this request's own input, which the store keeps for a later previous_response_id
-    tools: list[dict[str, Any]]  # the function tools offered, as Responses echoes them
+    tools: list[dict[str, Any]]  # the function tools, as Responses echoes them
 
 
 def responses_job(body: ResponsesRequest, history: list[InputItem], request_id: str, log_id: str) -> ResponsesJob:
@@ -59,8 +59,8 @@ def responses_job(body: ResponsesRequest, history: list[InputItem], request_id: 
                                   param="background")
     own = [MessageItem(role="user", content=body.input)] if isinstance(body.input, str) else list(body.input)
     _refuse_unrenderable(own)
-    offered = _offered_tools(body)
-    mode, name, offered = _tool_choice(body, offered)
+    functions = _offered_tools(body)
+    mode, name, offered = _tool_choice(body, functions)
     messages = template_messages(body.instructions, history + own)
     if not any(m["role"] != "system" for m in messages):
         raise InvalidRequestError("'input' holds no message to answer", param="input")
@@ -79,7 +79,7 @@ def responses_job(body: ResponsesRequest, history: list[InputItem], request_id: 
         parallel_tool_calls=body.parallel_tool_calls is not False,
     )
     job = GenerateJob(request_id, prompt, _sampling(body), stream=body.stream, log_id=log_id)
-    return ResponsesJob(job, own, [_echo_tool(t) for t in offered])
+    return ResponsesJob(job, own, [_echo_tool(t) for t in functions])
 
 
 def _sampling(body: ResponsesRequest) -> SamplingParams:

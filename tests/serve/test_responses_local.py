@@ -126,9 +126,11 @@ def test_create_answers_a_response_object_with_echoes_and_cached_usage(model):
             first = await stack.http.post("/v1/responses", json=body)
             second = await stack.http.post("/v1/responses", json=body)  # its prompt comes from the prefix cache
             sdk = await client.responses.create(**body)
-            return first, second, sdk
+            with_logprobs = await stack.http.post("/v1/responses", json={
+                **body, "include": ["message.output_text.logprobs"], "top_logprobs": 2})
+            return first, second, sdk, with_logprobs
 
-    first, second, sdk = asyncio.run(scenario())
+    first, second, sdk, with_logprobs = asyncio.run(scenario())
     assert first.status_code == 200, first.text
     raw = first.json()
     parsed = Response.model_validate(raw)  # strict: every required field present with its type
@@ -155,6 +157,10 @@ def test_create_answers_a_response_object_with_echoes_and_cached_usage(model):
                                                                             "verbosity": "medium"},
         "reasoning": {"effort": "none", "summary": None}}
     assert sdk.output_text == text.text  # greedy: the same answer through the SDK
+    logprobs = Response.model_validate(with_logprobs.json()).output[0].content[0].logprobs
+    # The parser drops whitespace before the content (after the closed <think> block); the tokens keep it.
+    assert len(logprobs) == 6 and "".join(p.token for p in logprobs).lstrip() == text.text
+    assert all(len(p.top_logprobs) == 2 and p.logprob <= 0 for p in logprobs)
 
 
 def test_input_items_become_the_same_prompt_as_their_chat_equivalent(model):
