@@ -65,9 +65,12 @@ async def client_and_stack(config: ModelConfig):
 
 def named_events(text: str) -> list[dict[str, Any]]:
     """The events of a Responses SSE body: `event: TYPE` + `data: JSON`, the name equal to the payload's type, each
-    event valid for the SDK's types; sequence numbers run 0, 1, 2, ..."""
+    event valid for the SDK's types; sequence numbers run 0, 1, 2, ... SSE comments (the ingress's keep-alives while
+    a request waits in the queue) are skipped, as clients do."""
     events = []
     for block in text.strip().split("\n\n"):
+        if block.startswith(":"):
+            continue
         name_line, data_line = block.split("\n")
         payload = json.loads(data_line.removeprefix("data: "))
         assert name_line == f"event: {payload['type']}"
