@@ -304,6 +304,26 @@ def test_two_round_tool_loop_through_previous_response_id(model):
     assert second.output_text == resent.output_text
 
 
+def test_tools_on_a_model_whose_template_has_none(model):
+    """SmolLM2's own ChatML template has no tool format: the generic one (deployments/chat) carries the loop."""
+    plain = model.model_copy(update={"model_id": "tiny/plain", "chat_template_file": None})
+
+    async def scenario():
+        async with client_and_stack(plain) as (client, _):
+            first = await client.responses.create(model="tiny/plain", temperature=0, input=QUESTION, tools=TOOLS,
+                                                  tool_choice="required", max_output_tokens=80)
+            result = {"type": "function_call_output", "call_id": first.output[0].call_id, "output": "18 C"}
+            second = await client.responses.create(model="tiny/plain", temperature=0, input=[result], tools=TOOLS,
+                                                   previous_response_id=first.id, max_output_tokens=8)
+            return first, second
+
+    first, second = asyncio.run(scenario())
+    assert first.status == "completed" and [item.type for item in first.output] == ["function_call"]
+    jsonschema.validate(json.loads(first.output[0].arguments), WEATHER)
+    assert second.status == "incomplete" and [item.type for item in second.output] == ["message"]
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+
 def test_stored_responses_get_delete_and_unknown_ids(model):
     async def scenario():
         async with client_and_stack(model) as (client, stack):
