@@ -204,6 +204,9 @@ class IngressConfig(BaseModel):
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1, description="larger request bodies get 413")
     status_poll_interval_s: float = Field(2.0, gt=0)
     max_ongoing_requests: int = Field(1024, ge=1)
+    # Responses kept for GET /v1/responses/{id} and previous_response_id, in the ingress's memory.
+    responses_store_size: int = Field(1000, ge=0, description="stored responses, least recently used out first")
+    responses_store_ttl_s: float = Field(86400.0, gt=0, description="a stored response unused this long is dropped")
     ray_actor_options: RayActorOptions = Field(default_factory=RayActorOptions)
 
     @field_validator("api_keys")

@@ -46,6 +46,18 @@ class RequestTooLargeError(OrchardError):
     code = "request_too_large"
 
 
+class ResponseNotFoundError(OrchardError):
+    """GET / DELETE /v1/responses/{id} for an id the ingress does not hold: never stored, expired or deleted (404)."""
+
+    code = "response_not_found"
+
+
+class PreviousResponseNotFoundError(InvalidRequestError):
+    """A `previous_response_id` (or an earlier response of its chain) the ingress does not hold (400, as OpenAI)."""
+
+    code = "previous_response_not_found"
+
+
 @dataclass
 class WireError:
     status: int
@@ -68,6 +80,7 @@ _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (PermissionDeniedError, _Rule(403, "invalid_request_error")),
     (RequestTooLargeError, _Rule(413, "invalid_request_error")),
     (ModelNotFoundError, _Rule(404, "invalid_request_error")),
+    (ResponseNotFoundError, _Rule(404, "invalid_request_error")),
     (ModelExistsError, _Rule(409, "invalid_request_error")),
     (QueueFullError, _Rule(429, "rate_limit_error", QUEUE_RETRY_AFTER_S)),
     (QueueTimeoutError, _Rule(503, "server_error", QUEUE_RETRY_AFTER_S)),
@@ -88,8 +101,9 @@ def wire_error(exc: BaseException) -> WireError:
     if not isinstance(exc, OrchardError):
         return WireError(500, error_body("Internal server error", "server_error", code="internal_error"))
     rule = next((r for cls, r in _RULES if isinstance(exc, cls)), _Rule(500, "server_error"))
-    # A plain InvalidRequestError's code would repeat its type; OpenAI sends null there.
-    code = None if type(exc) is InvalidRequestError else exc.code
+    # A plain InvalidRequestError's code would repeat its type; OpenAI sends null there (and for a response id
+    # it does not know).
+    code = None if type(exc) in (InvalidRequestError, ResponseNotFoundError) else exc.code
     headers = {}
     retry_after = exc.retry_after_s if isinstance(exc, RetryLaterError) else rule.retry_after_s
     if retry_after is not None:

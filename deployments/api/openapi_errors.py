@@ -33,7 +33,7 @@ _MEANING = {
     400: "Invalid request: a field is malformed or out of range (named in `param`), or the prompt exceeds the context",
     401: "Missing or invalid API key (when keys are configured)",
     403: "An inference key on an admin route (when an admin key is configured)",
-    404: "Unknown model or route",
+    404: "Unknown model, route or stored response",
     409: "The model is already loaded, or a load or unload of it is in progress",
     413: "The request body is larger than the ingress's max_body_bytes",
     429: "The model's queue is full; retry after Retry-After seconds",
@@ -47,6 +47,7 @@ GENERATION = (400, 401, 404, 429, 503, *ANY_ROUTE)
 COUNT_TOKENS = (400, 401, 404, 503, *ANY_ROUTE)
 LISTING = (401, *ANY_ROUTE)
 MODEL_LOOKUP = (401, 404, *ANY_ROUTE)
+STORED_RESPONSE = (401, 404, *ANY_ROUTE)
 ADMIN_LOAD = (400, 401, 403, 409, 503, *ANY_ROUTE)
 ADMIN_UNLOAD = (401, 403, 404, 409, 503, *ANY_ROUTE)
 ADMIN_LISTING = (401, 403, *ANY_ROUTE)

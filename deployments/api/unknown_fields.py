@@ -22,6 +22,10 @@ UNHONOURED = {
         "audio": "audio output is not supported",
     },
     "anthropic": {},
+    "responses": {
+        "conversation": "the Conversations API is not supported: chain responses with 'previous_response_id'",
+        "prompt": "stored prompt templates are not supported: send 'instructions' and 'input'",
+    },
 }
 
 _counts: Counter[str] = Counter()
@@ -33,12 +37,24 @@ def accept_unknown_fields(api: str, extra: dict[str, Any] | None) -> None:
     record the others as ignored."""
     for name, value in (extra or {}).items():
         _refuse_if_unhonoured(api, name, value)
-        key = f"{api}.{name}"
-        with _lock:
-            first = key not in _counts
-            _counts[key] += 1
-        if first:
+        if _count(f"{api}.{name}"):
             logger.info("ignoring the unknown request field '%s' (%s API): it does not change the answer", name, api)
+
+
+def accept_unknown_type(api: str, where: str, type_name: str) -> None:
+    """The same rule one level down: an input item or content part of a type we do not know (a newer client's)
+    is ignored, logged once per type, counted as "api.where:type"."""
+    if _count(f"{api}.{where}:{type_name}"):
+        logger.info("ignoring %s of the unknown type '%s' (%s API): it does not change the answer",
+                    where, type_name, api)
+
+
+def _count(key: str) -> bool:
+    """Count one more use of `key`; True the first time."""
+    with _lock:
+        first = key not in _counts
+        _counts[key] += 1
+    return first
 
 
 def _refuse_if_unhonoured(api: str, name: str, value: Any) -> None:

@@ -15,6 +15,7 @@ from deployments.config import IngressConfig
 from deployments.ingress.auth import ApiKeys, check_admin_exposure
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.model_store import ModelStore
+from deployments.ingress.responses_store import ResponseStore
 from deployments.ingress.routes import create_app
 from deployments.ingress.serve_models import ServeBackend
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
@@ -36,9 +37,11 @@ class Ingress:
         store = ModelStore(self.config.resolved_state_dir())
         self.registry = Registry(ServeBackend(), store, self.config.model_roots, self.config.status_poll_interval_s)
         await self.registry.start(restore=self.config.restore_models)
+        self.responses = ResponseStore(self.config.responses_store_size, self.config.responses_store_ttl_s)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(self.registry, self.config.enable_admin, self.keys, self.config.max_body_bytes)
+        return create_app(self.registry, self.config.enable_admin, self.keys, self.config.max_body_bytes,
+                          responses=self.responses)
 
     async def __del__(self) -> None:
         registry = getattr(self, "registry", None)

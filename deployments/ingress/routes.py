@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 import uuid
+from functools import partial
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 from fastapi import APIRouter, FastAPI, Request
@@ -30,18 +31,23 @@ from deployments.api.openapi_errors import (
     GENERATION,
     LISTING,
     MODEL_LOOKUP,
+    STORED_RESPONSE,
     document_errors_as_sent,
     error_responses,
 )
 from deployments.api.openai_render import ChatRenderer, CompletionRenderer, ResponseMeta
 from deployments.api.openai_objects import ModelCard, ModelList
 from deployments.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.api.responses_convert import responses_job
+from deployments.api.responses_render import ResponsesRenderer, response_shell
+from deployments.api.responses_schemas import ResponsesRequest
 from deployments.api.sse import SSE_HEADERS, SSE_KEEPALIVE
 from deployments.model_calls import GenerateJob, StreamChunk
 from deployments.config import DEFAULT_MAX_BODY_BYTES
 from deployments.ingress.auth import ApiKeyMiddleware, ApiKeys
 from deployments.ingress.edge import REQUEST_ID, BodyLimitMiddleware, RequestIdMiddleware
 from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
+from deployments.ingress.responses_store import ResponseStore
 
 logger = logging.getLogger("ray.serve.orchard")
 
@@ -129,6 +135,7 @@ def create_app(
     keys: ApiKeys | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     keepalive_s: float = KEEPALIVE_S,
+    responses: ResponseStore | None = None,
 ) -> FastAPI:
     app = FastAPI(title="Orchard", version="0.1.0")
     # The last added runs first: request id, then the key check, then the body limit (no body read before both).
@@ -137,6 +144,7 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     _install_error_handlers(app)
     app.include_router(openai_router(registry, keepalive_s))
+    app.include_router(responses_router(registry, responses or ResponseStore(), keepalive_s))
     app.include_router(anthropic_router(registry, keepalive_s))
     app.include_router(admin_router(registry, enable_admin))
     document_errors_as_sent(app)
@@ -173,6 +181,33 @@ def openai_router(registry: Registry, keepalive_s: float = KEEPALIVE_S) -> APIRo
         if entry is None:
             raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model")
         return _model_card(entry).dump()
+
+    return router
+
+
+def responses_router(
+    registry: Registry, responses: ResponseStore, keepalive_s: float = KEEPALIVE_S
+) -> APIRouter:
+    """OpenAI's Responses API on the chat path; stored responses live in this ingress (ingress/responses_store.py)."""
+    router = APIRouter()
+
+    @router.post("/v1/responses", responses={**EVENT_STREAM, **error_responses(GENERATION)})
+    async def create_response(body: ResponsesRequest) -> Response:
+        response_id = f"resp_{uuid.uuid4().hex}"
+        history = responses.history(body.previous_response_id) if body.previous_response_id else []
+        request = responses_job(body, history, response_id, REQUEST_ID.get())
+        store = partial(responses.put, input_items=request.items, previous_id=body.previous_response_id)
+        renderer = ResponsesRenderer(response_shell(body, request.tools, response_id), store if body.stores else None)
+        return await _generation_response(registry, body.model, request.job, renderer, keepalive_s)
+
+    @router.get("/v1/responses/{response_id}", responses=error_responses(STORED_RESPONSE))
+    async def get_response(response_id: str) -> dict[str, Any]:
+        return responses.get(response_id)
+
+    @router.delete("/v1/responses/{response_id}", responses=error_responses(STORED_RESPONSE))
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        responses.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
 
     return router
 

@@ -1,0 +1,270 @@
+"""Responses API request bodies -> the neutral GenerateJob chat completions use (ChatPrompt + SamplingParams).
+
+The item list becomes chat-template messages: `instructions` and leading system / developer messages are one
+system message, consecutive assistant-side items (reasoning, assistant text, function calls) one assistant turn
+with `reasoning_content` and `tool_calls`, each function_call_output a `tool` message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments.api.responses_schemas import (
+    AllowedToolsChoice,
+    ContentPart,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionChoice,
+    FunctionTool,
+    InputItem,
+    InputTextPart,
+    MediaPart,
+    MessageItem,
+    OutputTextPart,
+    ReasoningItem,
+    RefusalPart,
+    ResponsesRequest,
+    TextFormatJsonObject,
+    TextFormatJsonSchema,
+    UnknownItem,
+    UnknownPart,
+    UnsupportedItem,
+)
+from deployments.api.unknown_fields import accept_unknown_type
+from deployments.model_calls import ChatPrompt, GenerateJob, ToolChoiceMode
+from engine.errors import InvalidRequestError
+from engine.sampling.guided import GuidedDecoding
+from engine.sampling.params import SamplingParams
+
+# Built-in search tools: accepted and not offered to the model, since Codex sends {"type": "web_search"} by default
+# (web_search = "cached") and a model without the tool still answers. Every other built-in tool is refused.
+IGNORED_TOOL_TYPES = {"web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"}
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+_EFFORT_FOR_TEMPLATES = {"none": "low", "minimal": "low", "xhigh": "high", "max": "high"}  # gpt-oss knows 3 levels
+
+
+@dataclass
+class ResponsesJob:
+    job: GenerateJob
+    items: list[InputItem]  # this request's own input, which the store keeps for a later previous_response_id
+    tools: list[dict[str, Any]]  # the function tools, as Responses echoes them
+
+
+def responses_job(body: ResponsesRequest, history: list[InputItem], request_id: str, log_id: str) -> ResponsesJob:
+    """`history`: the items of the previous_response_id chain (inputs and outputs), before this request's."""
+    if body.background:
+        raise InvalidRequestError("'background': background responses are not supported: stream instead",
+                                  param="background")
+    own = [MessageItem(role="user", content=body.input)] if isinstance(body.input, str) else list(body.input)
+    _refuse_unrenderable(own)
+    functions = _offered_tools(body)
+    mode, name, offered = _tool_choice(body, functions)
+    messages = template_messages(body.instructions, history + own)
+    if not any(m["role"] != "system" for m in messages):
+        raise InvalidRequestError("'input' holds no message to answer", param="input")
+    template_kwargs: dict[str, Any] = {}
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    if effort is not None:
+        template_kwargs["enable_thinking"] = effort not in ("none", "minimal")
+        template_kwargs["reasoning_effort"] = _EFFORT_FOR_TEMPLATES.get(effort, effort)
+    chat_tools = [{"type": "function", "function": _function(t)} for t in offered]
+    prompt = ChatPrompt(
+        messages=messages,
+        tools=chat_tools or None,
+        template_kwargs=template_kwargs,
+        tool_choice=mode,
+        tool_name=name,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+    )
+    job = GenerateJob(request_id, prompt, _sampling(body), stream=body.stream, log_id=log_id)
+    return ResponsesJob(job, own, [_echo_tool(t) for t in functions])
+
+
+def _sampling(body: ResponsesRequest) -> SamplingParams:
+    logprobs = LOGPROBS_INCLUDE in (body.include or ())
+    return SamplingParams(
+        max_tokens=body.max_output_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        logprobs=logprobs,
+        top_logprobs=(body.top_logprobs or 0) if logprobs else 0,
+        guided=_guided(body),
+    )
+
+
+def _guided(body: ResponsesRequest) -> GuidedDecoding | None:
+    fmt = body.text.format if body.text is not None else None
+    if isinstance(fmt, TextFormatJsonObject):
+        return GuidedDecoding("json_object", "", param="text.format")
+    if isinstance(fmt, TextFormatJsonSchema):
+        return GuidedDecoding("json_schema", json.dumps(fmt.schema_), param="text.format")
+    return None
+
+
+# ---- tools ---------------------------------------------------------------------------------------
+def _offered_tools(body: ResponsesRequest) -> list[FunctionTool]:
+    offered = []
+    for index, tool in enumerate(body.tools or ()):
+        if isinstance(tool, FunctionTool):
+            offered.append(tool)
+        elif tool.type in IGNORED_TOOL_TYPES:
+            accept_unknown_type("responses", "tool", tool.type)  # logged once, counted: not offered
+        else:
+            raise InvalidRequestError(
+                f"'tools[{index}]': built-in tools of type '{tool.type}' are not supported (Orchard runs no tools "
+                "itself): give it as a function tool", param=f"tools[{index}].type")
+    return offered
+
+
+def _tool_choice(
+    body: ResponsesRequest, offered: list[FunctionTool]
+) -> tuple[ToolChoiceMode, str | None, list[FunctionTool]]:
+    """(mode, function name, the tools to offer): allowed_tools narrows the tools."""
+    choice = body.tool_choice
+    if choice is None or choice in ("auto", "none"):
+        return ("auto" if choice is None else choice), None, offered  # type: ignore[return-value]
+    names = [t.name for t in offered]
+    if not offered:
+        raise InvalidRequestError("'tool_choice' requires function tools in 'tools'", param="tool_choice")
+    if choice == "required":
+        return "required", None, offered
+    if isinstance(choice, FunctionChoice):
+        if choice.name not in names:
+            raise InvalidRequestError(
+                f"'tool_choice' names the function '{choice.name}', which is not in 'tools'", param="tool_choice")
+        return "function", choice.name, offered
+    if isinstance(choice, AllowedToolsChoice):
+        allowed = {ref.name for ref in choice.tools if ref.type == "function"}
+        if unknown := sorted(allowed - set(names)):
+            raise InvalidRequestError(f"'tool_choice.tools' names functions not in 'tools': {', '.join(unknown)}",
+                                      param="tool_choice.tools")
+        if not allowed:
+            raise InvalidRequestError("'tool_choice.tools' allows no function tool", param="tool_choice.tools")
+        return choice.mode, None, [t for t in offered if t.name in allowed]
+    raise InvalidRequestError(f"'tool_choice' of type '{choice.type}' names a built-in tool, which is not supported",
+                              param="tool_choice")
+
+
+def _function(tool: FunctionTool) -> dict[str, Any]:
+    parameters = tool.parameters or {"type": "object", "properties": {}}
+    function: dict[str, Any] = {"name": tool.name, "parameters": parameters}
+    if tool.description is not None:
+        function["description"] = tool.description
+    return function
+
+
+def _echo_tool(tool: FunctionTool) -> dict[str, Any]:
+    return {"type": "function", "name": tool.name, "description": tool.description, "parameters": tool.parameters,
+            "strict": tool.strict}
+
+
+# ---- items -> template messages ---------------------------------------------------------------------
+def _refuse_unrenderable(items: list[InputItem]) -> None:
+    """Refuse what a text model here cannot see (named by its place in this request's input); ignore new types."""
+    for index, item in enumerate(items):
+        if isinstance(item, UnsupportedItem):
+            raise InvalidRequestError(
+                f"'input[{index}]': items of type '{item.type}' (a built-in tool's or another server's) are not "
+                "supported", param=f"input[{index}].type")
+        if isinstance(item, UnknownItem):
+            accept_unknown_type("responses", "input item", item.type)
+        parts = item.content if isinstance(item, MessageItem) else (
+            item.output if isinstance(item, FunctionCallOutputItem) else None)
+        where = "content" if isinstance(item, MessageItem) else "output"
+        for number, part in enumerate(parts if isinstance(parts, list) else ()):
+            if isinstance(part, MediaPart):
+                raise InvalidRequestError(
+                    f"'input[{index}].{where}[{number}]': '{part.type}' content needs a multimodal model, which "
+                    "Orchard does not serve yet", param=f"input[{index}].{where}[{number}]")
+            if isinstance(part, UnknownPart):
+                accept_unknown_type("responses", "content part", part.type)
+
+
+@dataclass
+class _AssistantTurn:
+    texts: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def message(self) -> dict[str, Any]:
+        rendered: dict[str, Any] = {"role": "assistant", "content": "\n".join(self.texts)}
+        if self.reasoning:
+            rendered["reasoning_content"] = "\n".join(self.reasoning)  # templates that show past reasoning
+        if self.tool_calls:
+            rendered["tool_calls"] = self.tool_calls
+        return rendered
+
+
+def template_messages(instructions: str | None, items: list[InputItem]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    turn: _AssistantTurn | None = None
+    names: dict[str, str] = {}  # call_id -> function name, for templates that name tool results
+    for item in items:
+        if isinstance(item, (ReasoningItem, FunctionCallItem)) or (
+                isinstance(item, MessageItem) and item.role == "assistant"):
+            # Text or reasoning after a call starts a new turn: a template writes a turn's calls last.
+            if turn is not None and turn.tool_calls and not isinstance(item, FunctionCallItem):
+                messages.append(turn.message())
+                turn = None
+            turn = turn or _AssistantTurn()
+            _add_to_turn(turn, item, names)
+            continue
+        if turn is not None:
+            messages.append(turn.message())
+            turn = None
+        if isinstance(item, MessageItem):
+            role = "user" if item.role == "user" else "system"  # templates rarely know 'developer'
+            messages.append({"role": role, "content": _text(item.content)})
+        elif isinstance(item, FunctionCallOutputItem):
+            result = {"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)}
+            if item.call_id in names:
+                result["name"] = names[item.call_id]
+            messages.append(result)
+    if turn is not None:
+        messages.append(turn.message())
+    return _one_leading_system_message(messages)
+
+
+def _add_to_turn(turn: _AssistantTurn, item: InputItem, names: dict[str, str]) -> None:
+    if isinstance(item, ReasoningItem):
+        parts = item.content or item.summary  # the reasoning itself, else its summary
+        text = "\n".join(p.text for p in parts)
+        if text:
+            turn.reasoning.append(text)
+    elif isinstance(item, FunctionCallItem):
+        names[item.call_id] = item.name
+        turn.tool_calls.append({"id": item.call_id, "type": "function",
+                                "function": {"name": item.name, "arguments": _arguments(item.arguments)}})
+    elif isinstance(item, MessageItem):
+        turn.texts.append(_text(item.content))
+
+
+def _one_leading_system_message(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Instructions and the developer messages after them as one system message: many templates take only
+    messages[0] as the system prompt (Codex sends instructions, then developer messages)."""
+    count = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    if count < 2:
+        return messages
+    joined = "\n\n".join(m["content"] for m in messages[:count])
+    return [{"role": "system", "content": joined}, *messages[count:]]
+
+
+def _text(content: str | list[ContentPart]) -> str:
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in content:
+        if isinstance(part, (InputTextPart, OutputTextPart)):
+            texts.append(part.text)
+        elif isinstance(part, RefusalPart):
+            texts.append(part.refusal)
+    return "\n".join(texts)
+
+
+def _arguments(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments  # templates print it as given
