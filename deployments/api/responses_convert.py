@@ -22,6 +22,7 @@ from deployments.api.responses_schemas import (
     InputTextPart,
     MediaPart,
     MessageItem,
+    NamespaceTool,
     OutputTextPart,
     ReasoningItem,
     RefusalPart,
@@ -50,6 +51,7 @@ class ResponsesJob:
     job: GenerateJob
     items: list[InputItem]  # this request's own input, which the store keeps for a later previous_response_id
     tools: list[dict[str, Any]]  # the function tools, as Responses echoes them
+    namespaces: dict[str, str]  # function name -> its namespace, for functions given in a namespace tool
 
 
 def responses_job(body: ResponsesRequest, history: list[InputItem], request_id: str, log_id: str) -> ResponsesJob:
@@ -59,7 +61,7 @@ def responses_job(body: ResponsesRequest, history: list[InputItem], request_id: 
                                   param="background")
     own = [MessageItem(role="user", content=body.input)] if isinstance(body.input, str) else list(body.input)
     _refuse_unrenderable(own)
-    functions = _offered_tools(body)
+    functions, namespaces = _offered_tools(body)
     mode, name, offered = _tool_choice(body, functions)
     messages = template_messages(body.instructions, history + own)
     if not any(m["role"] != "system" for m in messages):
@@ -79,7 +81,7 @@ def responses_job(body: ResponsesRequest, history: list[InputItem], request_id: 
         parallel_tool_calls=body.parallel_tool_calls is not False,
     )
     job = GenerateJob(request_id, prompt, _sampling(body), stream=body.stream, log_id=log_id)
-    return ResponsesJob(job, own, [_echo_tool(t) for t in functions])
+    return ResponsesJob(job, own, _echo_tools(body, functions), namespaces)
 
 
 def _sampling(body: ResponsesRequest) -> SamplingParams:
@@ -104,18 +106,36 @@ def _guided(body: ResponsesRequest) -> GuidedDecoding | None:
 
 
 # ---- tools ---------------------------------------------------------------------------------------
-def _offered_tools(body: ResponsesRequest) -> list[FunctionTool]:
-    offered = []
+def _offered_tools(body: ResponsesRequest) -> tuple[list[FunctionTool], dict[str, str]]:
+    """The function tools, those of namespaces too, and each namespaced function's namespace (one name space for
+    all: the model calls a function by its name alone)."""
+    offered: list[FunctionTool] = []
+    namespaces: dict[str, str] = {}
     for index, tool in enumerate(body.tools or ()):
+        if isinstance(tool, NamespaceTool):
+            grouped = _functions(tool.tools, f"tools[{index}].tools")
+            namespaces.update((function.name, tool.name) for function in grouped)
+            offered += grouped
+        else:
+            offered += _functions([tool], "tools", first_index=index)
+    names = [function.name for function in offered]
+    if duplicate := next((name for name in names if names.count(name) > 1), None):
+        raise InvalidRequestError(f"'tools' holds two functions named '{duplicate}'", param="tools")
+    return offered, namespaces
+
+
+def _functions(tools: list[Any], where: str, first_index: int = 0) -> list[FunctionTool]:
+    functions = []
+    for index, tool in enumerate(tools, first_index):
         if isinstance(tool, FunctionTool):
-            offered.append(tool)
+            functions.append(tool)
         elif tool.type in IGNORED_TOOL_TYPES:
             accept_unknown_type("responses", "tool", tool.type)  # logged once, counted: not offered
         else:
             raise InvalidRequestError(
-                f"'tools[{index}]': built-in tools of type '{tool.type}' are not supported (Orchard runs no tools "
-                "itself): give it as a function tool", param=f"tools[{index}].type")
-    return offered
+                f"'{where}[{index}]': built-in tools of type '{tool.type}' are not supported (Orchard runs no tools "
+                "itself): give it as a function tool", param=f"{where}[{index}].type")
+    return functions
 
 
 def _tool_choice(
@@ -158,6 +178,19 @@ def _function(tool: FunctionTool) -> dict[str, Any]:
 def _echo_tool(tool: FunctionTool) -> dict[str, Any]:
     return {"type": "function", "name": tool.name, "description": tool.description, "parameters": tool.parameters,
             "strict": tool.strict}
+
+
+def _echo_tools(body: ResponsesRequest, functions: list[FunctionTool]) -> list[dict[str, Any]]:
+    """Function tools and namespaces of them, as given (built-in tools not offered are not echoed)."""
+    offered = {id(function) for function in functions}
+    echoed = []
+    for tool in body.tools or ():
+        if isinstance(tool, NamespaceTool):
+            grouped = [_echo_tool(t) for t in tool.tools if id(t) in offered]
+            echoed.append({"type": "namespace", "name": tool.name, "description": tool.description, "tools": grouped})
+        elif id(tool) in offered:
+            echoed.append(_echo_tool(tool))
+    return echoed
 
 
 # ---- items -> template messages ---------------------------------------------------------------------

@@ -33,9 +33,12 @@ class ResponseShell:
     created_at: int
     model: str
     echo: dict[str, Any]  # the request's settings, echoed as OpenAI does (instructions, tools, text, ...)
+    namespaces: dict[str, str] = field(default_factory=dict)  # function name -> its namespace tool's name
 
 
-def response_shell(body: ResponsesRequest, tools: list[dict[str, Any]], response_id: str) -> ResponseShell:
+def response_shell(
+    body: ResponsesRequest, tools: list[dict[str, Any]], response_id: str, namespaces: dict[str, str] | None = None
+) -> ResponseShell:
     choice = body.tool_choice
     text = body.text
     echo = {
@@ -63,7 +66,7 @@ def response_shell(body: ResponsesRequest, tools: list[dict[str, Any]], response
         "safety_identifier": body.safety_identifier,
         "service_tier": "default",
     }
-    return ResponseShell(response_id, int(time.time()), body.model, echo)
+    return ResponseShell(response_id, int(time.time()), body.model, echo, namespaces or {})
 
 
 def response_object(shell: ResponseShell, status: str, output: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
@@ -93,6 +96,7 @@ class OutputBuilder:
     """Output items from chunks. The last item is open while `_open` names its kind; the events carry copies."""
 
     items: list[dict[str, Any]] = field(default_factory=list)
+    namespaces: dict[str, str] = field(default_factory=dict)  # function name -> namespace, told in its calls
     _open: str | None = None  # "reasoning" | "message" | "function_call"
 
     def feed(self, chunk: StreamChunk) -> list[Event]:
@@ -165,6 +169,8 @@ class OutputBuilder:
             call_id = call.id or _new_id("call")
             item = {"id": "fc_" + call_id.removeprefix("call_"), "type": "function_call", "status": "in_progress",
                     "arguments": "", "call_id": call_id, "name": call.name or ""}
+            if call.name in self.namespaces:
+                item["namespace"] = self.namespaces[call.name]
             events += self._add("function_call", item)
         if call.arguments:
             self.items[-1]["arguments"] += call.arguments
@@ -207,13 +213,13 @@ class ResponsesRenderer:
     def __init__(self, shell: ResponseShell, on_final: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._shell = shell
         self._on_final = on_final
-        self._builder = OutputBuilder()
+        self._builder = OutputBuilder(namespaces=self._shell.namespaces)
         self._sequence = 0
         self._started = False
 
     def completion(self, total: StreamChunk) -> dict[str, Any]:
         assert total.finish is not None
-        builder = OutputBuilder()
+        builder = OutputBuilder(namespaces=self._shell.namespaces)
         builder.feed(total)
         builder.close(_item_status(total.finish))
         return self._final(total.finish, builder.items)

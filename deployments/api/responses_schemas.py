@@ -166,9 +166,26 @@ class HostedTool(_Lenient):
     type: str
 
 
-Tool = Annotated[
+GroupedTool = Annotated[
     Annotated[FunctionTool, Tag("function")] | Annotated[HostedTool, Tag("unknown")],
     Discriminator(_by_type({"function"})),
+]
+
+
+class NamespaceTool(_Lenient):
+    """Tools grouped under a name (Codex sends its multi-agent tools and each MCP server's tools so, on every
+    request): their functions are offered as functions, and a call to one comes back with its `namespace`."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    tools: list[GroupedTool] = Field(default_factory=list, max_length=MAX_TOOLS)
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[HostedTool, Tag("unknown")],
+    Discriminator(_by_type({"function", "namespace"})),
 ]
 
 

@@ -197,7 +197,7 @@ def responses_router(
         history = responses.history(body.previous_response_id) if body.previous_response_id else []
         request = responses_job(body, history, response_id, REQUEST_ID.get())
         store = partial(responses.put, input_items=request.items, previous_id=body.previous_response_id)
-        renderer = ResponsesRenderer(response_shell(body, request.tools, response_id), store if body.stores else None)
+        renderer = ResponsesRenderer(response_shell(body, request.tools, response_id, request.namespaces), store if body.stores else None)
         return await _generation_response(registry, body.model, request.job, renderer, keepalive_s)
 
     @router.get("/v1/responses/{response_id}", responses=error_responses(STORED_RESPONSE))

@@ -304,6 +304,32 @@ def test_two_round_tool_loop_through_previous_response_id(model):
     assert second.output_text == resent.output_text
 
 
+def test_functions_in_a_namespace_are_offered_and_their_calls_name_it(model):
+    """Codex groups tools in namespace tools on every request (its multi-agent tools, each MCP server's): their
+    functions are offered, a call to one tells its namespace (streamed and whole), and two functions of one name
+    are refused."""
+    grouped = [{"type": "namespace", "name": "weather_v1", "description": "Weather tools", "tools": TOOLS}]
+    forced = {**GREEDY, "input": QUESTION, "tools": grouped, "tool_choice": "required", "max_output_tokens": 80}
+
+    async def scenario():
+        async with client_and_stack(model) as (client, stack):
+            whole = await client.responses.create(**forced)
+            streamed = await stack.http.post("/v1/responses", json={**forced, "stream": True})
+            twice = await stack.http.post("/v1/responses", json={**forced, "tools": [*TOOLS, *grouped]})
+            return whole, streamed, twice
+
+    whole, streamed, twice = asyncio.run(scenario())
+    call = whole.output[0]
+    assert (call.type, call.name, call.namespace) == ("function_call", "get_weather", "weather_v1")
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    assert whole.tools[0].type == "namespace" and [t.name for t in whole.tools[0].tools] == ["get_weather"]
+    events = named_events(streamed.text)
+    added = next(e["item"] for e in events if e["type"] == "response.output_item.added")
+    assert (added["name"], added["namespace"]) == ("get_weather", "weather_v1")
+    assert twice.status_code == 400 and twice.json()["error"]["param"] == "tools"
+    assert "two functions named 'get_weather'" in twice.json()["error"]["message"]
+
+
 def test_tools_on_a_model_whose_template_has_none(model):
     """SmolLM2's own ChatML template has no tool format: the generic one (deployments/chat) carries the loop."""
     plain = model.model_copy(update={"model_id": "tiny/plain", "chat_template_file": None})
