@@ -282,13 +282,14 @@ async def _whole(first: StreamChunk, chunks: ChunkReader) -> StreamChunk:
 async def _sse_body(
     first: StreamChunk, chunks: ChunkReader, renderer: Renderer, keepalive_s: float = KEEPALIVE_S
 ) -> AsyncIterator[str]:
-    """The stream's events. While the request waits in the engine's queue: SSE comments (bytes for clients' idle
-    timers, no API event yet), at once and every keepalive_s. The opening event at admission (the prefix-cache
-    hit is known then), or with the first output; then each chunk's, with a keep-alive after every keepalive_s
-    without one."""
+    """The stream's events. While the request waits in the engine's queue (headers are out): an SSE comment after
+    every keepalive_s (bytes for clients' idle timers, no API event yet). The opening event at admission (the
+    prefix-cache hit is known then), or with the first output; then each chunk's, with a keep-alive after every
+    keepalive_s without one."""
     chunk: StreamChunk | None = first
     while chunk is None or _queued_only(chunk):
-        yield SSE_KEEPALIVE
+        if chunk is None:
+            yield SSE_KEEPALIVE
         chunk = await chunks.next(keepalive_s)
     text = renderer.sse_start(chunk) if chunk.error is None else ""
     while True:

@@ -186,7 +186,7 @@ async def _with_slot_held(stack, stream_while_held):
         await held.aclose()
 
 
-def test_a_queued_request_gets_headers_and_comments_at_once_and_its_opening_at_admission(tiny_models):
+def test_a_queued_request_gets_headers_at_once_comments_while_it_waits_and_its_opening_at_admission(tiny_models):
     """Waiting for a decode slot (here: behind an endless request; on a slow machine: behind a long prefill), the
     stream is open (bytes for the client's first-byte and idle timers) but sends no API event until it is taken in:
     message_start must tell the prefix-cache split, known only then."""
