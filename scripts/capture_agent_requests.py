@@ -104,11 +104,13 @@ def anthropic_events(blocks: list[dict[str, Any]], stop: str, message: dict[str,
         if block["type"] == "text":
             start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
         else:
-            start, delta = {**block, "input": {}}, {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+            start = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
         events.append(sse("content_block_start", {"type": "content_block_start", "index": i, "content_block": start}))
         events.append(sse("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}))
         events.append(sse("content_block_stop", {"type": "content_block_stop", "index": i}))
-    final = {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 9}}
+    final = {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+             "usage": {"output_tokens": 9}}
     return events + [sse("message_delta", final), sse("message_stop", {"type": "message_stop"})]
 
 
@@ -120,8 +122,9 @@ def shell_call(standin: StandIn, body: dict[str, Any]) -> dict[str, Any] | None:
                  "shell_command": {"command": "echo hi"}}
     for tool in body.get("tools") or []:
         if tool.get("type") == "function" and tool.get("name") in arguments:
-            return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": f"call_{uuid.uuid4().hex[:24]}",
-                    "name": tool["name"], "arguments": json.dumps(arguments[tool["name"]]), "status": "completed"}
+            return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}",
+                    "call_id": f"call_{uuid.uuid4().hex[:24]}", "name": tool["name"],
+                    "arguments": json.dumps(arguments[tool["name"]]), "status": "completed"}
     return None
 
 
@@ -150,7 +153,8 @@ def responses_events(standin: StandIn, body: dict[str, Any]) -> list[bytes]:
     if call is not None:
         emit("response.output_item.added", output_index=index, item={**call, "arguments": "", "status": "in_progress"})
         emit("response.function_call_arguments.delta", item_id=call["id"], output_index=index, delta=call["arguments"])
-        emit("response.function_call_arguments.done", item_id=call["id"], output_index=index, arguments=call["arguments"])
+        emit("response.function_call_arguments.done", item_id=call["id"], output_index=index,
+             arguments=call["arguments"])
         item = call
     else:
         msg_id, part = f"msg_{uuid.uuid4().hex[:24]}", {"type": "output_text", "text": "", "annotations": []}
@@ -265,7 +269,7 @@ def capture(scenario: Scenario, bin_dir: Path, out: Path) -> None:
         with tempfile.TemporaryDirectory(prefix="agent-home-") as home, tempfile.TemporaryDirectory() as work:
             env = agent_env(scenario, Path(home), f"http://127.0.0.1:{server.server_address[1]}")
             for args in scenario.commands:
-                done = subprocess.run([binary, *args], env=env, cwd=work, stdin=subprocess.DEVNULL,
+                done = subprocess.run([binary, *args], check=False, env=env, cwd=work, stdin=subprocess.DEVNULL,
                                       capture_output=True, text=True, timeout=180)
                 print(f"== {scenario.agent}/{scenario.name}: {' '.join(args)} -> exit {done.returncode}")
                 print(done.stdout.strip()[-2000:])
