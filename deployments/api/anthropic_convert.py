@@ -230,7 +230,7 @@ def _assistant_message(message: Message, index: int) -> dict[str, Any]:
     if isinstance(message.content, str):
         return {"role": "assistant", "content": message.content}
     texts, reasoning, calls = [], [], []
-    for block in message.content:
+    for position, block in enumerate(message.content):
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ThinkingBlock):
@@ -240,7 +240,7 @@ def _assistant_message(message: Message, index: int) -> dict[str, Any]:
         elif isinstance(block, RedactedThinkingBlock):
             continue  # encrypted by another provider: nothing a local model can read
         else:
-            _refuse_block(block, f"messages.{index}.content")
+            _refuse_block(block, f"messages.{index}.content.{position}")
     rendered: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if reasoning:
         rendered["reasoning_content"] = "\n\n".join(reasoning)

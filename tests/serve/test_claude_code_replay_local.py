@@ -170,3 +170,38 @@ def test_a_captured_body_with_its_own_max_tokens_is_answered(chatml):
     assert message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0) == prompt_tokens
     assert message.usage.output_tokens <= 8
     assert message.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_claude_code_shapes_over_http(chatml):
+    """Structured output through output_config.format, and refusals in Anthropic's error shape naming the field."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    base = {"model": MODEL, "max_tokens": 40, "messages": [{"role": "user", "content": "Are you ok?"}]}
+    png = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    refusals = {
+        "tools.0.input_schema": {**base, "tools": [{"name": "f"}]},
+        "tool_choice.name": {**base, "tools": [{"type": "web_search_20250305", "name": "web_search"}, {
+            "name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "tool", "name": "web_search"}},
+        "messages.2.content.0.content.0": {**base, "messages": [
+            *base["messages"],
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [png]}]}]},
+    }
+
+    async def scenario():
+        async with local_stack([chatml]) as stack:
+            answer = await stack.http.post("/v1/messages", json={
+                **base, "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": schema}}})
+            refused = {param: await stack.http.post("/v1/messages", json=body) for param, body in refusals.items()}
+            return answer, refused
+
+    answer, refused = asyncio.run(scenario())
+    assert answer.status_code == 200, answer.text
+    message = Message.model_validate(answer.json())
+    assert message.stop_reason == "end_turn"
+    assert json.loads(message.content[0].text) in ({"ok": True}, {"ok": False})
+    for param, response in refused.items():
+        assert response.status_code == 400, (param, response.text)
+        error = response.json()
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+        assert param in error["error"]["message"], error
