@@ -47,6 +47,9 @@ SCENARIOS = [
     Scenario("claude_code", "tool_loop", [["-p", "run echo hi in the shell", "--allowedTools", "Bash"]], tool=True),
     Scenario("claude_code", "custom_model_hello", [["-p", "say hello"]], claude_model=True),
     Scenario("claude_code", "context_count_tokens", [["-p", "/context"]]),
+    Scenario("claude_code", "minimal_hello", [[
+        "--bare", "--tools", "", "--system-prompt", "You are a helpful assistant.", "-p", "say hello",
+    ]], claude_model=True),
     Scenario("codex", "hello", [["exec", "--skip-git-repo-check", "say hello"]]),
     Scenario("codex", "tool_loop", [["exec", "--skip-git-repo-check", "run echo hi in the shell"]], tool=True),
     Scenario(
@@ -264,7 +267,7 @@ def capture(scenario: Scenario, bin_dir: Path, out: Path) -> None:
     standin = StandIn(folder, scenario.tool, scenario.reasoning)
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(standin))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    binary = str(bin_dir / ("claude" if scenario.agent == "claude_code" else "codex"))
+    binary = str(bin_dir.resolve() / ("claude" if scenario.agent == "claude_code" else "codex"))
     try:
         with tempfile.TemporaryDirectory(prefix="agent-home-") as home, tempfile.TemporaryDirectory() as work:
             env = agent_env(scenario, Path(home), f"http://127.0.0.1:{server.server_address[1]}")

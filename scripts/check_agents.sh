@@ -13,7 +13,8 @@
 # A check fails on a non-zero exit, a timeout (AGENT_TIMEOUT_S, 900 s: the 2-core test machine prefilled SmolLM2 at
 # ~10 tokens/s, and Claude Code's prompt is ~4,100 tokens), or "API Error" / "ERROR" in the output.
 # Claude Code's replies are capped at AGENT_MAX_OUTPUT_TOKENS (256; CLAUDE_CODE_MAX_OUTPUT_TOKENS); Codex sends no
-# cap, so the server's default_max_tokens applies.
+# cap, so the server's default_max_tokens applies. AGENT_PROMPT=minimal: Claude Code without its system prompt and
+# tools (for slow CPUs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLAUDE_CODE_VERSION=2.1.332
@@ -91,7 +92,11 @@ check_claude() (
   export HOME ANTHROPIC_BASE_URL="$ORCHARD_URL" ANTHROPIC_API_KEY="${ORCHARD_API_KEY:-unused}" \
     ANTHROPIC_MODEL="$MODEL" ANTHROPIC_SMALL_FAST_MODEL="$MODEL" ANTHROPIC_DEFAULT_HAIKU_MODEL="$MODEL" \
     CLAUDE_CODE_MAX_OUTPUT_TOKENS="$AGENT_MAX_OUTPUT_TOKENS" CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1
-  cd "$HOME" && run_agent claude "$BIN/claude" -p "say hello"
+  local slim=()
+  # Claude Code's own prompt is ~4,100 tokens (~12,400 with its tools described), minutes of prefill on a CPU:
+  # AGENT_PROMPT=minimal sends the same request fields with a one-line system prompt and no tools.
+  [ "${AGENT_PROMPT:-full}" = minimal ] && slim=(--bare --tools "" --system-prompt "You are a helpful assistant.")
+  cd "$HOME" && run_agent claude "$BIN/claude" "${slim[@]}" -p "say hello"
 )
 
 check_codex() (

@@ -93,7 +93,7 @@ def assert_anthropic_event_order(events: list[dict]) -> None:
 
 def test_fixtures_hold_claude_codes_sequences():
     scenarios = {path.parent.name for path in CAPTURED}
-    assert {"hello", "tool_loop", "custom_model_hello", "context_count_tokens"} <= scenarios
+    assert {"hello", "tool_loop", "custom_model_hello", "context_count_tokens", "minimal_hello"} <= scenarios
     assert all(json.loads(p.read_text())["headers"]["user-agent"].startswith("claude-cli/2.1.332") for p in CAPTURED)
 
 
