@@ -3,13 +3,18 @@
 Content blocks become the OpenAI-style messages chat templates expect: tool_result blocks are
 `tool` messages, tool_use blocks an assistant's `tool_calls`, thinking blocks its
 `reasoning_content` (templates such as Qwen3's show it for the turns of the current tool loop).
+Text documents are read as text; images and PDFs need a multimodal model (a 400 naming the block).
+Only custom tools are offered to the model: Anthropic's own (web_search_20250305, ...) are accepted and left out,
+and a deferred one (`defer_loading`) joins once a tool result's `tool_reference` names it.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from engine.errors import InvalidRequestError
+from engine.sampling.guided import GuidedDecoding
 from engine.sampling.params import SamplingParams
 from deployments.api.anthropic_schemas import (
     DocumentBlock,
@@ -19,7 +24,8 @@ from deployments.api.anthropic_schemas import (
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
-    ToolChoice,
+    ToolDefinition,
+    ToolReferenceBlock,
     ToolResultBlock,
     ToolUseBlock,
     _MessagesFields,
@@ -28,21 +34,40 @@ from deployments.model_calls import ChatPrompt, GenerateJob, ToolChoiceMode
 
 
 def messages_job(body: MessagesRequest, request_id: str, log_id: str) -> GenerateJob:
+    prompt = chat_prompt(body)
     sampling = SamplingParams(
         max_tokens=body.max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
         stop=tuple(body.stop_sequences or ()),
+        guided=_output_format(body, forced_call=prompt.tool_choice in ("required", "function")),
     )
-    prompt = chat_prompt(body)
     return GenerateJob(request_id, prompt, sampling, stream=body.stream, log_id=log_id, clamp_max_tokens=True)
+
+
+def _output_format(body: MessagesRequest, forced_call: bool) -> GuidedDecoding | None:
+    """output_config.format (or the beta's top-level output_format): the text answer matches the JSON schema."""
+    from_config = body.output_config.format if body.output_config is not None else None
+    if from_config is not None and body.output_format is not None:
+        raise InvalidRequestError("Give 'output_config.format' or 'output_format', not both", param="output_format")
+    if from_config is not None:
+        fmt, param = from_config, "output_config.format"
+    else:
+        fmt, param = body.output_format, "output_format"
+    if fmt is None:
+        return None
+    if forced_call:  # both would constrain the same output
+        raise InvalidRequestError(
+            f"'{param}' cannot be combined with a tool_choice that forces a tool call", param=param
+        )
+    return GuidedDecoding("json_schema", json.dumps(fmt.schema_), param=param)
 
 
 def chat_prompt(body: _MessagesFields) -> ChatPrompt:
     """The prompt of a Messages (or count_tokens) body: both count the same tokens."""
-    tools = [_tool(t) for t in body.tools] if body.tools else None
-    mode, name, parallel = _tool_choice(body.tool_choice, tools)
+    tools = _offered_tools(body)
+    mode, name, parallel = _tool_choice(body, tools)
     template_kwargs: dict[str, Any] = {}
     if body.thinking is not None and body.thinking.type in ("enabled", "disabled"):
         template_kwargs["enable_thinking"] = body.thinking.type == "enabled"
@@ -57,16 +82,36 @@ def chat_prompt(body: _MessagesFields) -> ChatPrompt:
     )
 
 
-def _tool(tool: Any) -> dict[str, Any]:
-    function = {"name": tool.name, "parameters": tool.input_schema}
+def _offered_tools(body: _MessagesFields) -> list[dict[str, Any]] | None:
+    """The custom tools the model sees: not Anthropic's own, and a deferred one only once loaded or named."""
+    loaded = _referenced_tools(body)
+    if body.tool_choice is not None and body.tool_choice.name:
+        loaded.add(body.tool_choice.name)
+    offered = [
+        _tool(t) for t in body.tools or []
+        if t.custom and (not t.defer_loading or t.name in loaded)
+    ]
+    return offered or None
+
+
+def _referenced_tools(body: _MessagesFields) -> set[str]:
+    names = set()
+    for message in body.messages:
+        for block in message.content if isinstance(message.content, list) else ():
+            if isinstance(block, ToolResultBlock) and isinstance(block.content, list):
+                names.update(part.tool_name for part in block.content if isinstance(part, ToolReferenceBlock))
+    return names
+
+
+def _tool(tool: ToolDefinition) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
     if tool.description is not None:
         function["description"] = tool.description
     return {"type": "function", "function": function}
 
 
-def _tool_choice(
-    choice: ToolChoice | None, tools: list[dict[str, Any]] | None
-) -> tuple[ToolChoiceMode, str | None, bool]:
+def _tool_choice(body: _MessagesFields, tools: list[dict[str, Any]] | None) -> tuple[ToolChoiceMode, str | None, bool]:
+    choice = body.tool_choice
     if choice is None:
         return "auto", None, True
     parallel = not choice.disable_parallel_tool_use
@@ -76,6 +121,13 @@ def _tool_choice(
         raise InvalidRequestError(f"tool_choice '{choice.type}' requires 'tools' to be given", param="tool_choice")
     if choice.type == "any":
         return "required", None, parallel
+    anthropic_tool = next((t for t in body.tools or [] if not t.custom and t.name == choice.name), None)
+    if anthropic_tool is not None:
+        raise InvalidRequestError(
+            f"tool_choice.name '{choice.name}' is Anthropic's '{anthropic_tool.type}' tool, which this server cannot "
+            "run: only custom tools (with an input_schema) can be called",
+            param="tool_choice.name",
+        )
     names = [t["function"]["name"] for t in tools]
     if not choice.name or choice.name not in names:
         raise InvalidRequestError(
@@ -117,37 +169,68 @@ def _user_messages(message: Message, index: int) -> list[dict[str, Any]]:
         return [{"role": "user", "content": message.content}]
     out: list[dict[str, Any]] = []
     texts: list[str] = []
-    for block in message.content:
+    for position, block in enumerate(message.content):
+        param = f"messages.{index}.content.{position}"
         if isinstance(block, ToolResultBlock):
             if texts:
                 out.append({"role": "user", "content": "\n\n".join(texts)})
                 texts = []
-            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block, index)})
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block, param)})
         elif isinstance(block, TextBlock):
             texts.append(block.text)
+        elif isinstance(block, DocumentBlock):
+            texts.append(_document_text(block, param))
         else:
-            _refuse_block(block, index)
+            _refuse_block(block, param)
     if texts or not out:
         out.append({"role": "user", "content": "\n\n".join(texts)})
     return out
 
 
-def _tool_result_text(block: ToolResultBlock, index: int) -> str:
+def _tool_result_text(block: ToolResultBlock, param: str) -> str:
     if isinstance(block.content, str):
         text = block.content
     else:
-        for part in block.content:
-            if not isinstance(part, TextBlock):
-                _refuse_block(part, index)
-        text = "\n\n".join(part.text for part in block.content if isinstance(part, TextBlock))
+        parts = []
+        for position, part in enumerate(block.content):
+            if isinstance(part, TextBlock):
+                parts.append(part.text)
+            elif isinstance(part, DocumentBlock):
+                parts.append(_document_text(part, f"{param}.content.{position}"))
+            elif isinstance(part, ToolReferenceBlock):
+                parts.append(f"Tool '{part.tool_name}' loaded.")
+            else:
+                _refuse_block(part, f"{param}.content.{position}")
+        text = "\n\n".join(parts)
     return f"Error: {text}" if block.is_error else text
+
+
+def _document_text(block: DocumentBlock, param: str) -> str:
+    """A plain-text document (`text` source, or `content` holding text blocks) with its title and context."""
+    source = block.source
+    if source.get("type") == "text" and isinstance(source.get("data"), str):
+        body = source["data"]
+    elif source.get("type") == "content" and isinstance(source.get("content"), str):
+        body = source["content"]
+    elif source.get("type") == "content" and isinstance(source.get("content"), list) and all(
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        for part in source["content"]
+    ):
+        body = "\n\n".join(part["text"] for part in source["content"])
+    else:
+        raise InvalidRequestError(
+            f"Documents with a '{source.get('type')}' source (PDFs, URLs, files) need a document reader, which is not "
+            "supported yet: send the text as a 'text' source",
+            param=f"{param}.source",
+        )
+    return "\n\n".join(part for part in (block.title, block.context, body) if part)
 
 
 def _assistant_message(message: Message, index: int) -> dict[str, Any]:
     if isinstance(message.content, str):
         return {"role": "assistant", "content": message.content}
     texts, reasoning, calls = [], [], []
-    for block in message.content:
+    for position, block in enumerate(message.content):
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ThinkingBlock):
@@ -157,7 +240,7 @@ def _assistant_message(message: Message, index: int) -> dict[str, Any]:
         elif isinstance(block, RedactedThinkingBlock):
             continue  # encrypted by another provider: nothing a local model can read
         else:
-            _refuse_block(block, index)
+            _refuse_block(block, f"messages.{index}.content.{position}")
     rendered: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if reasoning:
         rendered["reasoning_content"] = "\n\n".join(reasoning)
@@ -166,12 +249,9 @@ def _assistant_message(message: Message, index: int) -> dict[str, Any]:
     return rendered
 
 
-def _refuse_block(block: Any, index: int) -> None:
-    if isinstance(block, (ImageBlock, DocumentBlock)):
+def _refuse_block(block: Any, param: str) -> None:
+    if isinstance(block, ImageBlock):
         raise InvalidRequestError(
-            f"Content blocks of type '{block.type}' need a multimodal model, which is not supported yet",
-            param=f"messages.{index}.content",
+            "Content blocks of type 'image' need a multimodal model, which is not supported yet", param=param
         )
-    raise InvalidRequestError(
-        f"Content blocks of type '{block.type}' are not allowed in this turn", param=f"messages.{index}.content"
-    )
+    raise InvalidRequestError(f"Content blocks of type '{block.type}' are not allowed in this turn", param=param)

@@ -2,11 +2,14 @@
 
 Known top-level fields are checked strictly; unknown ones are accepted and ignored (logged once, counted:
 api/unknown_fields.py), since Claude Code adds fields with its releases. Content blocks and tools ignore keys we do
-not use, so `cache_control`, `citations` and the like are accepted anywhere.
+not use, so `citations` and the like are accepted anywhere; `cache_control` is checked (`ephemeral`, ttl 5m / 1h) and
+needs nothing here (the prefix cache reuses any prompt prefix). Shapes are those Claude Code 2.1 sends
+(tests/fixtures/agents/claude_code).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -29,10 +32,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
 
+class CacheControl(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
 class _Block(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    cache_control: dict[str, Any] | None = None  # prompt caching hint: our prefix cache needs none
+    cache_control: CacheControl | None = None  # prompt caching hint: our prefix cache needs none
 
 
 class TextBlock(_Block):
@@ -46,8 +56,20 @@ class ImageBlock(_Block):
 
 
 class DocumentBlock(_Block):
+    """A document: plain text (`text` source) or text blocks (`content` source) are read as text; a PDF (`base64`),
+    `url` or `file` source needs a reader this server does not have (refused on conversion)."""
+
     type: Literal["document"]
     source: dict[str, Any]
+    title: str | None = None
+    context: str | None = None
+
+
+class ToolReferenceBlock(_Block):
+    """In a tool result (Claude Code's ToolSearch): the named deferred tool (`defer_loading`) is now offered."""
+
+    type: Literal["tool_reference"]
+    tool_name: str
 
 
 class ToolUseBlock(_Block):
@@ -60,7 +82,9 @@ class ToolUseBlock(_Block):
 class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[Annotated[Union[TextBlock, ImageBlock, DocumentBlock], Field(discriminator="type")]] = ""
+    content: str | list[
+        Annotated[Union[TextBlock, ImageBlock, DocumentBlock, ToolReferenceBlock], Field(discriminator="type")]
+    ] = ""
     is_error: bool = False
 
 
@@ -89,11 +113,35 @@ class Message(BaseModel):
     content: str | list[ContentBlock]
 
 
+# Anthropic's own tool types carry a date: web_search_20250305, web_fetch_20250910, bash_20250124, ...
+_ANTHROPIC_TOOL_TYPE = re.compile(r"[a-z][a-z0-9_]*_\d{8}|mcp_toolset")
+
+
 class ToolDefinition(_Block):
-    type: Literal["custom"] | None = None  # server tools (web_search, bash, ...) are not ours to run
-    name: str = Field(min_length=1, max_length=128)
+    """A custom tool (no type, or "custom") with its input_schema, or one of Anthropic's own tools (web search, code
+    execution, its bash / text editor, an MCP toolset), which Anthropic runs or shapes: accepted, never offered to
+    the model; a tool_choice naming one is refused."""
+
+    type: str | None = None
+    name: str | None = Field(None, min_length=1, max_length=128)  # an mcp_toolset has none
     description: str | None = None
-    input_schema: dict[str, Any]
+    input_schema: dict[str, Any] | None = None
+    # Loaded on demand: offered to the model once a tool result's tool_reference names it (Claude Code's ToolSearch).
+    defer_loading: bool = False
+
+    @property
+    def custom(self) -> bool:
+        return self.type in (None, "custom")
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str | None) -> str | None:
+        if value not in (None, "custom") and not _ANTHROPIC_TOOL_TYPE.fullmatch(value):
+            raise ValueError(
+                f"unknown tool type '{value}': give 'custom' (or no type) with an input_schema, "
+                "or one of Anthropic's tool types such as 'web_search_20250305'"
+            )
+        return value
 
 
 class ToolChoice(_Strict):
@@ -103,27 +151,46 @@ class ToolChoice(_Strict):
 
 
 class ThinkingConfig(BaseModel):
+    """`enabled` / `disabled` switch the chat template's thinking; `adaptive` (Claude Code's) leaves the template's
+    default. A budget is accepted and not enforced: the answer's max_tokens bounds the thinking."""
+
     model_config = ConfigDict(extra="ignore")
 
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = None
+    budget_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    display: str | None = None  # "summarized" / "omitted": how Anthropic shows its thinking
+
+
+class JsonSchemaFormat(BaseModel):
+    """Structured output: the answer's text is JSON matching `schema` (enforced by constrained decoding)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
 
 
 class OutputConfig(BaseModel):
-    """Claude Code sends {"effort": ...}: accepted (there is no effort knob here); a structured output `format`
-    is not honoured yet and is refused by name."""
+    """Claude Code sends {"effort": ...}: accepted (there is no effort knob here); `format` is structured output."""
 
     model_config = ConfigDict(extra="ignore")
 
     effort: str | None = None
-    format: Any = None
+    format: JsonSchemaFormat | None = None
 
-    @field_validator("format")
-    @classmethod
-    def _no_format(cls, value: Any) -> Any:
-        if value is not None:
-            raise InvalidRequestError("'output_config.format' is not supported yet", param="output_config.format")
-        return value
+
+class ContextEdit(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str  # clear_thinking_20251015, clear_tool_uses_20250919, ...
+
+
+class ContextManagement(BaseModel):
+    """Anthropic's server-side clearing of old thinking / tool results: accepted; the prompt is used whole here."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    edits: list[ContextEdit] = Field(default_factory=list)
 
 
 class _MessagesFields(BaseModel):
@@ -139,6 +206,8 @@ class _MessagesFields(BaseModel):
     # Ours (as on the OpenAI route): extra chat-template switches, e.g. {"enable_thinking": false}.
     chat_template_kwargs: dict[str, Any] | None = None
     output_config: OutputConfig | None = None
+    output_format: JsonSchemaFormat | None = None  # the structured-outputs beta's name for output_config.format
+    context_management: ContextManagement | None = None
 
     @model_validator(mode="after")
     def _unknown_fields(self) -> "_MessagesFields":
@@ -149,6 +218,15 @@ class _MessagesFields(BaseModel):
     @classmethod
     def _valid_unicode(cls, body: Any) -> Any:
         return refuse_invalid_unicode(body)
+
+    @field_validator("tools")
+    @classmethod
+    def _custom_tools_complete(cls, tools: list[ToolDefinition] | None) -> list[ToolDefinition] | None:
+        for index, tool in enumerate(tools or []):
+            for name in ("name", "input_schema"):
+                if tool.custom and getattr(tool, name) is None:
+                    raise InvalidRequestError(f"A custom tool needs '{name}'", param=f"tools.{index}.{name}")
+        return tools
 
     @field_validator("system")
     @classmethod
@@ -163,11 +241,10 @@ class MessagesRequest(_MessagesFields):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0, le=INT32_MAX)  # at or above the vocabulary: every token
     stream: bool = False
-    metadata: dict[str, Any] | None = None  # e.g. Claude Code's user_id: accepted, unused
+    metadata: dict[str, Any] | None = None  # e.g. Claude Code's user_id (a JSON string): accepted, unused
     # Accepted and unused: they concern Anthropic's own service.
     service_tier: str | None = None
     container: Any = None
-    context_management: Any = None
     mcp_servers: list[Any] | None = None
 
 
