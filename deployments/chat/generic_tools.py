@@ -22,6 +22,14 @@ _INTRO = (
     "You can call functions to help with the user's request. Each function is described by one JSON object "
     "inside <tools></tools>: its name, what it does, and the JSON schema of its arguments.\n<tools>\n"
 )
+_COMPACT_INTRO = (
+    "# Tools\n\n"
+    "You can call functions to help with the user's request. Each function is described by one JSON object "
+    "inside <tools></tools>: its name, what it does, and its arguments with their types (those marked "
+    "\"required\" must be given).\n<tools>\n"
+)
+# A compact description keeps this much of a function's description (its first sentence, at most).
+COMPACT_DESCRIPTION_CHARS = 200
 _HOW_TO_CALL = (
     "\n</tools>\n\n"
     "To call a function, reply with a JSON object holding its name and arguments inside <tool_call></tool_call> "
@@ -30,22 +38,62 @@ _HOW_TO_CALL = (
 )
 
 
-def tools_block(tools: list[dict[str, Any]], tool_choice: ToolChoiceMode, tool_name: str | None) -> str:
-    """The system-prompt text that lists `tools` (OpenAI-style definitions) and says how to call them."""
-    lines = []
-    for tool in tools:
-        function = tool["function"]
-        described = {"name": function["name"]}
-        if function.get("description"):
-            described["description"] = function["description"]
-        described["parameters"] = function.get("parameters") or {"type": "object", "properties": {}}
-        lines.append(json.dumps(described, ensure_ascii=False))
-    block = _INTRO + "\n".join(lines) + _HOW_TO_CALL
+def tools_block(
+    tools: list[dict[str, Any]], tool_choice: ToolChoiceMode, tool_name: str | None, compact: bool = False
+) -> str:
+    """The system-prompt text that lists `tools` (OpenAI-style definitions) and says how to call them. `compact`:
+    each function by its name, its description's first sentence and its parameters' names and types."""
+    describe = _compact if compact else _in_full
+    lines = [json.dumps(describe(tool["function"]), ensure_ascii=False) for tool in tools]
+    block = (_COMPACT_INTRO if compact else _INTRO) + "\n".join(lines) + _HOW_TO_CALL
     if tool_choice == "function":
         block += f"\nAnswer by calling the function {tool_name}."
     elif tool_choice == "required":
         block += "\nAnswer with a function call."
     return block
+
+
+def _in_full(function: dict[str, Any]) -> dict[str, Any]:
+    described = {"name": function["name"]}
+    if function.get("description"):
+        described["description"] = function["description"]
+    described["parameters"] = function.get("parameters") or {"type": "object", "properties": {}}
+    return described
+
+
+def _compact(function: dict[str, Any]) -> dict[str, Any]:
+    described = {"name": function["name"]}
+    if function.get("description"):
+        described["description"] = _first_sentence(function["description"])
+    parameters = function.get("parameters") or {}
+    required = set(parameters.get("required") or ())
+    described["arguments"] = {
+        key: _type_name(spec) + (", required" if key in required else "")
+        for key, spec in (parameters.get("properties") or {}).items()
+    }
+    return described
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(text.split())
+    end = next((i + 1 for i, c in enumerate(text) if c in ".!?" and (i + 1 == len(text) or text[i + 1] == " ")),
+               len(text))
+    text = text[:end]
+    return text if len(text) <= COMPACT_DESCRIPTION_CHARS else text[:COMPACT_DESCRIPTION_CHARS - 3] + "..."
+
+
+def _type_name(spec: Any) -> str:
+    """A JSON schema's type in a word or two: "string", "array of string", "one of: a, b", "any"."""
+    if not isinstance(spec, dict):
+        return "any"
+    if isinstance(spec.get("enum"), list):
+        return "one of: " + ", ".join(json.dumps(v, ensure_ascii=False) for v in spec["enum"][:8])
+    kind = spec.get("type")
+    if isinstance(kind, list):
+        return " or ".join(str(k) for k in kind)
+    if kind == "array":
+        return "array of " + _type_name(spec.get("items"))
+    return kind if isinstance(kind, str) else "any"
 
 
 def call_text(call: dict[str, Any]) -> str:

@@ -18,10 +18,15 @@ class EncodedPrompt:
 
 
 class PromptEncoder:
-    def __init__(self, tokenizer: Any, tools_in_system_prompt: bool = False) -> None:
+    def __init__(
+        self, tokenizer: Any, tools_in_system_prompt: bool = False, tools_token_budget: int | None = None
+    ) -> None:
         self._tokenizer = tokenizer
         # The generic tool format (chat/generic_tools.py): the template is never given tools or tool turns.
         self._tools_in_system_prompt = tools_in_system_prompt
+        # Tools described in full would take more tokens than this: they are described compactly (Claude Code's
+        # take 8,500 tokens in full, more than a small model's whole context).
+        self._tools_token_budget = tools_token_budget
 
     def token_ids(self, prompt: ChatPrompt | TextPrompt) -> list[int]:
         return self.encode(prompt).token_ids
@@ -52,6 +57,8 @@ class PromptEncoder:
         if not tools:
             return self._render(messages, None, prompt.template_kwargs)
         block = generic_tools.tools_block(tools, prompt.tool_choice, prompt.tool_name)
+        if self._tools_token_budget is not None and len(self._tokenizer.encode(block)) > self._tools_token_budget:
+            block = generic_tools.tools_block(tools, prompt.tool_choice, prompt.tool_name, compact=True)
         try:
             return self._render(generic_tools.with_system_block(messages, block), None, prompt.template_kwargs)
         except InvalidRequestError:

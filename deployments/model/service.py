@@ -54,6 +54,9 @@ MAX_WINDOW_S = 0.25
 # Prompts are rendered and tokenized in these threads, not on the event loop: the Rust encode releases the
 # GIL, so a burst of 512-token prompts (~1-2 ms each) is tokenized side by side while the loop keeps serving.
 TOKENIZE_THREADS = 4
+# The generic tool format describes tools in full while that takes at most 1/TOOLS_CONTEXT_SHARE of the context,
+# else compactly: the conversation needs the rest.
+TOOLS_CONTEXT_SHARE = 4
 
 EngineClientFactory = Callable[[ModelConfig], EngineClient]
 
@@ -104,7 +107,10 @@ class ModelService:
         self.parser_names = resolve_parser_names(
             self.config.tool_call_parser, self.config.reasoning_parser, getattr(tokenizer, "chat_template", None)
         )
-        self._prompts = PromptEncoder(tokenizer, tools_in_system_prompt=self.parser_names.tools_in_system_prompt)
+        self._prompts = PromptEncoder(
+            tokenizer, tools_in_system_prompt=self.parser_names.tools_in_system_prompt,
+            tools_token_budget=self._engine.served.context_length // TOOLS_CONTEXT_SHARE,
+        )
         self._token_texts = TokenTexts(tokenizer)
         self.created_at = int(time.time())
         logger.info(

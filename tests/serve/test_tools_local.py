@@ -31,6 +31,7 @@ from engine.errors import InvalidRequestError
 from engine.runner.loader import load_tokenizer_only
 from tests.serve.local_stack import local_stack
 from tests.support.tiny_models import write_smollm2_tokenizer_model
+from tests.unit.test_generic_tools import LONG_TOOL
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN3_TEMPLATE = REPO / "tests" / "support" / "qwen3_tools.jinja"
@@ -338,3 +339,14 @@ def test_a_named_call_on_the_default_model_validates_against_its_schema():
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
     jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
+def test_the_encoder_describes_tools_compactly_when_in_full_they_pass_the_budget(model_folder):
+    tokenizer = load_tokenizer_only(model_folder)
+    prompt = ChatPrompt(messages=USER, tools=[LONG_TOOL])
+    full_block = len(tokenizer.encode(tools_block([LONG_TOOL], "auto", None)))
+    roomy = PromptEncoder(tokenizer, tools_in_system_prompt=True, tools_token_budget=full_block).encode(prompt)
+    tight = PromptEncoder(tokenizer, tools_in_system_prompt=True, tools_token_budget=full_block - 1).encode(prompt)
+    assert "More guidance." in roomy.text and '"parameters": {"type": "object"' in roomy.text
+    assert "More guidance." not in tight.text and '"command": "string, required"' in tight.text
+    assert len(tight.token_ids) < len(roomy.token_ids) - 100

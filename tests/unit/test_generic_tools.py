@@ -65,3 +65,35 @@ def test_the_block_goes_after_the_system_text_or_before_the_first_user_text():
         {"role": "system", "content": "Be brief.\n\nTOOLS"}, user]
     assert with_system_block([user], "TOOLS") == [{"role": "system", "content": "TOOLS"}, user]
     assert with_user_block([user], "TOOLS") == [{"role": "user", "content": "TOOLS\n\nhi"}]
+
+
+LONG_TOOL = {"type": "function", "function": {
+    "name": "Bash",
+    "description": "Executes a bash command and returns its output.\n\nThe working directory persists between "
+                   "commands. " + "More guidance. " * 50,
+    "parameters": {"type": "object", "required": ["command"], "properties": {
+        "command": {"type": "string", "description": "The command to run"},
+        "timeout": {"type": "number"},
+        "mode": {"enum": ["fast", "safe"]},
+        "paths": {"type": "array", "items": {"type": "string"}},
+        "extra": {"description": "no type"},
+    }}}}
+
+
+def test_a_compact_block_gives_each_function_its_first_sentence_and_typed_argument_names():
+    block = tools_block([LONG_TOOL, BARE_TOOL], "auto", None, compact=True)
+    assert block == (
+        "# Tools\n\nYou can call functions to help with the user's request. Each function is described by one JSON "
+        "object inside <tools></tools>: its name, what it does, and its arguments with their types (those marked "
+        '"required" must be given).\n<tools>\n'
+        '{"name": "Bash", "description": "Executes a bash command and returns its output.", "arguments": {"command": '
+        '"string, required", "timeout": "number", "mode": "one of: \\"fast\\", \\"safe\\"", "paths": "array of string", '
+        '"extra": "any"}}\n'
+        '{"name": "now", "arguments": {}}\n</tools>\n\n'
+        "To call a function, reply with a JSON object holding its name and arguments inside <tool_call></tool_call> "
+        'tags:\n<tool_call>\n{"name": "function_name", "arguments": {"argument_name": "value"}}\n</tool_call>\n'
+        "Write one <tool_call> block per call. Each call's result comes back inside <tool_response></tool_response> "
+        "tags.")
+    sentence_less = {"type": "function", "function": {"name": "f", "description": "x" * 500}}
+    assert '"description": "' + "x" * 197 + '..."' in tools_block([sentence_less], "auto", None, compact=True)
+
