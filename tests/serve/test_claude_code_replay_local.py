@@ -149,13 +149,14 @@ def test_the_tool_loop_through_a_tools_template(qwen3):
 
 def test_a_captured_body_with_its_own_max_tokens_is_answered(chatml):
     """The hello request exactly as sent (max_tokens 128000 is cut to the room the prompt leaves), not streamed so the
-    answer's length can be read: the tiny model is given a short context so the reply stays short."""
+    answer's length can be read: the tiny model is given a short context so the reply stays short. Both contexts
+    are too short for Claude Code's tools in full (8,222 tokens): both prompts describe them compactly."""
     path = FIXTURES / "hello" / "001_POST_v1_messages.json"
     url, headers, body = captured(path)
     body = {**body, "max_tokens": json.loads(path.read_text())["body"]["max_tokens"], "stream": False}
 
     async def scenario():
-        async with local_stack([chatml]) as stack:
+        async with local_stack([chatml.model_copy(update={"context_length": 16384})]) as stack:
             counted = await stack.http.post("/v1/messages/count_tokens", json={
                 k: v for k, v in body.items() if k not in ("max_tokens", "stream")}, headers=headers)
             prompt_tokens = counted.json()["input_tokens"]
