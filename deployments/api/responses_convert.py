@@ -39,9 +39,12 @@ from engine.errors import InvalidRequestError
 from engine.sampling.guided import GuidedDecoding
 from engine.sampling.params import SamplingParams
 
-# Built-in search tools: accepted and not offered to the model, since Codex sends {"type": "web_search"} by default
-# (web_search = "cached") and a model without the tool still answers. Every other built-in tool is refused.
-IGNORED_TOOL_TYPES = {"web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"}
+# Accepted and not offered to the model, since Codex sends them by default and a model without them still works:
+# web search (web_search = "cached"), and for model names it knows (gpt-5.x) its freeform `custom` apply_patch
+# tool (a Lark grammar; exec_command still edits files) and client-run `tool_search`. Every other built-in tool
+# is refused.
+IGNORED_TOOL_TYPES = {"web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11",
+                      "custom", "tool_search"}
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _EFFORT_FOR_TEMPLATES = {"none": "low", "minimal": "low", "xhigh": "high", "max": "high"}  # gpt-oss knows 3 levels
 

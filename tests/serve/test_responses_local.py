@@ -416,7 +416,7 @@ def test_text_format_json_schema_json_object_and_sdk_parse(model):
 # ---- refusals and tolerance ---------------------------------------------------------------------------
 REFUSED = [
     ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type", "file_search"),
-    ({"tools": [{"type": "custom", "name": "apply_patch"}]}, "tools[0].type", "custom"),
+    ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools[0].type", "code_interpreter"),
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "see"},
                                               {"type": "input_image", "image_url": "data:x", "detail": "auto"}]}]},
      "input[0].content[1]", "input_image"),
