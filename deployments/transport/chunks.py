@@ -1,6 +1,7 @@
 """Time-coalescing of a request's stream on the model replica: first chunk at once, then at most one per window.
-An admission chunk (the request taken in, no output yet) also goes at once and starts no window: the first
-output after it is still a first chunk (time to first token).
+An admission chunk (the request queued or taken in, no output yet) starts no window: the first output after it is
+still a first chunk (time to first token). It waits up to ADMISSION_GRACE_S for what follows it, so that a short
+prompt's stream opens with one chunk, not three.
 
 A Ray handle stream carries only ~2,000 items/s in total (docs/architecture.md), while batched decoding makes
 several thousand tokens/s; one item per engine step would make Ray (or the channel's frames) the bottleneck.
@@ -19,6 +20,10 @@ from engine.client.interface import Pending
 from deployments.model_calls import StreamChunk
 
 Hold = Callable[[float | None], Awaitable[None]]
+# How long an admission chunk waits to merge with what follows (the admission of a queued request, its first output):
+# every chunk costs ~1-2 ms of CPU across replica, ingress and proxy, and three per request instead of one cost 6-9%
+# of throughput at 256 streams on an H200. A stream that opens this much later loses nothing.
+ADMISSION_GRACE_S = 0.05
 
 
 async def _pump(
@@ -56,6 +61,8 @@ async def coalesce(
                 if sent_at is not None:  # the first chunk goes at once (time to first token)
                     await asyncio.sleep(max(0.0, sent_at + window - loop.time()))
             chunk = pending.take()
+            if chunk.is_admission_only:
+                chunk = await _with_what_follows(chunk, pending, pump, loop.time() + ADMISSION_GRACE_S)
             if not chunk.is_admission_only:
                 sent_at = loop.time()
             yield chunk
@@ -65,6 +72,23 @@ async def coalesce(
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pump
+
+
+async def _with_what_follows(
+    chunk: StreamChunk, pending: Pending[StreamChunk], pump: asyncio.Task, deadline: float
+) -> StreamChunk:
+    """The admission chunk merged with what arrives before `deadline`, until it holds output (sent at once then)."""
+    loop = asyncio.get_running_loop()
+    while chunk.is_admission_only and (remaining := deadline - loop.time()) > 0:
+        waiter = asyncio.ensure_future(pending.ready.wait())
+        try:
+            await asyncio.wait({waiter, pump}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not pending.ready.is_set():
+            break  # nothing came in time, or the source ended (the next _wait_ready tells why)
+        chunk.merge(pending.take())
+    return chunk
 
 
 async def _wait_ready(pending: Pending[StreamChunk], pump: asyncio.Task) -> None:

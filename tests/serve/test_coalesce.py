@@ -15,7 +15,7 @@ import pytest
 from deployments.model_calls import StreamChunk
 from deployments.transport.chunks import coalesce
 from engine.client.interface import StreamRouter
-from engine.output.request_output import Admitted, Finish, RequestOutput, TextDelta, Usage
+from engine.output.request_output import Admitted, Finish, Queued, RequestOutput, TextDelta, Usage
 from engine.request import FinishReason
 
 FINISH = Finish(FinishReason.LENGTH, Usage(3, 40))
@@ -191,3 +191,47 @@ def test_the_admission_and_the_first_output_after_it_both_go_at_once():
     assert [c.text for c in out] == ["", "w0 ", "".join(f"w{i} " for i in range(1, 10))]
     assert out[0].is_admission_only and (out[0].prompt_tokens, out[0].cached_tokens) == (40, 32)
     assert not out[1].admitted and out[1].num_tokens == 1 and out[-1].finish is FINISH
+
+
+def test_a_queued_admitted_and_first_output_close_together_go_as_one_chunk():
+    """A short prompt is queued, taken in and prefilled within a few ms: its stream opens with one chunk holding all
+    three (each chunk costs CPU across replica, ingress and proxy), sent when the first output comes, not later."""
+
+    async def scenario():
+        router = StreamRouter()
+        stream = router.open("r", abort=lambda request_id: None)
+        sent: list[tuple[float, StreamChunk]] = []
+        loop = asyncio.get_running_loop()
+
+        async def source():
+            async for item in stream:
+                if isinstance(item, Queued):
+                    yield StreamChunk(queued=True, prompt_tokens=40)
+                elif isinstance(item, Admitted):
+                    yield StreamChunk(queued=True, admitted=True, cached_tokens=item.cached_tokens)
+                elif isinstance(item, TextDelta):
+                    yield StreamChunk(text=item.text, num_tokens=len(item.token_ids))
+                else:
+                    yield StreamChunk(finish=item)
+
+        async def produce() -> float:
+            router.deliver([RequestOutput("r", queued=Queued())])
+            await asyncio.sleep(0.01)
+            router.deliver([RequestOutput("r", admitted=Admitted(prompt_tokens=40, cached_tokens=32))])
+            await asyncio.sleep(0.01)
+            first_at = loop.time()
+            router.deliver([RequestOutput("r", delta=TextDelta("w0 ", [0]))])
+            await asyncio.sleep(0.2)
+            router.deliver([RequestOutput("r", finish=FINISH)])
+            return first_at
+
+        producer = asyncio.create_task(produce())
+        async for chunk in coalesce(source(), lambda: LONG_WINDOW_S, hold=stream.hold):
+            sent.append((loop.time(), chunk))
+        return await producer, sent
+
+    first_at, sent = asyncio.run(asyncio.wait_for(scenario(), 10))
+    (opened_at, opening), (_, last) = sent
+    assert opening.queued and opening.admitted and opening.text == "w0 " and opening.num_tokens == 1
+    assert (opening.prompt_tokens, opening.cached_tokens) == (40, 32)
+    assert opened_at - first_at < 0.02 and last.finish is FINISH
