@@ -60,8 +60,8 @@ class EngineLoop:
         thread waits on the device, not while it builds the next graph. A step that completed prompts posts
         at once: their first tokens would otherwise also wait for the next step's prefix-cache copies (~14 ms
         for 32 prompts of 512 tokens on an H100), and time to first token is what a new request waits on.
-        Admissions go out once the step is scheduled, before its prefill runs: a long prompt's stream opens
-        at once instead of after its prefill."""
+        Admissions go out with them, in the same message: before the step's prefill runs, so a long prompt's
+        stream opens at once instead of after its prefill (one post per step: each costs the engine thread CPU)."""
         core = self._core
         last_stats = 0.0
         while True:
@@ -74,7 +74,7 @@ class EngineLoop:
             first_tokens = 0
             if core.has_unfinished_requests():
                 self._idle_since = None
-                outputs += core.step(before_device_work=self.post_held_outputs, on_admitted=self._post_outputs)
+                outputs += core.step(before_device_work=self.post_held_outputs, on_admitted=self._hold)
                 first_tokens = core.last_step_first_tokens
             else:
                 self._release_buffers_when_idle()
@@ -95,22 +95,17 @@ class EngineLoop:
             self._core.release_idle_buffers()
             self._idle_since = float("inf")  # released: not again until the next work has come and gone
 
+    def _hold(self, outputs: list[RequestOutput]) -> None:
+        self._held_outputs.extend(outputs)
+
     def post_held_outputs(self) -> None:
         if self._held_outputs:
             self._post_outputs(self._held_outputs)
             self._held_outputs = []
 
     def _apply_commands(self, block: bool, outputs: list[RequestOutput]) -> bool:
-        """Apply queued commands; True when asked to shut down. Accepted requests are told so at once (Queued): a
-        stream opens then, even if the request waits behind a long prefill."""
-        queued: list[RequestOutput] = []
-        try:
-            return self._apply_each_command(block, outputs, queued)
-        finally:
-            if queued:
-                self._post_outputs(queued)
-
-    def _apply_each_command(self, block: bool, outputs: list[RequestOutput], queued: list[RequestOutput]) -> bool:
+        """Apply queued commands; True when asked to shut down. An accepted request is told so (Queued) with the
+        outputs posted next, within a step: its stream opens then, even if it waits behind a long prefill."""
         while True:
             try:
                 command = self._commands.get(timeout=IDLE_POLL_S) if block else self._commands.get_nowait()
@@ -122,7 +117,7 @@ class EngineLoop:
             if isinstance(command, AddRequest):
                 try:
                     self._core.add_request(command.request)
-                    queued.append(RequestOutput(command.request.request_id, queued=Queued()))
+                    self._held_outputs.append(RequestOutput(command.request.request_id, queued=Queued()))
                 except OrchardError as exc:
                     outputs.append(RequestOutput(command.request.request_id, error=exc))
             elif isinstance(command, AbortRequest):
