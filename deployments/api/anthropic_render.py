@@ -15,7 +15,7 @@ from engine.output.request_output import Finish, Usage
 from deployments.chat.parsers.deltas import ToolCallDelta
 from engine.request import FinishReason
 from deployments.api.errors import WireError, as_anthropic
-from deployments.api.sse import named_sse_events
+from deployments.api.sse import SSE_KEEPALIVE, named_sse_events
 from deployments.model_calls import StreamChunk
 
 
@@ -209,6 +209,9 @@ class MessagesRenderer:
 
     def sse(self, chunk: StreamChunk) -> str:
         return named_sse_events(self._stream.events(chunk))
+
+    def sse_waiting(self) -> str:
+        return SSE_KEEPALIVE  # a comment: no event comes before message_start, which needs the admission
 
     def sse_keepalive(self) -> str:
         return named_sse_events([PING])

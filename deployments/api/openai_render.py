@@ -117,6 +117,9 @@ class _OpenAIStream:
         payloads = self.stream_payloads(chunk)
         return sse_events(payloads) if payloads else ""
 
+    def sse_waiting(self) -> str:
+        return SSE_KEEPALIVE
+
     def sse_keepalive(self) -> str:
         return SSE_KEEPALIVE
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from deployments.api.errors import WireError
 from deployments.api.responses_schemas import ResponsesRequest
-from deployments.api.sse import SSE_KEEPALIVE, named_sse_events
+from deployments.api.sse import named_sse_events
 from deployments.chat.parsers.deltas import ToolCallDelta
 from deployments.model_calls import StreamChunk, TokenLogprobInfo
 from engine.output.request_output import Finish, Usage
@@ -215,7 +215,8 @@ class ResponsesRenderer:
         self._on_final = on_final
         self._builder = OutputBuilder(namespaces=self._shell.namespaces)
         self._sequence = 0
-        self._started = False
+        self._created = False  # response.created sent (at admission, or while queued)
+        self._started = False  # response.in_progress sent
 
     def completion(self, total: StreamChunk) -> dict[str, Any]:
         assert total.finish is not None
@@ -242,8 +243,18 @@ class ResponsesRenderer:
         failed = response_object(self._shell, "failed", copy.deepcopy(self._builder.items), error=_failure(error))
         return self._frame(self._start() + [("response.failed", {"response": failed})])
 
+    def sse_waiting(self) -> str:
+        """While the request waits in the engine's queue: response.created (status queued) once, then
+        response.queued. Events, not SSE comments: Codex's idle timeout (300 s) counts events."""
+        response = response_object(self._shell, "queued", [])
+        events: list[Event] = [] if self._created else [("response.created", {"response": response})]
+        self._created = True
+        return self._frame(events + [("response.queued", {"response": response})])
+
     def sse_keepalive(self) -> str:
-        return SSE_KEEPALIVE
+        """response.in_progress with the output so far: an event that clients' idle timers count."""
+        response = response_object(self._shell, "in_progress", copy.deepcopy(self._builder.items))
+        return self._frame(self._start() + [("response.in_progress", {"response": response})])
 
     def sse_end(self) -> str:
         return ""  # Responses streams end with their last event, no [DONE]
@@ -253,7 +264,9 @@ class ResponsesRenderer:
             return []
         self._started = True
         response = response_object(self._shell, "in_progress", [])
-        return [("response.created", {"response": response}), ("response.in_progress", {"response": response})]
+        created = [] if self._created else [("response.created", {"response": response})]
+        self._created = True
+        return created + [("response.in_progress", {"response": response})]
 
     def _final(self, finish: Finish, output: list[dict[str, Any]]) -> dict[str, Any]:
         if finish.reason is FinishReason.LENGTH:

@@ -41,7 +41,7 @@ from deployments.api.openai_schemas import ChatCompletionRequest, CompletionRequ
 from deployments.api.responses_convert import responses_job
 from deployments.api.responses_render import ResponsesRenderer, response_shell
 from deployments.api.responses_schemas import ResponsesRequest
-from deployments.api.sse import SSE_HEADERS, SSE_KEEPALIVE
+from deployments.api.sse import SSE_HEADERS
 from deployments.model_calls import GenerateJob, StreamChunk
 from deployments.config import DEFAULT_MAX_BODY_BYTES
 from deployments.ingress.auth import ApiKeyMiddleware, ApiKeys
@@ -65,6 +65,8 @@ class Renderer(Protocol):
     def sse_start(self, first: StreamChunk) -> str: ...
 
     def sse(self, chunk: StreamChunk) -> str: ...
+
+    def sse_waiting(self) -> str: ...
 
     def sse_keepalive(self) -> str: ...
 
@@ -282,14 +284,14 @@ async def _whole(first: StreamChunk, chunks: ChunkReader) -> StreamChunk:
 async def _sse_body(
     first: StreamChunk, chunks: ChunkReader, renderer: Renderer, keepalive_s: float = KEEPALIVE_S
 ) -> AsyncIterator[str]:
-    """The stream's events. While the request waits in the engine's queue (headers are out): an SSE comment after
-    every keepalive_s (bytes for clients' idle timers, no API event yet). The opening event at admission (the
-    prefix-cache hit is known then), or with the first output; then each chunk's, with a keep-alive after every
-    keepalive_s without one."""
+    """The stream's events. While the request waits in the engine's queue (headers are out): the renderer's
+    waiting text after every keepalive_s (an SSE comment, or the Responses API's response.queued). The opening event
+    at admission (the prefix-cache hit is known then), or with the first output; then each chunk's, with a
+    keep-alive after every keepalive_s without one."""
     chunk: StreamChunk | None = first
     while chunk is None or _queued_only(chunk):
         if chunk is None:
-            yield SSE_KEEPALIVE
+            yield renderer.sse_waiting()
         chunk = await chunks.next(keepalive_s)
     text = renderer.sse_start(chunk) if chunk.error is None else ""
     while True:

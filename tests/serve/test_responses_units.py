@@ -93,17 +93,17 @@ def test_streamed_items_accumulate_to_the_whole_response():
                      "response.function_call_arguments.done", "response.output_item.done"] * 2 + ["response.completed"]
 
 
-def test_an_opened_stream_starts_once_and_keep_alives_are_comments_the_sdk_skips():
-    from openai._streaming import SSEDecoder
-
+def test_an_opened_stream_starts_once_and_keeps_alive_with_in_progress_events():
+    """Keep-alives are events (Codex's idle timeout counts events, not comments): response.in_progress with the
+    output so far, numbered in order."""
     stream = renderer()
     text = stream.sse_start(CHUNKS[0]) + stream.sse_keepalive() + "".join(stream.sse(chunk) for chunk in CHUNKS)
-    decoded = [json.loads(sse.data) for sse in SSEDecoder().iter_bytes(iter([text.encode()]))]
+    decoded = events_of(text)
     plain = renderer()
-    expected = events_of("".join(plain.sse(chunk) for chunk in CHUNKS))
-    assert [e["type"] for e in decoded] == [e["type"] for e in expected]
-    assert [e["sequence_number"] for e in decoded] == list(range(len(expected)))
-    assert stream.sse_keepalive().startswith(":")
+    expected = [e["type"] for e in events_of("".join(plain.sse(chunk) for chunk in CHUNKS))]
+    assert [e["type"] for e in decoded] == expected[:2] + ["response.in_progress"] + expected[2:]
+    assert [e["sequence_number"] for e in decoded] == list(range(len(expected) + 1))
+    assert decoded[2]["response"]["status"] == "in_progress" and decoded[2]["response"]["output"] == []
 
 
 def _merged(chunks: list[StreamChunk]) -> StreamChunk:

@@ -263,3 +263,41 @@ def test_usage_is_one_within_a_stream_and_between_streamed_and_whole_answers(tin
     assert streamed_usage["prompt_tokens_details"]["cached_tokens"] >= 32
     assert {k: streamed_usage[k] for k in ("prompt_tokens", "prompt_tokens_details")} == {
         k: whole_usage[k] for k in ("prompt_tokens", "prompt_tokens_details")}
+
+
+def test_responses_streams_keep_alive_with_events_codex_counts(slow_prefill, tiny_models):
+    """Codex's idle timeout (300 s) counts events, not SSE comments: a Responses stream keeps alive with
+    response.queued while the request waits in the queue (after response.created, status queued) and
+    response.in_progress through a long prefill; every event is valid for the openai SDK, numbered in order."""
+    from tests.serve.test_responses_local import named_events
+
+    body = {"model": MODEL, "input": LONG_PROMPT, "max_output_tokens": 4, "temperature": 0, "stream": True}
+
+    async def prefilling():
+        async with local_stack([slow_prefill], keepalive_s=KEEPALIVE_S) as stack:
+            return [m async for m in send_streaming(stack.app, "/v1/responses", body)]
+
+    async def queued():
+        async with local_stack([_held_config(tiny_models)], keepalive_s=KEEPALIVE_S) as stack:
+            async def stream_while_held(held):
+                sent = []
+                async for message in send_streaming(stack.app, "/v1/responses", {**body, "input": "t1 t2"}):
+                    sent.append(message)
+                    if len([m for m in sent if m.body]) == 3:
+                        await held.aclose()
+                return sent
+            return await _with_slot_held(stack, stream_while_held)
+
+    for sent, waited in ((asyncio.run(prefilling()), "response.in_progress"), (asyncio.run(queued()), "response.queued")):
+        assert sent[0].status == 200
+        events = named_events("".join(m.body for m in sent[1:] if m.body))
+        kinds = [e["type"] for e in events]
+        first_item = kinds.index("response.output_item.added")
+        if waited == "response.queued":
+            assert kinds[0] == "response.created" and events[0]["response"]["status"] == "queued"
+            opened = kinds.index("response.in_progress")
+            assert opened >= 3 and kinds[1:opened] == ["response.queued"] * (opened - 1)
+        else:
+            assert kinds[:2] == ["response.created", "response.in_progress"]
+            assert first_item >= 4 and kinds[2:first_item] == ["response.in_progress"] * (first_item - 2)
+        assert kinds[-1] == "response.incomplete"
