@@ -21,8 +21,8 @@ from deployments.model_calls import StreamChunk
 
 Hold = Callable[[float | None], Awaitable[None]]
 # How long an admission chunk waits to merge with what follows (the admission of a queued request, its first output):
-# every chunk costs ~1-2 ms of CPU across replica, ingress and proxy, and three per request instead of one cost 6-9%
-# of throughput at 256 streams on an H200. A stream that opens this much later loses nothing.
+# every chunk costs ~1-2 ms of CPU across replica, ingress and proxy, and a short reply is only a handful of chunks at
+# 256 streams (a window of ~1 s). A stream that opens this much later loses nothing.
 ADMISSION_GRACE_S = 0.05
 
 
