@@ -252,8 +252,8 @@ def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
 async def _generation_response(
     registry: Registry, model_id: str, job: GenerateJob, renderer: Renderer, keepalive_s: float = KEEPALIVE_S
 ) -> Response:
-    """Route, wait for the first chunk (a stream's: its admission, before the prefill; else the whole answer), so
-    that refusals (queue full, invalid, too long) get their own status before any byte is sent; answer."""
+    """Route, wait for the first chunk (a stream's: the engine accepted it into its queue; else the whole answer),
+    so that refusals (queue full, invalid, too long) get their own status before any byte is sent; answer."""
     logger.info("request %s for model %s, stream=%s [X-Request-Id %s]", job.request_id, model_id, job.stream, job.log_id)
     client = await registry.route(model_id)
     chunks = ChunkReader(client.generate(job))
