@@ -144,7 +144,7 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
         rendered["reasoning_content"] = message.reasoning_content  # templates that show past reasoning
     if isinstance(message, AssistantMessage) and message.tool_calls:
         rendered["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": template_arguments(c.function.arguments)}}
             for c in message.tool_calls
         ]
     if isinstance(message, ToolMessage):
@@ -170,7 +170,8 @@ def _text_content(content: Any) -> str:
     return "\n".join(texts)
 
 
-def _arguments(arguments: str) -> Any:
+def template_arguments(arguments: str) -> Any:
+    """A call's arguments as chat templates expect them: an object, or the text as given if it is not JSON."""
     try:
         return json.loads(arguments)
     except ValueError:

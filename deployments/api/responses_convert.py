@@ -33,6 +33,7 @@ from deployments.api.responses_schemas import (
     UnknownPart,
     UnsupportedItem,
 )
+from deployments.api.openai_convert import template_arguments
 from deployments.api.unknown_fields import accept_unknown_type
 from deployments.model_calls import ChatPrompt, GenerateJob, ToolChoiceMode
 from engine.errors import InvalidRequestError
@@ -272,7 +273,7 @@ def _add_to_turn(turn: _AssistantTurn, item: InputItem, names: dict[str, str]) -
     elif isinstance(item, FunctionCallItem):
         names[item.call_id] = item.name
         turn.tool_calls.append({"id": item.call_id, "type": "function",
-                                "function": {"name": item.name, "arguments": _arguments(item.arguments)}})
+                                "function": {"name": item.name, "arguments": template_arguments(item.arguments)}})
     elif isinstance(item, MessageItem):
         turn.texts.append(_text(item.content))
 
@@ -297,10 +298,3 @@ def _text(content: str | list[ContentPart]) -> str:
         elif isinstance(part, RefusalPart):
             texts.append(part.refusal)
     return "\n".join(texts)
-
-
-def _arguments(arguments: str) -> Any:
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments  # templates print it as given

@@ -20,17 +20,11 @@ import yaml
 
 from deployments.config import serve_app_name
 from tests.serve.conftest import GRAPH_START_S, deploy_graph, wait_until
+from tests.serve.test_responses_local import MODEL, WEATHER
 from tests.support.tiny_models import write_smollm2_tokenizer_model
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "tests" / "support" / "qwen3_tools.jinja"
-MODEL = "tiny/responses"
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "enum": ["Paris", "Berlin", "Tokyo"]},
-                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"],
-}
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather in a city", "parameters": WEATHER,
           "strict": False}, {"type": "web_search", "external_web_access": False}]  # Codex's default web_search
 ANSWER = {"type": "object", "properties": {"sky": {"type": "string", "enum": ["sunny", "rainy"]}},
