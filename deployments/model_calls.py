@@ -19,8 +19,27 @@ ToolChoiceMode = Literal["auto", "none", "required", "function"]
 
 
 @dataclass
+class ImageInput:
+    """One image of a chat prompt as the client sent it; the model side decodes and checks it (off the event loop).
+
+    `data` holds the encoded file (PNG, JPEG, WebP, GIF, ...); the ingress fills it from a data URL or base64
+    block, or by fetching `url` where the operator allows remote media (then `url` is kept for logs only).
+    """
+
+    data: bytes
+    param: str  # where it sits in the request, for errors: "messages.0.content.1"
+    media_type: str | None = None  # as declared by the client (a data URL's or Anthropic's media_type)
+    detail: Literal["auto", "low", "high"] | None = None  # OpenAI's image_url.detail
+    url: str | None = None  # the remote URL it was fetched from, if any
+
+
+@dataclass
 class ChatPrompt:
-    """Messages rendered by the model's chat template (content already flattened to text).
+    """Messages rendered by the model's chat template (content flattened to text, except images).
+
+    A message with images has list content: `{"type": "text", "text": ...}` and `{"type": "image"}` parts
+    (the Hugging Face chat-template convention); `images` holds those images' data, in the order the
+    placeholders appear across all messages.
 
     `tools` are OpenAI-style function definitions. tool_choice "required" / "function" (naming
     `tool_name`) makes the model side constrain the output to one call in the model's markup.
@@ -32,6 +51,7 @@ class ChatPrompt:
     tool_choice: ToolChoiceMode = "auto"
     tool_name: str | None = None
     parallel_tool_calls: bool = True
+    images: list[ImageInput] = field(default_factory=list)
 
 
 @dataclass
