@@ -15,6 +15,7 @@ from engine.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
     from engine.sampling.structured import CompiledGuide
+    from engine.vision.inputs import VisionInputs
 
 
 class RequestStatus(IntEnum):
@@ -74,10 +75,23 @@ class Request:
     error: OrchardError | None = None
     # Structured output: the compiled automaton for sampling.guided, set before scheduling.
     guide: "CompiledGuide | None" = None
+    # A multimodal prompt's images, and the prompt as the prefix cache keys it (image tokens keyed by their
+    # image's content: engine/vision/inputs.py); None for a text prompt, keyed by its token ids.
+    vision: "VisionInputs | None" = None
+    prompt_cache_keys: Sequence[int] | None = None
     _output_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = tuple(self.prompt_token_ids)
+        if self.prompt_cache_keys is not None:
+            self.prompt_cache_keys = tuple(self.prompt_cache_keys)
+            if len(self.prompt_cache_keys) != len(self.prompt_token_ids):
+                raise ValueError("prompt_cache_keys must key every prompt token")
+
+    @property
+    def cache_keys(self) -> tuple[int, ...]:
+        """The prompt as the prefix cache sees it."""
+        return self.prompt_token_ids if self.prompt_cache_keys is None else self.prompt_cache_keys  # type: ignore[return-value]
 
     @property
     def max_tokens(self) -> int:
@@ -122,6 +136,9 @@ class Request:
 
     def all_token_ids(self) -> list[int]:
         return [*self.prompt_token_ids, *self._output_token_ids]
+
+    def all_cache_keys(self) -> list[int]:
+        return [*self.cache_keys, *self._output_token_ids]
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ class ServedModel:
     path: Path
     # True when the engine steps in a child process: its CPU and memory are not this process's.
     in_own_process: bool
+    # A multimodal model's processor (mlx-vlm), loaded in the caller's process: images to model inputs.
+    processor: Any = None
 
 
 class EngineStatus(str, Enum):

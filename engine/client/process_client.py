@@ -29,7 +29,7 @@ from engine.client.messages import (
     StatsUpdate,
     StepOutputs,
 )
-from engine.client.spec import EngineSpec
+from engine.client.spec import EngineSpec, load_serving_processor
 from engine.errors import EngineDeadError
 from engine.mlx_settings import MLX_SETTINGS
 from engine.request import Request, RequestLimits
@@ -81,7 +81,8 @@ class ProcessEngineClient(EngineClientBase):
             load_tokenizer_only, ready.model_path,
             chat_template_file=spec.chat_template_file, trust_remote_code=spec.trust_remote_code,
         )
-        served = ServedModel(tokenizer, ready.context_length, Path(ready.model_path), in_own_process=True)
+        processor = await asyncio.to_thread(load_serving_processor, spec, ready.model_path)
+        served = ServedModel(tokenizer, ready.context_length, Path(ready.model_path), in_own_process=True, processor=processor)
         self._started(served, RequestLimits(ready.vocab_size, ready.context_length), ready.stats)
 
     async def _abandon_start(self) -> int | None:

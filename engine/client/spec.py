@@ -4,7 +4,8 @@ builder both engine clients use: on the thread client's engine thread, or in the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
 
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class EngineSpec:
     model_path: str
+    # "lm" (mlx-lm) or "multimodal" (a vision-language model through mlx-vlm).
+    model_type: str = "lm"
     uses_default_model: bool = False
     dtype: str | None = None
     chat_template_file: str | None = None
@@ -34,7 +37,17 @@ def build_engine_core(spec: EngineSpec) -> "EngineCore":
         from engine.models.default_model import default_model_path
 
         path = str(default_model_path())  # converts the embedded GGUF once, then reuses it
-    loaded = load_model(
-        path, dtype=spec.dtype, chat_template_file=spec.chat_template_file, trust_remote_code=spec.trust_remote_code
-    )
+    load = load_model
+    if spec.model_type == "multimodal":
+        from engine.vision.loader import load_vision_model as load
+    loaded = load(path, dtype=spec.dtype, chat_template_file=spec.chat_template_file, trust_remote_code=spec.trust_remote_code)
     return EngineCore(loaded, spec.engine_config)
+
+
+def load_serving_processor(spec: EngineSpec, model_path: str | Path) -> Any:
+    """A multimodal model's processor for the serving side (None for a text model); blocking, call it off the loop."""
+    if spec.model_type != "multimodal":
+        return None
+    from engine.vision.loader import load_vision_processor
+
+    return load_vision_processor(model_path, trust_remote_code=spec.trust_remote_code)

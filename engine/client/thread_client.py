@@ -10,12 +10,13 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 from engine.client.interface import EngineClientBase, ServedModel
 from engine.client.loop import EngineLoop, GuidedIntake
 from engine.client.messages import AbortRequest, AddRequest, Shutdown
-from engine.client.spec import EngineSpec, build_engine_core
+from engine.client.spec import EngineSpec, build_engine_core, load_serving_processor
 from engine.core import EngineCore
 from engine.errors import EngineDeadError
 from engine.request import Request
@@ -24,9 +25,10 @@ logger = logging.getLogger(__name__)
 
 
 class ThreadEngineClient(EngineClientBase):
-    def __init__(self, build_core: Callable[[], EngineCore]) -> None:
+    def __init__(self, build_core: Callable[[], EngineCore], load_processor: Callable[[Path], Any] | None = None) -> None:
         super().__init__()
         self._build_core = build_core
+        self._load_processor = load_processor  # a multimodal model's processor, for the serving side
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._core: EngineCore | None = None
@@ -34,7 +36,7 @@ class ThreadEngineClient(EngineClientBase):
 
     @classmethod
     def from_spec(cls, spec: EngineSpec) -> "ThreadEngineClient":
-        return cls(lambda: build_engine_core(spec))
+        return cls(lambda: build_engine_core(spec), lambda path: load_serving_processor(spec, path))
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> None:
@@ -45,7 +47,10 @@ class ThreadEngineClient(EngineClientBase):
         self._thread.start()
         await ready
         core = self._core
-        served = ServedModel(core.loaded.tokenizer, core.context_length, core.loaded.path, in_own_process=False)
+        processor = await asyncio.to_thread(self._load_processor, core.loaded.path) if self._load_processor else None
+        served = ServedModel(
+            core.loaded.tokenizer, core.context_length, core.loaded.path, in_own_process=False, processor=processor
+        )
         self._started(served, core.limits, self._stats)  # the stats read on the engine thread
 
     async def _stop(self) -> None:

@@ -254,7 +254,7 @@ class KVCacheManager:
         cache = self.prefix_cache
         if cache is None or request.num_computed_tokens:
             return
-        blocks = cache.match(request.prompt_token_ids, max_tokens=request.num_prefill_tokens - 1)
+        blocks = cache.match(request.cache_keys, max_tokens=request.num_prefill_tokens - 1)
         cache.lock(blocks)
         request.prefix_blocks = blocks
         request.num_cached_tokens = request.num_computed_tokens = len(blocks) * cache.block_size
@@ -282,7 +282,7 @@ class KVCacheManager:
         size = self.prefix_cache.block_size
         if len(request.prefix_blocks) >= request.num_prompt_tokens // size:
             return False
-        self._uncached_first_blocks.add(tuple(request.prompt_token_ids[:size]))
+        self._uncached_first_blocks.add(request.cache_keys[:size])
         return True
 
     def should_snapshot(self, request: Request, chunk_end: int) -> bool:
@@ -301,7 +301,7 @@ class KVCacheManager:
         if not firsts:
             return False
         size = self.prefix_cache.block_size
-        return any(tuple(r.prompt_token_ids[:size]) in firsts for r in waiting if not r.num_computed_tokens)
+        return any(r.cache_keys[:size] in firsts for r in waiting if not r.num_computed_tokens)
 
     def begin_step(self) -> None:
         """The last step's completed prompts are cached from now on (before or during this step)."""
@@ -311,4 +311,4 @@ class KVCacheManager:
         """For a row leaving the decode batch: the tokens its KV holds (prompt and generated), if cached."""
         if not self.cuts_blocks:
             return None
-        return tuple(request.all_token_ids()[: request.num_computed_tokens])
+        return tuple(request.all_cache_keys()[: request.num_computed_tokens])

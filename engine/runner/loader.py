@@ -69,7 +69,7 @@ def load_model(
     except Exception as exc:  # mlx-lm raises many types; report them as one
         raise ModelLoadError(f"Could not load model at '{path}': {exc}") from exc
     if dtype is not None:
-        _cast(model, dtype)
+        cast_model(model, dtype)
     _set_chat_template(tokenizer, chat_template_file)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, path=folder)
@@ -97,7 +97,7 @@ def _set_chat_template(tokenizer: Any, chat_template_file: str | Path | None) ->
         tokenizer.chat_template = Path(chat_template_file).read_text(encoding="utf-8")
 
 
-def _cast(model: nn.Module, dtype: str) -> None:
+def cast_model(model: nn.Module, dtype: str) -> None:
     if dtype not in _DTYPES:
         raise ModelLoadError(f"Unsupported dtype '{dtype}' (choose from {sorted(_DTYPES)})")
     model.set_dtype(_DTYPES[dtype])

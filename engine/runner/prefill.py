@@ -47,6 +47,13 @@ class PrefillResult:
     # Padded forwards' batched caches, for copying many rows' KV at once (prefix cache, decode joins).
     shared: list[SharedBatch] = field(default_factory=list)
 
+    def followed_by(self, later: "PrefillResult") -> "PrefillResult":
+        """This result, then that of the chunks that come after this one's in the step (no padded forwards)."""
+        assert not later.shared, "padded forwards' rows are indexed from the step's first chunk"
+        logits = [r.last_logits for r in (self, later) if r.last_logits is not None]
+        joined = None if not logits else logits[0] if len(logits) == 1 else mx.concatenate(logits)
+        return PrefillResult(self.caches + later.caches, self.completing + later.completing, joined, self.shared)
+
     def row_blocks(self) -> dict[int, RowBlock]:
         """Chunk index -> where its KV sits in a padded forward's batch, for the chunks that ran in one."""
         return {

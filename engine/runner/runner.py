@@ -24,10 +24,12 @@ from engine.runner.head_split import head_split
 from engine.runner.loader import LoadedModel
 from engine.runner.prefill import PrefillResult, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
+from engine.runner.vision_prefill import run_vision_prefill
 from engine.runner.warmup import warm_prefill_shapes
 from engine.runner_output import RunnerOutput, SampledToken
 from engine.sampling.sampler import BatchSampler, RowSampling
 from engine.scheduler.output import DecodeRow, NewRequest, PrefillChunk, SchedulerOutput
+from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
 
 
 class ModelRunner:
@@ -55,6 +57,11 @@ class ModelRunner:
         self.pad_prefill_shapes = _resolve_pad_shapes(config.pad_prefill_shapes, self.model)
         # Prefill logits at the completing positions only, where the model splits exactly (else None).
         self.head_split = head_split(self.model)
+        # Vision-language models: prompts with images prefill from their embeddings (vision_prefill.py), kept
+        # from a request's first chunk to its last; text after images sits at offset + delta (M-RoPE).
+        self.vision = self.model if isinstance(self.model, VisionLanguageModel) else None
+        self._embedded: dict[str, EmbeddedPrompt] = {}
+        self._rope_deltas: dict[str, int] = {}
 
     # ---- one engine step -------------------------------------------------
     def execute(self, scheduled: SchedulerOutput, before_device_work: Callable[[], None] | None = None) -> RunnerOutput:
@@ -106,6 +113,8 @@ class ModelRunner:
         self._joiner_blocks.pop(request_id, None)
         self._rows.pop(request_id, None)
         self._next_inputs.pop(request_id, None)
+        self._embedded.pop(request_id, None)
+        self._rope_deltas.pop(request_id, None)
 
     def _read_pending(self) -> list[SampledToken]:
         if self._pending is None:
@@ -124,6 +133,9 @@ class ModelRunner:
         if not self.batch.request_ids:
             return None
         inputs = self._decode_inputs(previous_ids, keep_rows)
+        if self._rope_deltas:
+            deltas = mx.array([[self._rope_deltas.get(rid, 0)] for rid in self.batch.request_ids])
+            return self.model(inputs[:, None], cache=self.batch.caches, rope_deltas=deltas)[:, -1, :]
         return self.model(inputs[:, None], cache=self.batch.caches)[:, -1, :]
 
     def _dispatch_sampling(self, logits: mx.array | None, rows: list[DecodeRow]) -> PendingStep | None:
@@ -165,15 +177,15 @@ class ModelRunner:
         in the same queue (read back by _collect_first_tokens)."""
         if not chunks:
             return None
+        chunks = self._text_chunks_first(chunks)
         caches = [self._prefill_cache(chunk.request_id) for chunk in chunks]
-        rows_limit = self.config.max_prefill_seqs if self.pad_prefill_shapes else None
-        result = run_prefill(self.model, chunks, caches, rows_limit, self.batch.vocab_size, self.head_split)
+        result = self._run_prefill(chunks, caches)
         for chunk, cache in zip(chunks, result.caches):
             self._prefill_caches[chunk.request_id] = cache
             self._maybe_snapshot(chunk, cache)
         self._note_joiner_blocks(chunks, result)
         if self._copies is not None:
-            prompts = [self._requests[chunk.request_id].prompt_token_ids for chunk in chunks]
+            prompts = [self._requests[chunk.request_id].cache_keys for chunk in chunks]
             self._copies.keep(PrefilledPrompts(chunks, prompts, result))
         if not result.completing:
             return None
@@ -182,6 +194,42 @@ class ModelRunner:
         sampled = BatchSampler(rows, self.batch.vocab_size).sample(result.last_logits, [0] * len(rows))
         mx.async_eval([*sampled.arrays(), *_prefilled_arrays(result)])
         return PendingStep(request_ids, sampled, [r.params.top_logprobs for r in rows])
+
+    def _text_chunks_first(self, chunks: list[PrefillChunk]) -> list[PrefillChunk]:
+        if self.vision is None:
+            return chunks
+        return [c for c in chunks if not self._has_images(c)] + [c for c in chunks if self._has_images(c)]
+
+    def _has_images(self, chunk: PrefillChunk) -> bool:
+        return self._requests[chunk.request_id].vision is not None
+
+    def _run_prefill(self, chunks: list[PrefillChunk], caches: list[LayerCaches]) -> PrefillResult:
+        """Text chunks batched (prefill.py), then the chunks of prompts with images, one request at a time."""
+        with_images = sum(1 for chunk in chunks if self.vision is not None and self._has_images(chunk))
+        split = len(chunks) - with_images
+        rows_limit = self.config.max_prefill_seqs if self.pad_prefill_shapes else None
+        text = (
+            run_prefill(self.model, chunks[:split], caches[:split], rows_limit, self.batch.vocab_size, self.head_split)
+            if split else PrefillResult([], [], None)
+        )
+        if not with_images:
+            return text
+        prompts = {chunk.request_id: self._embedded_prompt(chunk.request_id) for chunk in chunks[split:]}
+        images = run_vision_prefill(self.vision, chunks[split:], caches[split:], prompts)
+        for chunk in chunks[split:]:
+            if chunk.completes_prefill:
+                self._embedded.pop(chunk.request_id)
+        return text.followed_by(images)
+
+    def _embedded_prompt(self, request_id: str) -> EmbeddedPrompt:
+        """The prompt's embeddings (its images through the vision tower), made at its first chunk."""
+        embedded = self._embedded.get(request_id)
+        if embedded is None:
+            request = self._requests[request_id]
+            embedded = self._embedded[request_id] = self.vision.embed_prompt(request.prompt_token_ids, request.vision)
+            if embedded.rope_delta:
+                self._rope_deltas[request_id] = embedded.rope_delta
+        return embedded
 
     def _collect_first_tokens(self, step: PendingStep | None) -> list[SampledToken]:
         if step is None:
@@ -207,7 +255,7 @@ class ModelRunner:
     def _maybe_snapshot(self, chunk: PrefillChunk, cache: LayerCaches) -> None:
         """Snapshot mode: the scheduler marks chunks ending on a block boundary beyond the cached prefix."""
         if chunk.snapshot and self._blocks is not None:
-            self._blocks.insert_snapshot(self._requests[chunk.request_id].prompt_token_ids[: chunk.end], cache)
+            self._blocks.insert_snapshot(self._requests[chunk.request_id].cache_keys[: chunk.end], cache)
 
     def _prefill_cache(self, request_id: str) -> LayerCaches:
         """The request's cache, made at its first chunk from its cached prefix blocks (if any)."""
@@ -264,6 +312,8 @@ class ModelRunner:
         self._requests.clear()
         self._rows.clear()
         self._next_inputs.clear()
+        self._embedded.clear()
+        self._rope_deltas.clear()
         if self.prefix_cache is not None:
             self.prefix_cache.evict_all_unlocked()
         self.batch.caches = []

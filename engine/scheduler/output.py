@@ -15,6 +15,7 @@ from engine.sampling.params import SamplingParams
 if TYPE_CHECKING:
     from engine.kv.cache_manager import CachedBlock
     from engine.sampling.structured import CompiledGuide
+    from engine.vision.inputs import VisionInputs
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,13 @@ class NewRequest:
     sampling: SamplingParams
     guide: "CompiledGuide | None" = None
     cached_blocks: tuple["CachedBlock", ...] = ()
+    # A multimodal prompt's images, and the keys its KV is cached under (None: the prompt's ids).
+    vision: "VisionInputs | None" = None
+    prompt_cache_keys: tuple[int, ...] | None = None
+
+    @property
+    def cache_keys(self) -> tuple[int, ...]:
+        return self.prompt_token_ids if self.prompt_cache_keys is None else self.prompt_cache_keys
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,8 @@ class Scheduler:
             self.running.append(request)
             self.kv.reuse_cached_prefix(request)
             new_requests.append(NewRequest(
-                request.request_id, request.prompt_token_ids, request.sampling, request.guide, tuple(request.prefix_blocks)
+                request.request_id, request.prompt_token_ids, request.sampling, request.guide, tuple(request.prefix_blocks),
+                request.vision, request.prompt_cache_keys,
             ))
             if request.is_prefilling:
                 budget = self._add_chunk(request, budget, chunks)

@@ -1,0 +1,75 @@
+"""A prompt's images as the engine takes them: plain numpy arrays (they cross to the engine process pickled),
+and the prompt as the prefix cache sees it, where image tokens are keyed by their image's content.
+
+No MLX here: the serving side builds these, the runner turns them into arrays on the device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class VisionInputs:
+    """What the model's processor made of a prompt's images (mlx-vlm's `get_input_embeddings` inputs)."""
+
+    pixel_values: np.ndarray
+    # The processor's other arrays the model reads with the pixels (Qwen's image_grid_thw, ...), by name.
+    model_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    # One digest per image (of its decoded pixels), in prompt order: the prefix cache's key for its tokens.
+    image_digests: tuple[str, ...] = ()
+
+    @property
+    def num_images(self) -> int:
+        return len(self.image_digests)
+
+
+def image_digest(mode: str, size: tuple[int, int], pixels: bytes) -> str:
+    """One image's identity: its decoded pixels, so the same picture in another encoding is the same image."""
+    digest = hashlib.sha256(f"{mode}:{size[0]}x{size[1]}:".encode())
+    digest.update(pixels)
+    return digest.hexdigest()
+
+
+def cache_key_ids(token_ids: Sequence[int], image_token_id: int, image_digests: Sequence[str]) -> tuple[int, ...]:
+    """The prompt with each image token replaced by a negative id derived from its image's digest.
+
+    Prefix-cache blocks are hashed over these ids, so a block holding image tokens matches only the same image
+    at the same place. Each run of image tokens is one image when the counts agree; otherwise (processors that
+    split an image in tiles) every image token is keyed by all the prompt's images together.
+    """
+    runs = _image_token_runs(token_ids, image_token_id)
+    if not runs:
+        return tuple(token_ids)
+    if len(runs) == len(image_digests):
+        keys = [_negative_id(d) for d in image_digests]
+    else:
+        keys = [_negative_id("+".join(image_digests))] * len(runs)
+    out = list(token_ids)
+    for (start, end), key in zip(runs, keys):
+        out[start:end] = [key] * (end - start)
+    return tuple(out)
+
+
+def _image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    start = None
+    for i, token in enumerate(token_ids):
+        if token == image_token_id and start is None:
+            start = i
+        elif token != image_token_id and start is not None:
+            runs.append((start, i))
+            start = None
+    if start is not None:
+        runs.append((start, len(token_ids)))
+    return runs
+
+
+def _negative_id(digest: str) -> int:
+    """Below every real token id (vocabularies count from 0), 56 bits of the digest."""
+    return -1 - int(digest[:14], 16)
+

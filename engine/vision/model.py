@@ -1,0 +1,112 @@
+"""A vision-language model (mlx-vlm's model classes) as the runner calls it.
+
+Text runs exactly like an mlx-lm model: `model(tokens, cache=...)` gives logits, with the same caches and the
+same batched decode. A prompt with images is embedded once (`embed_prompt`: the vision tower, merged into the
+token embeddings by mlx-vlm's `get_input_embeddings`) and prefilled from those embeddings, chunk by chunk
+(`prefill_embedded`), the way mlx-vlm's own `generate_step` does.
+
+Models with multimodal rotary positions (Qwen-VL's M-RoPE) place text after an image at `offset + delta`, the
+delta being fixed per request by its images: every call here passes explicit positions, never the language
+model's own per-generation state (`_rope_deltas`, `_position_ids`), which one shared batch would corrupt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine.errors import ModelLoadError
+from engine.vision.inputs import VisionInputs
+
+PROBE_TOKENS = (1, 2, 3, 4, 5)
+
+
+@dataclass(eq=False)
+class EmbeddedPrompt:
+    """A prompt through the vision tower: its input embeddings [1, L, hidden] and what the language model reads
+    with them (positions, ...), whole-prompt arrays the language model slices at its cache offset."""
+
+    token_ids: mx.array  # [1, L]
+    inputs_embeds: mx.array
+    language_kwargs: dict[str, Any] = field(default_factory=dict)
+    rope_delta: int = 0  # multimodal rotary positions: text after the images sits at offset + rope_delta
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[1])
+
+
+class VisionLanguageModel:
+    """mlx-vlm's `Model` (vision tower + language model) behind the call the runner makes of an mlx-lm model."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.vlm = model
+        self.language_model = model.language_model
+        if hasattr(self.language_model, "make_cache"):  # sliding-window families (Gemma 3): their own caches
+            self.make_cache = self.language_model.make_cache
+        # Text positions passed explicitly, [B, L] (the language model's own text-only layout), where it takes them.
+        self.uses_rope_deltas = _takes_text_positions(model)
+
+    @property
+    def layers(self) -> list[Any]:
+        return self.language_model.layers
+
+    def __call__(self, inputs: mx.array, cache: Any = None, rope_deltas: mx.array | None = None) -> mx.array:
+        """Logits [B, L, vocab] of text tokens on top of `cache`; `rope_deltas` [B, 1]: each row's delta."""
+        if not self.uses_rope_deltas:
+            return self.language_model(inputs, cache=cache).logits
+        return self.language_model(inputs, cache=cache, position_ids=self._text_positions(inputs, cache, rope_deltas)).logits
+
+    @staticmethod
+    def _text_positions(inputs: mx.array, cache: Any, rope_deltas: mx.array | None) -> mx.array:
+        """[B, L]: from each row's cache offset (+ its delta) on; one position for every M-RoPE axis, as text has."""
+        batch, length = inputs.shape
+        offset = cache[0].offset if cache else 0
+        start = offset.reshape(-1, 1) if isinstance(offset, mx.array) else mx.array([[offset]])
+        if rope_deltas is not None:
+            start = start + rope_deltas
+        return mx.broadcast_to(start + mx.arange(length)[None], (batch, length))
+
+    def embed_prompt(self, token_ids: tuple[int, ...], vision: VisionInputs) -> EmbeddedPrompt:
+        """Run the vision tower over the prompt's images and merge them into its token embeddings."""
+        ids = mx.array(token_ids, mx.int32)[None]
+        arrays = {name: mx.array(value) for name, value in vision.model_arrays.items()}
+        features = self.vlm.get_input_embeddings(
+            ids, mx.array(vision.pixel_values), mask=mx.ones(ids.shape, mx.int32), **arrays
+        )
+        extra = {k: v for k, v in features.to_dict().items() if k != "inputs_embeds" and v is not None}
+        delta = 0
+        if self.uses_rope_deltas and extra.get("rope_deltas") is not None:
+            delta = int(extra["rope_deltas"].reshape(-1)[0].item())
+        return EmbeddedPrompt(ids, features.inputs_embeds, {**arrays, **extra}, delta)
+
+    def prefill_embedded(self, prompt: EmbeddedPrompt, start: int, end: int, cache: Any) -> mx.array:
+        """Write prompt positions [start, end) to `cache` (which holds exactly `start`); their logits (lazy)."""
+        output = self.language_model(
+            prompt.token_ids[:, start:end], inputs_embeds=prompt.inputs_embeds[:, start:end], cache=cache,
+            n_to_process=end - start, **prompt.language_kwargs,
+        )
+        return output.logits
+
+
+def _takes_text_positions(model: nn.Module) -> bool:
+    """Whether the language model takes rotary positions from the caller (M-RoPE families): a text probe through
+    mlx-vlm's own embedding path says so. Positions laid out otherwise than we build them are refused at load
+    rather than decoded wrong."""
+    ids = mx.array([PROBE_TOKENS], mx.int32)
+    features = model.get_input_embeddings(ids, None, mask=mx.ones(ids.shape, mx.int32))
+    positions = features.position_ids
+    if positions is None:
+        return False
+    expected = mx.arange(len(PROBE_TOKENS))[None]
+    if positions.shape != expected.shape or not bool(mx.array_equal(positions, expected).item()):
+        raise ModelLoadError(
+            f"{type(model).__module__}: its text positions have a layout Orchard does not build ({positions.shape})"
+        )
+    return True
+
+
+__all__ = ["EmbeddedPrompt", "VisionLanguageModel"]
