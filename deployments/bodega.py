@@ -27,8 +27,8 @@ UNSUPPORTED = {
     "draft_model_path": "speculative decoding is not available yet: remove 'draft_model_path'",
     "num_draft_tokens": "speculative decoding is not available yet: remove 'num_draft_tokens'",
 }
-# Bodega's model types Orchard does not serve yet (it serves `lm`).
-UNSUPPORTED_MODEL_TYPES = ("multimodal", "embedding")
+# Bodega's model types Orchard does not serve yet (it serves `lm` and `multimodal`).
+UNSUPPORTED_MODEL_TYPES = ("embedding",)
 
 
 def from_bodega(fields: Any) -> Any:
@@ -37,7 +37,7 @@ def from_bodega(fields: Any) -> Any:
         return fields  # pydantic reports the type
     fields = dict(fields)
     if fields.get("model_type") in UNSUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type '{fields['model_type']}' is not supported yet (only 'lm')")
+        raise ValueError(f"model_type '{fields['model_type']}' is not supported yet (only 'lm' and 'multimodal')")
     for name, why in UNSUPPORTED.items():
         if fields.get(name) is not None:
             raise ValueError(why)

@@ -13,6 +13,7 @@ from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.models.names import DEFAULT_MODEL_ID
 from deployments.bodega import from_bodega
+from deployments.chat.images import DEFAULT_MAX_IMAGE_PIXELS
 from deployments.chat.parsers.selection import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
 
 # `model_path: default` means the embedded SmolLM2 model, converted on first use by the model's replica.
@@ -82,7 +83,8 @@ class ModelConfig(BaseModel):
 
     model_path: str = Field(min_length=1)
     model_id: str | None = None
-    model_type: Literal["lm"] = "lm"
+    # "lm": a text model (mlx-lm); "multimodal": a vision-language model (mlx-vlm), which takes images and text.
+    model_type: Literal["lm", "multimodal"] = "lm"
     context_length: int | None = Field(None, ge=2)
     # Run the weights in this dtype (null: as stored).
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
@@ -100,6 +102,8 @@ class ModelConfig(BaseModel):
     queue_size: int | None = Field(100, ge=0)
     queue_timeout: float | None = Field(300.0, gt=0)
     chat_template_file: str | None = None
+    # A multimodal model refuses images with more pixels than this (decoding one costs 3 bytes a pixel).
+    max_image_pixels: int = Field(DEFAULT_MAX_IMAGE_PIXELS, ge=1)
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     trust_remote_code: bool = False

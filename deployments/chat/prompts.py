@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployments.chat import generic_tools
+from deployments.chat.vision_prompts import VisionPromptEncoder
 from engine.errors import InvalidRequestError
+from engine.vision.inputs import VisionInputs
 from engine.output.request_output import TokenLogprob
 from deployments.model_calls import ChatPrompt, TextPrompt, TokenLogprobInfo, TopTokenLogprob
 
@@ -15,13 +17,17 @@ from deployments.model_calls import ChatPrompt, TextPrompt, TokenLogprobInfo, To
 class EncodedPrompt:
     token_ids: list[int]
     text: str  # the rendered chat prompt ("" for token-id prompts): output parsers read its end
+    vision: VisionInputs | None = None  # a prompt with images (a multimodal model)
+    cache_keys: tuple[int, ...] | None = None  # the prefix cache's keys, where images make them differ from the ids
 
 
 class PromptEncoder:
     def __init__(
-        self, tokenizer: Any, tools_in_system_prompt: bool = False, tools_token_budget: int | None = None
+        self, tokenizer: Any, tools_in_system_prompt: bool = False, tools_token_budget: int | None = None,
+        vision: VisionPromptEncoder | None = None,
     ) -> None:
         self._tokenizer = tokenizer
+        self._vision = vision  # a multimodal model's images; None: the model takes text only
         # The generic tool format (chat/generic_tools.py): the template is never given tools or tool turns.
         self._tools_in_system_prompt = tools_in_system_prompt
         # Tools described in full would take more tokens than this: they are described compactly (Claude Code's
@@ -33,12 +39,24 @@ class PromptEncoder:
 
     def encode(self, prompt: ChatPrompt | TextPrompt) -> EncodedPrompt:
         if isinstance(prompt, ChatPrompt):
+            if prompt.images:
+                return self._with_images(prompt)
             text = self._chat_text(prompt)
             # The template already holds any BOS/special tokens the model expects.
             return EncodedPrompt(list(self._tokenizer.encode(text, add_special_tokens=False)), text)
         if prompt.token_ids is not None:
             return EncodedPrompt(list(prompt.token_ids), "")
         return EncodedPrompt(list(self._tokenizer.encode(prompt.text or "")), prompt.text or "")
+
+    def _with_images(self, prompt: ChatPrompt) -> EncodedPrompt:
+        if self._vision is None:
+            raise InvalidRequestError(
+                "This model takes text only: images need a vision-language model (model_type: multimodal)",
+                param=prompt.images[0].param,
+            )
+        text = self._chat_text(prompt)
+        encoded = self._vision.encode(text, prompt.images)
+        return EncodedPrompt(encoded.token_ids, text, encoded.vision, encoded.cache_keys)
 
     def _chat_text(self, prompt: ChatPrompt) -> str:
         if not getattr(self._tokenizer, "chat_template", None):

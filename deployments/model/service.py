@@ -20,6 +20,7 @@ from deployments.chat.output_plan import plan_output
 from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
 from deployments.chat.parsers.selection import OutputParser, ParserNames, resolve_parser_names
 from deployments.chat.prompts import EncodedPrompt, PromptEncoder, TokenTexts
+from deployments.chat.vision_prompts import VisionPromptEncoder
 from deployments.config import ModelConfig
 from deployments.model_calls import (
     ChatPrompt,
@@ -43,6 +44,7 @@ from engine.output.request_output import Admitted, Queued, TextDelta
 from engine.request import FinishReason, Request
 from engine.runner.memory import EngineMemory, process_rss_bytes
 from engine.sampling.params import SamplingParams
+from engine.vision.loader import read_image_token_id
 
 # A child of Serve's logger, so replica log lines carry Serve's request id too.
 logger = logging.getLogger("ray.serve.orchard")
@@ -64,6 +66,7 @@ EngineClientFactory = Callable[[ModelConfig], EngineClient]
 def engine_spec(config: ModelConfig) -> EngineSpec:
     return EngineSpec(
         model_path=config.model_path,
+        model_type=config.model_type,
         uses_default_model=config.uses_default_model,
         dtype=config.dtype,
         chat_template_file=config.chat_template_file,
@@ -110,6 +113,7 @@ class ModelService:
         self._prompts = PromptEncoder(
             tokenizer, tools_in_system_prompt=self.parser_names.tools_in_system_prompt,
             tools_token_budget=self._engine.served.context_length // TOOLS_CONTEXT_SHARE,
+            vision=self._vision_encoder(),
         )
         self._token_texts = TokenTexts(tokenizer)
         self.created_at = int(time.time())
@@ -117,6 +121,15 @@ class ModelService:
             "model %s ready in %.1f s (tool-call parser %s, reasoning parser %s)", self.model_id,
             time.monotonic() - started, self.parser_names.tool, self.parser_names.reasoning,
         )
+
+    def _vision_encoder(self) -> VisionPromptEncoder | None:
+        """A multimodal model's image path: its processor (loaded with the tokenizer) and its image token."""
+        served = self._engine.served
+        if served.processor is None:
+            return None
+        if not getattr(served.tokenizer, "chat_template", None):  # VLM folders may keep it with the processor
+            served.tokenizer.chat_template = getattr(served.processor, "chat_template", None)
+        return VisionPromptEncoder(served.processor, read_image_token_id(served.path), self.config.max_image_pixels)
 
     async def unload(self) -> None:
         """Refuse new requests, give open streams up to advanced.unload_drain_s to finish, then end the rest with
@@ -144,7 +157,9 @@ class ModelService:
             prompt = await self._encode(job.prompt)
             plan = plan_output(self.parser_names, job, prompt.text)
             sampling = self._with_max_tokens(plan.sampling, len(prompt.token_ids), job.clamp_max_tokens)
-            stream = self._engine.submit(Request(job.request_id, prompt.token_ids, sampling))
+            stream = self._engine.submit(Request(
+                job.request_id, prompt.token_ids, sampling, vision=prompt.vision, prompt_cache_keys=prompt.cache_keys
+            ))
         except OrchardError as exc:
             logger.info("request %s (%s) refused: %s", job.request_id, job.log_id, exc.message)
             yield StreamChunk(error=exc)

@@ -51,6 +51,11 @@ def load_vision_processor(path: str | Path, *, trust_remote_code: bool = False) 
     return processor
 
 
+def read_image_token_id(folder: str | Path) -> int:
+    """The id of the placeholder token each image's embeddings replace (from the folder's config.json)."""
+    return image_token_id(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")))
+
+
 def image_token_id(config: dict[str, Any]) -> int:
     """The id of the placeholder token each image's embeddings replace."""
     for section in (config, config.get("text_config") or {}):

@@ -46,7 +46,7 @@ def test_unknown_fields_are_refused_by_name():
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"model_type": "multimodal"}, "not supported yet"),
+        ({"model_type": "embedding"}, "not supported yet"),
         ({"model_type": "diffusion"}, "model_type"),
         ({"tool_call_parser": "qwen9"}, "unknown parser"),
         ({"reasoning_parser": "nope"}, "unknown parser"),
