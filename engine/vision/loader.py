@@ -38,10 +38,11 @@ def load_vision_model(
 
 def load_vision_processor(path: str | Path, *, trust_remote_code: bool = False) -> Any:
     """The model's processor (mlx-vlm's, or the one its folder names): images and text to model inputs."""
-    from mlx_vlm.utils import load_image_processor, load_processor
+    from mlx_vlm.utils import get_model_and_args, load_image_processor, load_processor
 
-    folder, _ = _checked_folder(path, trust_remote_code)
+    folder, config = _checked_folder(path, trust_remote_code)
     try:
+        get_model_and_args(config)  # imports the family's module, which registers mlx-vlm's processor classes
         processor = load_processor(folder, add_detokenizer=False, trust_remote_code=trust_remote_code)
         image_processor = load_image_processor(folder, trust_remote_code=trust_remote_code)
     except Exception as exc:
