@@ -30,9 +30,9 @@ ROOT_HASH = 0
 def chain_hash(parent_hash: int, tokens: Sequence[int]) -> int:
     digest = hashlib.blake2b(digest_size=16)
     digest.update(parent_hash.to_bytes(16, "little"))
-    # struct packs in C (a prefix-cache hit hashes every block twice, on the TTFT path); the same
-    # bytes as each token's 4-byte little-endian form, and it refuses ids outside uint32 alike.
-    digest.update(struct.pack(f"<{len(tokens)}I", *tokens))
+    # struct packs in C (a prefix-cache hit hashes every block twice, on the TTFT path); 8 bytes a key: image
+    # tokens are keyed by negative 56-bit ids from their image's digest (engine/vision/inputs.py).
+    digest.update(struct.pack(f"<{len(tokens)}q", *tokens))
     return int.from_bytes(digest.digest(), "little")
 
 
