@@ -42,6 +42,10 @@ QWEN25_VL_SPECIAL_TOKENS = {
 # Tool-call and FIM markers are plain added tokens in Qwen's tokenizer, not "special" (they are not skipped).
 QWEN25_VL_NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
                          "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
+# Qwen2's pre-tokenizer split (transformers' Qwen2Tokenizer uses the same).
+QWEN_SPLIT_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                    r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+
 # The chat_template.json of Qwen/Qwen2.5-VL-*-Instruct.
 QWEN25_VL_CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
@@ -120,10 +124,11 @@ GEMMA3_CHAT_TEMPLATE = (
 )
 
 
-
-
 def write_qwen25_vl_tokenizer(out: Path, vocab_size: int, seed: int = 0) -> None:
-    """tokenizer.json, tokenizer_config.json, special_tokens_map.json and chat_template.json of Qwen2.5-VL."""
+    """tokenizer.json, tokenizer_config.json, special_tokens_map.json and chat_template.json of Qwen2.5-VL.
+
+    Every id below `vocab_size` decodes; the real tokenizer stops at 151664 and leaves the embedding's top
+    271 rows without tokens."""
     specials = {token: token not in QWEN25_VL_NOT_SPECIAL for token in QWEN25_VL_SPECIAL_TOKENS.values()}
     _write_byte_level_tokenizer(out, vocab_size, QWEN25_VL_SPECIAL_TOKENS, specials, seed)
     tokenizer_config = {
@@ -221,10 +226,6 @@ def _write_byte_level_tokenizer(out: Path, vocab_size: int, special_tokens: dict
     tokenizer.decoder = decoders.ByteLevel()
     _add_special_tokens(tokenizer, special_tokens, is_special)
     tokenizer.save(str(out / "tokenizer.json"))
-
-
-QWEN_SPLIT_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
-                    r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
 def _write_sentencepiece_tokenizer(out: Path, vocab_size: int, special_tokens: dict[int, str], seed: int,
