@@ -10,7 +10,6 @@ import mlx.core as mx
 import pytest
 from PIL import Image
 
-from tests.support.images import jpeg_bytes, png_bytes, truncated_png_bytes
 from tests.support.tiny_vlms import (
     GEMMA3_IMAGE_TOKEN_ID,
     GEMMA3_IMAGE_TOKENS,
@@ -18,6 +17,7 @@ from tests.support.tiny_vlms import (
     write_gemma3,
     write_qwen25_vl,
 )
+from tests.support.vlm_images import jpeg_bytes, png_bytes, truncated_png_bytes
 from tests.support.vlm_reference import mlx_vlm_greedy, process_chat
 from tests.support.vlm_tokenizers import GEMMA3_SPECIAL_TOKENS, QWEN25_VL_SPECIAL_TOKENS
 

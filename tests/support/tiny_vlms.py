@@ -23,10 +23,16 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map_with_path
 
+from tests.support.vlm_images import jpeg_bytes, png_bytes, truncated_png_bytes
 from tests.support.vlm_tokenizers import (
     write_gemma3_tokenizer,
     write_qwen25_vl_tokenizer,
 )
+
+# The image helpers live in vlm_images.py; tests that build a model usually want them too.
+__all__ = ["GEMMA3_CONFIG", "GEMMA3_IMAGE_TOKENS", "GEMMA3_IMAGE_TOKEN_ID", "QWEN25_VL_CONFIG",
+           "QWEN25_VL_IMAGE_TOKEN_ID", "QWEN25_VL_MAX_PIXELS", "QWEN25_VL_MIN_PIXELS", "jpeg_bytes", "png_bytes",
+           "truncated_png_bytes", "write_gemma3", "write_qwen25_vl"]
 
 # ---- Qwen2.5-VL (shapes of Qwen2.5-VL-3B-Instruct, shrunk; token ids and template are the real ones)
 QWEN25_VL_IMAGE_TOKEN_ID = 151655
