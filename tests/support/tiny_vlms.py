@@ -174,10 +174,15 @@ def write_qwen25_vl(out_dir: str | Path, seed: int = 0, scale: float = 4.0) -> P
     return out
 
 
-def write_gemma3(out_dir: str | Path, seed: int = 0, scale: float = 4.0) -> Path:
-    """A Gemma 3 folder: 2 text layers of width 64 (one sliding, one global), a 2-layer SigLIP of width 32."""
+def write_gemma3(out_dir: str | Path, seed: int = 0, scale: float = 4.0, sliding_window: int = 32) -> Path:
+    """A Gemma 3 folder: 2 text layers of width 64 (one sliding, one global), a 2-layer SigLIP of width 32.
+
+    The default 32-token window is shorter than most prompts with an image, so the sliding layer's cache
+    evicts (mlx-vlm's RotatingKVCache); a window longer than the prompts never does.
+    """
     out = _prepare(out_dir)
     config = copy.deepcopy(GEMMA3_CONFIG)
+    config["text_config"]["sliding_window"] = sliding_window
     # Gemma multiplies embeddings by sqrt(hidden size) and normalises every sublayer's output, so with
     # MLX's initial norm weights the embedding drowns the layers and the tied head echoes the input token.
     # Its RMSNorm scales by 1 + weight: 3.0 makes the sublayer outputs and the final logits 4x larger.
