@@ -47,14 +47,11 @@ class VisionPromptEncoder:
         return VisionPrompt(token_ids, vision, cache_key_ids(token_ids, self._image_token_id, digests))
 
     def _processed(self, text: str, decoded: list[DecodedImage]) -> dict[str, Any]:
-        """mlx-vlm's own input preparation (the one its generate uses), so the model sees what it would there."""
-        from mlx_vlm.utils import prepare_inputs
-
+        """The model's processor on the rendered prompt: it expands each image placeholder to the image's tokens.
+        The template already wrote the special tokens the model expects (mlx-vlm's own preparation lets Gemma 3's
+        tokenizer add a second <bos>)."""
         try:
-            inputs = prepare_inputs(
-                self._processor, images=[d.image for d in decoded], prompts=[text],
-                image_token_index=self._image_token_id, add_special_tokens=False, padding=False,
-            )
+            inputs = dict(self._processor(text=[text], images=[d.image for d in decoded], add_special_tokens=False))
         except Exception as exc:  # processors raise many types (placeholder/image count mismatches, sizes)
             raise InvalidRequestError(
                 f"The model's processor could not prepare these images: {exc}", param=decoded[0].source.param

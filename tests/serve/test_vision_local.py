@@ -1,0 +1,149 @@
+"""Images through the in-process stack with the real `openai` and `anthropic` clients: a tiny Qwen2.5-VL answers
+images in all three APIs (streamed text == whole text), counts them, caches them; bad images get 400s naming the
+image and the limit; a text model refuses an image by name."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+import zlib
+
+import anthropic
+import httpx2
+import openai
+import pytest
+
+from deployments.config import ModelConfig
+from tests.serve.local_stack import local_stack
+from tests.support.tiny_vlms import write_qwen25_vl
+from tests.support.vlm_images import jpeg_bytes, png_bytes, truncated_png_bytes
+
+VL = "tiny-vl"
+QUESTION = "t11 t12 t13"
+
+
+@pytest.fixture(scope="module")
+def vl_config(tmp_path_factory) -> ModelConfig:
+    folder = write_qwen25_vl(tmp_path_factory.mktemp("vl"))
+    return ModelConfig(model_path=str(folder), model_id=VL, model_type="multimodal", max_image_pixels=1_000_000,
+                       advanced={"prefill_warmup_seconds": 0})
+
+
+def data_url(data: bytes, media_type: str = "image/png") -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+def openai_image_message(*images: bytes, media_type: str = "image/png") -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": data_url(data, media_type)}} for data in images]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}]
+
+
+def anthropic_image_message(data: bytes) -> list[dict]:
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
+    return [{"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": QUESTION}]}]
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims `width` x `height` (no pixel data): the size check must come before decoding."""
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", len(header)) + b"IHDR" + header + struct.pack(">I", zlib.crc32(b"IHDR" + header))
+    return b"\x89PNG\r\n\x1a\n" + chunk
+
+
+def clients(stack) -> tuple[openai.AsyncOpenAI, anthropic.AsyncAnthropic]:
+    oa = openai.AsyncOpenAI(base_url="http://orchard/v1", api_key="unused", http_client=stack.http, max_retries=0)
+    transport = httpx2.ASGITransport(app=stack.app)  # the anthropic SDK speaks httpx2
+    an = anthropic.AsyncAnthropic(base_url="http://orchard", api_key="unused", max_retries=0,
+                                  http_client=httpx2.AsyncClient(transport=transport))
+    return oa, an
+
+
+def test_images_in_all_three_apis_streamed_equal_whole_and_counted(vl_config, tmp_path):
+    image = png_bytes(112, 84, seed=1)
+
+    async def scenario():
+        async with local_stack([vl_config], tmp_path) as stack:
+            oa, an = clients(stack)
+            request = dict(model=VL, messages=openai_image_message(image), max_tokens=8, temperature=0)
+            whole = await oa.chat.completions.create(**request)
+            stream = await oa.chat.completions.create(**request, stream=True)
+            streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+            assert whole.choices[0].message.content == streamed != ""
+            assert whole.usage.prompt_tokens > 20  # the image's tokens, expanded by the processor
+
+            messages = anthropic_image_message(image)
+            counted = await an.messages.count_tokens(model=VL, messages=messages)
+            answer = await an.messages.create(model=VL, max_tokens=8, messages=messages, top_k=1)
+            async with an.messages.stream(model=VL, max_tokens=8, messages=messages, top_k=1) as events:
+                streamed = "".join([text async for text in events.text_stream])
+            assert answer.content[0].text == streamed != ""
+            assert answer.usage.input_tokens == counted.input_tokens
+            assert answer.usage.cache_read_input_tokens > 0  # the same image again: its blocks were cached
+
+            response = await oa.responses.create(model=VL, max_output_tokens=8, temperature=0, input=[
+                {"role": "user", "content": [{"type": "input_image", "image_url": data_url(image)},
+                                             {"type": "input_text", "text": QUESTION}]}])
+            assert response.status in ("completed", "incomplete") and response.output_text
+
+    asyncio.run(scenario())
+
+
+BAD_IMAGES = [
+    (truncated_png_bytes(), "image/png", "truncated or corrupt"),
+    (png_bytes(1, 1), "image/png", "1x1 pixels; images need at least 2 pixels a side"),
+    (png_header_only(20_000, 20_000), "image/png", "20000x20000 pixels; this model takes at most 1,000,000 pixels"),
+    (jpeg_bytes(64, 64), "image/png", "declared as image/png but holds image/jpeg data"),
+    (b"GIF89a but not really", "image/gif", "is not an image Orchard can read"),
+]
+
+
+@pytest.mark.parametrize("data, media_type, words", BAD_IMAGES, ids=["truncated", "1x1", "20k", "mime", "garbage"])
+def test_bad_images_get_a_400_naming_the_image(vl_config, tmp_path, data, media_type, words):
+    async def scenario():
+        async with local_stack([vl_config], tmp_path) as stack:
+            oa, an = clients(stack)
+            messages = [{"role": "user", "content": [
+                {"type": "text", "text": QUESTION},
+                {"type": "image_url", "image_url": {"url": data_url(png_bytes(56, 56))}},
+                {"type": "image_url", "image_url": {"url": data_url(data, media_type)}}]}]
+            with pytest.raises(openai.BadRequestError) as refused:
+                await oa.chat.completions.create(model=VL, messages=messages, max_tokens=4)
+            error = refused.value.body
+            assert error["param"] == "messages.0.content.2" and words in error["message"], error
+            block = {"type": "image", "source": {"type": "base64", "media_type": media_type,
+                                                 "data": base64.b64encode(data).decode()}}
+            with pytest.raises(anthropic.BadRequestError) as refused:
+                await an.messages.create(model=VL, max_tokens=4, messages=[{"role": "user", "content": [block]}])
+            assert words in refused.value.body["error"]["message"]
+
+    asyncio.run(scenario())
+
+
+def test_fifty_images_are_refused_by_the_ingress_limit(vl_config, tmp_path):
+    async def scenario():
+        async with local_stack([vl_config], tmp_path) as stack:
+            oa, _ = clients(stack)
+            with pytest.raises(openai.BadRequestError) as refused:
+                await oa.chat.completions.create(model=VL, messages=openai_image_message(*[png_bytes(8, 8)] * 50))
+            assert "50 images; this server takes at most 16 per request (max_images_per_request)" in refused.value.body["message"]
+
+    asyncio.run(scenario())
+
+
+def test_a_text_model_refuses_an_image_naming_it(tiny_models, tmp_path):
+    config = ModelConfig(model_path=str(tiny_models.alpha), model_id="alpha", advanced={"prefill_warmup_seconds": 0})
+
+    async def scenario():
+        async with local_stack([config], tmp_path) as stack:
+            oa, an = clients(stack)
+            with pytest.raises(openai.BadRequestError) as refused:
+                await oa.chat.completions.create(model="alpha", messages=openai_image_message(png_bytes(56, 56)))
+            assert refused.value.body["param"] == "messages.0.content.0"
+            assert "takes text only" in refused.value.body["message"] and "multimodal" in refused.value.body["message"]
+            with pytest.raises(anthropic.BadRequestError) as refused:
+                await an.messages.create(model="alpha", max_tokens=4, messages=anthropic_image_message(png_bytes(56, 56)))
+            assert refused.value.body["error"]["type"] == "invalid_request_error"
+            assert "takes text only" in refused.value.body["error"]["message"]
+
+    asyncio.run(scenario())
