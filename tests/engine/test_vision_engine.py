@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.chat.vision_prompts import VisionPromptEncoder
-from deployments.model_calls import ImageInput
+from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
+from deployments.model_calls import ImageInput, VideoInput
 from engine import EngineConfig, EngineCore, Request, SamplingParams
-from engine.vision.loader import load_vision_model, load_vision_processor, read_image_token_id
+from engine.vision.loader import load_vision_model, load_vision_processor, read_media_token_ids
 from tests.engine.test_batching import assert_same_stream
 from tests.support.drive import Arrival, run_core
 from tests.support.tiny_vlms import write_gemma3, write_qwen25_vl
@@ -28,20 +28,26 @@ class Family:
         self.folder = folder
         self.loaded = load_vision_model(folder)
         self.processor = load_vision_processor(folder)
-        self.encoder = VisionPromptEncoder(self.processor, read_image_token_id(folder), max_image_pixels=10**7)
+        self.encoder = VisionPromptEncoder(self.processor, MediaTokens(*read_media_token_ids(folder)), max_image_pixels=10**7)
 
     def chat_text(self, messages) -> str:
         return self.processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def request(self, request_id: str, images: list[bytes], text: str = QUESTION, max_tokens: int = 8) -> Request:
-        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-        rendered = self.chat_text([{"role": "user", "content": content}])
+    def request(
+        self, request_id: str, images: list[bytes], text: str = QUESTION, max_tokens: int = 8,
+        video: list[bytes] | None = None,
+    ) -> Request:
+        """A user turn with `images` (or a `video` given as its frames) before `text`."""
+        media = [{"type": "image"} for _ in images] + ([{"type": "video"}] if video else [])
+        rendered = self.chat_text([{"role": "user", "content": [*media, {"type": "text", "text": text}]}])
         sampling = greedy(max_tokens)
-        if not images:
+        if not media:
             ids = self.processor.tokenizer.encode(rendered, add_special_tokens=False)
             return Request(request_id, ids, sampling)
         inputs = [ImageInput(data, f"messages.0.content.{i}", "image/png") for i, data in enumerate(images)]
-        prompt = self.encoder.encode(rendered, inputs)
+        frames = [ImageInput(data, f"messages.0.content.0.video.{i}") for i, data in enumerate(video or [])]
+        videos = [VideoInput("messages.0.content.0", frames=frames)] if video else []
+        prompt = self.encoder.encode(rendered, inputs, videos)
         return Request(request_id, prompt.token_ids, sampling, vision=prompt.vision, prompt_cache_keys=prompt.cache_keys)
 
 
@@ -138,3 +144,38 @@ def test_a_second_turn_about_the_same_image_reuses_its_kv(family):
     last_image_token = max(i for i, key in enumerate(prompt.cache_keys) if key < 0)
     assert second.finish.usage.cached_tokens > last_image_token
     assert_same_stream(alone(family, Request("turn2-alone", prompt.token_ids, greedy(4), vision=prompt.vision)), second)
+
+
+def test_a_video_of_frames_equals_mlx_vlm_and_batches_with_images_and_text(tmp_path_factory):
+    """Qwen2.5-VL takes video: frames sampled as its processor asks, video tokens keyed by the frames' content."""
+    import mlx.core as mx
+    from mlx_vlm.utils import load
+
+    from tests.support.vlm_reference import ProcessedChat
+
+    family = Family(write_qwen25_vl(tmp_path_factory.mktemp("qwen-video")))
+    frames = [png_bytes(112, 84, seed=40 + i) for i in range(6)]
+    request = family.request("video", [], video=frames)
+    ours = alone(family, request)
+    vision = request.vision
+    model, processor = load(str(family.folder))
+    ids = mx.array([list(request.prompt_token_ids)])
+    chat = ProcessedChat("", ids, mx.ones(ids.shape), None, {k: mx.array(v) for k, v in vision.model_arrays.items()})
+    theirs = mlx_vlm_greedy(model, processor, chat, max_tokens=8)
+    assert ours.token_ids == theirs.token_ids
+    assert max(abs(a - b) for a, b in zip(ours.logprobs, theirs.chosen_logprobs())) < 1e-4
+    assert "pixel_values_videos" in vision.model_arrays and vision.pixel_values is None
+
+    def mixed() -> list[Request]:
+        return [family.request("v", [], video=frames), family.request("i", [png_bytes(56, 56, seed=1)]),
+                family.request("t", []), family.request("v2", [], video=frames[::-1])]
+
+    expected = {r.request_id: alone(family, r) for r in mixed()}
+    assert expected["v2"].logprobs != expected["v"].logprobs  # the frames' order reaches the model
+    core = EngineCore(family.loaded, EngineConfig(prefix_block_size=BLOCK, prefill_chunk_tokens=16))
+    batched = run_core(core, [Arrival(0, r) for r in mixed()])
+    for request_id, stream in expected.items():
+        assert_same_stream(stream, batched[request_id])
+    again = run_core(core, [Arrival(0, family.request("again", [], video=frames))])["again"]
+    assert again.finish.usage.cached_tokens == (again.finish.usage.prompt_tokens - 1) // BLOCK * BLOCK
+    assert_same_stream(ours, again)

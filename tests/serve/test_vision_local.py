@@ -153,3 +153,70 @@ def test_a_text_model_refuses_an_image_naming_it(tiny_models, tmp_path):
             assert "takes text only" in refused.value.body["error"]["message"]
 
     asyncio.run(scenario())
+
+
+def mp4_bytes(frames: list[bytes], fps: int = 4) -> bytes:
+    """A real MP4 file (OpenCV's mp4v codec) of these PNG frames."""
+    import pathlib
+    import tempfile
+
+    import cv2
+    import numpy as np
+
+    images = [cv2.imdecode(np.frombuffer(frame, np.uint8), cv2.IMREAD_COLOR) for frame in frames]
+    height, width = images[0].shape[:2]
+    path = pathlib.Path(tempfile.mkdtemp()) / "clip.mp4"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    for image in images:
+        writer.write(image)
+    writer.release()
+    return path.read_bytes()
+
+
+def media_tokens(folder: str, frames: int, width: int, height: int) -> int:
+    """How many tokens the model's own processor gives an image (frames 1) or a video of `frames` frames."""
+    import numpy as np
+
+    from engine.vision.loader import load_vision_processor, read_media_token_ids
+
+    processor = load_vision_processor(folder)
+    image_token, video_token = read_media_token_ids(folder)
+    pixels = np.zeros((height, width, 3), np.uint8)
+    if frames == 1:
+        from PIL import Image
+
+        out, token = processor(text=["<|image_pad|>"], images=[Image.fromarray(pixels)]), image_token
+    else:
+        out, token = processor(text=["<|video_pad|>"], videos=[np.stack([pixels] * frames)]), video_token
+    return int(np.count_nonzero(np.asarray(out["input_ids"]) == token))
+
+
+def test_video_as_frames_or_a_file_and_never_beside_images(vl_config, tmp_path):
+    frames = [png_bytes(112, 84, seed=50 + i) for i in range(8)]
+
+    async def scenario():
+        async with local_stack([vl_config], tmp_path) as stack:
+            oa, _ = clients(stack)
+
+            async def ask(part: dict) -> openai.types.chat.ChatCompletion:
+                messages = [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}]
+                return await oa.chat.completions.create(model=VL, messages=messages, max_tokens=4, temperature=0)
+
+            as_frames = await ask({"type": "video", "video": [data_url(frame) for frame in frames]})
+            as_file = await ask({"type": "video_url", "video_url": {"url": data_url(mp4_bytes(frames), "video/mp4")}})
+            image = await ask({"type": "image_url", "image_url": {"url": data_url(frames[0])}})
+            folder = vl_config.model_path
+            text_tokens = image.usage.prompt_tokens - media_tokens(folder, 1, 112, 84)
+            assert as_frames.usage.prompt_tokens == text_tokens + media_tokens(folder, 8, 112, 84)
+            # The file's 2 s are sampled at the processor's 2 frames a second: 4 frames.
+            assert as_file.usage.prompt_tokens == text_tokens + media_tokens(folder, 4, 112, 84)
+            both = [{"type": "image_url", "image_url": {"url": data_url(frames[0])}},
+                    {"type": "video", "video": [data_url(frame) for frame in frames]}]
+            with pytest.raises(openai.BadRequestError) as refused:
+                await oa.chat.completions.create(model=VL, messages=[{"role": "user", "content": both}], max_tokens=4)
+            assert refused.value.body["param"] == "messages.0.content.1" and "not both" in refused.value.body["message"]
+            with pytest.raises(openai.BadRequestError) as refused:
+                await ask({"type": "video_url", "video_url": {"url": data_url(b"not a video at all", "video/mp4")}})
+            assert "could not be read" in refused.value.body["message"] or "no frames" in refused.value.body["message"]
+
+    asyncio.run(scenario())
