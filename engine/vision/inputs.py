@@ -49,7 +49,7 @@ def cache_key_ids(token_ids: Sequence[int], media: Sequence[tuple[int, Sequence[
         if len(runs) == len(digests):
             keys = [_negative_id(d) for d in digests]
         else:
-            keys = [_negative_id("+".join(digests))] * len(runs)
+            keys = [_negative_id(hashlib.sha256("+".join(digests).encode()).hexdigest())] * len(runs)
         for (start, end), key in zip(runs, keys):
             out[start:end] = [key] * (end - start)
     return tuple(out)
