@@ -220,3 +220,13 @@ def test_video_as_frames_or_a_file_and_never_beside_images(vl_config, tmp_path):
             assert "could not be read" in refused.value.body["message"] or "no frames" in refused.value.body["message"]
 
     asyncio.run(scenario())
+
+
+def test_detail_low_shrinks_a_large_image_to_512_pixels_a_side():
+    from deployments.chat.images import decode_image
+    from deployments.model_calls import ImageInput
+
+    big = png_bytes(1024, 768)
+    assert decode_image(ImageInput(big, "p", detail="low")).image.size == (512, 384)
+    assert decode_image(ImageInput(big, "p", detail="high")).image.size == (1024, 768)
+    assert decode_image(ImageInput(png_bytes(300, 200), "p", detail="low")).image.size == (300, 200)
