@@ -46,10 +46,10 @@ def head_split(model: Any) -> HeadSplit | None:
     else:
         return None
     split = HeadSplit(backbone, head)
-    return split if _agrees(model, split) else None
+    return split if agrees(model, split) else None
 
 
-def _agrees(model: Any, split: HeadSplit) -> bool:
+def agrees(model: Any, split: HeadSplit) -> bool:
     """The split's logits equal the model call's on a probe forward (same shapes, so same kernels)."""
     tokens = mx.array([PROBE_TOKENS], mx.uint32)
     try:

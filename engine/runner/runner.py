@@ -55,11 +55,11 @@ class ModelRunner:
         self._blocks = KVBlockStore(self.model, prefix_cache) if prefix_cache is not None else None
         self._copies = PromptCopies(self._blocks) if self._blocks is not None else None
         self.pad_prefill_shapes = _resolve_pad_shapes(config.pad_prefill_shapes, self.model)
-        # Prefill logits at the completing positions only, where the model splits exactly (else None).
-        self.head_split = head_split(self.model)
         # Vision-language models: prompts with images prefill from their embeddings (vision_prefill.py), kept
         # from a request's first chunk to its last; text after images sits at offset + delta (M-RoPE).
         self.vision = self.model if isinstance(self.model, VisionLanguageModel) else None
+        # Prefill logits at the completing positions only, where the model splits exactly (else None).
+        self.head_split = self.vision.head_split() if self.vision is not None else head_split(self.model)
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._rope_deltas: dict[str, int] = {}
 

@@ -19,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import ModelLoadError
+from engine.runner.head_split import HeadSplit, agrees
 from engine.vision.inputs import VisionInputs
 
 PROBE_TOKENS = (1, 2, 3, 4, 5)
@@ -69,6 +70,27 @@ class VisionLanguageModel:
         if rope_deltas is not None:
             start = start + rope_deltas
         return mx.broadcast_to(start + mx.arange(length)[None], (batch, length))
+
+    def head_split(self) -> HeadSplit | None:
+        """The language model as backbone + output head (prefill logits at the completing positions only: full
+        logits of a 640-token prompt over Qwen's 152k vocabulary are 390 MB), where a probe forward agrees."""
+        backbone = getattr(self.language_model, "model", None)
+        if not callable(backbone):
+            return None
+
+        def hidden(inputs: mx.array, cache: Any = None) -> mx.array:
+            if not self.uses_rope_deltas:
+                return backbone(inputs, cache=cache)
+            return backbone(inputs, cache=cache, position_ids=self._text_positions(inputs, cache, None))
+
+        heads = [self.language_model.lm_head] if "lm_head" in self.language_model else []
+        if hasattr(getattr(backbone, "embed_tokens", None), "as_linear"):
+            heads.append(backbone.embed_tokens.as_linear)
+        for head in heads:  # tied models may still carry an lm_head: the probe picks the one the call uses
+            split = HeadSplit(hidden, head)
+            if agrees(self, split):
+                return split
+        return None
 
     def embed_prompt(self, token_ids: tuple[int, ...], vision: VisionInputs) -> EmbeddedPrompt:
         """Run the vision tower over the prompt's images and merge them into its token embeddings."""

@@ -6,7 +6,7 @@ import mlx.core as mx
 from mlx_lm.utils import _get_classes
 
 from engine.kv.batch_cache import new_request_cache
-from engine.runner.head_split import HeadSplit, _agrees, head_split, logits_at
+from engine.runner.head_split import HeadSplit, agrees, head_split, logits_at
 
 
 def test_split_logits_equal_the_model_call_at_the_chosen_positions(tiny_llama):
@@ -27,7 +27,7 @@ def test_split_logits_equal_the_model_call_at_the_chosen_positions(tiny_llama):
 def test_a_head_that_differs_from_the_call_is_refused(tiny_llama):
     split = head_split(tiny_llama.model)
     scaled = HeadSplit(split.backbone, lambda hidden: split.head(hidden) * 1.01)
-    assert not _agrees(tiny_llama.model, scaled)
+    assert not agrees(tiny_llama.model, scaled)
 
 
 def test_families_with_logit_softcapping_stay_whole():
