@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -186,6 +187,18 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 _API_KEY = re.compile(r"[\x21-\x7e]{1,512}")  # printable ASCII, no spaces or commas (checked below)
 
 
+@dataclass(frozen=True)
+class MediaLimits:
+    """What the ingress accepts of images in requests (IngressConfig's fields of the same names;
+    ingress/media_fetch.py applies them)."""
+
+    allow_remote_media: bool = False
+    max_images_per_request: int = 16
+    max_image_bytes: int = 20 * 1024 * 1024  # one image's encoded file, decoded from base64 or fetched
+    remote_media_timeout_s: float = 10.0  # one fetch, redirects included
+    remote_media_max_redirects: int = 3
+
+
 class IngressConfig(BaseModel):
     """The ingress application's `args` in serve_config.yaml.
 
@@ -212,6 +225,13 @@ class IngressConfig(BaseModel):
     responses_store_size: int = Field(1000, ge=0, description="stored responses, least recently used out first")
     responses_store_ttl_s: float = Field(86400.0, gt=0, description="a stored response unused this long is dropped")
     ray_actor_options: RayActorOptions = Field(default_factory=RayActorOptions)
+    # Images in requests: data URLs and base64 always; http(s) URLs only when allowed (the ingress then fetches
+    # whatever URL a client names, hosts on its own network included). file:// and other schemes never.
+    allow_remote_media: bool = Field(MediaLimits.allow_remote_media, description="fetch http(s) image URLs")
+    max_images_per_request: int = Field(MediaLimits.max_images_per_request, ge=0)
+    max_image_bytes: int = Field(MediaLimits.max_image_bytes, ge=1, description="one image's encoded size")
+    remote_media_timeout_s: float = Field(MediaLimits.remote_media_timeout_s, gt=0, description="per image fetch")
+    remote_media_max_redirects: int = Field(MediaLimits.remote_media_max_redirects, ge=0)
 
     @field_validator("api_keys")
     @classmethod
@@ -250,6 +270,10 @@ class IngressConfig(BaseModel):
         if home:
             return Path(home).expanduser() / "state"
         return Path.home() / ".cache" / "orchard" / "state"
+
+    def media_limits(self) -> MediaLimits:
+        return MediaLimits(self.allow_remote_media, self.max_images_per_request, self.max_image_bytes,
+                           self.remote_media_timeout_s, self.remote_media_max_redirects)
 
     def deployment_options(self) -> dict[str, Any]:
         # One ingress replica: the registry (load/unload bookkeeping) lives in it.

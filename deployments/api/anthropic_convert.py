@@ -3,7 +3,8 @@
 Content blocks become the OpenAI-style messages chat templates expect: tool_result blocks are
 `tool` messages, tool_use blocks an assistant's `tool_calls`, thinking blocks its
 `reasoning_content` (templates such as Qwen3's show it for the turns of the current tool loop).
-Text documents are read as text; images and PDFs need a multimodal model (a 400 naming the block).
+Text documents are read as text; PDFs need a document reader (a 400 naming the block). Images (base64 or url
+sources, in user turns and tool results) become `{"type": "image"}` parts in place (api/images.py).
 Only custom tools are offered to the model: Anthropic's own (web_search_20250305, ...) are accepted and left out,
 and a deferred one (`defer_loading`) joins once a tool result's `tool_reference` names it.
 """
@@ -30,7 +31,8 @@ from deployments.api.anthropic_schemas import (
     ToolUseBlock,
     _MessagesFields,
 )
-from deployments.model_calls import ChatPrompt, GenerateJob, ToolChoiceMode
+from deployments.api.images import MessageContent, image_from_base64, image_from_url
+from deployments.model_calls import ChatPrompt, GenerateJob, ImageInput, ToolChoiceMode
 
 
 def messages_job(body: MessagesRequest, request_id: str, log_id: str) -> GenerateJob:
@@ -72,13 +74,15 @@ def chat_prompt(body: _MessagesFields) -> ChatPrompt:
     if body.thinking is not None and body.thinking.type in ("enabled", "disabled"):
         template_kwargs["enable_thinking"] = body.thinking.type == "enabled"
     template_kwargs.update(body.chat_template_kwargs or {})
+    images: list[ImageInput] = []
     return ChatPrompt(
-        messages=_messages(body),
+        messages=_messages(body, images),
         tools=tools,
         template_kwargs=template_kwargs,
         tool_choice=mode,
         tool_name=name,
         parallel_tool_calls=parallel,
+        images=images,
     )
 
 
@@ -136,7 +140,7 @@ def _tool_choice(body: _MessagesFields, tools: list[dict[str, Any]] | None) -> t
     return "function", choice.name, parallel
 
 
-def _messages(body: _MessagesFields) -> list[dict[str, Any]]:
+def _messages(body: _MessagesFields, images: list[ImageInput]) -> list[dict[str, Any]]:
     system = [] if body.system is None else [_system_text(body.system)]
     messages: list[dict[str, Any]] = []
     for index, message in enumerate(body.messages):
@@ -147,7 +151,7 @@ def _messages(body: _MessagesFields) -> list[dict[str, Any]]:
             else:
                 system.append(text)
         elif message.role == "user":
-            messages += _user_messages(message, index)
+            messages += _user_messages(message, index, images)
         else:
             messages.append(_assistant_message(message, index))
     if system:
@@ -163,46 +167,68 @@ def _system_text(content: Any, param: str = "system") -> str:
     return "\n\n".join(block.text for block in content)
 
 
-def _user_messages(message: Message, index: int) -> list[dict[str, Any]]:
-    """A user turn: its tool results as `tool` messages, its text as a user message, in order."""
+def _user_messages(message: Message, index: int, images: list[ImageInput]) -> list[dict[str, Any]]:
+    """A user turn: its tool results as `tool` messages, its text and images as a user message, in order."""
     if isinstance(message.content, str):
         return [{"role": "user", "content": message.content}]
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    content = MessageContent("\n\n")
     for position, block in enumerate(message.content):
         param = f"messages.{index}.content.{position}"
         if isinstance(block, ToolResultBlock):
-            if texts:
-                out.append({"role": "user", "content": "\n\n".join(texts)})
-                texts = []
-            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block, param)})
+            if content:
+                out.append({"role": "user", "content": content.render(images)})
+                content = MessageContent("\n\n")
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                        "content": _tool_result_content(block, param, images)})
         elif isinstance(block, TextBlock):
-            texts.append(block.text)
+            content.add_text(block.text)
         elif isinstance(block, DocumentBlock):
-            texts.append(_document_text(block, param))
+            content.add_text(_document_text(block, param))
+        elif isinstance(block, ImageBlock):
+            content.add_image(_image(block, param))
         else:
             _refuse_block(block, param)
-    if texts or not out:
-        out.append({"role": "user", "content": "\n\n".join(texts)})
+    if content or not out:
+        out.append({"role": "user", "content": content.render(images)})
     return out
 
 
-def _tool_result_text(block: ToolResultBlock, param: str) -> str:
+def _tool_result_content(block: ToolResultBlock, param: str, images: list[ImageInput]) -> str | list[dict[str, Any]]:
+    prefix = "Error: " if block.is_error else ""
     if isinstance(block.content, str):
-        text = block.content
-    else:
-        parts = []
-        for position, part in enumerate(block.content):
-            if isinstance(part, TextBlock):
-                parts.append(part.text)
-            elif isinstance(part, DocumentBlock):
-                parts.append(_document_text(part, f"{param}.content.{position}"))
-            elif isinstance(part, ToolReferenceBlock):
-                parts.append(f"Tool '{part.tool_name}' loaded.")
-            else:
-                _refuse_block(part, f"{param}.content.{position}")
-        text = "\n\n".join(parts)
-    return f"Error: {text}" if block.is_error else text
+        return prefix + block.content
+    content = MessageContent("\n\n")
+    for position, part in enumerate(block.content):
+        if isinstance(part, TextBlock):
+            content.add_text(part.text)
+        elif isinstance(part, DocumentBlock):
+            content.add_text(_document_text(part, f"{param}.content.{position}"))
+        elif isinstance(part, ToolReferenceBlock):
+            content.add_text(f"Tool '{part.tool_name}' loaded.")
+        elif isinstance(part, ImageBlock):
+            content.add_image(_image(part, f"{param}.content.{position}"))
+        else:
+            _refuse_block(part, f"{param}.content.{position}")
+    return content.render(images, prefix)
+
+
+def _image(block: ImageBlock, param: str) -> ImageInput:
+    """A `base64` source is decoded now; a `url` source is fetched by the ingress (where remote media is allowed)."""
+    source = block.source
+    kind = source.get("type")
+    if kind == "base64" and isinstance(source.get("data"), str):
+        media_type = source.get("media_type")
+        return image_from_base64(source["data"], media_type if isinstance(media_type, str) else None, param)
+    if kind == "url" and isinstance(source.get("url"), str):
+        return image_from_url(source["url"], param)
+    if kind == "file":
+        raise InvalidRequestError(
+            f"{param}: images with a 'file' source need a Files API, which this server does not have: send the "
+            "image as a 'base64' or 'url' source", param=param)
+    raise InvalidRequestError(
+        f"{param}: an image's source is {{\"type\": \"base64\", \"media_type\", \"data\"}} or "
+        f"{{\"type\": \"url\", \"url\"}}, not a '{kind}' source", param=param)
 
 
 def _document_text(block: DocumentBlock, param: str) -> str:
@@ -250,8 +276,4 @@ def _assistant_message(message: Message, index: int) -> dict[str, Any]:
 
 
 def _refuse_block(block: Any, param: str) -> None:
-    if isinstance(block, ImageBlock):
-        raise InvalidRequestError(
-            "Content blocks of type 'image' need a multimodal model, which is not supported yet", param=param
-        )
     raise InvalidRequestError(f"Content blocks of type '{block.type}' are not allowed in this turn", param=param)

@@ -13,13 +13,15 @@ from deployments.api.openai_schemas import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    ImagePart,
     NamedToolChoice,
     SystemMessage,
     TextPart,
     ToolMessage,
     _SamplingFields,
 )
-from deployments.model_calls import ChatPrompt, GenerateJob, TextPrompt, ToolChoiceMode
+from deployments.api.images import MessageContent, image_from_url
+from deployments.model_calls import ChatPrompt, GenerateJob, ImageInput, TextPrompt, ToolChoiceMode
 
 
 def chat_job(body: ChatCompletionRequest, request_id: str, log_id: str) -> GenerateJob:
@@ -37,13 +39,15 @@ def chat_job(body: ChatCompletionRequest, request_id: str, log_id: str) -> Gener
     sampling = _sampling(body, max_tokens, logprobs=body.logprobs, top_logprobs=top_logprobs)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     mode, tool_name = tool_choice(body.tool_choice, tools)
+    images: list[ImageInput] = []
     prompt = ChatPrompt(
-        messages=[_template_message(m) for m in body.messages],
+        messages=[_template_message(m, f"messages.{index}.content", images) for index, m in enumerate(body.messages)],
         tools=tools,
         template_kwargs=dict(body.chat_template_kwargs or {}),
         tool_choice=mode,
         tool_name=tool_name,
         parallel_tool_calls=body.parallel_tool_calls is not False,
+        images=images,
     )
     return GenerateJob(request_id, prompt, sampling, stream=body.stream, log_id=log_id)
 
@@ -136,10 +140,11 @@ def _refuse_common_unsupported(body: _SamplingFields) -> None:
         raise InvalidRequestError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
 
 
-def _template_message(message: ChatMessage) -> dict[str, Any]:
-    """A message as chat templates expect it: text content, tool-call arguments as objects."""
+def _template_message(message: ChatMessage, param: str, images: list[ImageInput]) -> dict[str, Any]:
+    """A message as chat templates expect it: text content (content parts with images in place, which join
+    `images`), tool-call arguments as objects."""
     role = "system" if isinstance(message, SystemMessage) else message.role  # templates rarely know 'developer'
-    rendered: dict[str, Any] = {"role": role, "content": _text_content(message.content)}
+    rendered: dict[str, Any] = {"role": role, "content": _content(message.content, param, images)}
     if isinstance(message, AssistantMessage) and message.reasoning_content:
         rendered["reasoning_content"] = message.reasoning_content  # templates that show past reasoning
     if isinstance(message, AssistantMessage) and message.tool_calls:
@@ -154,20 +159,22 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
     return rendered
 
 
-def _text_content(content: Any) -> str:
+def _content(content: Any, param: str, images: list[ImageInput]) -> str | list[dict[str, Any]]:
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    texts = []
-    for part in content:
-        if not isinstance(part, TextPart):
+    built = MessageContent("\n")
+    for position, part in enumerate(content):
+        if isinstance(part, TextPart):
+            built.add_text(part.text)
+        elif isinstance(part, ImagePart):
+            built.add_image(image_from_url(part.image_url.url, f"{param}.{position}", part.image_url.detail))
+        else:
             raise InvalidRequestError(
-                f"Content parts of type '{part.type}' need a multimodal model, which is not supported yet",
-                param="messages",
-            )
-        texts.append(part.text)
-    return "\n".join(texts)
+                f"{param}.{position}: content parts of type '{part.type}' are not supported (images are, as "
+                "'image_url' parts)", param=f"{param}.{position}")
+    return built.render(images)
 
 
 def template_arguments(arguments: str) -> Any:

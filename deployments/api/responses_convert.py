@@ -2,7 +2,8 @@
 
 The item list becomes chat-template messages: `instructions` and leading system / developer messages are one
 system message, consecutive assistant-side items (reasoning, assistant text, function calls) one assistant turn
-with `reasoning_content` and `tool_calls`, each function_call_output a `tool` message.
+with `reasoning_content` and `tool_calls`, each function_call_output a `tool` message. `input_image` parts of user
+messages and function call outputs become `{"type": "image"}` parts in place (api/images.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from deployments.api.responses_schemas import (
     FunctionCallOutputItem,
     FunctionChoice,
     FunctionTool,
+    InputImagePart,
     InputItem,
     InputTextPart,
     MediaPart,
@@ -33,9 +35,10 @@ from deployments.api.responses_schemas import (
     UnknownPart,
     UnsupportedItem,
 )
+from deployments.api.images import MessageContent, image_from_url
 from deployments.api.openai_convert import template_arguments
 from deployments.api.unknown_fields import accept_unknown_type
-from deployments.model_calls import ChatPrompt, GenerateJob, ToolChoiceMode
+from deployments.model_calls import ChatPrompt, GenerateJob, ImageInput, ToolChoiceMode
 from engine.errors import InvalidRequestError
 from engine.sampling.guided import GuidedDecoding
 from engine.sampling.params import SamplingParams
@@ -67,7 +70,8 @@ def responses_job(body: ResponsesRequest, history: list[InputItem], request_id: 
     _refuse_unrenderable(own)
     functions, namespaces = _offered_tools(body)
     mode, name, offered = _tool_choice(body, functions)
-    messages = template_messages(body.instructions, history + own)
+    images: list[ImageInput] = []
+    messages = template_messages(body.instructions, history + own, images, first_own=len(history))
     if not any(m["role"] != "system" for m in messages):
         raise InvalidRequestError("'input' holds no message to answer", param="input")
     template_kwargs: dict[str, Any] = {}
@@ -83,6 +87,7 @@ def responses_job(body: ResponsesRequest, history: list[InputItem], request_id: 
         tool_choice=mode,
         tool_name=name,
         parallel_tool_calls=body.parallel_tool_calls is not False,
+        images=images,
     )
     job = GenerateJob(request_id, prompt, _sampling(body), stream=body.stream, log_id=log_id)
     return ResponsesJob(job, own, _echo_tools(body, functions), namespaces)
@@ -210,11 +215,16 @@ def _refuse_unrenderable(items: list[InputItem]) -> None:
         parts = item.content if isinstance(item, MessageItem) else (
             item.output if isinstance(item, FunctionCallOutputItem) else None)
         where = "content" if isinstance(item, MessageItem) else "output"
+        images_allowed = not isinstance(item, MessageItem) or item.role == "user"
         for number, part in enumerate(parts if isinstance(parts, list) else ()):
+            param = f"input[{index}].{where}[{number}]"
             if isinstance(part, MediaPart):
                 raise InvalidRequestError(
-                    f"'input[{index}].{where}[{number}]': '{part.type}' content needs a multimodal model, which "
-                    "Orchard does not serve yet", param=f"input[{index}].{where}[{number}]")
+                    f"'{param}': '{part.type}' content is not supported (images are, as 'input_image')", param=param)
+            if isinstance(part, InputImagePart) and not images_allowed:
+                raise InvalidRequestError(
+                    f"'{param}': 'input_image' content is read in user messages and function call outputs, not in "
+                    f"'{item.role}' messages", param=param)
             if isinstance(part, UnknownPart):
                 accept_unknown_type("responses", "content part", part.type)
 
@@ -234,11 +244,15 @@ class _AssistantTurn:
         return rendered
 
 
-def template_messages(instructions: str | None, items: list[InputItem]) -> list[dict[str, Any]]:
+def template_messages(
+    instructions: str | None, items: list[InputItem], images: list[ImageInput], first_own: int = 0
+) -> list[dict[str, Any]]:
+    """`images` receives the images of user messages and function call outputs in placeholder order; items
+    before `first_own` come from previous_response_id (their images' errors name it)."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     turn: _AssistantTurn | None = None
     names: dict[str, str] = {}  # call_id -> function name, for templates that name tool results
-    for item in items:
+    for index, item in enumerate(items):
         if isinstance(item, (ReasoningItem, FunctionCallItem)) or (
                 isinstance(item, MessageItem) and item.role == "assistant"):
             # Text or reasoning after a call starts a new turn: a template writes a turn's calls last.
@@ -251,11 +265,14 @@ def template_messages(instructions: str | None, items: list[InputItem]) -> list[
         if turn is not None:
             messages.append(turn.message())
             turn = None
-        if isinstance(item, MessageItem):
-            role = "user" if item.role == "user" else "system"  # templates rarely know 'developer'
-            messages.append({"role": role, "content": _text(item.content)})
+        where = f"input[{index - first_own}]" if index >= first_own else None
+        if isinstance(item, MessageItem) and item.role == "user":
+            messages.append({"role": "user", "content": _content(item.content, where and f"{where}.content", images)})
+        elif isinstance(item, MessageItem):
+            messages.append({"role": "system", "content": _text(item.content)})  # templates rarely know 'developer'
         elif isinstance(item, FunctionCallOutputItem):
-            result = {"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)}
+            result = {"role": "tool", "tool_call_id": item.call_id,
+                      "content": _content(item.output, where and f"{where}.output", images)}
             if item.call_id in names:
                 result["name"] = names[item.call_id]
             messages.append(result)
@@ -298,3 +315,30 @@ def _text(content: str | list[ContentPart]) -> str:
         elif isinstance(part, RefusalPart):
             texts.append(part.refusal)
     return "\n".join(texts)
+
+
+def _content(
+    content: str | list[ContentPart], where: str | None, images: list[ImageInput]
+) -> str | list[dict[str, Any]]:
+    """Text, with input_image parts in place; `where` is the content's param (None: from previous_response_id)."""
+    if isinstance(content, str):
+        return content
+    built = MessageContent("\n")
+    for number, part in enumerate(content):
+        if isinstance(part, (InputTextPart, OutputTextPart)):
+            built.add_text(part.text)
+        elif isinstance(part, RefusalPart):
+            built.add_text(part.refusal)
+        elif isinstance(part, InputImagePart):
+            built.add_image(_image(part, f"{where}[{number}]" if where else "previous_response_id"))
+    return built.render(images)
+
+
+def _image(part: InputImagePart, param: str) -> ImageInput:
+    if part.image_url is not None:
+        return image_from_url(part.image_url, param, part.detail)
+    if part.file_id is not None:
+        raise InvalidRequestError(
+            f"'{param}': images given by 'file_id' need a Files API, which this server does not have: give "
+            "'image_url' (a data URL, or an http(s) URL)", param=param)
+    raise InvalidRequestError(f"'{param}': 'input_image' needs 'image_url'", param=param)

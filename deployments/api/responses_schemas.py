@@ -2,7 +2,7 @@
 
 The same rule as the other APIs (api/unknown_fields.py): unknown top-level fields are accepted and ignored, known
 ones are validated strictly. One level down, input items and content parts of a type OpenAI defines but Orchard
-cannot render (images, built-in tool calls) are parsed as such and refused by name in responses_convert; types
+cannot render (files, audio, built-in tool calls) are parsed as such and refused by name in responses_convert; types
 OpenAI does not define (yet) parse as Unknown* and are ignored, logged once and counted.
 """
 
@@ -69,19 +69,29 @@ class RefusalPart(_Lenient):
     refusal: str
 
 
-class MediaPart(_Lenient):
-    """Images, files and audio: refused by name until Orchard serves a multimodal model."""
+class InputImagePart(_Lenient):
+    """An image by URL (a data URL, or http(s) where the ingress allows remote media); a `file_id` is refused (no
+    Files API here). `detail` is checked on conversion (api/images.py)."""
 
-    type: Literal["input_image", "input_file", "input_audio"]
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
+class MediaPart(_Lenient):
+    """Files and audio: refused by name (no reader for them here)."""
+
+    type: Literal["input_file", "input_audio"]
 
 
 class UnknownPart(_Lenient):
     type: str
 
 
-_MEDIA = {"input_image", "input_file", "input_audio"}
+_MEDIA = {"input_file", "input_audio"}
 _PARTS = {"input_text": InputTextPart, "output_text": OutputTextPart, "refusal": RefusalPart,
-          **{kind: MediaPart for kind in sorted(_MEDIA)}, "unknown": UnknownPart}
+          "input_image": InputImagePart, **{kind: MediaPart for kind in sorted(_MEDIA)}, "unknown": UnknownPart}
 ContentPart = Annotated[
     Union[tuple(Annotated[model, Tag(kind)] for kind, model in _PARTS.items())],  # noqa: UP007
     Discriminator(_by_type(set(_PARTS) - {"unknown"})),

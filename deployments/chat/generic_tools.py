@@ -14,6 +14,8 @@ from typing import Any
 
 from deployments.model_calls import ToolChoiceMode
 
+Content = str | list[dict[str, Any]]  # a message's content: text, or parts with images
+
 CALL_START, CALL_END = "<tool_call>", "</tool_call>"
 RESULT_START, RESULT_END = "<tool_response>", "</tool_response>"
 
@@ -124,7 +126,7 @@ def history_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append(rendered)
             last_was_result = False
         elif role == "tool":
-            text = f"{RESULT_START}\n{message.get('content') or ''}\n{RESULT_END}"
+            text = joined_content(joined_content(RESULT_START, message.get("content") or ""), RESULT_END)
             _add_user_text(out, text, merge=bool(out) and out[-1]["role"] == "user" and last_was_result)
             last_was_result = True
         elif role == "user" and last_was_result:
@@ -136,18 +138,34 @@ def history_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _add_user_text(out: list[dict[str, Any]], text: str, merge: bool) -> None:
+def _add_user_text(out: list[dict[str, Any]], text: Content, merge: bool) -> None:
     if merge:
-        out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n{text}"}
+        out[-1] = {**out[-1], "content": joined_content(out[-1]["content"], text)}
     else:
         out.append({"role": "user", "content": text})
+
+
+def joined_content(before: Content, after: Content, separator: str = "\n") -> Content:
+    """Two message contents as one: text stays text; with images (lists of parts, model_calls.ChatPrompt), parts."""
+    if isinstance(before, str) and isinstance(after, str):
+        return f"{before}{separator}{after}" if before else after
+    parts = [*_parts(before), *_parts(after)]
+    if _parts(before) and _parts(after):
+        parts.insert(len(_parts(before)), {"type": "text", "text": separator})
+    return parts
+
+
+def _parts(content: Content) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return list(content)
 
 
 def with_system_block(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
     """The tools block after the first system message's text, or as a system message of its own."""
     if messages and messages[0].get("role") == "system":
         system = messages[0].get("content") or ""
-        return [{**messages[0], "content": f"{system}\n\n{block}" if system else block}, *messages[1:]]
+        return [{**messages[0], "content": joined_content(system, block, "\n\n")}, *messages[1:]]
     return [{"role": "system", "content": block}, *messages]
 
 
@@ -155,6 +173,6 @@ def with_user_block(messages: list[dict[str, Any]], block: str) -> list[dict[str
     """The tools block at the start of the first user message (for templates that refuse a system turn)."""
     for index, message in enumerate(messages):
         if message.get("role") == "user":
-            merged = {**message, "content": f"{block}\n\n{message.get('content') or ''}"}
+            merged = {**message, "content": joined_content(block, message.get("content") or "", "\n\n")}
             return [*messages[:index], merged, *messages[index + 1:]]
     return [{"role": "user", "content": block}, *messages]

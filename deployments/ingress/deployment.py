@@ -41,7 +41,7 @@ class Ingress:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_app(self.registry, self.config.enable_admin, self.keys, self.config.max_body_bytes,
-                          responses=self.responses)
+                          responses=self.responses, media=self.config.media_limits())
 
     async def __del__(self) -> None:
         registry = getattr(self, "registry", None)

@@ -7,6 +7,7 @@ create_app(registry) builds the FastAPI app over any registry backend, so the sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -43,9 +44,10 @@ from deployments.api.responses_render import ResponsesRenderer, response_shell
 from deployments.api.responses_schemas import ResponsesRequest
 from deployments.api.sse import SSE_HEADERS
 from deployments.model_calls import GenerateJob, StreamChunk
-from deployments.config import DEFAULT_MAX_BODY_BYTES
+from deployments.config import DEFAULT_MAX_BODY_BYTES, MediaLimits
 from deployments.ingress.auth import ApiKeyMiddleware, ApiKeys
 from deployments.ingress.edge import REQUEST_ID, BodyLimitMiddleware, RequestIdMiddleware
+from deployments.ingress.media_fetch import ImageLoader
 from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
 from deployments.ingress.responses_store import ResponseStore
 
@@ -138,22 +140,31 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     keepalive_s: float = KEEPALIVE_S,
     responses: ResponseStore | None = None,
+    media: MediaLimits | None = None,
 ) -> FastAPI:
-    app = FastAPI(title="Orchard", version="0.1.0")
+    images = ImageLoader(media or MediaLimits())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await images.aclose()  # the remote-image client, if one was made
+
+    app = FastAPI(title="Orchard", version="0.1.0", lifespan=lifespan)
+    app.state.image_loader = images  # where no lifespan runs (httpx's ASGI transport), its owner closes it
     # The last added runs first: request id, then the key check, then the body limit (no body read before both).
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(ApiKeyMiddleware, keys=keys or ApiKeys([]))
     app.add_middleware(RequestIdMiddleware)
     _install_error_handlers(app)
-    app.include_router(openai_router(registry, keepalive_s))
-    app.include_router(responses_router(registry, responses or ResponseStore(), keepalive_s))
-    app.include_router(anthropic_router(registry, keepalive_s))
+    app.include_router(openai_router(registry, images, keepalive_s))
+    app.include_router(responses_router(registry, responses or ResponseStore(), images, keepalive_s))
+    app.include_router(anthropic_router(registry, images, keepalive_s))
     app.include_router(admin_router(registry, enable_admin))
     document_errors_as_sent(app)
     return app
 
 
-def openai_router(registry: Registry, keepalive_s: float = KEEPALIVE_S) -> APIRouter:
+def openai_router(registry: Registry, images: ImageLoader, keepalive_s: float = KEEPALIVE_S) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/chat/completions", responses={**EVENT_STREAM, **error_responses(GENERATION)})
@@ -161,7 +172,7 @@ def openai_router(registry: Registry, keepalive_s: float = KEEPALIVE_S) -> APIRo
         meta = ResponseMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
         job = chat_job(body, meta.id, REQUEST_ID.get())
         renderer = ChatRenderer(meta, _include_usage(body))
-        return await _generation_response(registry, body.model, job, renderer, keepalive_s)
+        return await _generation_response(registry, body.model, job, renderer, keepalive_s, images)
 
     @router.post("/v1/completions", responses={**EVENT_STREAM, **error_responses(GENERATION)})
     async def completions(body: CompletionRequest) -> Response:
@@ -188,7 +199,7 @@ def openai_router(registry: Registry, keepalive_s: float = KEEPALIVE_S) -> APIRo
 
 
 def responses_router(
-    registry: Registry, responses: ResponseStore, keepalive_s: float = KEEPALIVE_S
+    registry: Registry, responses: ResponseStore, images: ImageLoader, keepalive_s: float = KEEPALIVE_S
 ) -> APIRouter:
     """OpenAI's Responses API on the chat path; stored responses live in this ingress (ingress/responses_store.py)."""
     router = APIRouter()
@@ -200,7 +211,7 @@ def responses_router(
         request = responses_job(body, history, response_id, REQUEST_ID.get())
         store = partial(responses.put, input_items=request.items, previous_id=body.previous_response_id)
         renderer = ResponsesRenderer(response_shell(body, request.tools, response_id, request.namespaces), store if body.stores else None)
-        return await _generation_response(registry, body.model, request.job, renderer, keepalive_s)
+        return await _generation_response(registry, body.model, request.job, renderer, keepalive_s, images)
 
     @router.get("/v1/responses/{response_id}", responses=error_responses(STORED_RESPONSE))
     async def get_response(response_id: str) -> dict[str, Any]:
@@ -214,7 +225,7 @@ def responses_router(
     return router
 
 
-def anthropic_router(registry: Registry, keepalive_s: float = KEEPALIVE_S) -> APIRouter:
+def anthropic_router(registry: Registry, images: ImageLoader, keepalive_s: float = KEEPALIVE_S) -> APIRouter:
     """Anthropic's Messages API; the `anthropic-version` / `anthropic-beta` headers are tolerated."""
     router = APIRouter()
 
@@ -223,12 +234,13 @@ def anthropic_router(registry: Registry, keepalive_s: float = KEEPALIVE_S) -> AP
         message_id = f"msg_{uuid.uuid4().hex}"
         job = messages_job(body, message_id, REQUEST_ID.get())
         renderer = MessagesRenderer(MessageMeta(message_id, body.model))
-        return await _generation_response(registry, body.model, job, renderer, keepalive_s)
+        return await _generation_response(registry, body.model, job, renderer, keepalive_s, images)
 
     @router.post("/v1/messages/count_tokens", responses=error_responses(COUNT_TOKENS, anthropic=True))
     async def count_tokens(body: CountTokensRequest) -> dict[str, Any]:
         prompt = chat_prompt(body)
         client = await registry.route(body.model)
+        await images.load(prompt)  # an image's tokens depend on its size: fetched as for an answer
         counted = await client.count_tokens(prompt)
         if counted.error is not None:
             raise counted.error
@@ -250,12 +262,16 @@ def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
 
 
 async def _generation_response(
-    registry: Registry, model_id: str, job: GenerateJob, renderer: Renderer, keepalive_s: float = KEEPALIVE_S
+    registry: Registry, model_id: str, job: GenerateJob, renderer: Renderer, keepalive_s: float = KEEPALIVE_S,
+    images: ImageLoader | None = None,
 ) -> Response:
-    """Route, wait for the first chunk (a stream's: the engine accepted it into its queue; else the whole answer),
-    so that refusals (queue full, invalid, too long) get their own status before any byte is sent; answer."""
+    """Route, make the job's images ready (limits, remote ones fetched: only once the model is known to serve), wait
+    for the first chunk (a stream's: the engine accepted it into its queue; else the whole answer), so that
+    refusals (queue full, invalid, too long) get their own status before any byte is sent; answer."""
     logger.info("request %s for model %s, stream=%s [X-Request-Id %s]", job.request_id, model_id, job.stream, job.log_id)
     client = await registry.route(model_id)
+    if images is not None:
+        await images.load(job.prompt)
     chunks = ChunkReader(client.generate(job))
     handed_to_response = False
     try:

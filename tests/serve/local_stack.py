@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator
 import httpx
 from fastapi import FastAPI
 
-from deployments.config import DEFAULT_MAX_BODY_BYTES, ModelConfig
+from deployments.config import DEFAULT_MAX_BODY_BYTES, MediaLimits, ModelConfig
 from deployments.ingress.auth import ApiKeys
 from deployments.ingress.routes import KEEPALIVE_S, create_app
 from deployments.ingress.local_models import LocalBackend
@@ -40,6 +40,7 @@ async def local_stack(
     keys: ApiKeys | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     keepalive_s: float = KEEPALIVE_S,
+    media: MediaLimits | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
@@ -50,11 +51,12 @@ async def local_stack(
     store = ModelStore(state_dir) if state_dir is not None else None
     registry = Registry(backend, store, model_roots, poll_interval_s=0.2)
     await registry.start(restore=restore)
-    app = create_app(registry, keys=keys, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s)
+    app = create_app(registry, keys=keys, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s, media=media)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://orchard", timeout=30) as http:
             yield LocalStack(http, registry, backend, app)
     finally:
+        await app.state.image_loader.aclose()  # httpx's ASGI transport runs no lifespan
         await registry.close()
         await backend.close()
 

@@ -218,8 +218,8 @@ def test_deferred_tools_are_offered_once_a_tool_reference_loads_them():
         "role": "tool", "tool_call_id": "toolu_1", "content": "Tool 'mcp__docs__search' loaded."}
 
 
-# ---- images (no vision yet) and documents ------------------------------------------------------------------------
-def test_images_are_refused_naming_the_block_and_only_when_present():
+# ---- images (issue 27: converted here; a text-only model refuses them on the model side) and documents ----------
+def test_images_become_parts_in_place_in_user_turns_and_tool_results():
     in_result = [
         *USER,
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
@@ -227,16 +227,20 @@ def test_images_are_refused_naming_the_block_and_only_when_present():
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
                                       "content": [{"type": "text", "text": "A map:"}, PNG]}]},
     ]
-    error = refused(tools=[TOOL], messages=in_result)
-    assert error.param == "messages.2.content.0.content.1" and "image" in error.message
-    with pytest.raises(InvalidRequestError) as counted:
-        chat_prompt(CountTokensRequest.model_validate({"model": "m", "messages": in_result}))
-    assert counted.value.param == "messages.2.content.0.content.1"
+    prompt = messages_job(body(tools=[TOOL], messages=in_result), "msg_1", "log").prompt
+    assert prompt.messages[-1] == {"role": "tool", "tool_call_id": "toolu_1",
+                                   "content": [{"type": "text", "text": "A map:"}, {"type": "image"}]}
+    assert [(i.param, i.media_type, i.data) for i in prompt.images] == [
+        ("messages.2.content.0.content.1", "image/png", b"\x89PNG\r\n\x1a\n")]
+    counted = chat_prompt(CountTokensRequest.model_validate({"model": "m", "messages": in_result}))
+    assert counted.messages == prompt.messages and [i.param for i in counted.images] == [prompt.images[0].param]
     in_user = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, PNG]}]
-    assert refused(messages=in_user).param == "messages.0.content.1"
+    assert chat_prompt(body(messages=in_user)).images[0].param == "messages.0.content.1"
     text_only = [*in_result[:2], {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18 C"}]}]}]
-    assert chat_prompt(body(tools=[TOOL], messages=text_only)).messages[-1]["content"] == "18 C"
+    text_prompt = chat_prompt(body(tools=[TOOL], messages=text_only))
+    assert text_prompt.messages[-1]["content"] == "18 C" and text_prompt.images == []
+    assert refused(messages=[*USER, {"role": "assistant", "content": [PNG]}]).param == "messages.1.content.0"
 
 
 def test_text_documents_are_read_and_other_documents_refused():

@@ -169,7 +169,8 @@ def test_completion_prompt_as_token_ids(alpha):
         ({"stream_options": {"include_usage": True}}, 400, "stream_options", None),
         ({"max_tokens": 600}, 400, "max_tokens", "context_length_exceeded"),
         ({"messages": [{"role": "user", "content": "t1 " * 600}]}, 400, "messages", "context_length_exceeded"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages", None),
+        # An image URL without a scheme: refused by the ingress, naming the part (issue 27).
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages.0.content.0", None),
         ({"messages": []}, 400, "messages", None),
         ({"logit_bias": {"9999": 1}}, 400, "logit_bias", None),
         ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, 400, "tools.0.function.name", None),

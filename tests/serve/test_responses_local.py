@@ -422,7 +422,9 @@ REFUSED = [
     ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools[0].type", "code_interpreter"),
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "see"},
                                               {"type": "input_image", "image_url": "data:x", "detail": "auto"}]}]},
-     "input[0].content[1]", "input_image"),
+     "input[0].content[1]", "data URL"),  # a malformed data URL (issue 27: images are converted, not refused)
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]},
+     "input[0].content[0]", "input_file"),
     ({"input": [{"type": "local_shell_call", "id": "x", "call_id": "c", "status": "completed",
                  "action": {"type": "exec", "command": ["ls"], "env": {}}}]}, "input[0].type", "local_shell_call"),
     ({"input": [{"type": "message", "role": "critic", "content": "x"}]}, "input[0].role", "user"),

@@ -1,0 +1,130 @@
+"""Vision-language models in the engine: our greedy tokens and logprobs equal mlx-vlm's own generate; prompts with
+images batched (with text-only ones, images of different sizes) equal each alone; the prefix cache hits the same
+image and never a changed one. Two families with different processors: Qwen2.5-VL (M-RoPE) and Gemma 3."""
+
+from __future__ import annotations
+
+import pytest
+
+from deployments.chat.vision_prompts import VisionPromptEncoder
+from deployments.model_calls import ImageInput
+from engine import EngineConfig, EngineCore, Request, SamplingParams
+from engine.vision.loader import load_vision_model, load_vision_processor, read_image_token_id
+from tests.engine.test_batching import assert_same_stream
+from tests.support.drive import Arrival, run_core
+from tests.support.tiny_vlms import png_bytes, write_gemma3, write_qwen25_vl
+
+FAMILIES = {"qwen2_5_vl": write_qwen25_vl, "gemma3": write_gemma3}
+QUESTION = "t11 t12 t13 t14"
+BLOCK = 8
+
+
+class Family:
+    """A tiny model folder, loaded for the engine, with its processor for building prompts."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.loaded = load_vision_model(folder)
+        self.processor = load_vision_processor(folder)
+        self.encoder = VisionPromptEncoder(self.processor, read_image_token_id(folder), max_image_pixels=10**7)
+
+    def chat_text(self, messages) -> str:
+        return self.processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def request(self, request_id: str, images: list[bytes], text: str = QUESTION, max_tokens: int = 8) -> Request:
+        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
+        rendered = self.chat_text([{"role": "user", "content": content}])
+        sampling = greedy(max_tokens)
+        if not images:
+            ids = self.processor.tokenizer.encode(rendered, add_special_tokens=False)
+            return Request(request_id, ids, sampling)
+        inputs = [ImageInput(data, f"messages.0.content.{i}", "image/png") for i, data in enumerate(images)]
+        prompt = self.encoder.encode(rendered, inputs)
+        return Request(request_id, prompt.token_ids, sampling, vision=prompt.vision, prompt_cache_keys=prompt.cache_keys)
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=True)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory) -> Family:
+    return Family(FAMILIES[request.param](tmp_path_factory.mktemp(request.param)))
+
+
+def alone(family: Family, request: Request, **config):
+    core = EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False, **config))
+    return run_core(core, [Arrival(0, request)])[request.request_id]
+
+
+def test_greedy_tokens_and_logprobs_equal_mlx_vlm_generate(family):
+    from PIL import Image
+    import io
+    from mlx_vlm import stream_generate
+    from mlx_vlm.utils import load
+
+    image = png_bytes(112, 84, seed=3)
+    ours = alone(family, family.request("ours", [image]))
+    model, processor = load(str(family.folder))
+    text = family.chat_text([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}])
+    theirs = list(stream_generate(model, processor, text, image=[Image.open(io.BytesIO(image))], max_tokens=8, temperature=0.0))
+    tokens = [r.token for r in theirs][:8]
+    logprobs = [float(r.logprobs[r.token]) for r in theirs][:8]
+    assert ours.token_ids == tokens
+    assert max(abs(a - b) for a, b in zip(ours.logprobs, logprobs)) < 1e-4
+    other = alone(family, family.request("other", [png_bytes(112, 84, seed=4)]))
+    assert other.logprobs != ours.logprobs  # the image reaches the model
+
+
+def test_eight_requests_with_images_of_different_sizes_and_text_only_batched_equal_each_alone(family):
+    sizes = [(56, 56), (112, 84), (84, 140), None, (140, 140), None, (56, 112), (168, 84)]
+    requests = [
+        family.request(f"r{i}", [] if size is None else [png_bytes(*size, seed=i)], text=f"t{20 + i} " + QUESTION)
+        for i, size in enumerate(sizes)
+    ]
+    requests.append(family.request("two-images", [png_bytes(56, 56, seed=9), png_bytes(84, 84, seed=10)]))
+    expected = {r.request_id: alone(family, r) for r in requests}
+    core = EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False, max_prefill_seqs=4, prefill_chunk_tokens=16))
+    batched = run_core(core, [Arrival(i // 3, r) for i, r in enumerate(requests)])
+    for request in requests:
+        assert_same_stream(expected[request.request_id], batched[request.request_id])
+
+
+def test_chunked_prefill_of_an_image_prompt_equals_one_chunk(family):
+    request = family.request("whole", [png_bytes(140, 140, seed=5)])
+    whole = alone(family, request)
+    chunked = alone(family, family.request("chunked", [png_bytes(140, 140, seed=5)]), prefill_chunk_tokens=7)
+    assert_same_stream(whole, chunked)
+
+
+def test_same_image_hits_the_prefix_cache_with_equal_logprobs_and_a_changed_image_misses(family):
+    core = EngineCore(family.loaded, EngineConfig(prefix_block_size=BLOCK))
+    text = " ".join(f"t{30 + i}" for i in range(24))
+    first = run_core(core, [Arrival(0, family.request("first", [png_bytes(112, 84, seed=1)], text))])["first"]
+    again = run_core(core, [Arrival(0, family.request("again", [png_bytes(112, 84, seed=1)], text))])["again"]
+    changed = run_core(core, [Arrival(0, family.request("changed", [png_bytes(112, 84, seed=2)], text))])["changed"]
+    assert first.finish.usage.cached_tokens == 0
+    prompt_tokens = again.finish.usage.prompt_tokens
+    assert again.finish.usage.cached_tokens == (prompt_tokens - 1) // BLOCK * BLOCK > 0
+    assert_same_stream(first, again)
+    # Only the blocks before the image can match (the template's opening tokens), never one holding it.
+    image_start = family.request("probe", [png_bytes(112, 84, seed=2)], text).prompt_cache_keys
+    first_image_token = next(i for i, key in enumerate(image_start) if key < 0)
+    assert changed.finish.usage.cached_tokens == first_image_token // BLOCK * BLOCK
+    assert changed.logprobs != first.logprobs
+    assert_same_stream(alone(family, family.request("changed-alone", [png_bytes(112, 84, seed=2)], text)), changed)
+
+
+def test_a_second_turn_about_the_same_image_reuses_its_kv(family):
+    core = EngineCore(family.loaded, EngineConfig(prefix_block_size=BLOCK))
+    image = png_bytes(112, 84, seed=6)
+    turn1 = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    first = run_core(core, [Arrival(0, family.request("turn1", [image]))])["turn1"]
+    turn2 = turn1 + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "t40 t41"}]
+    rendered = family.chat_text(turn2)
+    prompt = family.encoder.encode(rendered, [ImageInput(image, "messages.0.content.0", "image/png")])
+    request = Request("turn2", prompt.token_ids, greedy(4), vision=prompt.vision, prompt_cache_keys=prompt.cache_keys)
+    second = run_core(core, [Arrival(0, request)])["turn2"]
+    last_image_token = max(i for i, key in enumerate(prompt.cache_keys) if key < 0)
+    assert second.finish.usage.cached_tokens > last_image_token
+    assert_same_stream(alone(family, Request("turn2-alone", prompt.token_ids, greedy(4), vision=prompt.vision)), second)
