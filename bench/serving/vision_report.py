@@ -91,16 +91,23 @@ def vision_checks(report: dict) -> list[dict[str, str]]:
         a, b = _num(ours[c], "system_tok_s"), _num(ref[c], "system_tok_s")
         value = a / b if b else float("nan")
         bound = throughput_bound(c)
-        checks.append(_check(f"{OURS} / {REFERENCE} system tok/s, image, c={c}", value, f">= {bound}",
-                             None if math.isnan(value) else value >= bound))
+        errors = ours[c]["errors"] + ref[c]["errors"]
+        checks.append(_check(f"{OURS} / {REFERENCE} system tok/s, image, c={c}{_failed(errors)}", value, f">= {bound}",
+                             None if errors or math.isnan(value) else value >= bound))
     mix = (report.get("mix") or {}).get(OURS) or {}
     if mix.get("rounds"):
         value = _num(mix, "median_ratio")
         each = ", ".join(fmt(r["ratio"], 3) for r in mix["rounds"])
+        errors = sum(r[w]["errors"] for r in mix["rounds"] for w in ("text_only", "image_mix"))
         checks.append(_check(f"{OURS} image_mix / text_only system tok/s, c={mix['level']}, median of "
-                             f"{len(mix['rounds'])} rounds ({each})", value, f">= {MIX_BOUND}",
-                             None if math.isnan(value) else value >= MIX_BOUND))
+                             f"{len(mix['rounds'])} rounds ({each}){_failed(errors)}", value, f">= {MIX_BOUND}",
+                             None if errors or math.isnan(value) else value >= MIX_BOUND))
     return checks
+
+
+def _failed(errors: int) -> str:
+    """A ratio over failed requests means nothing: the check then says so and gives no verdict."""
+    return f" [{errors} failed requests]" if errors else ""
 
 
 def vision_tables(report: dict) -> list[Table]:
