@@ -34,12 +34,23 @@ class ImageInput:
 
 
 @dataclass
+class VideoInput:
+    """One video of a chat prompt: an encoded file (`data`, sampled on the model side at the processor's rate) or
+    its frames as images, in order (`frames`)."""
+
+    param: str
+    data: bytes = b""
+    media_type: str | None = None
+    frames: list[ImageInput] = field(default_factory=list)
+
+
+@dataclass
 class ChatPrompt:
     """Messages rendered by the model's chat template (content flattened to text, except images).
 
     A message with images has list content: `{"type": "text", "text": ...}` and `{"type": "image"}` parts
     (the Hugging Face chat-template convention); `images` holds those images' data, in the order the
-    placeholders appear across all messages.
+    placeholders appear across all messages; `videos` likewise for `{"type": "video"}` parts.
 
     `tools` are OpenAI-style function definitions. tool_choice "required" / "function" (naming
     `tool_name`) makes the model side constrain the output to one call in the model's markup.
@@ -52,6 +63,7 @@ class ChatPrompt:
     tool_name: str | None = None
     parallel_tool_calls: bool = True
     images: list[ImageInput] = field(default_factory=list)
+    videos: list[VideoInput] = field(default_factory=list)
 
 
 @dataclass

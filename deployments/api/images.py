@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.model_calls import ImageInput
+from deployments.model_calls import ImageInput, VideoInput
 from engine.errors import InvalidRequestError
 
 REMOTE_SCHEMES = ("http", "https")
@@ -37,6 +37,28 @@ def image_from_url(url: str, param: str, detail: str | None = None) -> ImageInpu
     raise InvalidRequestError(
         f"{param}: {shown} are not accepted for images: give a data URL (data:image/png;base64,...) or an "
         "http(s) URL", param=param)
+
+
+def video_from_url(url: str, param: str) -> VideoInput:
+    """A video file as a data URL (data:video/mp4;base64,...); remote videos are not fetched."""
+    if not url.lower().startswith("data:"):
+        raise InvalidRequestError(
+            f"{param}: videos are taken as data URLs (data:video/mp4;base64,...) or as a list of frames", param=param)
+    header, comma, payload = url.partition(",")
+    attributes = [a.strip().lower() for a in header[len("data:"):].split(";")]
+    if not comma or "base64" not in attributes[1:] or not attributes[0].startswith("video/"):
+        raise InvalidRequestError(f"{param}: give the video as data:video/<type>;base64,...", param=param)
+    return VideoInput(param, decode_base64(payload, param), media_type=attributes[0])
+
+
+def video_from_frames(urls: list[str], param: str) -> VideoInput:
+    """A video given as its frames, each an image data URL, in order."""
+    if not urls:
+        raise InvalidRequestError(f"{param}: a video needs at least one frame", param=param)
+    frames = [image_from_url(url, f"{param}.video.{i}") for i, url in enumerate(urls)]
+    if any(frame.url is not None for frame in frames):
+        raise InvalidRequestError(f"{param}: a video's frames are taken as data URLs only", param=param)
+    return VideoInput(param, frames=frames)
 
 
 def image_from_base64(data: str, media_type: str | None, param: str) -> ImageInput:
@@ -97,7 +119,7 @@ class MessageContent:
     and each image a `{"type": "image"}` placeholder in place."""
 
     separator: str
-    pieces: list[str | ImageInput] = field(default_factory=list)
+    pieces: list[str | ImageInput | VideoInput] = field(default_factory=list)
 
     def add_text(self, text: str) -> None:
         self.pieces.append(text)
@@ -105,19 +127,24 @@ class MessageContent:
     def add_image(self, image: ImageInput) -> None:
         self.pieces.append(image)
 
+    def add_video(self, video: VideoInput) -> None:
+        self.pieces.append(video)
+
     def __bool__(self) -> bool:
         return bool(self.pieces)
 
-    def render(self, images: list[ImageInput], prefix: str = "") -> str | list[dict[str, Any]]:
-        """The content; its images are appended to `images` (the prompt's, in placeholder order). `prefix` is glued
-        to the first text ("Error: " of a failed tool result)."""
+    def render(
+        self, images: list[ImageInput], prefix: str = "", videos: list[VideoInput] | None = None
+    ) -> str | list[dict[str, Any]]:
+        """The content; its images are appended to `images` (the prompt's, in placeholder order), its videos to
+        `videos`. `prefix` is glued to the first text ("Error: " of a failed tool result)."""
         pieces = list(self.pieces)
         if prefix:
             if pieces and isinstance(pieces[0], str):
                 pieces[0] = prefix + pieces[0]
             else:
                 pieces.insert(0, prefix)
-        if not any(isinstance(piece, ImageInput) for piece in pieces):
+        if all(isinstance(piece, str) for piece in pieces):
             return self.separator.join(pieces)  # type: ignore[arg-type]
         parts: list[dict[str, Any]] = []
         texts: list[str] = []
@@ -128,8 +155,13 @@ class MessageContent:
             if texts:
                 parts.append({"type": "text", "text": self.separator.join(texts)})
                 texts = []
-            parts.append({"type": "image"})
-            images.append(piece)
+            if isinstance(piece, VideoInput):
+                parts.append({"type": "video"})
+                assert videos is not None, "a caller that takes videos passes their list"
+                videos.append(piece)
+            else:
+                parts.append({"type": "image"})
+                images.append(piece)
         if texts:
             parts.append({"type": "text", "text": self.separator.join(texts)})
         return parts

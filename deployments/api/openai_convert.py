@@ -14,14 +14,16 @@ from deployments.api.openai_schemas import (
     ChatMessage,
     CompletionRequest,
     ImagePart,
+    VideoFramesPart,
+    VideoUrlPart,
     NamedToolChoice,
     SystemMessage,
     TextPart,
     ToolMessage,
     _SamplingFields,
 )
-from deployments.api.images import MessageContent, image_from_url
-from deployments.model_calls import ChatPrompt, GenerateJob, ImageInput, TextPrompt, ToolChoiceMode
+from deployments.api.images import MessageContent, image_from_url, video_from_frames, video_from_url
+from deployments.model_calls import ChatPrompt, GenerateJob, ImageInput, TextPrompt, ToolChoiceMode, VideoInput
 
 
 def chat_job(body: ChatCompletionRequest, request_id: str, log_id: str) -> GenerateJob:
@@ -40,14 +42,18 @@ def chat_job(body: ChatCompletionRequest, request_id: str, log_id: str) -> Gener
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     mode, tool_name = tool_choice(body.tool_choice, tools)
     images: list[ImageInput] = []
+    videos: list[VideoInput] = []
     prompt = ChatPrompt(
-        messages=[_template_message(m, f"messages.{index}.content", images) for index, m in enumerate(body.messages)],
+        messages=[
+            _template_message(m, f"messages.{index}.content", images, videos) for index, m in enumerate(body.messages)
+        ],
         tools=tools,
         template_kwargs=dict(body.chat_template_kwargs or {}),
         tool_choice=mode,
         tool_name=tool_name,
         parallel_tool_calls=body.parallel_tool_calls is not False,
         images=images,
+        videos=videos,
     )
     return GenerateJob(request_id, prompt, sampling, stream=body.stream, log_id=log_id)
 
@@ -140,11 +146,13 @@ def _refuse_common_unsupported(body: _SamplingFields) -> None:
         raise InvalidRequestError("'stream_options' is only allowed when 'stream' is true", param="stream_options")
 
 
-def _template_message(message: ChatMessage, param: str, images: list[ImageInput]) -> dict[str, Any]:
+def _template_message(
+    message: ChatMessage, param: str, images: list[ImageInput], videos: list[VideoInput]
+) -> dict[str, Any]:
     """A message as chat templates expect it: text content (content parts with images in place, which join
     `images`), tool-call arguments as objects."""
     role = "system" if isinstance(message, SystemMessage) else message.role  # templates rarely know 'developer'
-    rendered: dict[str, Any] = {"role": role, "content": _content(message.content, param, images)}
+    rendered: dict[str, Any] = {"role": role, "content": _content(message.content, param, images, videos)}
     if isinstance(message, AssistantMessage) and message.reasoning_content:
         rendered["reasoning_content"] = message.reasoning_content  # templates that show past reasoning
     if isinstance(message, AssistantMessage) and message.tool_calls:
@@ -159,7 +167,9 @@ def _template_message(message: ChatMessage, param: str, images: list[ImageInput]
     return rendered
 
 
-def _content(content: Any, param: str, images: list[ImageInput]) -> str | list[dict[str, Any]]:
+def _content(
+    content: Any, param: str, images: list[ImageInput], videos: list[VideoInput]
+) -> str | list[dict[str, Any]]:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -170,11 +180,15 @@ def _content(content: Any, param: str, images: list[ImageInput]) -> str | list[d
             built.add_text(part.text)
         elif isinstance(part, ImagePart):
             built.add_image(image_from_url(part.image_url.url, f"{param}.{position}", part.image_url.detail))
+        elif isinstance(part, VideoUrlPart):
+            built.add_video(video_from_url(part.video_url.url, f"{param}.{position}"))
+        elif isinstance(part, VideoFramesPart):
+            built.add_video(video_from_frames(part.video, f"{param}.{position}"))
         else:
             raise InvalidRequestError(
                 f"{param}.{position}: content parts of type '{part.type}' are not supported (images are, as "
-                "'image_url' parts)", param=f"{param}.{position}")
-    return built.render(images)
+                "'image_url' parts, videos as 'video_url' or 'video' parts)", param=f"{param}.{position}")
+    return built.render(images, videos=videos)
 
 
 def template_arguments(arguments: str) -> Any:

@@ -51,6 +51,20 @@ class ImagePart(_Lenient):
     image_url: ImageUrl
 
 
+class VideoUrlPart(_Lenient):
+    """A video file as a data URL (vLLM's and mlx-vlm's shape; OpenAI's API has none)."""
+
+    type: Literal["video_url"]
+    video_url: ImageUrl
+
+
+class VideoFramesPart(_Lenient):
+    """A video as its frames, each an image data URL (mlx-vlm's server's shape)."""
+
+    type: Literal["video"]
+    video: list[str] = Field(min_length=1)
+
+
 class AudioPart(_Lenient):
     type: Literal["input_audio"]
     input_audio: dict[str, Any]
@@ -61,7 +75,9 @@ class FilePart(_Lenient):
     file: dict[str, Any]
 
 
-ContentPart = Annotated[Union[TextPart, ImagePart, AudioPart, FilePart], Field(discriminator="type")]
+ContentPart = Annotated[
+    Union[TextPart, ImagePart, VideoUrlPart, VideoFramesPart, AudioPart, FilePart], Field(discriminator="type")
+]
 
 
 class FunctionCall(_Lenient):

@@ -18,6 +18,8 @@ MEDIA_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WE
 # A side this short carries no picture (a 1x1 tracking pixel); processors divide images into 14-32 px patches.
 MIN_IMAGE_SIDE = 2
 DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
+# OpenAI's detail "low" sees the image at 512 x 512 at most: here it is shrunk to fit that box (fewer image tokens).
+LOW_DETAIL_SIDE = 512
 # Pillow's own bomb check refuses at open, before the size is known; ours (max_image_pixels) reads the header
 # first and names the size, before any pixel is decoded.
 Image.MAX_IMAGE_PIXELS = None
@@ -42,6 +44,8 @@ def decode_image(image: ImageInput, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) 
         try:
             opened.load()
             rgb = opened.convert("RGB")
+            if image.detail == "low":
+                rgb.thumbnail((LOW_DETAIL_SIDE, LOW_DETAIL_SIDE), Image.Resampling.BICUBIC)
         except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt data
             raise InvalidRequestError(f"The image at {image.param} is truncated or corrupt ({exc})", param=image.param) from None
     return DecodedImage(rgb, image)

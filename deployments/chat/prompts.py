@@ -39,7 +39,7 @@ class PromptEncoder:
 
     def encode(self, prompt: ChatPrompt | TextPrompt) -> EncodedPrompt:
         if isinstance(prompt, ChatPrompt):
-            if prompt.images:
+            if prompt.images or prompt.videos:
                 return self._with_images(prompt)
             text = self._chat_text(prompt)
             # The template already holds any BOS/special tokens the model expects.
@@ -51,11 +51,11 @@ class PromptEncoder:
     def _with_images(self, prompt: ChatPrompt) -> EncodedPrompt:
         if self._vision is None:
             raise InvalidRequestError(
-                "This model takes text only: images need a vision-language model (model_type: multimodal)",
-                param=prompt.images[0].param,
+                "This model takes text only: images and video need a vision-language model (model_type: multimodal)",
+                param=(prompt.images or prompt.videos)[0].param,
             )
         text = self._chat_text(prompt)
-        encoded = self._vision.encode(text, prompt.images)
+        encoded = self._vision.encode(text, prompt.images, prompt.videos)
         return EncodedPrompt(encoded.token_ids, text, encoded.vision, encoded.cache_keys)
 
     def _chat_text(self, prompt: ChatPrompt) -> str:

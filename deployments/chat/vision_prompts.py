@@ -11,13 +11,23 @@ from typing import Any
 
 import numpy as np
 
-from deployments.chat.images import DecodedImage, decode_image
-from deployments.model_calls import ImageInput
+from deployments.chat.images import decode_image
+from deployments.chat.videos import decode_video, video_digest
+from deployments.model_calls import ImageInput, VideoInput
 from engine.errors import InvalidRequestError
 from engine.vision.inputs import VisionInputs, cache_key_ids, image_digest
 
 # What the engine gets apart: the token ids (the request's prompt) and the pixels; the mask is all ones.
 _NOT_MODEL_ARRAYS = frozenset({"input_ids", "attention_mask", "pixel_values"})
+
+
+@dataclass(frozen=True)
+class MediaTokens:
+    """The model's placeholder token ids: each image's (and each video's, where the model takes video) embeddings
+    replace a run of them."""
+
+    image: int
+    video: int | None = None
 
 
 @dataclass
@@ -28,48 +38,55 @@ class VisionPrompt:
 
 
 class VisionPromptEncoder:
-    def __init__(self, processor: Any, image_token_id: int, max_image_pixels: int) -> None:
+    def __init__(self, processor: Any, tokens: MediaTokens, max_image_pixels: int) -> None:
         self._processor = processor
-        self._image_token_id = image_token_id
+        self._tokens = tokens
         self._max_image_pixels = max_image_pixels
 
-    def encode(self, text: str, images: list[ImageInput]) -> VisionPrompt:
-        """`text`: the rendered chat prompt with the template's image placeholders, one per image, in order."""
-        decoded = [decode_image(image, self._max_image_pixels) for image in images]
-        inputs = self._processed(text, decoded)
+    def encode(self, text: str, images: list[ImageInput], videos: list[VideoInput] | None = None) -> VisionPrompt:
+        """`text`: the rendered chat prompt with the template's placeholders, one per image and video, in order."""
+        videos = videos or []
+        self._check_kinds(images, videos)
+        decoded = [decode_image(image, self._max_image_pixels).image for image in images]
+        frames = [decode_video(video, self._processor, self._max_image_pixels) for video in videos]
+        first = (images or videos)[0].param
+        inputs = self._processed(text, decoded, frames, first)
         token_ids = [int(t) for t in np.asarray(inputs["input_ids"]).reshape(-1)]
-        digests = tuple(image_digest(d.image.mode, d.image.size, d.image.tobytes()) for d in decoded)
+        image_digests = tuple(image_digest(image.mode, image.size, image.tobytes()) for image in decoded)
+        video_digests = tuple(video_digest(video) for video in frames)
         arrays = {
             name: np.asarray(value) for name, value in inputs.items()
             if name not in _NOT_MODEL_ARRAYS and value is not None and not isinstance(value, (str, list))
         }
-        vision = VisionInputs(np.asarray(inputs["pixel_values"]), arrays, digests)
-        return VisionPrompt(token_ids, vision, cache_key_ids(token_ids, self._image_token_id, digests))
+        pixels = np.asarray(inputs["pixel_values"]) if inputs.get("pixel_values") is not None else None
+        vision = VisionInputs(pixels, arrays, image_digests, video_digests)
+        media = [(self._tokens.image, image_digests)]
+        if self._tokens.video is not None:
+            media.append((self._tokens.video, video_digests))
+        return VisionPrompt(token_ids, vision, cache_key_ids(token_ids, media))
 
-    def _processed(self, text: str, decoded: list[DecodedImage]) -> dict[str, Any]:
-        """mlx-vlm's own input preparation (the one its generate uses), so the model sees what it would there."""
-        from mlx_vlm.utils import prepare_inputs
+    def _check_kinds(self, images: list[ImageInput], videos: list[VideoInput]) -> None:
+        if videos and self._tokens.video is None:
+            raise InvalidRequestError("This model takes images, not video", param=videos[0].param)
+        if images and videos:  # mlx-vlm's models merge one kind of media per prompt
+            raise InvalidRequestError(
+                "A request may hold images or a video, not both: this model's code takes one kind at a time",
+                param=videos[0].param)
 
+    def _processed(self, text: str, images: list[Any], videos: list[np.ndarray], param: str) -> dict[str, Any]:
+        """The model's processor on the rendered prompt: it expands each placeholder to the image's (video's) tokens.
+        The template already wrote the special tokens the model expects (mlx-vlm's own preparation lets Gemma 3's
+        tokenizer add a second <bos>)."""
+        media: dict[str, Any] = {"images": images} if images else {"videos": videos}
         try:
-            inputs = prepare_inputs(
-                self._processor, images=[d.image for d in decoded], prompts=[text],
-                image_token_index=self._image_token_id, add_special_tokens=False, padding=False,
-            )
+            inputs = dict(self._processor(text=[text], add_special_tokens=False, **media))
         except Exception as exc:  # processors raise many types (placeholder/image count mismatches, sizes)
+            raise InvalidRequestError(f"The model's processor could not prepare this media: {exc}", param=param) from None
+        token = self._tokens.image if images else self._tokens.video
+        if int(np.count_nonzero(np.asarray(inputs["input_ids"]) == token)) == 0:
             raise InvalidRequestError(
-                f"The model's processor could not prepare these images: {exc}", param=decoded[0].source.param
-            ) from None
-        if inputs.get("pixel_values") is None:
-            raise InvalidRequestError(
-                "The model's chat template placed no image in the prompt: it may not take images this way",
-                param=decoded[0].source.param,
-            )
-        found = int(np.count_nonzero(np.asarray(inputs["input_ids"]) == self._image_token_id))
-        if found == 0:
-            raise InvalidRequestError(
-                "The prompt holds no image tokens after processing: this chat template does not place images",
-                param=decoded[0].source.param,
-            )
+                "The prompt holds no image tokens after processing: this chat template does not place media",
+                param=param)
         return inputs
 
 

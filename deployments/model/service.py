@@ -20,7 +20,7 @@ from deployments.chat.output_plan import plan_output
 from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
 from deployments.chat.parsers.selection import OutputParser, ParserNames, resolve_parser_names
 from deployments.chat.prompts import EncodedPrompt, PromptEncoder, TokenTexts
-from deployments.chat.vision_prompts import VisionPromptEncoder
+from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
 from deployments.config import ModelConfig
 from deployments.model_calls import (
     ChatPrompt,
@@ -44,7 +44,7 @@ from engine.output.request_output import Admitted, Queued, TextDelta
 from engine.request import FinishReason, Request
 from engine.runner.memory import EngineMemory, process_rss_bytes
 from engine.sampling.params import SamplingParams
-from engine.vision.loader import read_image_token_id
+from engine.vision.loader import read_media_token_ids
 
 # A child of Serve's logger, so replica log lines carry Serve's request id too.
 logger = logging.getLogger("ray.serve.orchard")
@@ -129,7 +129,8 @@ class ModelService:
             return None
         if not getattr(served.tokenizer, "chat_template", None):  # VLM folders may keep it with the processor
             served.tokenizer.chat_template = getattr(served.processor, "chat_template", None)
-        return VisionPromptEncoder(served.processor, read_image_token_id(served.path), self.config.max_image_pixels)
+        image, video = read_media_token_ids(served.path)
+        return VisionPromptEncoder(served.processor, MediaTokens(image, video), self.config.max_image_pixels)
 
     async def unload(self) -> None:
         """Refuse new requests, give open streams up to advanced.unload_drain_s to finish, then end the rest with

@@ -17,15 +17,13 @@ import numpy as np
 class VisionInputs:
     """What the model's processor made of a prompt's images (mlx-vlm's `get_input_embeddings` inputs)."""
 
-    pixel_values: np.ndarray
-    # The processor's other arrays the model reads with the pixels (Qwen's image_grid_thw, ...), by name.
+    pixel_values: np.ndarray | None  # the images' (None: a prompt whose media is a video)
+    # The processor's other arrays the model reads with the pixels (Qwen's image_grid_thw, a video's
+    # pixel_values_videos and video_grid_thw, ...), by name.
     model_arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    # One digest per image (of its decoded pixels), in prompt order: the prefix cache's key for its tokens.
+    # One digest per image (of its decoded pixels) and per video (of its sampled frames), in prompt order.
     image_digests: tuple[str, ...] = ()
-
-    @property
-    def num_images(self) -> int:
-        return len(self.image_digests)
+    video_digests: tuple[str, ...] = ()
 
 
 def image_digest(mode: str, size: tuple[int, int], pixels: bytes) -> str:
@@ -35,23 +33,25 @@ def image_digest(mode: str, size: tuple[int, int], pixels: bytes) -> str:
     return digest.hexdigest()
 
 
-def cache_key_ids(token_ids: Sequence[int], image_token_id: int, image_digests: Sequence[str]) -> tuple[int, ...]:
-    """The prompt with each image token replaced by a negative id derived from its image's digest.
+def cache_key_ids(token_ids: Sequence[int], media: Sequence[tuple[int, Sequence[str]]]) -> tuple[int, ...]:
+    """The prompt with each media token replaced by a negative id derived from its image's (or video's) digest;
+    `media`: (placeholder token id, the digests of that kind's items in prompt order), per kind.
 
     Prefix-cache blocks are hashed over these ids, so a block holding image tokens matches only the same image
-    at the same place. Each run of image tokens is one image when the counts agree; otherwise (processors that
-    split an image in tiles) every image token is keyed by all the prompt's images together.
+    at the same place. Each run of a kind's tokens is one item when the counts agree; otherwise (processors that
+    split an image in tiles) every such token is keyed by all the prompt's items of that kind together.
     """
-    runs = _image_token_runs(token_ids, image_token_id)
-    if not runs:
-        return tuple(token_ids)
-    if len(runs) == len(image_digests):
-        keys = [_negative_id(d) for d in image_digests]
-    else:
-        keys = [_negative_id("+".join(image_digests))] * len(runs)
     out = list(token_ids)
-    for (start, end), key in zip(runs, keys):
-        out[start:end] = [key] * (end - start)
+    for token_id, digests in media:
+        runs = _image_token_runs(token_ids, token_id)
+        if not runs or not digests:
+            continue
+        if len(runs) == len(digests):
+            keys = [_negative_id(d) for d in digests]
+        else:
+            keys = [_negative_id(hashlib.sha256("+".join(digests).encode()).hexdigest())] * len(runs)
+        for (start, end), key in zip(runs, keys):
+            out[start:end] = [key] * (end - start)
     return tuple(out)
 
 

@@ -52,18 +52,26 @@ def load_vision_processor(path: str | Path, *, trust_remote_code: bool = False) 
     return processor
 
 
-def read_image_token_id(folder: str | Path) -> int:
-    """The id of the placeholder token each image's embeddings replace (from the folder's config.json)."""
-    return image_token_id(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")))
+def read_media_token_ids(folder: str | Path) -> tuple[int, int | None]:
+    """The placeholder token ids of an image and of a video (None: the model takes no video), from config.json."""
+    config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    return image_token_id(config), _config_int(config, ("video_token_id", "video_token_index"))
 
 
 def image_token_id(config: dict[str, Any]) -> int:
     """The id of the placeholder token each image's embeddings replace."""
+    found = _config_int(config, ("image_token_id", "image_token_index"))
+    if found is None:
+        raise ModelLoadError("config.json names no image token (image_token_id / image_token_index)")
+    return found
+
+
+def _config_int(config: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     for section in (config, config.get("text_config") or {}):
-        for key in ("image_token_id", "image_token_index"):
+        for key in keys:
             if isinstance(section.get(key), int):
                 return int(section[key])
-    raise ModelLoadError("config.json names no image token (image_token_id / image_token_index)")
+    return None
 
 
 def _checked_folder(path: str | Path, trust_remote_code: bool) -> tuple[Path, dict[str, Any]]:

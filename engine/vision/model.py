@@ -74,9 +74,8 @@ class VisionLanguageModel:
         """Run the vision tower over the prompt's images and merge them into its token embeddings."""
         ids = mx.array(token_ids, mx.int32)[None]
         arrays = {name: mx.array(value) for name, value in vision.model_arrays.items()}
-        features = self.vlm.get_input_embeddings(
-            ids, mx.array(vision.pixel_values), mask=mx.ones(ids.shape, mx.int32), **arrays
-        )
+        pixels = None if vision.pixel_values is None else mx.array(vision.pixel_values)  # None: a video's frames
+        features = self.vlm.get_input_embeddings(ids, pixels, mask=mx.ones(ids.shape, mx.int32), **arrays)
         extra = {k: v for k, v in features.to_dict().items() if k != "inputs_embeds" and v is not None}
         delta = 0
         if self.uses_rope_deltas and extra.get("rope_deltas") is not None:

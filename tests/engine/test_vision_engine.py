@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.chat.vision_prompts import VisionPromptEncoder
-from deployments.model_calls import ImageInput
+from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
+from deployments.model_calls import ImageInput, VideoInput
 from engine import EngineConfig, EngineCore, Request, SamplingParams
-from engine.vision.loader import load_vision_model, load_vision_processor, read_image_token_id
+from engine.vision.loader import load_vision_model, load_vision_processor, read_media_token_ids
 from tests.engine.test_batching import assert_same_stream
 from tests.support.drive import Arrival, run_core
-from tests.support.tiny_vlms import png_bytes, write_gemma3, write_qwen25_vl
+from tests.support.tiny_vlms import write_gemma3, write_qwen25_vl
+from tests.support.vlm_reference import mlx_vlm_greedy, process_chat
+from tests.support.vlm_images import png_bytes
 
 FAMILIES = {"qwen2_5_vl": write_qwen25_vl, "gemma3": write_gemma3}
 QUESTION = "t11 t12 t13 t14"
@@ -26,20 +28,26 @@ class Family:
         self.folder = folder
         self.loaded = load_vision_model(folder)
         self.processor = load_vision_processor(folder)
-        self.encoder = VisionPromptEncoder(self.processor, read_image_token_id(folder), max_image_pixels=10**7)
+        self.encoder = VisionPromptEncoder(self.processor, MediaTokens(*read_media_token_ids(folder)), max_image_pixels=10**7)
 
     def chat_text(self, messages) -> str:
         return self.processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def request(self, request_id: str, images: list[bytes], text: str = QUESTION, max_tokens: int = 8) -> Request:
-        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-        rendered = self.chat_text([{"role": "user", "content": content}])
+    def request(
+        self, request_id: str, images: list[bytes], text: str = QUESTION, max_tokens: int = 8,
+        video: list[bytes] | None = None,
+    ) -> Request:
+        """A user turn with `images` (or a `video` given as its frames) before `text`."""
+        media = [{"type": "image"} for _ in images] + ([{"type": "video"}] if video else [])
+        rendered = self.chat_text([{"role": "user", "content": [*media, {"type": "text", "text": text}]}])
         sampling = greedy(max_tokens)
-        if not images:
+        if not media:
             ids = self.processor.tokenizer.encode(rendered, add_special_tokens=False)
             return Request(request_id, ids, sampling)
         inputs = [ImageInput(data, f"messages.0.content.{i}", "image/png") for i, data in enumerate(images)]
-        prompt = self.encoder.encode(rendered, inputs)
+        frames = [ImageInput(data, f"messages.0.content.0.video.{i}") for i, data in enumerate(video or [])]
+        videos = [VideoInput("messages.0.content.0", frames=frames)] if video else []
+        prompt = self.encoder.encode(rendered, inputs, videos)
         return Request(request_id, prompt.token_ids, sampling, vision=prompt.vision, prompt_cache_keys=prompt.cache_keys)
 
 
@@ -58,41 +66,47 @@ def alone(family: Family, request: Request, **config):
 
 
 def test_greedy_tokens_and_logprobs_equal_mlx_vlm_generate(family):
-    from PIL import Image
-    import io
-    from mlx_vlm import stream_generate
     from mlx_vlm.utils import load
 
     image = png_bytes(112, 84, seed=3)
     ours = alone(family, family.request("ours", [image]))
     model, processor = load(str(family.folder))
-    text = family.chat_text([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}])
-    theirs = list(stream_generate(model, processor, text, image=[Image.open(io.BytesIO(image))], max_tokens=8, temperature=0.0))
-    tokens = [r.token for r in theirs][:8]
-    logprobs = [float(r.logprobs[r.token]) for r in theirs][:8]
-    assert ours.token_ids == tokens
-    assert max(abs(a - b) for a, b in zip(ours.logprobs, logprobs)) < 1e-4
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    theirs = mlx_vlm_greedy(model, processor, process_chat(processor, messages, [_pil(image)]), max_tokens=8)
+    assert ours.token_ids == theirs.token_ids
+    assert max(abs(a - b) for a, b in zip(ours.logprobs, theirs.chosen_logprobs())) < 1e-4
     other = alone(family, family.request("other", [png_bytes(112, 84, seed=4)]))
     assert other.logprobs != ours.logprobs  # the image reaches the model
 
 
+def _pil(data: bytes):
+    import io
+
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
 def test_eight_requests_with_images_of_different_sizes_and_text_only_batched_equal_each_alone(family):
     sizes = [(56, 56), (112, 84), (84, 140), None, (140, 140), None, (56, 112), (168, 84)]
-    requests = [
-        family.request(f"r{i}", [] if size is None else [png_bytes(*size, seed=i)], text=f"t{20 + i} " + QUESTION)
-        for i, size in enumerate(sizes)
-    ]
-    requests.append(family.request("two-images", [png_bytes(56, 56, seed=9), png_bytes(84, 84, seed=10)]))
-    expected = {r.request_id: alone(family, r) for r in requests}
+
+    def requests() -> list[Request]:  # fresh ones for each run: a Request carries its progress
+        made = [
+            family.request(f"r{i}", [] if size is None else [png_bytes(*size, seed=i)], text=f"t{20 + i} " + QUESTION)
+            for i, size in enumerate(sizes)
+        ]
+        return made + [family.request("two-images", [png_bytes(56, 56, seed=9), png_bytes(84, 84, seed=10)])]
+
+    expected = {r.request_id: alone(family, r) for r in requests()}
     core = EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False, max_prefill_seqs=4, prefill_chunk_tokens=16))
-    batched = run_core(core, [Arrival(i // 3, r) for i, r in enumerate(requests)])
-    for request in requests:
-        assert_same_stream(expected[request.request_id], batched[request.request_id])
+    batched = run_core(core, [Arrival(i // 3, r) for i, r in enumerate(requests())])
+    assert len(batched) == len(expected) == 9
+    for request_id, stream in expected.items():
+        assert_same_stream(stream, batched[request_id])
 
 
 def test_chunked_prefill_of_an_image_prompt_equals_one_chunk(family):
-    request = family.request("whole", [png_bytes(140, 140, seed=5)])
-    whole = alone(family, request)
+    whole = alone(family, family.request("whole", [png_bytes(140, 140, seed=5)]))
     chunked = alone(family, family.request("chunked", [png_bytes(140, 140, seed=5)]), prefill_chunk_tokens=7)
     assert_same_stream(whole, chunked)
 
@@ -107,10 +121,12 @@ def test_same_image_hits_the_prefix_cache_with_equal_logprobs_and_a_changed_imag
     prompt_tokens = again.finish.usage.prompt_tokens
     assert again.finish.usage.cached_tokens == (prompt_tokens - 1) // BLOCK * BLOCK > 0
     assert_same_stream(first, again)
-    # Only the blocks before the image can match (the template's opening tokens), never one holding it.
+    # Only blocks before the image can match (the template's opening tokens), never one holding it; a model
+    # cached in whole-cache snapshots (Gemma's sliding window) keeps one at each prompt's last block boundary only.
     image_start = family.request("probe", [png_bytes(112, 84, seed=2)], text).prompt_cache_keys
     first_image_token = next(i for i, key in enumerate(image_start) if key < 0)
-    assert changed.finish.usage.cached_tokens == first_image_token // BLOCK * BLOCK
+    expected = first_image_token // BLOCK * BLOCK if core.scheduler.kv.cuts_blocks else 0
+    assert changed.finish.usage.cached_tokens == expected
     assert changed.logprobs != first.logprobs
     assert_same_stream(alone(family, family.request("changed-alone", [png_bytes(112, 84, seed=2)], text)), changed)
 
@@ -128,3 +144,38 @@ def test_a_second_turn_about_the_same_image_reuses_its_kv(family):
     last_image_token = max(i for i, key in enumerate(prompt.cache_keys) if key < 0)
     assert second.finish.usage.cached_tokens > last_image_token
     assert_same_stream(alone(family, Request("turn2-alone", prompt.token_ids, greedy(4), vision=prompt.vision)), second)
+
+
+def test_a_video_of_frames_equals_mlx_vlm_and_batches_with_images_and_text(tmp_path_factory):
+    """Qwen2.5-VL takes video: frames sampled as its processor asks, video tokens keyed by the frames' content."""
+    import mlx.core as mx
+    from mlx_vlm.utils import load
+
+    from tests.support.vlm_reference import ProcessedChat
+
+    family = Family(write_qwen25_vl(tmp_path_factory.mktemp("qwen-video")))
+    frames = [png_bytes(112, 84, seed=40 + i) for i in range(6)]
+    request = family.request("video", [], video=frames)
+    ours = alone(family, request)
+    vision = request.vision
+    model, processor = load(str(family.folder))
+    ids = mx.array([list(request.prompt_token_ids)])
+    chat = ProcessedChat("", ids, mx.ones(ids.shape), None, {k: mx.array(v) for k, v in vision.model_arrays.items()})
+    theirs = mlx_vlm_greedy(model, processor, chat, max_tokens=8)
+    assert ours.token_ids == theirs.token_ids
+    assert max(abs(a - b) for a, b in zip(ours.logprobs, theirs.chosen_logprobs())) < 1e-4
+    assert "pixel_values_videos" in vision.model_arrays and vision.pixel_values is None
+
+    def mixed() -> list[Request]:
+        return [family.request("v", [], video=frames), family.request("i", [png_bytes(56, 56, seed=1)]),
+                family.request("t", []), family.request("v2", [], video=frames[::-1])]
+
+    expected = {r.request_id: alone(family, r) for r in mixed()}
+    assert expected["v2"].logprobs != expected["v"].logprobs  # the frames' order reaches the model
+    core = EngineCore(family.loaded, EngineConfig(prefix_block_size=BLOCK, prefill_chunk_tokens=16))
+    batched = run_core(core, [Arrival(0, r) for r in mixed()])
+    for request_id, stream in expected.items():
+        assert_same_stream(stream, batched[request_id])
+    again = run_core(core, [Arrival(0, family.request("again", [], video=frames))])["again"]
+    assert again.finish.usage.cached_tokens == (again.finish.usage.prompt_tokens - 1) // BLOCK * BLOCK
+    assert_same_stream(ours, again)
