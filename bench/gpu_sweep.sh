@@ -3,6 +3,7 @@
 #   bash bench/gpu_sweep.sh serving qwen3-0.6b          # Orchard vs mlx_lm.server over HTTP, bf16
 #   bash bench/gpu_sweep.sh serving llama-3.1-8b 4      # the same, 4-bit (16 GB built and loaded three times)
 #   bash bench/gpu_sweep.sh engine                      # in process: engine_throughput + prefix-cache TTFT
+#   bash bench/gpu_sweep.sh vision [SHAPE]              # Orchard vs mlx_vlm.server, image requests (issue 27)
 #
 # serving SHAPE [BITS]: bench.serving.compare, levels LEVELS (default 1,4,8,16,32,64,128), servers orchard and
 #   mlx_lm, the in-process engine baseline and EFFICIENCY_ROUNDS (default 5; 0: none) alternating HTTP /
@@ -14,10 +15,15 @@
 #   LEVELS (default 1,8,32,64,128); then bench.prefix_cache ttft (2,048-token shared prefix + 16-token suffix,
 #   hit vs miss) on the Qwen3-0.6B shape and, unless SKIP_8B=1, the Llama-3.1-8B shape. Writes
 #   $OUT/engine_throughput.{json,txt}, $OUT/prefix_ttft_<shape>.json and $OUT/prefix_ttft.txt.
-# Both: OUT (default /tmp/out), ORCHARD_COMMIT (recorded in the JSON where the tree has no .git).
+# vision [SHAPE]: bench.serving.vision_compare on a random bf16 VLM (default qwen2.5-vl-3b): levels LEVELS (default
+#   1,8,32), each request one IMAGE_SIZE (default 672x672) JPEG + a 64-token question, 128 new tokens, streamed;
+#   ours, then mlx_vlm.server; then ours at 32 streams, MIX_ROUNDS (default 2) alternating rounds of text-only vs
+#   half-image requests. Needs mlx-vlm and its server's imports in the bundles (bench/README.md). Writes
+#   $OUT/vision_<shape>.{json,txt} and server logs under $OUT/logs_vision_<shape>/. BUDGET (default 540), EXTRA.
+# All: OUT (default /tmp/out), ORCHARD_COMMIT (recorded in the JSON where the tree has no .git).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODE="${1:?usage: bench/gpu_sweep.sh serving SHAPE [BITS] | engine}"
+MODE="${1:?usage: bench/gpu_sweep.sh serving SHAPE [BITS] | engine | vision [SHAPE]}"
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 # shellcheck disable=SC1091
@@ -48,8 +54,16 @@ case "$MODE" in
     done
     cat "$OUT/engine_throughput.txt" "$OUT/prefix_ttft.txt"
     ;;
+  vision)
+    SHAPE="${2:-qwen2.5-vl-3b}"
+    # shellcheck disable=SC2086
+    python3 -m bench.serving.vision_compare --random-shape "$SHAPE" --levels "${LEVELS:-1,8,32}" \
+      --image-size "${IMAGE_SIZE:-672x672}" --mix-rounds "${MIX_ROUNDS:-2}" \
+      --json "$OUT/vision_${SHAPE}.json" --log-dir "$OUT/logs_vision_${SHAPE}" \
+      --time-budget-s "${BUDGET:-540}" ${EXTRA:-} 2>&1 | tee "$OUT/vision_${SHAPE}.txt"
+    ;;
   *)
-    echo "unknown mode '$MODE': serving or engine" >&2
+    echo "unknown mode '$MODE': serving, engine or vision" >&2
     exit 2
     ;;
 esac

@@ -48,6 +48,7 @@ class RequestSpec:
     prompt: str
     prompt_words: int
     max_tokens: int
+    image_url: Optional[str] = None  # a data URL: sent as an OpenAI image_url part before the text (chat only)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class RequestRecord:
     cached_tokens: Optional[int] = None
     error: Optional[str] = None
     cancelled: bool = False  # the benchmark closed it on purpose (not an error)
+    images: int = 0  # images the request carried
     connect_s: Optional[float] = None  # new TCP connection's set-up time (seconds at 1 s+: a full listen backlog)
 
     @property
@@ -108,8 +110,13 @@ def request_body(target: Target, spec: RequestSpec) -> tuple[str, dict[str, Any]
         "stream_options": {"include_usage": True},
     }
     if target.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": spec.prompt}]
+        content: Any = spec.prompt
+        if spec.image_url is not None:
+            content = [{"type": "image_url", "image_url": {"url": spec.image_url}}, {"type": "text", "text": spec.prompt}]
+        body["messages"] = [{"role": "user", "content": content}]
         path = "/v1/chat/completions"
+    elif spec.image_url is not None:
+        raise ValueError("images need the chat endpoint")
     else:
         body["prompt"] = spec.prompt
         path = "/v1/completions"
@@ -194,6 +201,7 @@ class StreamClient:
         url, body = request_body(self.target, spec)
         if record is None:
             record = RequestRecord(time.perf_counter(), spec.prompt_words, spec.max_tokens)
+        record.images = int(spec.image_url is not None)
         record.sent_at = time.perf_counter()
         try:
             await self._consume(url, body, record)

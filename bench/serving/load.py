@@ -92,7 +92,8 @@ async def run_suite(
             soft, hard = now + budget, min(deadline, now + budget + max(10.0, budget))
             if unit.workload in SWEEP_WORKLOADS and unit.concurrency not in warmed:
                 warmed.add(unit.concurrency)
-                warm = await warm_up(client, settings, unit.concurrency, hard=min(hard, now + 0.3 * budget + 5))
+                warm = await warm_up(client, settings, unit.concurrency, hard=min(hard, now + 0.3 * budget + 5),
+                                     workload=unit.workload)
                 suite.warmup_errors += [r.error for r in warm if r.error]
             await _run_unit(client, settings, unit, soft, hard, suite)
             suite.wall_s = time.perf_counter() - started

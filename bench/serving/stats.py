@@ -106,6 +106,8 @@ class LevelResult:
     reads_per_s: float = 0.0  # network reads carrying text, all streams together
     tokens_per_read: float = float("nan")
     prompt_words_mean: float = float("nan")
+    usage_prompt_tokens_mean: Optional[float] = None  # the server's count (image tokens included)
+    image_requests: int = 0
     cached_tokens_mean: Optional[float] = None
     error_samples: list[str] = field(default_factory=list)
     note: str = ""  # e.g. "stopped early: time budget"
@@ -131,6 +133,9 @@ def summarize_level(workload: str, concurrency: int, records: list[RequestRecord
     result.reads_per_s = reads / result.wall_s if result.wall_s > 0 else 0.0
     result.tokens_per_read = result.generated_tokens / reads if reads else float("nan")
     result.prompt_words_mean = float(np.mean([r.prompt_words for r in records]))
+    prompt_tokens = [r.usage_prompt_tokens for r in records if r.usage_prompt_tokens is not None]
+    result.usage_prompt_tokens_mean = float(np.mean(prompt_tokens)) if prompt_tokens else None
+    result.image_requests = sum(1 for r in records if r.images)
     cached = [r.cached_tokens for r in records if r.cached_tokens is not None]
     result.cached_tokens_mean = float(np.mean(cached)) if cached else None
     return result

@@ -15,6 +15,7 @@ from typing import Awaitable, Callable, Optional
 import numpy as np
 
 from bench.serving.client import RequestRecord, RequestSpec, StreamClient, make_spec
+from bench.serving.images import image_data_url, image_tokens
 from bench.serving.stats import (
     BurstResult,
     LevelResult,
@@ -25,10 +26,14 @@ from bench.serving.stats import (
     summarize_long,
 )
 
-SWEEP_WORKLOADS = ("mixed", "uniform", "same")
+# Vision (bench.serving.vision_compare): `image` = one image + a question per request; `text_only` = text
+# prompts of about an image request's tokens; `image_mix` = half of each.
+VISION_WORKLOADS = ("image", "image_mix", "text_only")
+SWEEP_WORKLOADS = ("mixed", "uniform", "same") + VISION_WORKLOADS
 SCENARIO_WORKLOADS = ("long", "burst")
 WORKLOADS = SWEEP_WORKLOADS + SCENARIO_WORKLOADS
 WORKLOAD_IDS = {name: i for i, name in enumerate(WORKLOADS)}  # seeds prompts per workload
+WARMUP_ROUND = 10_000  # the vision warm-ups' round index: their images and prompts are never measured ones
 LONG_READY_TOKENS = 8  # background streams count as running once each has this many tokens
 LONG_GRACE_S = 0.1  # a stall ends with the read right after the long prompt's first token (~ one coalescing window)
 LONG_BASELINE_S = 1.0  # decode-only time before the long prompt is sent
@@ -67,9 +72,17 @@ class LoadSettings:
     warmup_tokens: int = 16  # 0: no warm-up
     seed: int = 0
     request_timeout_s: float = 300.0
+    image_width: int = 672
+    image_height: int = 672
+    image_format: str = "jpeg"
+    question_tokens: int = 64  # the text beside each image
+    text_only_tokens: int = 0  # text_only prompts; 0: the image's tokens (Qwen2.5-VL: one per 28x28 px) + the question
 
     def rpw(self, concurrency: int) -> int:
         return self.requests_per_worker_high if concurrency >= self.high_from else self.requests_per_worker
+
+    def text_only_words(self) -> int:
+        return self.text_only_tokens or image_tokens(self.image_width, self.image_height) + self.question_tokens
 
 
 def _rng(settings: LoadSettings, workload: str, *extra: int) -> np.random.Generator:
@@ -79,6 +92,8 @@ def _rng(settings: LoadSettings, workload: str, *extra: int) -> np.random.Genera
 def sweep_specs(settings: LoadSettings, workload: str, concurrency: int) -> list[list[RequestSpec]]:
     """Per worker, the requests it sends back to back. Prompts differ per level (no cross-level cache hits),
     except `same`, where every request of every level carries one prompt (prefix reuse)."""
+    if workload in VISION_WORKLOADS:
+        return vision_specs(settings, workload, concurrency)
     rng = _rng(settings, workload, concurrency)
     vocab, gen, n = settings.vocab_size, settings.gen_tokens, settings.rpw(concurrency)
     if workload == "same":
@@ -91,6 +106,30 @@ def sweep_specs(settings: LoadSettings, workload: str, concurrency: int) -> list
         lengths = np.exp(rng.uniform(lo, hi, size=(concurrency, n))).astype(int)
         return [[make_spec(rng, int(k), gen, vocab) for k in row] for row in lengths]
     raise ValueError(f"unknown sweep workload {workload!r}")
+
+
+def vision_specs(
+    settings: LoadSettings, workload: str, concurrency: int, round_index: int = 0, max_tokens: Optional[int] = None
+) -> list[list[RequestSpec]]:
+    """Per worker, its requests: `image` all with an image, `text_only` none, `image_mix` alternating (worker +
+    request index even: image). Every image is a new synthetic picture (seeded by level, round, worker and
+    request) and every question new, so no request repeats another's prefix; both servers get the same ones."""
+    rng = _rng(settings, workload, concurrency, round_index)
+    gen = max_tokens or settings.gen_tokens
+    rows = []
+    for worker in range(concurrency):
+        row = []
+        for index in range(settings.rpw(concurrency)):
+            with_image = workload == "image" or (workload == "image_mix" and (worker + index) % 2 == 0)
+            if not with_image:
+                row.append(make_spec(rng, settings.text_only_words(), gen, settings.vocab_size))
+                continue
+            spec = make_spec(rng, settings.question_tokens, gen, settings.vocab_size)
+            seed = (settings.seed, WORKLOAD_IDS[workload], concurrency, round_index, worker, index)
+            spec.image_url = image_data_url(settings.image_width, settings.image_height, seed, settings.image_format)
+            row.append(spec)
+        rows.append(row)
+    return rows
 
 
 # ---- running groups of requests
@@ -129,12 +168,19 @@ async def _wait_or_cancel(tasks: list[asyncio.Task], hard: float) -> bool:
     return bool(pending)
 
 
-async def warm_up(client: StreamClient, settings: LoadSettings, concurrency: int, hard: float) -> list[RequestRecord]:
-    """Short requests at this concurrency, so kernel compilation for new batch shapes is not timed."""
+async def warm_up(
+    client: StreamClient, settings: LoadSettings, concurrency: int, hard: float, workload: str = ""
+) -> list[RequestRecord]:
+    """Short requests at this concurrency, so kernel compilation for new batch shapes is not timed (a vision
+    workload's own requests, with images where it has them)."""
     if settings.warmup_tokens <= 0:
         return []
-    rng = np.random.default_rng([settings.seed, 1000 + concurrency])
-    specs = [make_spec(rng, 32, settings.warmup_tokens, settings.vocab_size) for _ in range(concurrency)]
+    if workload in VISION_WORKLOADS:
+        rows = vision_specs(settings, workload, concurrency, WARMUP_ROUND, settings.warmup_tokens)
+        specs = [row[0] for row in rows]
+    else:
+        rng = np.random.default_rng([settings.seed, 1000 + concurrency])
+        specs = [make_spec(rng, 32, settings.warmup_tokens, settings.vocab_size) for _ in range(concurrency)]
     records, _ = await run_wave(client, specs, settings.stagger_ms / 1e3, hard)
     return records
 
@@ -148,15 +194,23 @@ async def warm_up_prompts(client: StreamClient, settings: LoadSettings, hard: fl
         sizes.add(settings.long_prompt_tokens)
     rng = np.random.default_rng([settings.seed, 2000])
     specs = [make_spec(rng, k, settings.warmup_tokens, settings.vocab_size) for k in sorted(sizes)]
+    if set(settings.workloads) & set(VISION_WORKLOADS):  # the vision tower's first image, a text_only prompt
+        specs.append(vision_specs(settings, "image", 1, WARMUP_ROUND + 1, settings.warmup_tokens)[0][0])
+        specs.append(make_spec(rng, settings.text_only_words(), settings.warmup_tokens, settings.vocab_size))
     records, _ = await closed_loop(client, [specs], soft=float("inf"), hard=hard, stagger_s=0.0)
     return records
 
 
 # ---- the workloads
 async def run_sweep_level(
-    client: StreamClient, settings: LoadSettings, workload: str, concurrency: int, soft: float, hard: float
+    client: StreamClient, settings: LoadSettings, workload: str, concurrency: int, soft: float, hard: float,
+    round_index: int = 0,
 ) -> LevelResult:
-    specs = sweep_specs(settings, workload, concurrency)
+    """One closed-loop level; a vision workload's `round_index` > 0 gives it new images and prompts (repeats)."""
+    if round_index and workload in VISION_WORKLOADS:
+        specs = vision_specs(settings, workload, concurrency, round_index)
+    else:
+        specs = sweep_specs(settings, workload, concurrency)
     before = await client.engine_counters()
     records, cut = await closed_loop(client, specs, soft, hard, settings.stagger_ms / 1e3)
     after = await client.engine_counters()

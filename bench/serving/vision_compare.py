@@ -1,0 +1,279 @@
+"""Orchard vs mlx_vlm.server on one vision-language model over HTTP, same images, one run (issue 27); one JSON.
+
+    python -m bench.serving.vision_compare --random-shape qwen2.5-vl-3b --levels 1,8,32 \
+        --json $OUT/vision.json --time-budget-s 540
+
+Builds (bench.random_vlm, in a child process) or takes (--model) a Qwen2.5-VL-style folder. Then, one server at
+a time (--servers, in that order): start it as a child process (ours: bench.serving.orchard_server with
+`model_type: multimodal`; mlx-vlm's own `python -m mlx_vlm.server --model FOLDER`), wait until it answers, run
+the `image` sweep (closed loop at each level: every request one new synthetic --image-size picture and a
+--question-tokens question, --gen-tokens new tokens, streamed), then, for --mix-servers, --mix-rounds
+alternating rounds at --mix-level of `text_only` (prompts of about an image request's tokens) and `image_mix`
+(half the requests with an image); stop it. Tables, acceptance checks (bench.serving.vision_report) and the
+JSON, rewritten after every level. MLX and Ray stay out of this process. Linux dev machines: run it under
+scripts/loopback.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from bench.serving.client import StreamClient, Target
+from bench.serving.compare import (
+    REPO,
+    STOP_RESERVE_S,
+    OrchardKnobs,
+    ServerProcess,
+    ServerSpec,
+    free_port,
+    git_commit,
+    machine_facts,
+    model_facts,
+    orchard_spec,
+    save_ray_log_tails,
+)
+from bench.serving.images import image_data_url, parse_size
+from bench.serving.load import (
+    add_load_arguments,
+    run_async,
+    run_suite,
+    settings_from_args,
+    suite_tables,
+    to_jsonable,
+    write_json,
+)
+from bench.serving.orchard_server import mlx_backend_env
+from bench.serving.stats import LevelResult
+from bench.serving.tables import show
+from bench.serving.vision_report import vision_checks, vision_tables
+from bench.serving.workloads import LoadSettings, run_sweep_level, warm_up
+
+SERVERS = ("orchard", "mlx_vlm")
+PHASE_WEIGHTS = {"orchard": 1.8, "mlx_vlm": 1.0}  # ours holds Ray's start and the prefill-shape warm-up
+MIX_SHARE = 0.45  # of a mix server's measuring time: the alternating text_only / image_mix rounds
+END_RESERVE_S = 10.0
+# Both servers load the folder offline: a processor file missing locally must not become a Hub request.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a Qwen2.5-VL-style folder (bench.random_vlm's give exact token counts)")
+    src.add_argument("--random-shape", help="build one: qwen2.5-vl-3b, tiny-vl")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--servers", default="orchard,mlx_vlm", help=f"subset of {','.join(SERVERS)}, in run order")
+    p.add_argument("--json", required=True, help="the report (rewritten after every level)")
+    p.add_argument("--log-dir", help="server logs (default: next to --json)")
+    p.add_argument("--time-budget-s", type=float, default=540.0, help="the whole run, model build included")
+    p.add_argument("--startup-timeout-s", type=float, default=300.0)
+    p.add_argument("--image-size", default="672x672", help="WxH of every image (672x672: 576 image tokens)")
+    p.add_argument("--image-format", choices=["jpeg", "png"], default="jpeg")
+    p.add_argument("--question-tokens", type=int, default=64, help="text words beside each image (one token each)")
+    p.add_argument("--text-only-tokens", type=int, default=0,
+                   help="text_only prompts' words (0: the image's tokens + the question's)")
+    p.add_argument("--mix-level", type=int, default=32, help="streams of the text_only / image_mix rounds")
+    p.add_argument("--mix-rounds", type=int, default=2, help="alternating text_only / image_mix rounds (0: none)")
+    p.add_argument("--mix-servers", default="orchard", help="servers that run the mix rounds")
+    p.add_argument("--orchard-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="ours: another model entry field (dotted for nested: advanced.prefill_warmup_seconds=30)")
+    p.add_argument("--mlx-vlm-arg", action="append", default=[], metavar="FLAG",
+                   help="another mlx_vlm.server flag, e.g. --mlx-vlm-arg=--max-num-seqs=64 (repeatable)")
+    add_load_arguments(p)
+    p.set_defaults(levels="1,8,32", workloads="image", requests_per_worker=4, requests_per_worker_high=2)
+    args = p.parse_args(argv)
+    args.image_width, args.image_height = parse_size(args.image_size)
+    return args
+
+
+# ---- the two servers
+def mlx_vlm_spec(model_path: str, port: int, extra: list[str]) -> ServerSpec:
+    argv = [sys.executable, "-m", "mlx_vlm.server", "--model", model_path, "--host", "127.0.0.1", "--port", str(port),
+            *extra]
+    # Its requests name the model by the exact --model string (anything else is loaded as a path or Hub repo).
+    # No ignore_eos there (unknown fields are ignored): a random model's early EOS is counted as `short`.
+    target = Target(f"http://127.0.0.1:{port}", model_path, "mlx_vlm")
+    return ServerSpec("mlx_vlm", argv, target, env={**mlx_backend_env(), **OFFLINE_ENV})
+
+
+def server_spec(name: str, model_path: str, port: int, args: argparse.Namespace, settings: LoadSettings) -> ServerSpec:
+    if name == "mlx_vlm":
+        return mlx_vlm_spec(model_path, port, list(args.mlx_vlm_arg))
+    streams = max(settings.levels + [args.mix_level])
+    knobs = OrchardKnobs(decode_batch=streams, model_args=["model_type=multimodal", *args.orchard_arg])
+    spec = orchard_spec(model_path, "bench-model", port, knobs)
+    spec.env.update(OFFLINE_ENV)
+    return spec
+
+
+# ---- text_only vs image_mix rounds
+@dataclass
+class MixRound:
+    round: int
+    text_only: LevelResult
+    image_mix: LevelResult
+    ratio: float  # image_mix / text_only system tok/s
+
+
+@dataclass
+class MixResult:
+    level: int
+    rounds: list[MixRound] = field(default_factory=list)
+    median_ratio: float = float("nan")
+    note: str = ""
+
+
+async def run_mix_rounds(target: Target, settings: LoadSettings, level: int, rounds: int, deadline: float) -> MixResult:
+    """Warm both workloads at `level`, then `rounds` pairs, the order alternating (text first in round 1), each
+    round with new images and prompts; the ratio per round and their median."""
+    result = MixResult(level)
+    async with StreamClient(target, settings.request_timeout_s) as client:
+        for workload in ("text_only", "image_mix"):
+            await warm_up(client, settings, level, hard=min(deadline, time.perf_counter() + 60), workload=workload)
+        units_left = 2 * rounds
+        for index in range(1, rounds + 1):
+            order = ("text_only", "image_mix") if index % 2 else ("image_mix", "text_only")
+            done: dict[str, LevelResult] = {}
+            for workload in order:
+                now = time.perf_counter()
+                if deadline - now < 5.0:
+                    result.note = f"time budget: {len(result.rounds)} of {rounds} rounds"
+                    return result
+                budget = (deadline - now) / units_left
+                units_left -= 1
+                soft, hard = now + budget, min(deadline, now + budget + max(10.0, budget))
+                done[workload] = await run_sweep_level(client, settings, workload, level, soft, hard, round_index=index)
+                print(f"  [{target.name}] {workload:<9} c={level:<3} round {index}: "
+                      f"{done[workload].system_tok_s:8.1f} tok/s", flush=True)
+            text, mix = done["text_only"].system_tok_s, done["image_mix"].system_tok_s
+            ratio = mix / text if text else float("nan")
+            result.rounds.append(MixRound(index, done["text_only"], done["image_mix"], ratio))
+            result.median_ratio = statistics.median(r.ratio for r in result.rounds)
+    return result
+
+
+# ---- the run
+class VisionRun:
+    """The report and the clock."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.started = time.perf_counter()
+        self.deadline = self.started + args.time_budget_s - END_RESERVE_S
+        self.json_path = Path(args.json)
+        self.log_dir = Path(args.log_dir) if args.log_dir else self.json_path.parent / f"logs_{self.json_path.stem}"
+        self.report: dict[str, Any] = {
+            "kind": "vision", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": git_commit(), "machine": None, "model": None, "settings": None, "images": None,
+            "servers": {}, "server_info": {}, "mix": {}, "checks": [], "events": [],
+        }
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def event(self, text: str) -> None:
+        stamp = round(time.perf_counter() - self.started, 1)
+        self.report["events"].append(f"{stamp:7.1f} s  {text}")
+        print(f"[vision {stamp:6.1f} s] {text}", flush=True)
+
+    def save(self) -> None:
+        self.report["checks"] = vision_checks(self.report)
+        write_json(self.json_path, self.report)
+
+
+def run_server_phase(run: VisionRun, name: str, model_path: str, settings: LoadSettings, budget_s: float) -> None:
+    args = run.args
+    spec = server_spec(name, model_path, free_port(), args, settings)
+    phase_end = time.perf_counter() + budget_s
+    server = ServerProcess(spec, run.log_dir / f"{name}.log", REPO)
+    info: dict[str, Any] = {"argv": spec.argv[1:], "log": str(server.log_path), "target": to_jsonable(spec.target)}
+    run.report["server_info"][name] = info
+    run.event(f"starting {name} (phase budget {budget_s:.0f} s)")
+    try:
+        server.start()
+        info["ready_s"] = round(server.wait_ready(min(args.startup_timeout_s, 0.7 * budget_s)), 1)
+        run.event(f"{name} ready after {info['ready_s']} s")
+        measure_end = phase_end - STOP_RESERVE_S
+        mixing = name in args.mix_servers.split(",") and args.mix_rounds > 0
+        sweep_end = measure_end - (MIX_SHARE * (measure_end - time.perf_counter()) if mixing else 0.0)
+
+        def on_result(suite: Any) -> None:  # after every level: a run cut short keeps what it measured
+            run.report["servers"][name] = to_jsonable(suite)
+            run.save()
+
+        suite = run_async(run_suite(spec.target, settings, sweep_end, on_result=on_result))
+        run.report["servers"][name] = to_jsonable(suite)
+        show(suite_tables(suite))
+        if mixing:
+            mix = run_async(run_mix_rounds(spec.target, settings, args.mix_level, args.mix_rounds, measure_end))
+            run.report["mix"][name] = to_jsonable(mix)
+    except Exception as exc:  # a server that fails to start or dies: recorded, and the next one still runs
+        info["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+        run.event(f"{name} failed: {type(exc).__name__}: {str(exc)[:2000]}")
+        if name == "orchard":
+            save_ray_log_tails(run.log_dir / "ray_serve_tails.log")
+    finally:
+        stop_started = time.perf_counter()
+        server.stop()
+        info["stop_s"] = round(time.perf_counter() - stop_started, 1)
+        run.event(f"{name} stopped in {info['stop_s']} s")
+        run.save()
+
+
+def build_model(args: argparse.Namespace, folder: Path, timeout_s: float) -> str:
+    argv = [sys.executable, "-m", "bench.random_vlm", str(folder), "--shape", args.random_shape, "--dtype", args.dtype]
+    started = time.perf_counter()
+    subprocess.run(argv, cwd=REPO, check=True, timeout=timeout_s)  # its own process: MLX memory returns at exit
+    print(f"built random {args.random_shape} model in {time.perf_counter() - started:.1f} s", flush=True)
+    return str(folder)
+
+
+def image_facts(settings: LoadSettings) -> dict[str, Any]:
+    sample = [len(image_data_url(settings.image_width, settings.image_height, (9999, i), settings.image_format))
+              for i in range(4)]
+    return {"width": settings.image_width, "height": settings.image_height, "format": settings.image_format,
+            "data_url_bytes_mean": round(sum(sample) / len(sample)), "question_tokens": settings.question_tokens,
+            "text_only_words": settings.text_only_words(),
+            "content": "a new synthetic picture per request (seeded gradient, shapes, noise): no image repeats"}
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    args = parse_args(argv)
+    run = VisionRun(args)
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    if set(servers) - set(SERVERS):
+        raise SystemExit(f"unknown servers {sorted(set(servers) - set(SERVERS))}; choose from {SERVERS}")
+    with tempfile.TemporaryDirectory(prefix="orchard-vision-") as tmp:
+        model_path = args.model or build_model(args, Path(tmp) / "model", timeout_s=max(30.0, 0.4 * run.left()))
+        run.report["model"] = model_facts(model_path, args)
+        run.report["machine"] = machine_facts()
+        settings = settings_from_args(args, run.report["model"]["vocab_size"])
+        compare_args = {k: v for k, v in vars(args).items() if k != "json"}
+        run.report["settings"] = {"load": to_jsonable(settings), "compare": compare_args}
+        run.report["images"] = image_facts(settings)
+        run.save()
+        for i, name in enumerate(servers):
+            budget = run.left() * PHASE_WEIGHTS[name] / sum(PHASE_WEIGHTS[s] for s in servers[i:])
+            if budget < 20.0:
+                run.event(f"skipping {name}: {budget:.0f} s left")
+                continue
+            run_server_phase(run, name, model_path, settings, budget)
+    run.report["wall_s"] = round(time.perf_counter() - run.started, 1)
+    run.save()
+    print()
+    show(vision_tables(run.report))
+    print(f"\nwrote {run.json_path} in {run.report['wall_s']} s")
+    return run.report
+
+
+if __name__ == "__main__":
+    main()
