@@ -18,7 +18,9 @@
 # vision [SHAPE]: bench.serving.vision_compare on a random bf16 VLM (default qwen2.5-vl-3b): levels LEVELS (default
 #   1,8,32), each request one IMAGE_SIZE (default 672x672) JPEG + a 64-token question, 128 new tokens, streamed;
 #   ours, then mlx_vlm.server; then ours at 32 streams, MIX_ROUNDS (default 2) alternating rounds of text-only vs
-#   half-image requests. Needs mlx-vlm and its server's imports in the bundles (bench/README.md). Writes
+#   half-image requests. VISION_DTYPE (default float32): the vision tower's weights; a bf16 / fp16 Qwen2.5-VL tower
+#   dies in its forward on MLX 0.32.4 CUDA (SIGFPE), in mlx_vlm.server as in Orchard. Needs mlx-vlm and its
+#   server's imports in the bundles (bench/README.md). Writes
 #   $OUT/vision_<shape>.{json,txt} and server logs under $OUT/logs_vision_<shape>/. BUDGET (default 540), EXTRA.
 # All: OUT (default /tmp/out), ORCHARD_COMMIT (recorded in the JSON where the tree has no .git).
 set -euo pipefail
@@ -59,6 +61,7 @@ case "$MODE" in
     # shellcheck disable=SC2086
     python3 -m bench.serving.vision_compare --random-shape "$SHAPE" --levels "${LEVELS:-1,8,32}" \
       --image-size "${IMAGE_SIZE:-672x672}" --mix-rounds "${MIX_ROUNDS:-2}" \
+      --vision-dtype "${VISION_DTYPE:-float32}" \
       --json "$OUT/vision_${SHAPE}.json" --log-dir "$OUT/logs_vision_${SHAPE}" \
       --time-budget-s "${BUDGET:-540}" ${EXTRA:-} 2>&1 | tee "$OUT/vision_${SHAPE}.txt"
     ;;

@@ -1,7 +1,7 @@
 """Random-weight vision-language model folders of real shapes, loadable with ``mlx_vlm.load`` (and Orchard's
 ``model_type: multimodal``).
 
-    python -m bench.random_vlm OUT --shape qwen2.5-vl-3b [--dtype bfloat16] [--check]
+    python -m bench.random_vlm OUT --shape qwen2.5-vl-3b [--dtype bfloat16] [--vision-dtype float32] [--check]
 
 The folder holds what a converted Qwen2.5-VL checkpoint holds: config.json (the real model's fields), bf16
 safetensors built in place by mlx-vlm's own model class (random weights: throughput does not depend on their
@@ -172,7 +172,7 @@ def _init_param(path: str, param: mx.array, dtype: mx.Dtype) -> mx.array:
     return mx.random.normal(param.shape, dtype=dtype, scale=fan_in**-0.5)
 
 
-def build_random_vlm(config: dict[str, Any], dtype: str, seed: int) -> nn.Module:
+def build_random_vlm(config: dict[str, Any], dtype: str, seed: int, vision_dtype: str | None = None) -> nn.Module:
     """mlx-vlm's own Model for the config (its package resolved by mlx_vlm.utils.get_model_and_args, its
     configs built as mlx_vlm.utils.load_model builds them), with lazy random weights in `dtype`."""
     from mlx_vlm.utils import get_model_and_args, update_module_configs
@@ -183,8 +183,10 @@ def build_random_vlm(config: dict[str, Any], dtype: str, seed: int) -> nn.Module
     model_config = update_module_configs(model_config, module, config, ["text", "vision"])
     model = module.Model(model_config)
     mx.random.seed(seed)
-    mx_dtype = getattr(mx, dtype)
-    model.update(tree_map_with_path(lambda p, w: _init_param(p, w, mx_dtype), model.parameters()))
+    mx_dtype, tower_dtype = getattr(mx, dtype), getattr(mx, vision_dtype or dtype)
+    model.update(tree_map_with_path(
+        lambda p, w: _init_param(p, w, tower_dtype if p.startswith("vision_tower.") else mx_dtype), model.parameters()
+    ))
     return model
 
 
@@ -218,14 +220,19 @@ def write_vl_tokenizer(out_dir: Path, vocab_size: int) -> None:
     (out_dir / "preprocessor_config.json").write_text(json.dumps(QWEN2_5_VL_PREPROCESSOR, indent=2))
 
 
-def make_random_vlm(out_dir: str | Path, shape: str = "qwen2.5-vl-3b", dtype: str = "bfloat16", seed: int = 0) -> Path:
+def make_random_vlm(
+    out_dir: str | Path, shape: str = "qwen2.5-vl-3b", dtype: str = "bfloat16", seed: int = 0,
+    vision_dtype: str | None = None,
+) -> Path:
+    """vision_dtype: the vision tower's (default: dtype). On MLX 0.32.4's CUDA backend a bf16 or fp16 Qwen2.5-VL vision
+    tower dies in its forward (SIGFPE, in mlx_vlm.server as in Orchard); float32 runs."""
     """Write config.json, safetensors (mlx-vlm's own writer), the tokenizer and the processor settings."""
     from mlx_vlm.utils import save_weights
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = vlm_config(shape, dtype)
-    model = build_random_vlm(config, dtype, seed)
+    model = build_random_vlm(config, dtype, seed, vision_dtype)
     save_weights(out, model, donate_weights=True)  # each shard materialised once, the model never held twice
     (out / "config.json").write_text(json.dumps(config, indent=2))
     write_vl_tokenizer(out, config["vocab_size"])
@@ -252,11 +259,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("out", help="output folder")
     parser.add_argument("--shape", default="qwen2.5-vl-3b", choices=sorted(SHAPES))
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--vision-dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                        help="the vision tower's weights (default: --dtype)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check", action="store_true", help="then load it with mlx-vlm and generate for an image")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    path = make_random_vlm(args.out, args.shape, args.dtype, args.seed)
+    path = make_random_vlm(args.out, args.shape, args.dtype, args.seed, args.vision_dtype)
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     print(f"wrote {path} ({size / 2**20:.1f} MiB) in {time.perf_counter() - start:.1f} s", flush=True)
     if args.check:

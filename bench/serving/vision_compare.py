@@ -71,6 +71,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     src.add_argument("--model", help="a Qwen2.5-VL-style folder (bench.random_vlm's give exact token counts)")
     src.add_argument("--random-shape", help="build one: qwen2.5-vl-3b, tiny-vl")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--vision-dtype", default=None, help="the random model's vision tower (default: --dtype)")
     p.add_argument("--servers", default="orchard,mlx_vlm", help=f"subset of {','.join(SERVERS)}, in run order")
     p.add_argument("--json", required=True, help="the report (rewritten after every level)")
     p.add_argument("--log-dir", help="server logs (default: next to --json)")
@@ -231,6 +232,8 @@ def run_server_phase(run: VisionRun, name: str, model_path: str, settings: LoadS
 
 def build_model(args: argparse.Namespace, folder: Path, timeout_s: float) -> str:
     argv = [sys.executable, "-m", "bench.random_vlm", str(folder), "--shape", args.random_shape, "--dtype", args.dtype]
+    if args.vision_dtype:
+        argv += ["--vision-dtype", args.vision_dtype]
     started = time.perf_counter()
     subprocess.run(argv, cwd=REPO, check=True, timeout=timeout_s)  # its own process: MLX memory returns at exit
     print(f"built random {args.random_shape} model in {time.perf_counter() - started:.1f} s", flush=True)
