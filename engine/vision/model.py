@@ -48,8 +48,12 @@ class VisionLanguageModel:
         self.language_model = model.language_model
         if hasattr(self.language_model, "make_cache"):  # sliding-window families (Gemma 3): their own caches
             self.make_cache = self.language_model.make_cache
+        probe = _text_probe(model)
         # Text positions passed explicitly, [B, L] (the language model's own text-only layout), where it takes them.
-        self.uses_rope_deltas = _takes_text_positions(model)
+        self.uses_rope_deltas = _takes_text_positions(model, probe)
+        # Image features enter the language model in its own dtype: a float32 vision tower beside a bf16 language
+        # model would otherwise make the prompt's KV float32, and with it every decode row batched beside it.
+        self.text_dtype = probe.inputs_embeds.dtype
 
     @property
     def layers(self) -> list[Any]:
@@ -102,7 +106,7 @@ class VisionLanguageModel:
         delta = 0
         if self.uses_rope_deltas and extra.get("rope_deltas") is not None:
             delta = int(extra["rope_deltas"].reshape(-1)[0].item())
-        return EmbeddedPrompt(ids, features.inputs_embeds, {**arrays, **extra}, delta)
+        return EmbeddedPrompt(ids, features.inputs_embeds.astype(self.text_dtype), {**arrays, **extra}, delta)
 
     def prefill_embedded(self, prompt: EmbeddedPrompt, start: int, end: int, cache: Any) -> mx.array:
         """Write prompt positions [start, end) to `cache` (which holds exactly `start`); their logits (lazy)."""
@@ -113,13 +117,16 @@ class VisionLanguageModel:
         return output.logits
 
 
-def _takes_text_positions(model: nn.Module) -> bool:
-    """Whether the language model takes rotary positions from the caller (M-RoPE families): a text probe through
-    mlx-vlm's own embedding path says so. Positions laid out otherwise than we build them are refused at load
-    rather than decoded wrong."""
+def _text_probe(model: nn.Module) -> Any:
+    """mlx-vlm's own embedding path on a text prompt: what the language model gets for text."""
     ids = mx.array([PROBE_TOKENS], mx.int32)
-    features = model.get_input_embeddings(ids, None, mask=mx.ones(ids.shape, mx.int32))
-    positions = features.position_ids
+    return model.get_input_embeddings(ids, None, mask=mx.ones(ids.shape, mx.int32))
+
+
+def _takes_text_positions(model: nn.Module, probe: Any) -> bool:
+    """Whether the language model takes rotary positions from the caller (M-RoPE families): the text probe says
+    so. Positions laid out otherwise than we build them are refused at load rather than decoded wrong."""
+    positions = probe.position_ids
     if positions is None:
         return False
     expected = mx.arange(len(PROBE_TOKENS))[None]
