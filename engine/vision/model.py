@@ -35,10 +35,6 @@ class EmbeddedPrompt:
     language_kwargs: dict[str, Any] = field(default_factory=dict)
     rope_delta: int = 0  # multimodal rotary positions: text after the images sits at offset + rope_delta
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.token_ids.shape[1])
-
 
 class VisionLanguageModel:
     """mlx-vlm's `Model` (vision tower + language model) behind the call the runner makes of an mlx-lm model."""
