@@ -179,3 +179,25 @@ def test_a_video_of_frames_equals_mlx_vlm_and_batches_with_images_and_text(tmp_p
     again = run_core(core, [Arrival(0, family.request("again", [], video=frames))])["again"]
     assert again.finish.usage.cached_tokens == (again.finish.usage.prompt_tokens - 1) // BLOCK * BLOCK
     assert_same_stream(ours, again)
+
+
+def test_image_features_enter_the_language_model_in_its_dtype(tmp_path):
+    """A float32 vision tower beside a bf16 language model: the prompt's embeddings, and so its KV, are bf16 (one
+    float32 row would turn a whole decode batch float32)."""
+    import mlx.core as mx
+    from mlx_vlm.utils import load_model
+
+    from engine.kv.batch_cache import new_request_cache
+    from engine.vision.model import VisionLanguageModel
+
+    family = Family(write_qwen25_vl(tmp_path / "qwen"))
+    vlm = load_model(family.folder)
+    vlm.language_model.set_dtype(mx.bfloat16)
+    model = VisionLanguageModel(vlm)
+    request = family.request("mixed-dtypes", [png_bytes(112, 84, seed=3)])
+    embedded = model.embed_prompt(request.prompt_token_ids, request.vision)
+    assert model.text_dtype == mx.bfloat16 and vlm.vision_tower.patch_embed.proj.weight.dtype == mx.float32
+    assert embedded.inputs_embeds.dtype == mx.bfloat16
+    cache = new_request_cache(model)
+    model.prefill_embedded(embedded, 0, len(request.prompt_token_ids), cache)
+    assert cache[0].keys.dtype == mx.bfloat16
