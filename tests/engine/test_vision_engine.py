@@ -201,3 +201,10 @@ def test_image_features_enter_the_language_model_in_its_dtype(tmp_path):
     cache = new_request_cache(model)
     model.prefill_embedded(embedded, 0, len(request.prompt_token_ids), cache)
     assert cache[0].keys.dtype == mx.bfloat16
+
+
+def test_text_prompts_of_a_vision_model_compute_logits_at_their_last_position_only(family):
+    """The language model splits into backbone + head (full logits of a 640-token prompt over a 152k vocabulary
+    would be 390 MB), and the split's logits are the model's own."""
+    core = EngineCore(family.loaded, EngineConfig())
+    assert core.runner.head_split is not None
