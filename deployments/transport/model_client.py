@@ -17,7 +17,9 @@ import ray
 from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
-from deployments.model_calls import ChatPrompt, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount
+from deployments.model_calls import (
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount,
+)
 from deployments.transport.channel import ChannelClient
 from deployments.transport.errors import model_call_failure
 
@@ -92,6 +94,12 @@ class ServeModelClient:
             return await self._handle.count_tokens.remote(prompt)
         except (RayServeException, RayError) as exc:
             return TokenCount(error=model_call_failure(self._model_id, exc))
+
+    async def embed(self, job: EmbedJob) -> EmbedResult:
+        try:
+            return await self._handle.embed.remote(job)
+        except (RayServeException, RayError) as exc:
+            return EmbedResult(error=model_call_failure(self._model_id, exc))
 
     async def info(self) -> ModelInfo:
         return await self._handle.info.remote()

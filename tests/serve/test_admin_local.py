@@ -119,8 +119,8 @@ def test_admin_conflicts_roots_and_unknown_models(tiny_models, tmp_path):
             assert again.status_code == 409 and again.json()["error"]["code"] == "model_already_loaded"
             outside = await http.post("/v1/admin/load-model", json={"model_path": str(tiny_models.gamma)})
             assert outside.status_code == 400 and "model_roots" in outside.json()["error"]["message"]
-            embedding = await http.post("/v1/admin/load-model", json={"model_path": str(tiny_models.alpha), "model_type": "embedding"})
-            assert embedding.status_code == 400 and "not supported yet" in embedding.json()["error"]["message"]
+            unknown_type = await http.post("/v1/admin/load-model", json={"model_path": str(tiny_models.alpha), "model_type": "diffusion"})
+            assert unknown_type.status_code == 400 and unknown_type.json()["error"]["param"] == "model_type"
             missing = await http.delete("/v1/admin/unload-model/nobody")
             assert missing.status_code == 404 and missing.json()["error"]["param"] == "model_id"
 

@@ -46,7 +46,8 @@ def test_unknown_fields_are_refused_by_name():
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"model_type": "embedding"}, "not supported yet"),
+        ({"model_type": "embedding"}, "'default' is a chat model"),
+        ({"model_path": "default-embedding", "model_type": "lm"}, "model_type must be 'embedding'"),
         ({"model_type": "diffusion"}, "model_type"),
         ({"tool_call_parser": "qwen9"}, "unknown parser"),
         ({"reasoning_parser": "nope"}, "unknown parser"),

@@ -1,0 +1,31 @@
+"""POST /v1/embeddings: OpenAI's embeddings route, answered by a model of model_type embedding."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter
+
+from deployments.api.embeddings_schemas import EmbeddingRequest, embedding_response
+from deployments.api.openapi_errors import GENERATION, error_responses
+from deployments.ingress.edge import REQUEST_ID
+from deployments.ingress.model_registry import Registry
+
+logger = logging.getLogger("ray.serve.orchard")
+
+
+def embeddings_router(registry: Registry) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/embeddings", responses=error_responses(GENERATION))
+    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
+        client = await registry.route(body.model)
+        result = await client.embed(body.job(REQUEST_ID.get()))
+        if result.error is not None:
+            raise result.error
+        logger.info("embeddings for model %s: %d inputs, %d tokens [X-Request-Id %s]",
+                    body.model, len(result.vectors), result.prompt_tokens, REQUEST_ID.get())
+        return embedding_response(body, result)
+
+    return router
