@@ -7,6 +7,7 @@ Plain asyncio (no Serve), so the in-process stack batches as the Serve replica d
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Callable
@@ -33,6 +34,8 @@ class EmbedBatcher:
         self._worker: asyncio.Task | None = None
         self.texts_waiting = 0
         self.texts_encoding = 0
+        self.batches_total = 0  # encode calls: fewer than requests under load
+        self.encode_seconds_total = 0.0
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         """One row per text, encoded together with whatever other requests are waiting."""
@@ -81,6 +84,8 @@ class EmbedBatcher:
     async def _encode_batch(self, batch: list[PendingTexts]) -> None:
         texts = [text for pending in batch for text in pending.texts]
         self.texts_encoding = len(texts)
+        self.batches_total += 1
+        started = time.monotonic()
         try:
             vectors = await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, texts)
         except Exception as exc:  # every request of the batch learns why
@@ -90,6 +95,7 @@ class EmbedBatcher:
             return
         finally:
             self.texts_encoding = 0
+            self.encode_seconds_total += time.monotonic() - started
         start = 0
         for pending in batch:
             end = start + len(pending.texts)

@@ -218,7 +218,9 @@ class EmbeddingService:
             model_id=self.model_id, waiting=self._batcher.texts_waiting, running=self._batcher.texts_encoding,
             decoding=0, max_num_seqs=self.config.advanced.embed_batch_size, queue_size=None, kv_cache_bytes=0,
             prompt_tokens_total=self._prompt_tokens_total, generation_tokens_total=0, tokens_per_s=0.0,
-            steps_total=0, step_seconds_total=0.0, step_cpu_seconds_total=0.0,
+            # An engine step here is one batch encode.
+            steps_total=self._batcher.batches_total, step_seconds_total=round(self._batcher.encode_seconds_total, 4),
+            step_cpu_seconds_total=0.0,
             process_cpu_seconds_total=round(time.process_time(), 4),
         )
 

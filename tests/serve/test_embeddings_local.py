@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import subprocess
+import sys
+from pathlib import Path
 from typing import AsyncIterator
 
 import numpy as np
@@ -21,6 +24,7 @@ from tests.serve.local_stack import LocalStack, local_stack  # noqa: E402
 EMBEDDER = "all-MiniLM-L6-v2"
 DIMENSION = 384
 MAX_SEQ_LENGTH = 256
+REPO = Path(__file__).resolve().parents[2]
 
 
 @contextlib.asynccontextmanager
@@ -123,12 +127,53 @@ def test_a_batch_and_concurrent_requests_equal_each_input_alone():
                 alone.append(_vectors(await client.embeddings.create(model=EMBEDDER, input=sentence))[0])
             batch = _vectors(await client.embeddings.create(model=EMBEDDER, input=sentences))
             np.testing.assert_allclose(batch, np.array(alone), atol=1e-5)
+            before = await _encode_calls(stack)
             together = await asyncio.gather(*(client.embeddings.create(model=EMBEDDER, input=s) for s in sentences))
             np.testing.assert_allclose(np.array([_vectors(r)[0] for r in together]), np.array(alone), atol=1e-5)
-            stats = (await stack.http.get("/v1/queue/stats")).json()
-            assert stats is not None
+            batches = await _encode_calls(stack) - before
+            assert 1 <= batches <= 4, batches  # 16 concurrent requests were encoded together, not one by one
 
     asyncio.run(scenario())
+
+
+async def _encode_calls(stack: LocalStack) -> int:
+    rows = (await stack.http.get("/v1/queue/stats")).json()["models"]
+    return next(row["engine_steps_total"] for row in rows if row["id"] == EMBEDDER)
+
+
+def test_admin_loads_and_unloads_the_default_embedder(tmp_path):
+    async def scenario():
+        async with local_stack([], tmp_path) as stack:
+            loaded = await stack.http.post("/v1/admin/load-model", json={"model_path": "default-embedding"})
+            assert loaded.status_code == 202 and loaded.json()["model_id"] == EMBEDDER
+            for _ in range(200):
+                if EMBEDDER in [m["id"] for m in (await stack.http.get("/v1/models")).json()["data"]]:
+                    answer = await stack.http.post("/v1/embeddings", json={"model": EMBEDDER, "input": "hi"})
+                    if answer.status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+            assert answer.status_code == 200 and len(answer.json()["data"][0]["embedding"]) == DIMENSION
+            gone = await stack.http.delete(f"/v1/admin/unload-model/{EMBEDDER}")
+            assert gone.status_code == 200
+
+    asyncio.run(scenario())
+
+
+def test_without_sentence_transformers_the_load_fails_naming_the_extra():
+    """A server without the `embeddings` extra: the import fails (sys.modules entry None, in a child process)."""
+    code = (
+        "import asyncio, sys\n"
+        "sys.modules['sentence_transformers'] = None\n"
+        "from deployments.config import ModelConfig\n"
+        "from deployments.ingress.local_models import LocalBackend\n"
+        "from engine.errors import ModelLoadError\n"
+        "try:\n"
+        "    asyncio.run(LocalBackend().deploy(ModelConfig(model_path='default-embedding')))\n"
+        "except ModelLoadError as exc:\n"
+        "    print('REFUSED:', exc.message)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert "REFUSED: model_type 'embedding' needs sentence-transformers: install the 'embeddings' extra" in done.stdout, done.stderr
 
 
 def test_limits_are_refused_naming_the_input():
