@@ -28,6 +28,8 @@ def test_serve_config_yaml_validates_and_names_apps_by_model_id():
         assert app["name"] == serve_app_name(model.id) and app["route_prefix"] is None
         model.engine_config()
     assert ModelConfig.model_validate(models[0]["args"]).uses_default_model
+    embedder = ModelConfig.model_validate(models[1]["args"])
+    assert embedder.uses_default_embedding_model and embedder.model_type == "embedding"
 
 
 def test_unknown_fields_are_refused_by_name():

@@ -1,5 +1,5 @@
-"""Embeddings through the real graph (serve_config.yaml's ingress on Ray Serve) with the embedded all-MiniLM-L6-v2 as its
-own application (model_path: default-embedding): the openai client's embeddings.create over HTTP, the model's type
+"""Embeddings through the real graph (serve_config.yaml's ingress and embedder on Ray Serve): the embedded
+all-MiniLM-L6-v2 as its own application (model_path: default-embedding): the openai client's embeddings.create over HTTP, the model's type
 in loaded-models, a chat request refused, and concurrent requests batched (faster than one at a time)."""
 
 from __future__ import annotations
@@ -30,12 +30,9 @@ def base_url(serve_cluster, tmp_path_factory) -> str:
 
     root = tmp_path_factory.mktemp("embeddings-graph")
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    ingress = config["applications"][0]
+    ingress, _, embedder = config["applications"]  # the chat model (SmolLM2) is left out: not needed here
     ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5)
-    embedder = {
-        "name": serve_app_name(MODEL), "route_prefix": None, "import_path": "deployments.app:build_app",
-        "args": {"model_path": "default-embedding", "ray_actor_options": {"num_cpus": 0.1}},
-    }
+    assert embedder["name"] == serve_app_name(MODEL) and embedder["args"]["model_path"] == "default-embedding"
     deploy_graph(ServeDeploySchema.model_validate({"applications": [ingress, embedder]}))
     with httpx.Client(base_url=serve_cluster.base_url, timeout=60) as http:
         wait_until(lambda: _running(http), GRAPH_START_S, what=f"{MODEL} running")

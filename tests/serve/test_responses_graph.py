@@ -38,7 +38,7 @@ def base_url(serve_cluster, tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("responses-graph")
     model_path = write_smollm2_tokenizer_model(root / "model", {"max_position_embeddings": 4096}, seed=1, scale=3.0)
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    ingress, model_app = config["applications"]
+    ingress, model_app, *_ = config["applications"]  # the chat model's entry is the template
     ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5, responses_store_size=10,
                            responses_store_ttl_s=600)
     model_app = copy.deepcopy(model_app)

@@ -62,7 +62,7 @@ class Graph:
 def serve_config_for_tests(models: TinyModels, state_dir: Path) -> dict:
     """serve_config.yaml itself, its model entry copied onto two tiny models (same builder, same fields)."""
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    ingress, model_template = config["applications"]
+    ingress, model_template, *_ = config["applications"]
     # Admin loads take folders under model_roots only: the tiny models' folder.
     ingress["args"].update(state_dir=str(state_dir), status_poll_interval_s=0.5, model_roots=[str(models.alpha.parent)])
 

@@ -59,7 +59,7 @@ def tools_graph(serve_cluster, tmp_path_factory) -> ToolsGraph:
     root = tmp_path_factory.mktemp("tools-graph")
     model_path = write_smollm2_tokenizer_model(root / "model", {"max_position_embeddings": 4096}, seed=1, scale=3.0)
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    ingress, model_app = config["applications"]
+    ingress, model_app, *_ = config["applications"]  # the chat model's entry is the template
     ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5)
     model_app = copy.deepcopy(model_app)
     model_app["name"] = serve_app_name(MODEL)

@@ -30,7 +30,7 @@ def base_url(serve_cluster, tmp_path_factory) -> str:
 
     root = tmp_path_factory.mktemp("vision-graph")
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    ingress, model_app = config["applications"]
+    ingress, model_app, *_ = config["applications"]  # the chat model's entry is the template
     ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5)
     model_app = copy.deepcopy(model_app)
     model_app["name"] = serve_app_name(MODEL)
