@@ -76,7 +76,9 @@ def _windows(words: list[_Word], params: ChunkParams) -> list[tuple[int, int]]:
         windows.append((first, last))
         if last == len(words) - 1:
             break
-        first = _overlap_start(words, first, last, params.overlap_tokens)
+        # The repeated tail leaves room for the next word, so every chunk brings something new.
+        room = params.chunk_tokens - words[last + 1].tokens
+        first = _overlap_start(words, first, last, min(params.overlap_tokens, room))
     return windows
 
 
