@@ -143,6 +143,7 @@ class DocumentStore:
             self._write(info, chunks, index)
             with self._documents_lock:
                 self._documents[info.file_id] = _Document(info, chunks, index)
+                self.broken = [entry for entry in self.broken if entry.path.name != info.file_id]
         return info, True
 
     def delete(self, file_id: str) -> DocumentInfo:
