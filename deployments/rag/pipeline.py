@@ -67,18 +67,28 @@ class RagPipeline:
         self._upload_locks: dict[str, asyncio.Lock] = {}
 
     async def upload(self, filename: str, data: bytes) -> UploadResult:
+        """Extracts, chunks, embeds and stores the file; the same bytes again return the stored document."""
         file_id = hashlib.sha256(data).hexdigest()
         lock = self._upload_locks.setdefault(file_id, asyncio.Lock())
-        async with lock:
-            existing = self.store.get(file_id)
-            if existing is not None:
-                return UploadResult(existing, "already_indexed")
-            # Parsing a large PDF takes seconds of CPU: off the event loop.
-            pages = await asyncio.to_thread(extract_pages, filename, data, self.limits)
-            chunks = await asyncio.to_thread(chunk_pages, pages, self.embedder.count_tokens, self.chunk_params)
-            vectors = await self._embed_all([chunk.text for chunk in chunks])
-            info = DocumentInfo(file_id, filename, len(pages), len(chunks), time.time())
-            stored, created = await asyncio.to_thread(self.store.add, info, chunks, vectors)
+        try:
+            async with lock:
+                return await self._upload_locked(file_id, filename, data)
+        finally:
+            # Dropped once free, so the dict does not grow with every upload; a rare second embedding of the
+            # same bytes is still safe: the store's own per-document lock keeps only one.
+            if not lock.locked() and self._upload_locks.get(file_id) is lock:
+                del self._upload_locks[file_id]
+
+    async def _upload_locked(self, file_id: str, filename: str, data: bytes) -> UploadResult:
+        existing = self.store.get(file_id)
+        if existing is not None:
+            return UploadResult(existing, "already_indexed")
+        # Parsing a large PDF takes seconds of CPU: off the event loop.
+        pages = await asyncio.to_thread(extract_pages, filename, data, self.limits)
+        chunks = await asyncio.to_thread(chunk_pages, pages, self.embedder.count_tokens, self.chunk_params)
+        vectors = await self.embed_texts([chunk.text for chunk in chunks])
+        info = DocumentInfo(file_id, filename, len(pages), len(chunks), time.time())
+        stored, created = await asyncio.to_thread(self.store.add, info, chunks, vectors)
         return UploadResult(stored, "indexed" if created else "already_indexed")
 
     async def query(self, file_ids: list[str], query: str, top_k: int = 5) -> list[Source]:
@@ -101,7 +111,8 @@ class RagPipeline:
     def list_documents(self) -> list[DocumentInfo]:
         return self.store.list_documents()
 
-    async def _embed_all(self, texts: list[str]) -> np.ndarray:
+    async def embed_texts(self, texts: list[str]) -> np.ndarray:
+        """Embeds in batches of embed_batch_size: one float32 unit row per text."""
         batches = [texts[i : i + self.embed_batch_size] for i in range(0, len(texts), self.embed_batch_size)]
         return np.concatenate([await self.embedder.embed(batch) for batch in batches]).astype(np.float32)
 

@@ -90,6 +90,7 @@ def test_parallel_uploads_and_queries_leave_consistent_indexes(minilm, tmp_path)
     results = asyncio.run(scenario())
     statuses = sorted(upload.status for upload, _ in results)
     assert statuses == ["already_indexed"] * 5 + ["indexed"] * 5
+    assert pipeline._upload_locks == {}  # no lock left behind per uploaded hash
     for upload, sources in results:
         assert sources[0].file_id == upload.document.file_id
         assert sources[0].filename == upload.document.filename

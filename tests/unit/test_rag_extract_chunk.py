@@ -139,3 +139,17 @@ def test_chunk_params_are_validated(chunk_tokens, overlap_tokens, param):
     with pytest.raises(InvalidRequestError) as caught:
         ChunkParams(chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens)
     assert caught.value.param == param
+
+
+def test_document_errors_map_to_http_statuses():
+    from deployments.api.errors import wire_error
+    from engine.errors import DocumentNotFoundError
+
+    too_large = wire_error(DocumentTooLargeError("'a.pdf' is 300 bytes; the limit is 200 bytes", param="file"))
+    assert (too_large.status, too_large.body["error"]["code"], too_large.body["error"]["param"]) == (
+        413, "document_too_large", "file")
+    encrypted = wire_error(EncryptedDocumentError("'a.pdf' is encrypted", param="file"))
+    assert (encrypted.status, encrypted.body["error"]["code"]) == (400, "encrypted_document")
+    missing = wire_error(DocumentNotFoundError("no document with file_id 'x'", param="file_id"))
+    assert (missing.status, missing.body["error"]["code"], missing.body["error"]["type"]) == (
+        404, "document_not_found", "invalid_request_error")
