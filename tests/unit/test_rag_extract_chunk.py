@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from deployments.api.errors import wire_error
 from deployments.rag.chunking import Chunk, ChunkParams, chunk_pages
 from deployments.rag.extract import ExtractLimits, Page, extract_pages, split_by_size
 from engine.errors import (
+    DocumentNotFoundError,
     DocumentTooLargeError,
     EmptyDocumentError,
     EncryptedDocumentError,
@@ -142,9 +144,6 @@ def test_chunk_params_are_validated(chunk_tokens, overlap_tokens, param):
 
 
 def test_document_errors_map_to_http_statuses():
-    from deployments.api.errors import wire_error
-    from engine.errors import DocumentNotFoundError
-
     too_large = wire_error(DocumentTooLargeError("'a.pdf' is 300 bytes; the limit is 200 bytes", param="file"))
     assert (too_large.status, too_large.body["error"]["code"], too_large.body["error"]["param"]) == (
         413, "document_too_large", "file")
