@@ -88,3 +88,43 @@ class ModelExistsError(OrchardError):
     """A load asked for a model id that is already loaded (or loading)."""
 
     code = "model_already_loaded"
+
+
+class DocumentTooLargeError(InvalidRequestError):
+    """A RAG upload over the byte or page limit (413)."""
+
+    code = "document_too_large"
+
+
+class UnreadableDocumentError(InvalidRequestError):
+    """A RAG upload that yields no text to index; the subclasses say why (400)."""
+
+    code = "unreadable_document"
+
+
+class EmptyDocumentError(UnreadableDocumentError):
+    code = "empty_document"
+
+
+class MalformedDocumentError(UnreadableDocumentError):
+    code = "malformed_document"
+
+
+class EncryptedDocumentError(UnreadableDocumentError):
+    code = "encrypted_document"
+
+
+class ImageOnlyDocumentError(UnreadableDocumentError):
+    """A PDF whose pages hold no extractable text (scanned images): we do no OCR."""
+
+    code = "image_only_document"
+
+
+class UnsupportedDocumentTypeError(UnreadableDocumentError):
+    code = "unsupported_document_type"
+
+
+class DocumentNotFoundError(OrchardError):
+    """A RAG file_id the store does not hold (404)."""
+
+    code = "document_not_found"

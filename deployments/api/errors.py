@@ -10,6 +10,8 @@ from typing import Any
 
 from engine.errors import (
     ContextLengthExceededError,
+    DocumentNotFoundError,
+    DocumentTooLargeError,
     EngineDeadError,
     EngineRestartingError,
     InvalidRequestError,
@@ -75,12 +77,14 @@ class _Rule:
 # Most specific first: subclasses before their bases.
 _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (ContextLengthExceededError, _Rule(400, "invalid_request_error")),
+    (DocumentTooLargeError, _Rule(413, "invalid_request_error")),
     (InvalidRequestError, _Rule(400, "invalid_request_error")),
     (AuthenticationError, _Rule(401, "invalid_request_error")),
     (PermissionDeniedError, _Rule(403, "invalid_request_error")),
     (RequestTooLargeError, _Rule(413, "invalid_request_error")),
     (ModelNotFoundError, _Rule(404, "invalid_request_error")),
     (ResponseNotFoundError, _Rule(404, "invalid_request_error")),
+    (DocumentNotFoundError, _Rule(404, "invalid_request_error")),
     (ModelExistsError, _Rule(409, "invalid_request_error")),
     (QueueFullError, _Rule(429, "rate_limit_error", QUEUE_RETRY_AFTER_S)),
     (QueueTimeoutError, _Rule(503, "server_error", QUEUE_RETRY_AFTER_S)),

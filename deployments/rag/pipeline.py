@@ -1,0 +1,127 @@
+"""Upload -> extract, chunk, embed, store; query -> embed the question, search; and the chat prompt over the sources."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+from engine.errors import DocumentNotFoundError, InvalidRequestError
+
+from .chunking import ChunkParams, chunk_pages
+from .extract import ExtractLimits, extract_pages
+from .store import DocumentInfo, DocumentStore, SearchHit
+
+Source = SearchHit  # what a query returns: file_id, filename, page, chunk, text, score
+
+SYSTEM_PROMPT = (
+    "Answer the question using only the numbered sources below. Cite the sources you use as [1], [2], ... "
+    "If the sources do not contain the answer, say that you don't know."
+)
+
+
+class Embedder(Protocol):
+    async def embed(self, texts: list[str]) -> np.ndarray:
+        """One unit-normalised float32 row per text."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of text without special tokens (the chunker's measure)."""
+        ...
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    document: DocumentInfo
+    status: Literal["indexed", "already_indexed"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Literal["system", "user"]
+    content: str
+
+
+class RagPipeline:
+    def __init__(
+        self,
+        embedder: Embedder,
+        store: DocumentStore,
+        *,
+        limits: ExtractLimits | None = None,
+        chunk_params: ChunkParams | None = None,
+        embed_batch_size: int = 64,
+        max_top_k: int = 50,
+    ) -> None:
+        self.embedder = embedder
+        self.store = store
+        self.limits = limits or ExtractLimits()
+        self.chunk_params = chunk_params or ChunkParams()
+        self.embed_batch_size = embed_batch_size
+        self.max_top_k = max_top_k
+        # One upload per content hash at a time: a second identical upload waits, then finds the first's result.
+        self._upload_locks: dict[str, asyncio.Lock] = {}
+
+    async def upload(self, filename: str, data: bytes) -> UploadResult:
+        """Extracts, chunks, embeds and stores the file; the same bytes again return the stored document."""
+        file_id = hashlib.sha256(data).hexdigest()
+        lock = self._upload_locks.setdefault(file_id, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._upload_locked(file_id, filename, data)
+        finally:
+            # Dropped once free, so the dict does not grow with every upload; a rare second embedding of the
+            # same bytes is still safe: the store's own per-document lock keeps only one.
+            if not lock.locked() and self._upload_locks.get(file_id) is lock:
+                del self._upload_locks[file_id]
+
+    async def _upload_locked(self, file_id: str, filename: str, data: bytes) -> UploadResult:
+        existing = self.store.get(file_id)
+        if existing is not None:
+            return UploadResult(existing, "already_indexed")
+        # Parsing a large PDF takes seconds of CPU: off the event loop.
+        pages = await asyncio.to_thread(extract_pages, filename, data, self.limits)
+        chunks = await asyncio.to_thread(chunk_pages, pages, self.embedder.count_tokens, self.chunk_params)
+        vectors = await self.embed_texts([chunk.text for chunk in chunks])
+        info = DocumentInfo(file_id, filename, len(pages), len(chunks), time.time())
+        stored, created = await asyncio.to_thread(self.store.add, info, chunks, vectors)
+        return UploadResult(stored, "indexed" if created else "already_indexed")
+
+    async def query(self, file_ids: list[str], query: str, top_k: int = 5) -> list[Source]:
+        """Retrieval only: the top_k chunks of the given documents by cosine similarity, best first."""
+        if not query.strip():
+            raise InvalidRequestError("query must not be empty", param="query")
+        if not 1 <= top_k <= self.max_top_k:
+            raise InvalidRequestError(f"top_k must be in [1, {self.max_top_k}], got {top_k}", param="top_k")
+        if not file_ids:
+            raise InvalidRequestError("file_id must name at least one document", param="file_id")
+        missing = [file_id for file_id in file_ids if self.store.get(file_id) is None]
+        if missing:  # before spending an embedding on the question
+            raise DocumentNotFoundError(f"no document with file_id {missing[0]!r}", param="file_id")
+        vector = (await self.embedder.embed([query]))[0]
+        return self.store.search(file_ids, vector, top_k)
+
+    async def delete(self, file_id: str) -> DocumentInfo:
+        return await asyncio.to_thread(self.store.delete, file_id)
+
+    def list_documents(self) -> list[DocumentInfo]:
+        return self.store.list_documents()
+
+    async def embed_texts(self, texts: list[str]) -> np.ndarray:
+        """Embeds in batches of embed_batch_size: one float32 unit row per text."""
+        batches = [texts[i : i + self.embed_batch_size] for i in range(0, len(texts), self.embed_batch_size)]
+        return np.concatenate([await self.embedder.embed(batch) for batch in batches]).astype(np.float32)
+
+
+def build_prompt(query: str, sources: list[Source]) -> list[ChatMessage]:
+    """A system message with the rules and a user message holding the numbered sources, then the question."""
+    blocks = [
+        f"[{number}] {source.filename}, page {source.page}:\n{source.text}"
+        for number, source in enumerate(sources, start=1)
+    ]
+    user = "Sources:\n\n" + "\n\n".join(blocks) + f"\n\nQuestion: {query}"
+    return [ChatMessage("system", SYSTEM_PROMPT), ChatMessage("user", user)]
