@@ -63,6 +63,14 @@ def wait_until(condition, timeout_s: float, interval_s: float = 0.2, what: str =
 GRAPH_START_S = 300.0
 
 
+def model_running(http, model_id: str, model_type: str | None = None) -> bool:
+    """Whether the graph's loaded-models lists `model_id` as running (of `model_type`, if given)."""
+    response = http.get("/v1/admin/loaded-models")
+    return response.status_code == 200 and any(
+        m["id"] == model_id and m["status"] == "running" and model_type in (None, m["type"])
+        for m in response.json()["data"])
+
+
 def deploy_graph(schema) -> None:
     """What `serve run serve_config.yaml` does, waiting up to GRAPH_START_S for every application to run (Serve's
     own blocking deploy gives up after 60 s); an application that fails to deploy fails at once, saying why."""

@@ -17,7 +17,7 @@ import yaml
 pytest.importorskip("sentence_transformers", reason="the 'embeddings' extra is not installed")
 
 from deployments.config import serve_app_name  # noqa: E402
-from tests.serve.conftest import GRAPH_START_S, deploy_graph, wait_until  # noqa: E402
+from tests.serve.conftest import GRAPH_START_S, deploy_graph, model_running, wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "all-MiniLM-L6-v2"
@@ -35,14 +35,8 @@ def base_url(serve_cluster, tmp_path_factory) -> str:
     assert embedder["name"] == serve_app_name(MODEL) and embedder["args"]["model_path"] == "default-embedding"
     deploy_graph(ServeDeploySchema.model_validate({"applications": [ingress, embedder]}))
     with httpx.Client(base_url=serve_cluster.base_url, timeout=60) as http:
-        wait_until(lambda: _running(http), GRAPH_START_S, what=f"{MODEL} running")
+        wait_until(lambda: model_running(http, MODEL, "embedding"), GRAPH_START_S, what=f"{MODEL} running")
     return serve_cluster.base_url
-
-
-def _running(http: httpx.Client) -> bool:
-    response = http.get("/v1/admin/loaded-models")
-    return response.status_code == 200 and any(
-        m["id"] == MODEL and m["status"] == "running" and m["type"] == "embedding" for m in response.json()["data"])
 
 
 def test_openai_embeddings_in_every_input_form(base_url):

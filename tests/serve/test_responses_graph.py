@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from deployments.config import serve_app_name
-from tests.serve.conftest import GRAPH_START_S, deploy_graph, wait_until
+from tests.serve.conftest import GRAPH_START_S, deploy_graph, model_running, wait_until
 from tests.serve.test_responses_local import MODEL, WEATHER
 from tests.support.tiny_models import write_smollm2_tokenizer_model
 
@@ -47,14 +47,8 @@ def base_url(serve_cluster, tmp_path_factory) -> str:
                              chat_template_file=str(TEMPLATE))
     deploy_graph(ServeDeploySchema.model_validate({"applications": [ingress, model_app]}))
     with httpx.Client(base_url=serve_cluster.base_url, timeout=60) as http:
-        wait_until(lambda: _running(http), GRAPH_START_S, what=f"{MODEL} running")
+        wait_until(lambda: model_running(http, MODEL), GRAPH_START_S, what=f"{MODEL} running")
     return serve_cluster.base_url
-
-
-def _running(http: httpx.Client) -> bool:
-    response = http.get("/v1/admin/loaded-models")
-    return response.status_code == 200 and any(
-        m["id"] == MODEL and m["status"] == "running" for m in response.json()["data"])
 
 
 def _streamed_turn(client: openai.OpenAI, **request):

@@ -20,7 +20,7 @@ import yaml
 from pydantic import TypeAdapter
 
 from deployments.config import serve_app_name
-from tests.serve.conftest import GRAPH_START_S, ServeCluster, deploy_graph, wait_until
+from tests.serve.conftest import GRAPH_START_S, ServeCluster, deploy_graph, model_running, wait_until
 from tests.support.tiny_models import write_smollm2_tokenizer_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,14 +69,8 @@ def tools_graph(serve_cluster, tmp_path_factory) -> ToolsGraph:
     schema = ServeDeploySchema.model_validate({"applications": [ingress, model_app]})
     deploy_graph(schema)
     with httpx.Client(base_url=serve_cluster.base_url, timeout=60) as http:
-        wait_until(lambda: _running(http), GRAPH_START_S, what=f"{MODEL} running")
+        wait_until(lambda: model_running(http, MODEL), GRAPH_START_S, what=f"{MODEL} running")
     return ToolsGraph(serve_cluster)
-
-
-def _running(http: httpx.Client) -> bool:
-    response = http.get("/v1/admin/loaded-models")
-    return response.status_code == 200 and any(
-        m["id"] == MODEL and m["status"] == "running" for m in response.json()["data"])
 
 
 def _no_markup(text: str | None) -> bool:

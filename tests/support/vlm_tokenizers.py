@@ -15,30 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-QWEN25_VL_SPECIAL_TOKENS = {
-    151643: "<|endoftext|>",
-    151644: "<|im_start|>",
-    151645: "<|im_end|>",
-    151646: "<|object_ref_start|>",
-    151647: "<|object_ref_end|>",
-    151648: "<|box_start|>",
-    151649: "<|box_end|>",
-    151650: "<|quad_start|>",
-    151651: "<|quad_end|>",
-    151652: "<|vision_start|>",
-    151653: "<|vision_end|>",
-    151654: "<|vision_pad|>",
-    151655: "<|image_pad|>",
-    151656: "<|video_pad|>",
-    151657: "<tool_call>",
-    151658: "</tool_call>",
-    151659: "<|fim_prefix|>",
-    151660: "<|fim_middle|>",
-    151661: "<|fim_suffix|>",
-    151662: "<|fim_pad|>",
-    151663: "<|repo_name|>",
-    151664: "<|file_sep|>",
-}
+# The real Qwen2.5-VL special tokens and chat template, as the benchmarks' random model writes them.
+from bench.random_vlm import QWEN2_5_VL_CHAT_TEMPLATE, QWEN_VL_SPECIAL_TOKENS
+
+QWEN25_VL_SPECIAL_TOKENS = QWEN_VL_SPECIAL_TOKENS
 # Tool-call and FIM markers are plain added tokens in Qwen's tokenizer, not "special" (they are not skipped).
 QWEN25_VL_NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
                          "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
@@ -46,26 +26,7 @@ QWEN25_VL_NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim
 QWEN_SPLIT_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
                     r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 
-# The chat_template.json of Qwen/Qwen2.5-VL-*-Instruct.
-QWEN25_VL_CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+QWEN25_VL_CHAT_TEMPLATE = QWEN2_5_VL_CHAT_TEMPLATE
 
 GEMMA3_SPECIAL_TOKENS = {
     0: "<pad>",
