@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from deployments.rag.chunking import ChunkParams, chunk_pages
+from deployments.rag.chunking import ChunkParams
 from deployments.rag.extract import Page
 from deployments.rag.local_embedder import SentenceTransformerEmbedder
 from deployments.rag.pipeline import RagPipeline
@@ -60,7 +60,7 @@ async def build_corpus(pipeline: RagPipeline, pages: int, documents: int) -> lis
     file_ids = []
     for d in range(documents):
         doc_pages = all_pages[d * per_document : (d + 1) * per_document]
-        chunks = chunk_pages(doc_pages, pipeline.embedder.count_tokens, pipeline.chunk_params)
+        chunks = await pipeline.chunk(doc_pages)
         vectors = await pipeline.embed_texts([chunk.text for chunk in chunks])
         info = DocumentInfo(f"bench{d:04d}", f"bench{d}.pdf", len(doc_pages), len(chunks), time.time())
         pipeline.store.add(info, chunks, vectors)

@@ -16,6 +16,7 @@ from deployments.config import IngressConfig, ModelConfig
 from deployments.model_sources import check_model_sources
 from deployments.ingress.deployment import Ingress
 from deployments.model.deployment import build_model_application
+from deployments.rag.deployment import RagServer
 
 
 def build_app(args: dict[str, Any]) -> Application:
@@ -36,5 +37,9 @@ def build_model_app(args: dict[str, Any]) -> Application:
 
 
 def build_ingress_app(args: dict[str, Any]) -> Application:
+    """The ingress, and beside it in its application the RAG deployment (unless `rag: null`)."""
     config = IngressConfig.model_validate(args)
-    return Ingress.options(**config.deployment_options()).bind(config.model_dump())
+    rag = None
+    if config.rag is not None:
+        rag = RagServer.options(**config.rag_deployment_options()).bind(config.rag.model_dump())
+    return Ingress.options(**config.deployment_options()).bind(config.model_dump(), rag)

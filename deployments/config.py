@@ -224,6 +224,23 @@ class MediaLimits:
     remote_media_max_redirects: int = 3
 
 
+DEFAULT_EMBEDDING_MODEL_ID = "all-MiniLM-L6-v2"
+
+
+class RagConfig(BaseModel):
+    """The ingress's `rag` arg: the RAG deployment (/v1/rag/*) beside the ingress. null turns the routes off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    embedding_model: str = Field(DEFAULT_EMBEDDING_MODEL_ID, description="a model of model_type embedding")
+    storage_dir: str | None = Field(None, description="indexes and metadata (null: $ORCHARD_HOME/rag)")
+    max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1, description="larger uploads get 413")
+    max_pages: int = Field(2_000, ge=1, description="PDFs with more pages get 413")
+    chunk_tokens: int = Field(200, ge=1, description="tokens per chunk, by the embedder's tokenizer")
+    overlap_tokens: int = Field(40, ge=0, description="tokens a chunk repeats of the one before")
+    max_top_k: int = Field(50, ge=1)
+
+
 class IngressConfig(BaseModel):
     """The ingress application's `args` in serve_config.yaml.
 
@@ -250,6 +267,7 @@ class IngressConfig(BaseModel):
     responses_store_size: int = Field(1000, ge=0, description="stored responses, least recently used out first")
     responses_store_ttl_s: float = Field(86400.0, gt=0, description="a stored response unused this long is dropped")
     ray_actor_options: RayActorOptions = Field(default_factory=RayActorOptions)
+    rag: RagConfig | None = Field(default_factory=RagConfig, description="/v1/rag/* (null: off)")
     # Images in requests: data URLs and base64 always; http(s) URLs only when allowed (the ingress then fetches
     # whatever URL a client names, hosts on its own network included). file:// and other schemes never.
     allow_remote_media: bool = Field(MediaLimits.allow_remote_media, description="fetch http(s) image URLs")
@@ -307,6 +325,10 @@ class IngressConfig(BaseModel):
             "max_ongoing_requests": self.max_ongoing_requests,
             "ray_actor_options": self.ray_actor_options.to_ray(),
         }
+
+    def rag_deployment_options(self) -> dict[str, Any]:
+        # One RAG replica too: it owns the document store (the indexes in its memory, the folder on disk).
+        return self.deployment_options()
 
 
 def check_model_id(model_id: str) -> str:

@@ -192,6 +192,20 @@ class EmbedResult:
 
 
 @dataclass
+class TextTokensJob:
+    """Texts whose tokens an embedding model counts (special tokens left out): how RAG measures its chunks."""
+
+    texts: list[str]
+    log_id: str = ""
+
+
+@dataclass
+class TextTokenCounts:
+    counts: list[int] = field(default_factory=list)
+    error: OrchardError | None = None
+
+
+@dataclass
 class MemoryUsage:
     """MiB. mlx_* are MLX's allocator counters (Metal/CUDA memory, or part of RSS on the CPU backend)."""
 
@@ -247,6 +261,8 @@ class ModelClient(Protocol):
     async def count_tokens(self, prompt: ChatPrompt) -> TokenCount: ...
 
     async def embed(self, job: EmbedJob) -> EmbedResult: ...
+
+    async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts: ...
 
     async def info(self) -> ModelInfo: ...
 

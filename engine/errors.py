@@ -124,6 +124,12 @@ class UnsupportedDocumentTypeError(UnreadableDocumentError):
     code = "unsupported_document_type"
 
 
+class RagUnavailableError(OrchardError):
+    """RAG cannot serve: its embedding model is not running, or the `embeddings` extra is not installed (503)."""
+
+    code = "rag_unavailable"
+
+
 class DocumentNotFoundError(OrchardError):
     """A RAG file_id the store does not hold (404)."""
 

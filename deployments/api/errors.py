@@ -23,6 +23,7 @@ from engine.errors import (
     OrchardError,
     QueueFullError,
     QueueTimeoutError,
+    RagUnavailableError,
     RetryLaterError,
 )
 
@@ -93,6 +94,7 @@ _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (EngineRestartingError, _Rule(503, "server_error")),
     (ModelUnloadedError, _Rule(503, "server_error")),
     (EngineDeadError, _Rule(503, "server_error")),
+    (RagUnavailableError, _Rule(503, "server_error")),
 ]
 
 

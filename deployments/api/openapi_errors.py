@@ -33,12 +33,12 @@ _MEANING = {
     400: "Invalid request: a field is malformed or out of range (named in `param`), or the prompt exceeds the context",
     401: "Missing or invalid API key (when keys are configured)",
     403: "An inference key on an admin route (when an admin key is configured)",
-    404: "Unknown model, route or stored response",
+    404: "Unknown model, route, stored response or RAG document",
     409: "The model is already loaded, or a load or unload of it is in progress",
-    413: "The request body is larger than the ingress's max_body_bytes",
+    413: "The request body is larger than the ingress's max_body_bytes (a RAG upload: rag.max_upload_bytes or pages)",
     429: "The model's queue is full; retry after Retry-After seconds",
     500: "Internal server error",
-    503: "The model is loading, failed, unhealthy or its queue wait timed out; retry later",
+    503: "The model is loading, failed, unhealthy or its queue wait timed out (or RAG's embedder is not running); retry later",
 }
 
 # Every route can answer these: the body limit and the last-resort handler apply everywhere.
@@ -51,6 +51,9 @@ STORED_RESPONSE = (401, 404, *ANY_ROUTE)
 ADMIN_LOAD = (400, 401, 403, 409, 503, *ANY_ROUTE)
 ADMIN_UNLOAD = (401, 403, 404, 409, 503, *ANY_ROUTE)
 ADMIN_LISTING = (401, 403, *ANY_ROUTE)
+RAG_UPLOAD = (400, 401, 503, *ANY_ROUTE)
+RAG_DOCUMENTS = (401, 503, *ANY_ROUTE)
+RAG_DOCUMENT = (401, 404, 503, *ANY_ROUTE)
 # /health answers 503 with its usual body (not an error body) while no model runs.
 HEALTH_UNHEALTHY: dict[int | str, dict[str, Any]] = {
     503: {"description": "No model is running", "content": {"application/json": {"schema": {"type": "object"}}}}

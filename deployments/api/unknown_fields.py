@@ -22,6 +22,7 @@ UNHONOURED = {
         "audio": "audio output is not supported",
     },
     "anthropic": {},
+    "rag": {},
     "responses": {
         "conversation": "the Conversations API is not supported: chain responses with 'previous_response_id'",
         "prompt": "stored prompt templates are not supported: send 'instructions' and 'input'",

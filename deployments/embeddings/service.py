@@ -22,7 +22,8 @@ import numpy as np
 from deployments.config import ModelConfig
 from deployments.embeddings.batcher import EmbedBatcher
 from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, ModelInfo, QueueStats, StreamChunk, TokenCount,
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, ModelInfo, QueueStats, StreamChunk, TextTokenCounts, TextTokensJob,
+    TokenCount,
 )
 from engine.errors import EngineDeadError, InvalidRequestError, ModelLoadError, ModelUnloadedError, OrchardError
 from engine.runner.memory import process_rss_bytes
@@ -128,6 +129,19 @@ class EmbeddingService:
             vectors=[row.astype("<f4").tobytes() for row in vectors],
             dimension=job.dimensions or self.dimension, prompt_tokens=prompt_tokens,
         )
+
+    async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts:
+        try:
+            if self._unloading or self._model is None:
+                raise ModelUnloadedError(f"The model '{self.model_id}' is not serving", param="model")
+            return TextTokenCounts(await self._run(self._count_tokens, job.texts))
+        except OrchardError as exc:
+            return TextTokenCounts(error=exc)
+
+    def _count_tokens(self, texts: list[str]) -> list[int]:
+        if not texts:
+            return []
+        return [len(ids) for ids in self._model.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]]
 
     def _check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is not None and dimensions > self.dimension:

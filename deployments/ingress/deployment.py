@@ -18,6 +18,7 @@ from deployments.ingress.model_store import ModelStore
 from deployments.ingress.responses_store import ResponseStore
 from deployments.ingress.routes import create_app
 from deployments.ingress.serve_models import ServeBackend
+from deployments.transport.rag_client import ServeRagClient
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
 
 logger = logging.getLogger("ray.serve.orchard")
@@ -28,7 +29,7 @@ logger = logging.getLogger("ray.serve.orchard")
 class Ingress:
     """The ingress replica: owns the registry; the FastAPI app is built once the registry exists."""
 
-    async def __init__(self, config: dict[str, Any]) -> None:
+    async def __init__(self, config: dict[str, Any], rag_handle: Any = None) -> None:
         keep_replica_grpc_on_loopback()
         self.config = IngressConfig.model_validate(config)
         self.keys = ApiKeys.from_config(self.config)
@@ -38,10 +39,13 @@ class Ingress:
         self.registry = Registry(ServeBackend(), store, self.config.model_roots, self.config.status_poll_interval_s)
         await self.registry.start(restore=self.config.restore_models)
         self.responses = ResponseStore(self.config.responses_store_size, self.config.responses_store_ttl_s)
+        self.rag = ServeRagClient(rag_handle) if rag_handle is not None else None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
+        rag_limit = self.config.rag.max_upload_bytes if self.config.rag is not None else 0
         return create_app(self.registry, self.config.enable_admin, self.keys, self.config.max_body_bytes,
-                          responses=self.responses, media=self.config.media_limits())
+                          responses=self.responses, media=self.config.media_limits(), rag=self.rag,
+                          rag_max_upload_bytes=rag_limit)
 
     async def __del__(self) -> None:
         registry = getattr(self, "registry", None)

@@ -68,17 +68,19 @@ class BodyLimitMiddleware:
     unknown length (chunked) as soon as what arrived passes the limit. The app then sees a disconnect and its own
     answer is dropped."""
 
-    def __init__(self, app: Any, max_body_bytes: int) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, path_limits: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.path_limits = path_limits or {}  # routes with a limit of their own (RAG uploads)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.path_limits.get(scope["path"], self.max_body_bytes)
         declared = _content_length(scope["headers"])
-        if declared is not None and declared > self.max_body_bytes:
-            await send_error(scope, receive, send, self._too_large())
+        if declared is not None and declared > limit:
+            await send_error(scope, receive, send, self._too_large(limit))
             return
         count = _BodyCount()
 
@@ -88,10 +90,10 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 count.received += len(message.get("body", b""))
-                if count.received > self.max_body_bytes:
+                if count.received > limit:
                     count.refused = True
                     if not count.response_started:
-                        await send_error(scope, receive, send, self._too_large())
+                        await send_error(scope, receive, send, self._too_large(limit))
                     return {"type": "http.disconnect"}
             return message
 
@@ -104,8 +106,8 @@ class BodyLimitMiddleware:
 
         await self.app(scope, counting_receive, guarded_send)
 
-    def _too_large(self) -> RequestTooLargeError:
-        return RequestTooLargeError(f"The request body is larger than the limit of {self.max_body_bytes} bytes")
+    def _too_large(self, limit: int) -> RequestTooLargeError:
+        return RequestTooLargeError(f"The request body is larger than the limit of {limit} bytes")
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:

@@ -10,7 +10,8 @@ from deployments.config import ModelConfig
 from deployments.model.service import EngineClientFactory, ModelService, thread_engine_client
 from deployments.embeddings.service import EmbeddingService
 from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount,
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TextTokenCounts, TextTokensJob,
+    TokenCount,
 )
 from deployments.ingress.model_registry import DeploymentState, ModelStatus
 
@@ -27,6 +28,9 @@ class LocalModelClient:
 
     async def embed(self, job: EmbedJob) -> EmbedResult:
         return await self._service.embed(job)
+
+    async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts:
+        return await self._service.count_text_tokens(job)
 
     async def info(self) -> ModelInfo:
         return self._service.info()

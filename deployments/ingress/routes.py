@@ -6,17 +6,16 @@ create_app(registry) builds the FastAPI app over any registry backend, so the sa
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 import uuid
 from functools import partial
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
+from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import ModelNotFoundError, OrchardError
@@ -42,97 +41,19 @@ from deployments.api.openai_schemas import ChatCompletionRequest, CompletionRequ
 from deployments.api.responses_convert import responses_job
 from deployments.api.responses_render import ResponsesRenderer, response_shell
 from deployments.api.responses_schemas import ResponsesRequest
-from deployments.api.sse import SSE_HEADERS
-from deployments.model_calls import GenerateJob, StreamChunk
-from deployments.config import DEFAULT_MAX_BODY_BYTES, MediaLimits
+from deployments.model_calls import GenerateJob
+from deployments.config import DEFAULT_MAX_BODY_BYTES, MediaLimits, RagConfig
 from deployments.ingress.auth import ApiKeyMiddleware, ApiKeys
 from deployments.ingress.embedding_routes import embeddings_router
 from deployments.ingress.edge import REQUEST_ID, BodyLimitMiddleware, RequestIdMiddleware
+from deployments.ingress.generation import KEEPALIVE_S, Renderer, answer
+from deployments.ingress.rag_routes import MULTIPART_OVERHEAD_BYTES, UPLOAD_ROUTE, rag_router
+from deployments.rag.calls import RagClient
 from deployments.ingress.media_fetch import ImageLoader
 from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
 from deployments.ingress.responses_store import ResponseStore
 
 logger = logging.getLogger("ray.serve.orchard")
-
-# While a stream has nothing to send (a long prefill takes minutes on a slow CPU), a keep-alive goes out this
-# often, so clients' and proxies' idle timeouts see a live connection (Anthropic's API pings about as often).
-KEEPALIVE_S = 10.0
-
-
-class Renderer(Protocol):
-    """How a route writes its answer: one JSON body, or an SSE stream that opens at admission (before any
-    output), renders the chunks, keeps itself alive while none comes, and ends (or reports an error)."""
-
-    def completion(self, total: StreamChunk) -> dict[str, Any]: ...
-
-    def sse_start(self, first: StreamChunk) -> str: ...
-
-    def sse(self, chunk: StreamChunk) -> str: ...
-
-    def sse_waiting(self) -> str: ...
-
-    def sse_keepalive(self) -> str: ...
-
-    def sse_error(self, error: WireError) -> str: ...
-
-    def sse_end(self) -> str: ...
-
-
-class ChunkReader:
-    """A model's chunk stream read with a timeout: a read that times out stays pending for the next one (the
-    stream is not cancelled between chunks); close() ends that read before it closes the stream."""
-
-    def __init__(self, chunks: AsyncIterator[StreamChunk]) -> None:
-        self._chunks = chunks
-        self._reading: asyncio.Task | None = None
-
-    async def next(self, timeout_s: float | None) -> StreamChunk | None:
-        """The next chunk; None if none came within timeout_s (None: no limit)."""
-        if self._reading is None:
-            self._reading = asyncio.ensure_future(anext(self._chunks))
-        done, _ = await asyncio.wait({self._reading}, timeout=timeout_s)
-        if not done:
-            return None
-        reading, self._reading = self._reading, None
-        return reading.result()
-
-    async def aclose(self) -> None:
-        reading, self._reading = self._reading, None
-        if reading is not None:  # the stream cannot be closed while a read runs in it
-            reading.cancel()
-            await asyncio.wait({reading})
-            if not reading.cancelled():
-                reading.exception()  # retrieved: a failed read is no error once the response is over
-        await self._chunks.aclose()
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """Closes the model stream however the response ends, even if its body never started."""
-
-    def __init__(self, content: AsyncIterator[str], close: Callable[[], Awaitable[None]]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
-        self._close = close
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        try:
-            await super().__call__(scope, _disconnect_on_failure(receive), send)
-        finally:
-            await self._close()
-
-
-def _disconnect_on_failure(receive: Callable) -> Callable:
-    """A receive that reports a failure to read from the client as its disconnect: Serve's proxy raises
-    TaskCancelledError there when the client goes away, which logged a full traceback as an unexpected error."""
-
-    async def receive_or_disconnect() -> dict:
-        try:
-            return await receive()
-        except Exception as exc:
-            logger.info("client disconnected (%s) [request %s]", type(exc).__name__, REQUEST_ID.get())
-            return {"type": "http.disconnect"}
-
-    return receive_or_disconnect
-
 
 def create_app(
     registry: Registry,
@@ -142,6 +63,8 @@ def create_app(
     keepalive_s: float = KEEPALIVE_S,
     responses: ResponseStore | None = None,
     media: MediaLimits | None = None,
+    rag: RagClient | None = None,
+    rag_max_upload_bytes: int = RagConfig().max_upload_bytes,
 ) -> FastAPI:
     images = ImageLoader(media or MediaLimits())
 
@@ -153,7 +76,8 @@ def create_app(
     app = FastAPI(title="Orchard", version="0.1.0", lifespan=lifespan)
     app.state.image_loader = images  # where no lifespan runs (httpx's ASGI transport), its owner closes it
     # The last added runs first: request id, then the key check, then the body limit (no body read before both).
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
+    upload_limit = {UPLOAD_ROUTE: rag_max_upload_bytes + MULTIPART_OVERHEAD_BYTES} if rag is not None else {}
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, path_limits=upload_limit)
     app.add_middleware(ApiKeyMiddleware, keys=keys or ApiKeys([]))
     app.add_middleware(RequestIdMiddleware)
     _install_error_handlers(app)
@@ -161,6 +85,8 @@ def create_app(
     app.include_router(responses_router(registry, responses or ResponseStore(), images, keepalive_s))
     app.include_router(anthropic_router(registry, images, keepalive_s))
     app.include_router(embeddings_router(registry))
+    if rag is not None:
+        app.include_router(rag_router(rag, registry, keepalive_s))
     app.include_router(admin_router(registry, enable_admin))
     document_errors_as_sent(app)
     return app
@@ -267,72 +193,13 @@ async def _generation_response(
     registry: Registry, model_id: str, job: GenerateJob, renderer: Renderer, keepalive_s: float = KEEPALIVE_S,
     images: ImageLoader | None = None,
 ) -> Response:
-    """Route, make the job's images ready (limits, remote ones fetched: only once the model is known to serve), wait
-    for the first chunk (a stream's: the engine accepted it into its queue; else the whole answer), so that
-    refusals (queue full, invalid, too long) get their own status before any byte is sent; answer."""
+    """Route, make the job's images ready (limits, remote ones fetched: only once the model is known to serve),
+    answer."""
     logger.info("request %s for model %s, stream=%s [X-Request-Id %s]", job.request_id, model_id, job.stream, job.log_id)
     client = await registry.route(model_id)
     if images is not None:
         await images.load(job.prompt)
-    chunks = ChunkReader(client.generate(job))
-    handed_to_response = False
-    try:
-        first = await chunks.next(None)
-        if first.error is not None:
-            raise first.error
-        if job.stream:
-            handed_to_response = True
-            return ClosingStreamingResponse(_sse_body(first, chunks, renderer, keepalive_s), close=chunks.aclose)
-        total = await _whole(first, chunks)
-        return JSONResponse(renderer.completion(total))
-    finally:
-        if not handed_to_response:
-            await chunks.aclose()  # on errors and cancellation too: aborts the request in the engine
-
-
-async def _whole(first: StreamChunk, chunks: ChunkReader) -> StreamChunk:
-    total = first
-    while not total.is_last:
-        total.merge(await chunks.next(None))
-    if total.error is not None:
-        raise total.error
-    return total
-
-
-async def _sse_body(
-    first: StreamChunk, chunks: ChunkReader, renderer: Renderer, keepalive_s: float = KEEPALIVE_S
-) -> AsyncIterator[str]:
-    """The stream's events. While the request waits in the engine's queue (headers are out): the renderer's
-    waiting text after every keepalive_s (an SSE comment, or the Responses API's response.queued). The opening event
-    at admission (the prefix-cache hit is known then), or with the first output; then each chunk's, with a
-    keep-alive after every keepalive_s without one."""
-    chunk: StreamChunk | None = first
-    while chunk is None or _queued_only(chunk):
-        if chunk is None:
-            yield renderer.sse_waiting()
-        chunk = await chunks.next(keepalive_s)
-    text = renderer.sse_start(chunk) if chunk.error is None else ""
-    while True:
-        if chunk.error is not None:  # headers are sent: report the error in the stream, as OpenAI does
-            logger.info("stream failed: %s [request %s]", chunk.error.message, REQUEST_ID.get())
-            yield text + renderer.sse_error(wire_error(chunk.error))
-            break
-        text += renderer.sse(chunk)
-        if text:
-            yield text
-        if chunk.is_last:
-            break
-        text, chunk = "", await chunks.next(keepalive_s)
-        while chunk is None:
-            yield renderer.sse_keepalive()
-            chunk = await chunks.next(keepalive_s)
-    end = renderer.sse_end()
-    if end:
-        yield end
-
-
-def _queued_only(chunk: StreamChunk) -> bool:
-    return chunk.is_admission_only and not chunk.admitted
+    return await answer(client, job, renderer, keepalive_s)
 
 
 # ---- errors -------------------------------------------------------------------------------

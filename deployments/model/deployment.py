@@ -18,7 +18,8 @@ from ray.serve import Application
 from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
 from deployments.model.service import ModelService
 from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount,
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TextTokenCounts, TextTokensJob,
+    TokenCount,
 )
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
 from deployments.transport.channel import ChannelAddress, ChannelServer
@@ -64,6 +65,9 @@ class ModelServer:
 
     async def embed(self, job: EmbedJob) -> EmbedResult:
         return await self.service.embed(job)
+
+    async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts:
+        return await self.service.count_text_tokens(job)
 
     async def info(self) -> ModelInfo:
         return self.service.info()

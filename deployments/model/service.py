@@ -32,6 +32,8 @@ from deployments.model_calls import (
     QueueStats,
     StreamChunk,
     TextPrompt,
+    TextTokenCounts,
+    TextTokensJob,
     TokenCount,
 )
 from deployments.transport.chunks import coalesce
@@ -212,10 +214,16 @@ class ModelService:
             return TokenCount(error=exc)
 
     async def embed(self, job: EmbedJob) -> EmbedResult:
-        return EmbedResult(error=InvalidRequestError(
+        return EmbedResult(error=self._not_an_embedding_model())
+
+    async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts:
+        return TextTokenCounts(error=self._not_an_embedding_model())
+
+    def _not_an_embedding_model(self) -> InvalidRequestError:
+        return InvalidRequestError(
             f"The model '{self.model_id}' is a {self.config.model_type} model: /v1/embeddings needs a model of "
             "model_type embedding", param="model",
-        ))
+        )
 
     async def _encode(self, prompt: ChatPrompt | TextPrompt) -> EncodedPrompt:
         encoder = self._encoder  # raises here, on the loop, if the model has not started

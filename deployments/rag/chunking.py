@@ -45,6 +45,11 @@ class _Word:
     tokens: int
 
 
+def distinct_words(pages: list[Page]) -> list[str]:
+    """Every word of the pages once, in first-seen order: what chunk_pages asks the counter about."""
+    return list(dict.fromkeys(m.group() for page in pages for m in _WORD.finditer(page.text)))
+
+
 def chunk_pages(pages: list[Page], count_tokens: TokenCounter, params: ChunkParams = ChunkParams()) -> list[Chunk]:
     """Deterministic: the same pages, counter and params give the same chunks."""
     # Words repeat a lot; counting each distinct one once keeps a 1,000-page document fast.

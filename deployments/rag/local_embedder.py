@@ -26,5 +26,7 @@ class SentenceTransformerEmbedder:
             vectors = self.model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
         return np.asarray(vectors, dtype=np.float32)
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.model.tokenizer(text, add_special_tokens=False)["input_ids"])
+    async def count_tokens(self, texts: list[str]) -> list[int]:
+        if not texts:
+            return []
+        return [len(ids) for ids in self.model.tokenizer(texts, add_special_tokens=False)["input_ids"]]

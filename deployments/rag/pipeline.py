@@ -12,9 +12,10 @@ import numpy as np
 
 from engine.errors import DocumentNotFoundError, InvalidRequestError
 
-from .chunking import ChunkParams, chunk_pages
-from .extract import ExtractLimits, extract_pages
-from .store import DocumentInfo, DocumentStore, SearchHit
+from .chunking import Chunk, ChunkParams, chunk_pages, distinct_words
+from .extract import ExtractLimits, Page, extract_pages
+from .calls import DocumentInfo, SearchHit
+from .store import DocumentStore
 
 Source = SearchHit  # what a query returns: file_id, filename, page, chunk, text, score
 
@@ -29,8 +30,8 @@ class Embedder(Protocol):
         """One unit-normalised float32 row per text."""
         ...
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens of text without special tokens (the chunker's measure)."""
+    async def count_tokens(self, texts: list[str]) -> list[int]:
+        """Tokens of each text without special tokens (the chunker's measure)."""
         ...
 
 
@@ -85,7 +86,7 @@ class RagPipeline:
             return UploadResult(existing, "already_indexed")
         # Parsing a large PDF takes seconds of CPU: off the event loop.
         pages = await asyncio.to_thread(extract_pages, filename, data, self.limits)
-        chunks = await asyncio.to_thread(chunk_pages, pages, self.embedder.count_tokens, self.chunk_params)
+        chunks = await self.chunk(pages)
         vectors = await self.embed_texts([chunk.text for chunk in chunks])
         info = DocumentInfo(file_id, filename, len(pages), len(chunks), time.time())
         stored, created = await asyncio.to_thread(self.store.add, info, chunks, vectors)
@@ -110,6 +111,12 @@ class RagPipeline:
 
     def list_documents(self) -> list[DocumentInfo]:
         return self.store.list_documents()
+
+    async def chunk(self, pages: list[Page]) -> list[Chunk]:
+        """The pages' chunks, measured by the embedder's tokenizer: each distinct word counted once, in one call."""
+        words = distinct_words(pages)
+        counts = dict(zip(words, await self.embedder.count_tokens(words), strict=True))
+        return await asyncio.to_thread(chunk_pages, pages, counts.__getitem__, self.chunk_params)
 
     async def embed_texts(self, texts: list[str]) -> np.ndarray:
         """Embeds in batches of embed_batch_size: one float32 unit row per text."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from engine.errors import DocumentNotFoundError, InvalidRequestError
 
+from .calls import DocumentInfo, SearchHit
 from .chunking import Chunk
 
 logger = logging.getLogger(__name__)
@@ -36,25 +37,6 @@ def default_root() -> Path:
     """$ORCHARD_HOME/rag, else ~/.cache/orchard/rag."""
     home = os.environ.get("ORCHARD_HOME")
     return Path(home) / "rag" if home else Path.home() / ".cache" / "orchard" / "rag"
-
-
-@dataclass(frozen=True)
-class DocumentInfo:
-    file_id: str
-    filename: str
-    num_pages: int
-    num_chunks: int
-    created_at: float  # unix seconds
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    file_id: str
-    filename: str
-    page: int
-    chunk: int
-    text: str
-    score: float  # cosine similarity
 
 
 @dataclass(frozen=True)

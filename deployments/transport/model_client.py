@@ -18,7 +18,8 @@ from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
 from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TokenCount,
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TextTokenCounts, TextTokensJob,
+    TokenCount,
 )
 from deployments.transport.channel import ChannelClient
 from deployments.transport.errors import model_call_failure
@@ -100,6 +101,12 @@ class ServeModelClient:
             return await self._handle.embed.remote(job)
         except (RayServeException, RayError) as exc:
             return EmbedResult(error=model_call_failure(self._model_id, exc))
+
+    async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts:
+        try:
+            return await self._handle.count_text_tokens.remote(job)
+        except (RayServeException, RayError) as exc:
+            return TextTokenCounts(error=model_call_failure(self._model_id, exc))
 
     async def info(self) -> ModelInfo:
         return await self._handle.info.remote()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -78,6 +79,10 @@ def deploy_graph(schema) -> None:
     from ray.serve.context import _get_global_client
     from ray.serve.schema import ApplicationStatus
 
+    for app in schema.applications:  # an ingress whose RAG deployment would keep documents in ~/.cache
+        rag = app.args.get("rag", {}) if "model_path" not in app.args else None
+        if rag is not None and not rag.get("storage_dir"):
+            app.args["rag"] = {**rag, "storage_dir": tempfile.mkdtemp(prefix="orchard-rag-")}
     _get_global_client().deploy_apps(schema)
     names = {app.name for app in schema.applications}
 

@@ -13,9 +13,10 @@ from typing import Any, AsyncIterator
 import httpx
 from fastapi import FastAPI
 
-from deployments.config import DEFAULT_MAX_BODY_BYTES, MediaLimits, ModelConfig
+from deployments.config import DEFAULT_MAX_BODY_BYTES, MediaLimits, ModelConfig, RagConfig
 from deployments.ingress.auth import ApiKeys
-from deployments.ingress.routes import KEEPALIVE_S, create_app
+from deployments.ingress.generation import KEEPALIVE_S
+from deployments.ingress.routes import create_app
 from deployments.ingress.local_models import LocalBackend
 from deployments.model.service import EngineClientFactory, thread_engine_client
 from deployments.ingress.model_registry import Registry
@@ -41,17 +42,24 @@ async def local_stack(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     keepalive_s: float = KEEPALIVE_S,
     media: MediaLimits | None = None,
+    rag: RagConfig | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
-    LOCAL_INGRESS_APP."""
+    LOCAL_INGRESS_APP. `rag` serves /v1/rag/* (its embedding model must be among `configs`)."""
     backend = LocalBackend(new_engine_client)
     for config in configs:
         await backend.deploy(config)
     store = ModelStore(state_dir) if state_dir is not None else None
     registry = Registry(backend, store, model_roots, poll_interval_s=0.2)
     await registry.start(restore=restore)
-    app = create_app(registry, keys=keys, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s, media=media)
+    rag_service = None
+    if rag is not None:  # the RAG deployment's service in process, reaching the models through the registry
+        from deployments.rag.service import RagService
+
+        rag_service = RagService(rag, registry.route)
+    app = create_app(registry, keys=keys, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s, media=media,
+                     rag=rag_service, rag_max_upload_bytes=rag.max_upload_bytes if rag is not None else 0)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://orchard", timeout=30) as http:
             yield LocalStack(http, registry, backend, app)

@@ -139,7 +139,7 @@ def test_completion_renderer_text_offsets_continue():
 
 
 def test_an_error_after_the_headers_goes_into_the_stream():
-    from deployments.ingress.routes import ChunkReader, _sse_body
+    from deployments.ingress.generation import ChunkReader, _sse_body
 
     async def rest():
         yield StreamChunk(error=QueueTimeoutError("waited too long"))

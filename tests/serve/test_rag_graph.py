@@ -1,0 +1,186 @@
+"""RAG through the real graph (serve_config.yaml on Ray Serve): the RAG deployment beside the ingress reaches the
+embedded all-MiniLM-L6-v2 and a tiny chat model through their Serve handles. Uploads, answers streamed and not,
+parallel uploads and queries, a 200 MB upload refused before it is read, and a restart of the whole graph that
+leaves the documents and the answers as they were."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+pytest.importorskip("sentence_transformers", reason="the 'embeddings' extra is not installed")
+
+from deployments.config import serve_app_name  # noqa: E402
+from tests.rag.town_guide import town_guide_pdf  # noqa: E402
+from tests.serve.conftest import GRAPH_START_S, deploy_graph, model_running, wait_until  # noqa: E402
+from tests.support.pdfs import make_pdf  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+EMBEDDER = "all-MiniLM-L6-v2"
+CHAT_MODEL = "tiny/alpha"
+TWO_HUNDRED_MB = 200 * 1024 * 1024
+PARALLEL_UPLOADS = 10
+QUESTION = "Which platform does the night train leave from?"
+
+
+@dataclass
+class RagGraph:
+    base_url: str
+    port: int
+    schema: dict
+
+
+def rag_graph_config(tiny_models, root: Path) -> dict:
+    """serve_config.yaml's ingress (its RAG deployment on a temporary folder) and embedder, and its model entry
+    copied onto a tiny chat model."""
+    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
+    ingress, model_template, embedder = config["applications"]
+    ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5,
+                           rag={"storage_dir": str(root / "rag")})
+    chat = copy.deepcopy(model_template)
+    chat["name"] = serve_app_name(CHAT_MODEL)
+    chat["args"].update(model_id=CHAT_MODEL, model_path=str(tiny_models.alpha), context_length=4096)
+    return {"applications": [ingress, chat, embedder]}
+
+
+def start(schema: dict, base_url: str) -> None:
+    from ray.serve.schema import ServeDeploySchema
+
+    deploy_graph(ServeDeploySchema.model_validate(schema))
+    with httpx.Client(base_url=base_url, timeout=60) as http:
+        wait_until(lambda: model_running(http, EMBEDDER, "embedding") and model_running(http, CHAT_MODEL),
+                   GRAPH_START_S, what="the embedder and the chat model running")
+
+
+@pytest.fixture(scope="module")
+def rag_graph(serve_cluster, tiny_models, tmp_path_factory) -> RagGraph:
+    schema = rag_graph_config(tiny_models, tmp_path_factory.mktemp("rag-graph"))
+    start(schema, serve_cluster.base_url)
+    return RagGraph(serve_cluster.base_url, serve_cluster.port, schema)
+
+
+def http_client(graph: RagGraph) -> httpx.Client:
+    return httpx.Client(base_url=graph.base_url, timeout=300)
+
+
+def upload(http: httpx.Client, filename: str, data: bytes) -> httpx.Response:
+    return http.post("/v1/rag/upload", files={"file": (filename, data, "application/octet-stream")})
+
+
+def answer_pair(http: httpx.Client, file_id: str) -> tuple[dict, str]:
+    """The answer as one body, and the streamed answer's text (its events as sent)."""
+    body = {"file_id": file_id, "query": QUESTION, "top_k": 3, "model": CHAT_MODEL, "temperature": 0, "max_tokens": 12}
+    whole = http.post("/v1/rag/query", json=body)
+    assert whole.status_code == 200, whole.text
+    streamed = http.post("/v1/rag/query", json={**body, "stream": True})
+    assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+    return whole.json(), streamed.text
+
+
+def streamed_content(text: str) -> tuple[list[dict], str]:
+    events = [line[len("data: "):] for line in text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    payloads = [json.loads(e) for e in events[:-1]]
+    return payloads, "".join(p["choices"][0]["delta"].get("content") or "" for p in payloads if p["choices"])
+
+
+def test_upload_and_answer_through_the_graph(rag_graph):
+    guide = town_guide_pdf()
+    with http_client(rag_graph) as http:
+        uploaded = upload(http, "town-guide.pdf", guide)
+        assert uploaded.status_code == 200, uploaded.text
+        document = uploaded.json()
+        assert document["file_id"] == hashlib.sha256(guide).hexdigest() and document["status"] == "indexed"
+        assert (document["num_pages"], document["filename"]) == (10, "town-guide.pdf")
+        whole, streamed = answer_pair(http, document["file_id"])
+        broken = upload(http, "broken.pdf", b"%PDF-1.7 not really")
+        unknown = http.post("/v1/rag/query", json={"file_id": "a" * 64, "query": QUESTION, "retrieval_only": True})
+    assert whole["sources"][0]["page"] == 7 and "platform nine" in whole["sources"][0]["text"]
+    assert whole["choices"][0]["finish_reason"] in ("stop", "length") and whole["model"] == CHAT_MODEL
+    events, text = streamed_content(streamed)
+    assert events[0]["sources"] == whole["sources"]
+    assert text == whole["choices"][0]["message"]["content"]
+    assert broken.status_code == 400 and broken.json()["error"]["code"] == "malformed_document"
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "document_not_found"
+
+
+def test_parallel_uploads_and_queries_leave_consistent_indexes(rag_graph):
+    """Ten documents, each with one fact of its own, uploaded at once while queries run: every one is listed,
+    whole, and its fact is its own top hit."""
+    facts = [f"The secret code of vault {n} is {n * 7919} and it opens on day {n + 3}." for n in range(PARALLEL_UPLOADS)]
+    files = [(f"vault-{n}.pdf", make_pdf([[facts[n], "Nothing else is kept in this vault."]])) for n in range(PARALLEL_UPLOADS)]
+    with http_client(rag_graph) as http:
+        guide_id = upload(http, "town-guide.pdf", town_guide_pdf()).json()["file_id"]
+        query = {"file_id": guide_id, "query": QUESTION, "top_k": 1, "retrieval_only": True}
+        with ThreadPoolExecutor(PARALLEL_UPLOADS * 2) as pool:
+            uploads = [pool.submit(upload, http, name, data) for name, data in files]
+            queries = [pool.submit(http.post, "/v1/rag/query", json=query) for _ in range(PARALLEL_UPLOADS)]
+            uploaded = [future.result() for future in uploads]
+            queried = [future.result() for future in queries]
+        listed = {d["file_id"]: d for d in http.get("/v1/rag/documents").json()["data"]}
+        own_hits = [
+            http.post("/v1/rag/query", json={"file_ids": [r.json()["file_id"] for r in uploaded],
+                                             "query": f"What is the secret code of vault {n}?", "top_k": 1,
+                                             "retrieval_only": True}).json()["sources"][0]
+            for n in range(PARALLEL_UPLOADS)
+        ]
+    assert [r.status_code for r in uploaded] == [200] * PARALLEL_UPLOADS
+    assert all(q.status_code == 200 and q.json()["sources"][0]["page"] == 7 for q in queried)
+    for (name, data), response in zip(files, uploaded):
+        file_id = response.json()["file_id"]
+        assert file_id == hashlib.sha256(data).hexdigest()
+        assert listed[file_id]["filename"] == name and listed[file_id]["num_chunks"] == response.json()["num_chunks"] >= 1
+    assert [hit["filename"] for hit in own_hits] == [name for name, _ in files]
+
+
+def test_a_200_mb_upload_is_refused_before_it_is_read(rag_graph):
+    """The client announces 200 MB and sends a first megabyte: the 413 comes at once, naming the limit."""
+    head = (
+        f"POST /v1/rag/upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+        f"Content-Length: {TWO_HUNDRED_MB}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", rag_graph.port), timeout=60) as sock:
+        sock.sendall(head + b"x" * (1024 * 1024))
+        received = b""
+        while b"\r\n\r\n" not in received or not received.rstrip().endswith(b"}"):
+            data = sock.recv(65536)
+            if not data:
+                break
+            received += data
+    status_line, _, rest = received.partition(b"\r\n")
+    body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+    assert status_line.split()[1] == b"413", received[:300]
+    assert body["error"]["code"] == "request_too_large" and str(50 * 1024 * 1024 + 64 * 1024) in body["error"]["message"]
+    assert time.monotonic() - started < 30
+
+
+def test_restart_keeps_documents_and_answers(rag_graph):
+    """Runs last in this module: it tears the graph down and deploys the same configuration again."""
+    from ray import serve
+
+    with http_client(rag_graph) as http:
+        file_id = upload(http, "town-guide.pdf", town_guide_pdf()).json()["file_id"]
+        documents_before = http.get("/v1/rag/documents").json()
+        whole_before, streamed_before = answer_pair(http, file_id)
+    serve.shutdown()
+    assert serve.status().applications == {}
+    serve.start(http_options={"host": "127.0.0.1", "port": rag_graph.port})
+    start(rag_graph.schema, rag_graph.base_url)
+    with http_client(rag_graph) as http:
+        documents_after = http.get("/v1/rag/documents").json()
+        whole_after, streamed_after = answer_pair(http, file_id)
+    assert documents_after == documents_before and file_id in {d["file_id"] for d in documents_after["data"]}
+    assert whole_after["sources"] == whole_before["sources"]
+    assert whole_after["choices"][0]["message"] == whole_before["choices"][0]["message"]
+    assert streamed_content(streamed_after)[1] == streamed_content(streamed_before)[1]
