@@ -37,6 +37,11 @@ UPLOAD_ROUTE = "/v1/rag/upload"
 # Room the multipart framing takes around the file, on top of rag.max_upload_bytes, in the body limit.
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 _FILE_ID = re.compile(r"^[0-9a-f]{64}$")
+# The route reads its form itself (its own limits and errors); the spec still says what to send.
+_UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file"],
+    "properties": {"file": {"type": "string", "format": "binary", "description": "a .pdf, .txt or .md file"}},
+}}}}}
 
 
 class RagAnswerClient:
@@ -65,7 +70,7 @@ class RagAnswerClient:
 def rag_router(rag: RagClient, registry: Registry, keepalive_s: float = KEEPALIVE_S) -> APIRouter:
     router = APIRouter()
 
-    @router.post(UPLOAD_ROUTE, responses=error_responses(RAG_UPLOAD))
+    @router.post(UPLOAD_ROUTE, responses=error_responses(RAG_UPLOAD), openapi_extra=_UPLOAD_BODY)
     async def upload(request: Request) -> dict[str, Any]:
         filename, data = await _uploaded_file(request)
         outcome = await rag.upload(UploadJob(filename, data, REQUEST_ID.get()))

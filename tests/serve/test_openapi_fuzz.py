@@ -8,11 +8,12 @@ generated case is sent there through httpx's ASGI transport.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import threading
 import zlib
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import hypothesis
 import pytest
@@ -24,20 +25,23 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from deployments.config import ModelConfig
+from deployments.config import ModelConfig, RagConfig
 from deployments.ingress.auth import ApiKeys
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.routes import create_app
+from deployments.rag.calls import RagClient
 from tests.serve.local_stack import LocalStack, local_stack
 
 MODEL = "tiny/alpha"
+HAS_RAG_EXTRA = all(importlib.util.find_spec(name) for name in ("faiss", "pypdf"))
 ADMIN_KEY = "fuzz-admin-key"
 # Generated cases per operation (fuzzing phase); the coverage phase adds its boundary values (~2,600 cases in all).
 EXAMPLES_PER_OPERATION = 25
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 SCHEMA = schemathesis.openapi.from_dict(
-    create_app(Registry(backend=None)).openapi(),  # the spec does not depend on the registry's contents
+    # The spec depends neither on the registry's contents nor on the RAG client (only on there being one).
+    create_app(Registry(backend=None), rag=cast(RagClient, object()) if HAS_RAG_EXTRA else None).openapi(),
     config=schemathesis.Config.from_dict({
         "seed": 25,
         "generation": {"max-examples": EXAMPLES_PER_OPERATION, "database": "none"},
@@ -65,8 +69,10 @@ def running(tiny_models, tmp_path_factory) -> Iterator[LoopStack]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="fuzz-stack-loop", daemon=True)
     thread.start()
+    # RAG without its embedder (not loaded, to keep torch out of this test): validation, 404s and 503s are fuzzed.
+    rag = RagConfig(storage_dir=str(tmp_path_factory.mktemp("fuzz-rag"))) if HAS_RAG_EXTRA else None
     context = local_stack([config], tmp_path_factory.mktemp("fuzz-state"), model_roots=[str(roots)],
-                          keys=ApiKeys(["fuzz-inference-key"], ADMIN_KEY))
+                          keys=ApiKeys(["fuzz-inference-key"], ADMIN_KEY), rag=rag)
     try:
         stack = asyncio.run_coroutine_threadsafe(context.__aenter__(), loop).result(120)
         yield LoopStack(loop, stack)
