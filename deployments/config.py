@@ -117,6 +117,11 @@ class ModelConfig(BaseModel):
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     trust_remote_code: bool = False
+    # Load the weights quantized (mlx-lm's converter, once, into the model cache): 4 or 8 bits, or "auto": as
+    # stored if the weights and one full-context request's KV cache fit in memory_budget_bytes, else the widest of
+    # 8 and 4 bits that fits; a model that fits at none is refused with the numbers.
+    quantize: Literal[4, 8, "auto"] | None = None
+    memory_budget_bytes: int | None = Field(None, ge=1, description="for quantize auto (null: what MLX can use now)")
     # Ray Serve deployment options.
     num_replicas: int = Field(1, ge=1)
     max_ongoing_requests: int = Field(512, ge=1, description="Serve's default of 5 would throttle an LLM")
@@ -152,6 +157,8 @@ class ModelConfig(BaseModel):
             raise ValueError("model_path 'default' is a chat model: use 'default-embedding' for model_type embedding")
         if self.uses_default_embedding_model and self.model_type != "embedding":
             raise ValueError("model_path 'default-embedding' is an embedding model: model_type must be 'embedding'")
+        if self.quantize is not None and self.model_type != "lm":
+            raise ValueError(f"'quantize' applies to model_type 'lm' (mlx-lm's converter), not '{self.model_type}'")
         try:
             self.engine_config()
         except InvalidRequestError as exc:  # surface engine limits at config time, not in the replica

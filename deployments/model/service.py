@@ -77,6 +77,8 @@ def engine_spec(config: ModelConfig) -> EngineSpec:
         trust_remote_code=config.trust_remote_code,
         engine_config=config.engine_config(),
         gil_switch_interval_s=_seconds(config.advanced.gil_switch_interval_ms),
+        quantize=config.quantize,
+        memory_budget_bytes=config.memory_budget_bytes,
     )
 
 

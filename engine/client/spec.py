@@ -26,6 +26,10 @@ class EngineSpec:
     # The engine process's GIL switch interval (None: Python's 5 ms); its engine thread shares the GIL only
     # with the threads that read commands and compile structured-output guides.
     gil_switch_interval_s: float | None = None
+    # 4 or 8: load the weights quantized to that width (converted once into the model cache); "auto": the widest
+    # that fits memory_budget_bytes (None: the memory MLX can use now) with one full-context request's KV cache.
+    quantize: int | str | None = None
+    memory_budget_bytes: int | None = None
 
 
 def build_engine_core(spec: EngineSpec) -> "EngineCore":
@@ -37,11 +41,32 @@ def build_engine_core(spec: EngineSpec) -> "EngineCore":
         from engine.models.default_model import default_model_path
 
         path = str(default_model_path())  # converts the embedded GGUF once, then reuses it
+    if spec.quantize is not None:
+        path = _quantized_path(spec, path)
     load = load_model
     if spec.model_type == "multimodal":
         from engine.vision.loader import load_vision_model as load
     loaded = load(path, dtype=spec.dtype, chat_template_file=spec.chat_template_file, trust_remote_code=spec.trust_remote_code)
     return EngineCore(loaded, spec.engine_config)
+
+
+def _quantized_path(spec: EngineSpec, path: str) -> str:
+    """The folder to load for spec.quantize: `path` itself, or its quantized copy in the model cache."""
+    import json
+    import logging
+
+    from engine.models.default_model import models_root
+    from engine.models.quantize import plan_quantization, quantized_folder
+    from engine.runner.loader import context_length_of
+
+    folder = Path(path).expanduser().resolve()
+    context_length = (spec.engine_config and spec.engine_config.context_length) or context_length_of(
+        json.loads((folder / "config.json").read_text(encoding="utf-8")))
+    plan = plan_quantization(folder, spec.quantize, context_length, spec.memory_budget_bytes)  # type: ignore[arg-type]
+    logging.getLogger(__name__).info("quantize=%s for %s: %s", spec.quantize, folder, plan.describe())
+    if plan.bits is None:
+        return str(folder)
+    return str(quantized_folder(folder, plan.bits, models_root(), spec.trust_remote_code))
 
 
 def load_serving_processor(spec: EngineSpec, model_path: str | Path) -> Any:

@@ -59,7 +59,7 @@ def default_model_path(cache_root: str | os.PathLike | None = None, dtype: str =
     if _is_complete(folder, expected):
         return folder
     root.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(root / f".{folder.name}.lock"):
+    with exclusive_lock(root / f".{folder.name}.lock"):
         # Another process may have finished the conversion while we waited for the lock.
         if not _is_complete(folder, expected):
             _remove_leftovers(root, folder.name)
@@ -97,7 +97,7 @@ def _is_complete(folder: Path, expected: dict[str, object]) -> bool:
 
 
 @contextmanager
-def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+def exclusive_lock(lock_path: Path) -> Iterator[None]:
     # flock is released by the kernel if the holder dies, so a crash never wedges later starts.
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

@@ -37,15 +37,20 @@ class LoadedModel:
 
     @property
     def context_length(self) -> int:
-        for section in (self.config, self.config.get("text_config") or {}):
-            for key in _CONTEXT_KEYS:
-                if isinstance(section.get(key), int):
-                    return int(section[key])
-        return DEFAULT_CONTEXT_LENGTH
+        return context_length_of(self.config)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset(self.tokenizer.eos_token_ids)
+
+
+def context_length_of(config: dict[str, Any]) -> int:
+    """A model's own context length, from its config.json."""
+    for section in (config, config.get("text_config") or {}):
+        for key in _CONTEXT_KEYS:
+            if isinstance(section.get(key), int):
+                return int(section[key])
+    return DEFAULT_CONTEXT_LENGTH
 
 
 def load_model(
