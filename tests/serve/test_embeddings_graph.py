@@ -1,11 +1,10 @@
 """Embeddings through the real graph (serve_config.yaml's ingress and embedder on Ray Serve): the embedded
 all-MiniLM-L6-v2 as its own application (model_path: default-embedding): the openai client's embeddings.create over HTTP, the model's type
-in loaded-models, a chat request refused, and concurrent requests batched (faster than one at a time)."""
+in loaded-models, a chat request refused, and concurrent requests batched (fewer encode calls, same vectors)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import httpx
@@ -60,22 +59,39 @@ def test_openai_embeddings_in_every_input_form(base_url):
         assert "is an embedding model" in chat.json()["error"]["message"]
 
 
+def encode_calls(http: httpx.Client) -> int:
+    """The embedder's encode calls so far (its engine_steps_total in /v1/queue/stats)."""
+    response = http.get("/v1/queue/stats")
+    assert response.status_code == 200
+    return next(row for row in response.json()["models"] if row["id"] == MODEL)["engine_steps_total"]
+
+
 def test_concurrent_requests_are_batched(base_url):
+    """Counted, not timed (wall times on a shared CI box are noise; bench/embeddings_throughput.py times them):
+    one at a time, every request is an encode call of its own; all at once, they share a few calls, and each
+    gets the vector it gets alone."""
     sentences = [f"sentence {i}: the quick brown fox jumps over the lazy dog" for i in range(CONCURRENT_REQUESTS)]
 
-    async def measure() -> tuple[float, float]:
-        async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
-            await client.embeddings.create(model=MODEL, input="warm up")
-            started = time.perf_counter()
-            for sentence in sentences:
-                await client.embeddings.create(model=MODEL, input=sentence)
-            one_at_a_time = time.perf_counter() - started
-            started = time.perf_counter()
-            await asyncio.gather(*(client.embeddings.create(model=MODEL, input=s) for s in sentences))
-            return one_at_a_time, time.perf_counter() - started
+    async def embed(client: openai.AsyncOpenAI, text: str) -> np.ndarray:
+        return np.array((await client.embeddings.create(model=MODEL, input=text)).data[0].embedding)
 
-    one_at_a_time, concurrent = asyncio.run(measure())
-    print(f"{CONCURRENT_REQUESTS} requests: one at a time {one_at_a_time:.2f} s, concurrent {concurrent:.2f} s "
-          f"({one_at_a_time / concurrent:.1f}x)")
-    # The acceptance figure (5x) is measured on quiet machines; a shared 2-core CI box only shows the batching.
-    assert concurrent * 2 < one_at_a_time
+    async def one_at_a_time() -> list[np.ndarray]:
+        async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
+            return [await embed(client, s) for s in sentences]
+
+    async def all_at_once() -> list[np.ndarray]:
+        async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
+            return list(await asyncio.gather(*(embed(client, s) for s in sentences)))
+
+    with httpx.Client(base_url=base_url, timeout=60) as http:
+        before = encode_calls(http)
+        alone = asyncio.run(one_at_a_time())
+        sequential_calls = encode_calls(http) - before
+        before = encode_calls(http)
+        together = asyncio.run(all_at_once())
+        concurrent_calls = encode_calls(http) - before
+    print(f"{CONCURRENT_REQUESTS} requests: {sequential_calls} encode calls one at a time, {concurrent_calls} at once")
+    assert sequential_calls == CONCURRENT_REQUESTS
+    # Seen here: 4-8 calls. A batch closes 5 ms after its first request, then gathers while the previous one encodes.
+    assert 1 <= concurrent_calls <= CONCURRENT_REQUESTS // 4
+    np.testing.assert_allclose(np.stack(together), np.stack(alone), atol=1e-5)
