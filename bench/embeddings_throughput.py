@@ -102,7 +102,7 @@ def process_cpu_seconds() -> dict[int, tuple[str, float]]:
     seconds = {}
     for proc in [me] + me.children(recursive=True):
         try:
-            title = "client" if proc.pid == me.pid else proc.cmdline()[0].split(" ")[0].split(".")[0]
+            title = "client" if proc.pid == me.pid else Path(proc.cmdline()[0].split(" ")[0]).name.split(".")[0]
             times = proc.cpu_times()
         except (psutil.Error, IndexError):
             continue
