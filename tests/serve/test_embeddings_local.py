@@ -18,7 +18,10 @@ import pytest
 pytest.importorskip("sentence_transformers", reason="the 'embeddings' extra is not installed")
 
 from deployments.config import ModelConfig  # noqa: E402
-from deployments.embeddings.service import default_embedding_model_path  # noqa: E402
+from deployments.embeddings.service import (  # noqa: E402
+    CPU_PARALLEL_MIN_TEXTS, EmbeddingService, cpu_threads_for, default_embedding_model_path, usable_cpus,
+)
+from deployments.model_calls import EmbedJob  # noqa: E402
 from tests.serve.local_stack import LocalStack, local_stack  # noqa: E402
 
 EMBEDDER = "all-MiniLM-L6-v2"
@@ -132,6 +135,32 @@ def test_a_batch_and_concurrent_requests_equal_each_input_alone():
             np.testing.assert_allclose(np.array([_vectors(r)[0] for r in together]), np.array(alone), atol=1e-5)
             batches = await _encode_calls(stack) - before
             assert 1 <= batches <= 4, batches  # 16 concurrent requests were encoded together, not one by one
+
+    asyncio.run(scenario())
+
+
+def test_a_large_cpu_encode_uses_every_core_a_lone_sentence_one_thread():
+    """Ray leaves an embedding replica OMP_NUM_THREADS=1: torch would encode a batch on one core of many."""
+    import torch
+
+    assert cpu_threads_for(1, 8) == 1 and cpu_threads_for(CPU_PARALLEL_MIN_TEXTS - 1, 8) == 1
+    assert cpu_threads_for(CPU_PARALLEL_MIN_TEXTS, 8) == 8 and cpu_threads_for(256, 2) == 2
+    sentences = [f"sentence {i} about topic {i % 3}" for i in range(CPU_PARALLEL_MIN_TEXTS)]
+
+    async def scenario() -> None:
+        service = EmbeddingService(ModelConfig(model_path="default-embedding"))
+        await service.start()
+        try:
+            await service._run(torch.set_num_threads, 1)  # as in a Ray replica (torch's threads are per thread)
+            batch = await service.embed(EmbedJob(inputs=sentences))
+            assert batch.error is None and len(batch.vectors) == CPU_PARALLEL_MIN_TEXTS
+            assert await service._run(torch.get_num_threads) == usable_cpus()
+            lone = await service.embed(EmbedJob(inputs=sentences[:1]))
+            assert lone.error is None and await service._run(torch.get_num_threads) == 1
+            np.testing.assert_allclose(np.frombuffer(lone.vectors[0], "<f4"), np.frombuffer(batch.vectors[0], "<f4"),
+                                       atol=1e-5)
+        finally:
+            await service.shutdown()
 
     asyncio.run(scenario())
 
