@@ -93,6 +93,8 @@ def graph_schema(model: str, model_path: str | None, state_dir: str) -> dict[str
     ingress = copy.deepcopy(next(a for a in apps if "model_path" not in (a.get("args") or {})))
     embedder = copy.deepcopy(next(a for a in apps if (a.get("args") or {}).get("model_id") == model))
     ingress["args"].update(state_dir=state_dir, restore_models=False)
+    if ingress["args"].get("rag"):  # the RAG deployment beside the ingress keeps its indexes here too
+        ingress["args"]["rag"]["storage_dir"] = str(Path(state_dir) / "rag")
     if model_path:
         embedder["args"].update(model_path=str(Path(model_path).resolve()), model_type="embedding")
     return {"applications": [ingress, embedder]}
