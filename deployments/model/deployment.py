@@ -7,6 +7,7 @@ an ingress on the same node streams over the replica's stream channel instead (t
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from typing import Any, AsyncIterator
@@ -65,6 +66,10 @@ class ModelServer:
 
     async def embed(self, job: EmbedJob) -> EmbedResult:
         return await self.service.embed(job)
+
+    async def embed_many(self, jobs: list[EmbedJob]) -> list[EmbedResult]:
+        """Several requests' jobs in one call (the ingress's EmbedCalls); the service batches them together."""
+        return list(await asyncio.gather(*(self.service.embed(job) for job in jobs)))
 
     async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts:
         return await self.service.count_text_tokens(job)

@@ -22,6 +22,7 @@ from deployments.model_calls import (
     TokenCount,
 )
 from deployments.transport.channel import ChannelClient
+from deployments.transport.embed_calls import EmbedCalls
 from deployments.transport.errors import model_call_failure
 
 logger = logging.getLogger("ray.serve.orchard")
@@ -42,6 +43,7 @@ class ServeModelClient:
         self._channel: ChannelClient | None = None
         self._channel_lock = asyncio.Lock()
         self._no_channel_until = 0.0
+        self._embed_calls = EmbedCalls(self._embed_many)
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         channel = await self._channel_for_streams()
@@ -97,10 +99,13 @@ class ServeModelClient:
             return TokenCount(error=model_call_failure(self._model_id, exc))
 
     async def embed(self, job: EmbedJob) -> EmbedResult:
+        return await self._embed_calls.embed(job)
+
+    async def _embed_many(self, jobs: list[EmbedJob]) -> list[EmbedResult]:
         try:
-            return await self._handle.embed.remote(job)
+            return await self._handle.embed_many.remote(jobs)
         except (RayServeException, RayError) as exc:
-            return EmbedResult(error=model_call_failure(self._model_id, exc))
+            return [EmbedResult(error=model_call_failure(self._model_id, exc)) for _ in jobs]
 
     async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts:
         try:
