@@ -1,0 +1,360 @@
+"""Downloads from the Hugging Face Hub into its standard cache, in background threads, with typed progress events.
+
+huggingface_hub does the transfer and keeps its conventions (HF_HUB_CACHE / HF_HOME, HF_TOKEN, HF_ENDPOINT,
+refs and tree listing, `.incomplete` temp files, Range resumption of a dropped connection). A download:
+1. resolves the revision to a commit and caches the repo's file listing (snapshot_download with no file allowed),
+2. fetches each wanted file that is not cached yet (hf_hub_download), its byte counts feeding the events.
+Two requests for one repo and revision share one download; a download goes on when its readers go away.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+from engine.errors import (
+    DiskFullError,
+    DownloadCancelledError,
+    DownloadFailedError,
+    DownloadInProgressError,
+    GatedRepoError,
+    OrchardError,
+    RepoNotFoundError,
+    RevisionNotFoundError,
+)
+from engine.models.hub_cache import delete_cached_model
+from engine.models.hub_events import (
+    DownloadCompleted,
+    DownloadEvent,
+    DownloadFailed,
+    DownloadProgress,
+    DownloadStatus,
+    SpeedMeter,
+    Subscription,
+)
+from engine.models.hub_paths import (
+    MLX_ALLOW_PATTERNS,
+    check_repo_id,
+    hub_cache_dir,
+    hub_endpoint,
+)
+
+DEFAULT_REVISION = "main"
+PROGRESS_INTERVAL_S = 0.05  # at most ~20 progress events a second; file starts and the final event always go out
+FINISHED_KEPT = 100  # finished downloads listed for late readers before the oldest are forgotten
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+class _NoEmptyPatternWarning(logging.Filter):
+    """_plan() asks snapshot_download for no file on purpose: its 'No files matched' warning is noise here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "No files matched allow_patterns=[]" not in record.getMessage()
+
+
+logging.getLogger("huggingface_hub._snapshot_download").addFilter(_NoEmptyPatternWarning())
+
+
+class _Cancelled(Exception):
+    """Raised from the progress hook inside huggingface_hub's transfer loop to stop it (its temp file is removed)."""
+
+
+@dataclass(frozen=True)
+class _PlannedFile:
+    path: str
+    size: int
+
+
+class DownloadJob:
+    """One transfer of a repo revision. Read it with subscribe(); the thread runs whether anyone reads or not."""
+
+    def __init__(self, download_id: str, repo_id: str, revision: str, manager: DownloadManager,
+                 token: str | None) -> None:
+        self.download_id = download_id
+        self.repo_id = repo_id
+        self.revision = revision
+        self.started_at = time.time()
+        self._manager = manager
+        self._token = token
+        self._lock = threading.Lock()
+        self._subscribers: list[Subscription] = []
+        self._cancel = threading.Event()
+        self._done = threading.Event()
+        self._meter = SpeedMeter()
+        self._last_emit = 0.0
+        self._bytes_done = self._bytes_fetched = self._bytes_total = self._files_done = self._files_total = 0
+        self._current_file: str | None = None
+        self._status = DownloadStatus.RESOLVING
+        self.latest: DownloadEvent = self._progress()
+        self._thread = threading.Thread(target=self._run, name=f"hub-download-{download_id}", daemon=True)
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def subscribe(self) -> Subscription:
+        """A queue of this download's events from now on, starting with the latest one (the final one if done)."""
+        subscription = Subscription()
+        with self._lock:
+            subscription.put(self.latest)
+            if not self.latest.final:
+                self._subscribers.append(subscription)
+        return subscription
+
+    def cancel(self) -> None:
+        """Stop at the next chunk received; the final event says CANCELLED. Files already complete stay cached."""
+        self._cancel.set()
+
+    def wait(self, timeout: float | None = None) -> DownloadEvent:
+        """Block until the download ends (or `timeout`); the latest event."""
+        self._done.wait(timeout)
+        return self.latest
+
+    def _emit(self, event: DownloadEvent, force: bool = False) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if not (force or event.final or now - self._last_emit >= PROGRESS_INTERVAL_S):
+                return
+            self._last_emit = now
+            self.latest = event
+            subscribers = list(self._subscribers)
+            if event.final:
+                self._subscribers.clear()
+        for subscription in subscribers:
+            subscription.put(event)
+
+    def _progress(self) -> DownloadProgress:
+        return DownloadProgress(
+            download_id=self.download_id, repo_id=self.repo_id, revision=self.revision, status=self._status,
+            bytes_done=self._bytes_done, bytes_total=self._bytes_total, files_done=self._files_done,
+            files_total=self._files_total, current_file=self._current_file,
+            speed_bytes_per_s=round(self._meter.speed(), 1),
+            eta_s=self._meter.eta_s(self._bytes_total - self._bytes_done))
+
+    def _on_bytes(self, n: int) -> None:
+        """huggingface_hub's per-chunk byte count (negative when a server ignored a Range and the file restarts)."""
+        if self._cancel.is_set():
+            raise _Cancelled()
+        self._bytes_done += n
+        self._bytes_fetched += n
+        self._meter.add(self._bytes_fetched)
+        self._emit(self._progress())
+
+    def _run(self) -> None:
+        try:
+            completed = self._download()
+        except _Cancelled:
+            self._fail(DownloadStatus.CANCELLED, DownloadCancelledError(
+                f"the download of '{self.repo_id}' was cancelled", param="repo_id"))
+        except Exception as exc:  # noqa: BLE001 -- every failure becomes the final event: no reader waits forever
+            self._fail(DownloadStatus.FAILED, typed_hub_error(exc, self.repo_id, self._manager.cache_dir))
+        else:
+            self._emit(completed)
+        finally:
+            self._done.set()
+            self._manager._finished(self)
+
+    def _fail(self, status: DownloadStatus, error: OrchardError) -> None:
+        self._emit(DownloadFailed(
+            download_id=self.download_id, repo_id=self.repo_id, revision=self.revision, status=status, error=error,
+            bytes_done=self._bytes_done, bytes_total=self._bytes_total))
+
+    def _download(self) -> DownloadCompleted:
+        from huggingface_hub import hf_hub_download
+
+        started = time.monotonic()
+        commit, files = self._plan()
+        snapshot = self._manager.cache_dir / f"models--{self.repo_id.replace('/', '--')}" / "snapshots" / commit
+        cached = [f for f in files if (snapshot / f.path).is_file()]
+        self._status = DownloadStatus.DOWNLOADING
+        self._files_total, self._bytes_total = len(files), sum(f.size for f in files)
+        self._files_done, self._bytes_done = len(cached), sum(f.size for f in cached)
+        self._emit(self._progress(), force=True)
+        for planned in (f for f in files if f not in cached):
+            if self._cancel.is_set():
+                raise _Cancelled()
+            self._current_file = planned.path
+            file_start = self._bytes_done
+            self._emit(self._progress(), force=True)
+            hf_hub_download(self.repo_id, planned.path, revision=commit, cache_dir=self._manager.cache_dir,
+                            endpoint=self._manager.endpoint, token=self._token, tqdm_class=self._byte_bar)
+            self._bytes_done = file_start + planned.size  # exact even where a retry recounted bytes
+            self._files_done += 1
+        self._current_file = None
+        return DownloadCompleted(
+            download_id=self.download_id, repo_id=self.repo_id, revision=self.revision, commit=commit,
+            snapshot_path=snapshot, bytes_total=self._bytes_total, bytes_downloaded=self._bytes_fetched,
+            files_total=self._files_total, elapsed_s=round(time.monotonic() - started, 3))
+
+    def _plan(self) -> tuple[str, list[_PlannedFile]]:
+        """The commit the revision names and the wanted files, from the Hub (cached as huggingface_hub does)."""
+        from huggingface_hub import get_cached_repo_tree, snapshot_download
+        from huggingface_hub.utils import filter_repo_objects
+
+        # No file allowed: only repo_info + the tree listing, written to the cache with refs/<revision>.
+        snapshot = snapshot_download(self.repo_id, revision=self.revision, cache_dir=self._manager.cache_dir,
+                                     endpoint=self._manager.endpoint, token=self._token, allow_patterns=[],
+                                     tqdm_class=_SilentBar)
+        commit = Path(snapshot).name
+        tree = get_cached_repo_tree(self.repo_id, revision=commit, cache_dir=self._manager.cache_dir)
+        wanted = filter_repo_objects(tree, allow_patterns=self._manager.allow_patterns, key=lambda f: f.path)
+        return commit, sorted((_PlannedFile(f.path, f.size) for f in wanted), key=lambda f: (f.size, f.path))
+
+    def _byte_bar(self, **_kwargs: object) -> _ByteBar:
+        return _ByteBar(self)
+
+
+class _ByteBar:
+    """The `tqdm_class` huggingface_hub drives per file (it only needs update/close and the context protocol)."""
+
+    def __init__(self, job: DownloadJob) -> None:
+        self._job = job
+
+    def update(self, n: float | None = 1) -> None:
+        self._job._on_bytes(int(n or 0))
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class _SilentBar:
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def update(self, n: float | None = 1) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def set_description(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    set_description_str = set_description
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class DownloadManager:
+    """Background downloads into one hub cache, deduplicated by (repo id, revision)."""
+
+    def __init__(self, cache_dir: Path | None = None, endpoint: str | None = None, token: str | None = None,
+                 allow_patterns: list[str] | None = None) -> None:
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
+        self.endpoint = endpoint or hub_endpoint()
+        self.token = token  # None: huggingface_hub reads HF_TOKEN (or its token file) at each call
+        self.allow_patterns = list(allow_patterns or MLX_ALLOW_PATTERNS)
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._active: dict[tuple[str, str], DownloadJob] = {}
+        self._jobs: dict[str, DownloadJob] = {}
+
+    def start(self, repo_id: str, revision: str | None = None, token: str | None = None) -> DownloadJob:
+        """The running download of this repo and revision, or a new one (the `token` of a merged request is
+        not used: the first request's token downloads)."""
+        check_repo_id(repo_id, param="repo_id")
+        revision = revision or DEFAULT_REVISION
+        with self._lock:
+            job = self._active.get((repo_id, revision))
+            if job is not None:
+                return job
+            job = DownloadJob(f"dl-{next(self._ids)}", repo_id, revision, self, token or self.token)
+            self._active[(repo_id, revision)] = job
+            self._jobs[job.download_id] = job
+        job._thread.start()
+        return job
+
+    def download(self, repo_id: str, revision: str | None = None, token: str | None = None) -> DownloadCompleted:
+        """start() and wait: the completed event, or the download's typed error raised."""
+        final = self.start(repo_id, revision, token).wait()
+        if isinstance(final, DownloadFailed):
+            raise final.error
+        assert isinstance(final, DownloadCompleted)
+        return final
+
+    def get(self, download_id: str) -> DownloadJob | None:
+        with self._lock:
+            return self._jobs.get(download_id)
+
+    def list(self) -> list[DownloadJob]:
+        """Running downloads and the most recent finished ones, oldest first."""
+        with self._lock:
+            return list(self._jobs.values())
+
+    def cancel(self, download_id: str) -> bool:
+        """False where no such download runs (unknown or finished)."""
+        job = self.get(download_id)
+        if job is None or job.finished:
+            return False
+        job.cancel()
+        return True
+
+    def is_downloading(self, repo_id: str) -> bool:
+        with self._lock:
+            return any(key[0] == repo_id for key in self._active)
+
+    def delete(self, repo_id: str) -> int:
+        """Delete a repo from the cache (every revision); the bytes freed. Refused while it downloads."""
+        check_repo_id(repo_id, param="repo_id")
+        if self.is_downloading(repo_id):
+            raise DownloadInProgressError(
+                f"'{repo_id}' is downloading: cancel the download before deleting it", param="repo_id")
+        return delete_cached_model(repo_id, self.cache_dir)
+
+    def _finished(self, job: DownloadJob) -> None:
+        with self._lock:
+            self._active.pop((job.repo_id, job.revision), None)
+            finished = [j for j in self._jobs.values() if j.finished]
+            for old in finished[:max(0, len(finished) - FINISHED_KEPT)]:
+                del self._jobs[old.download_id]
+
+
+def typed_hub_error(exc: BaseException, repo_id: str, cache_dir: Path) -> OrchardError:
+    """huggingface_hub's and the OS's errors as Orchard's, with messages that say what to do."""
+    from huggingface_hub import errors as hf
+
+    if isinstance(exc, OrchardError):
+        return exc
+    if isinstance(exc, hf.GatedRepoError):
+        return GatedRepoError(f"'{repo_id}' is a gated repo: accept its terms on the Hub and set HF_TOKEN (or pass "
+                              "a token) with access to it", param="repo_id")
+    if isinstance(exc, hf.RevisionNotFoundError):
+        return RevisionNotFoundError(f"'{repo_id}' has no such revision", param="revision")
+    if isinstance(exc, hf.RepositoryNotFoundError):
+        return RepoNotFoundError(f"no model repo '{repo_id}' on the Hub (or it is private and the token has no "
+                                 "access)", param="repo_id")
+    os_error = next((e for e in _chain(exc) if isinstance(e, OSError) and e.errno is not None), None)
+    if os_error is not None and os_error.errno in _DISK_FULL_ERRNOS:
+        return DiskFullError(f"no space left for '{repo_id}' in the Hugging Face cache {cache_dir} "
+                             f"({os_error.strerror}): free disk space or set HF_HUB_CACHE elsewhere", param="repo_id")
+    if isinstance(os_error, PermissionError):
+        return DownloadFailedError(f"the Hugging Face cache {cache_dir} is not writable ({os_error.strerror})",
+                                   param="repo_id")
+    return DownloadFailedError(f"downloading '{repo_id}' failed: {type(exc).__name__}: {exc}", param="repo_id")
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
