@@ -46,7 +46,7 @@ from engine.models.hub_paths import (
 )
 
 DEFAULT_REVISION = "main"
-PROGRESS_INTERVAL_S = 0.05  # at most ~20 progress events a second; file starts and the final event always go out
+PROGRESS_INTERVAL_S = 0.05  # at most ~20 byte events a second; file starts and ends and the final event always go out
 FINISHED_KEPT = 100  # finished downloads listed for late readers before the oldest are forgotten
 _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
@@ -186,6 +186,7 @@ class DownloadJob:
                             endpoint=self._manager.endpoint, token=self._token, tqdm_class=self._byte_bar)
             self._bytes_done = file_start + planned.size  # exact even where a retry recounted bytes
             self._files_done += 1
+            self._emit(self._progress(), force=True)
         self._current_file = None
         return DownloadCompleted(
             download_id=self.download_id, repo_id=self.repo_id, revision=self.revision, commit=commit,
