@@ -169,8 +169,8 @@ class DownloadJob:
         from huggingface_hub import hf_hub_download
 
         started = time.monotonic()
-        commit, files = self._plan()
-        snapshot = self._manager.cache_dir / f"models--{self.repo_id.replace('/', '--')}" / "snapshots" / commit
+        snapshot, files = self._plan()
+        commit = snapshot.name
         cached = [f for f in files if (snapshot / f.path).is_file()]
         self._status = DownloadStatus.DOWNLOADING
         self._files_total, self._bytes_total = len(files), sum(f.size for f in files)
@@ -193,19 +193,19 @@ class DownloadJob:
             snapshot_path=snapshot, bytes_total=self._bytes_total, bytes_downloaded=self._bytes_fetched,
             files_total=self._files_total, elapsed_s=round(time.monotonic() - started, 3))
 
-    def _plan(self) -> tuple[str, list[_PlannedFile]]:
-        """The commit the revision names and the wanted files, from the Hub (cached as huggingface_hub does)."""
+    def _plan(self) -> tuple[Path, list[_PlannedFile]]:
+        """The revision's snapshot folder (named by its commit) and the wanted files, smallest first, from the Hub
+        (the listing cached as huggingface_hub does)."""
         from huggingface_hub import get_cached_repo_tree, snapshot_download
         from huggingface_hub.utils import filter_repo_objects
 
         # No file allowed: only repo_info + the tree listing, written to the cache with refs/<revision>.
-        snapshot = snapshot_download(self.repo_id, revision=self.revision, cache_dir=self._manager.cache_dir,
+        snapshot = Path(snapshot_download(self.repo_id, revision=self.revision, cache_dir=self._manager.cache_dir,
                                      endpoint=self._manager.endpoint, token=self._token, allow_patterns=[],
-                                     tqdm_class=_SilentBar)
-        commit = Path(snapshot).name
-        tree = get_cached_repo_tree(self.repo_id, revision=commit, cache_dir=self._manager.cache_dir)
+                                     tqdm_class=_SilentBar))
+        tree = get_cached_repo_tree(self.repo_id, revision=snapshot.name, cache_dir=self._manager.cache_dir)
         wanted = filter_repo_objects(tree, allow_patterns=self._manager.allow_patterns, key=lambda f: f.path)
-        return commit, sorted((_PlannedFile(f.path, f.size) for f in wanted), key=lambda f: (f.size, f.path))
+        return snapshot, sorted((_PlannedFile(f.path, f.size) for f in wanted), key=lambda f: (f.size, f.path))
 
     def _byte_bar(self, **_kwargs: object) -> _ByteBar:
         return _ByteBar(self)
@@ -296,7 +296,7 @@ class DownloadManager:
         with self._lock:
             return self._jobs.get(download_id)
 
-    def list(self) -> list[DownloadJob]:
+    def downloads(self) -> list[DownloadJob]:
         """Running downloads and the most recent finished ones, oldest first."""
         with self._lock:
             return list(self._jobs.values())

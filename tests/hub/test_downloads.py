@@ -33,6 +33,7 @@ from engine.models.hub_events import (
     DownloadFailed,
     DownloadProgress,
     DownloadStatus,
+    Subscription,
 )
 from tests.support.fake_hub import FakeHub
 
@@ -174,7 +175,7 @@ def test_two_requests_for_one_repo_are_one_transfer(hub, manager):
     early = first.subscribe()
     assert early.get(WAIT_S) is not None  # the first reader is there from the start
     second = manager.start("org/shared")
-    assert second is first and [j.download_id for j in manager.list()] == [first.download_id]
+    assert second is first and [j.download_id for j in manager.downloads()] == [first.download_id]
     late_events = list(second.subscribe())
     early_events = list(early)
 
@@ -259,7 +260,7 @@ def test_repo_ids_are_checked_before_anything_happens(manager, bad):
     assert refused.value.param == "repo_id" and "owner/name" in refused.value.message
     with pytest.raises(InvalidRequestError):
         manager.delete(bad)
-    assert manager.list() == []
+    assert manager.downloads() == []
 
 
 DISK_FULL_SCRIPT = textwrap.dedent("""
@@ -295,3 +296,31 @@ def test_a_full_disk_is_a_clear_error_and_no_complete_cache_entry(hub, tmp_path)
     assert "no space left" in outcome["message"] and "HF_HUB_CACHE" in outcome["message"]
     assert outcome["listing"] == [["org/huge", False, 0.0]]  # config.json only: nothing reported complete
     assert wire_error(DiskFullError("x")).status == 507
+
+
+def test_a_download_goes_on_when_its_reader_goes_away(hub, manager):
+    hub.add_repo("org/orphan", {"config.json": b"{}", "model.safetensors": _random_bytes(20 * MIB, 9)})
+    hub.bytes_per_second = 20 * MIB
+    job = manager.start("org/orphan")
+    reader = job.subscribe()
+    assert reader.get(WAIT_S).status == DownloadStatus.RESOLVING
+    del reader  # the client disconnected
+    final = job.wait(WAIT_S)
+    assert isinstance(final, DownloadCompleted) and find_cached_model("org/orphan", manager.cache_dir).is_complete
+    assert manager.get(job.download_id) is job and job.finished
+
+
+def test_a_slow_reader_gets_the_newest_progress_and_always_the_final_event():
+    subscription = Subscription(max_pending=8)
+    common = {"download_id": "dl-1", "repo_id": "org/x", "revision": "main", "files_done": 0, "files_total": 1,
+              "current_file": "model.safetensors", "speed_bytes_per_s": 1.0, "eta_s": None, "bytes_total": 1000}
+    for done in range(0, 1000, 10):
+        subscription.put(DownloadProgress(status=DownloadStatus.DOWNLOADING, bytes_done=done, **common))
+    final = DownloadFailed(download_id="dl-1", repo_id="org/x", revision="main", status=DownloadStatus.CANCELLED,
+                           error=DownloadCancelledError("cancelled"), bytes_done=990, bytes_total=1000)
+    subscription.put(final)
+    subscription.put(DownloadProgress(status=DownloadStatus.DOWNLOADING, bytes_done=999, **common))  # after final
+    received = list(subscription)
+    assert [e.bytes_done for e in received] == [0, 10, 20, 30, 40, 50, 60, 990, 990]
+    assert received[-1] is final and received[-2].percent == 99.0
+    assert subscription.get(timeout=0.01) is None
