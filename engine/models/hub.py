@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -175,6 +176,7 @@ class DownloadJob:
         self._status = DownloadStatus.DOWNLOADING
         self._files_total, self._bytes_total = len(files), sum(f.size for f in files)
         self._files_done, self._bytes_done = len(cached), sum(f.size for f in cached)
+        self._check_free_space(self._bytes_total - self._bytes_done)
         self._emit(self._progress(), force=True)
         for planned in (f for f in files if f not in cached):
             if self._cancel.is_set():
@@ -192,6 +194,15 @@ class DownloadJob:
             download_id=self.download_id, repo_id=self.repo_id, revision=self.revision, commit=commit,
             snapshot_path=snapshot, bytes_total=self._bytes_total, bytes_downloaded=self._bytes_fetched,
             files_total=self._files_total, elapsed_s=round(time.monotonic() - started, 3))
+
+    def _check_free_space(self, needed: int) -> None:
+        """Refuse before transferring what cannot fit (huggingface_hub only warns); a disk that fills up during the
+        transfer still ends in DiskFullError, from the failed write."""
+        free = shutil.disk_usage(self._manager.cache_dir).free
+        if free < needed:
+            raise DiskFullError(
+                f"'{self.repo_id}' needs {_gb(needed)} more but the Hugging Face cache {self._manager.cache_dir} has "
+                f"{_gb(free)} free: free disk space or set HF_HUB_CACHE elsewhere", param="repo_id")
 
     def _plan(self) -> tuple[Path, list[_PlannedFile]]:
         """The revision's snapshot folder (named by its commit) and the wanted files, smallest first, from the Hub
@@ -351,6 +362,10 @@ def typed_hub_error(exc: BaseException, repo_id: str, cache_dir: Path) -> Orchar
         return DownloadFailedError(f"the Hugging Face cache {cache_dir} is not writable ({os_error.strerror})",
                                    param="repo_id")
     return DownloadFailedError(f"downloading '{repo_id}' failed: {type(exc).__name__}: {exc}", param="repo_id")
+
+
+def _gb(n_bytes: int) -> str:
+    return f"{n_bytes / 1e9:.3f} GB"
 
 
 def _chain(exc: BaseException | None) -> list[BaseException]:

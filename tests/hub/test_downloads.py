@@ -268,33 +268,54 @@ DISK_FULL_SCRIPT = textwrap.dedent("""
     from pathlib import Path
     from engine.models.hub import DownloadManager
     from engine.models.hub_cache import list_cached_models
-    cache, endpoint = Path(sys.argv[1]), sys.argv[2]
-    final = DownloadManager(cache_dir=cache, endpoint=endpoint).start("org/huge").wait(60)
-    print(json.dumps({"status": final.status.value, "error": type(final.error).__name__, "code": final.error.code,
-                      "message": final.error.message, "listing": [[m.repo_id, m.is_complete, m.download_percentage]
-                                                                  for m in list_cached_models(cache)]}))
+    disk, endpoint = Path(sys.argv[1]), sys.argv[2]
+    manager = DownloadManager(cache_dir=disk / "hub", endpoint=endpoint)
+
+    def outcome(final):
+        return {"status": final.status.value, "error": type(final.error).__name__, "code": final.error.code,
+                "message": final.error.message,
+                "listing": [[m.repo_id, m.is_complete, m.files_present] for m in list_cached_models(disk / "hub")]}
+
+    print(json.dumps(outcome(manager.start("org/huge").wait(60))))  # can never fit: refused before any transfer
+    events = manager.start("org/fits").subscribe()  # fits, until something else fills the disk mid-transfer
+    for event in events:
+        if getattr(event, "current_file", None) == "model.safetensors":
+            (disk / "filler").write_bytes(bytes(3 * 1024 * 1024))
+            break
+    print(json.dumps(outcome(manager.get("dl-2").wait(60))))
 """)
 
 
 def test_a_full_disk_is_a_clear_error_and_no_complete_cache_entry(hub, tmp_path):
-    """A real ENOSPC: the cache is a 4 MiB tmpfs, mounted in a private mount namespace (root or a user namespace)."""
+    """A real full disk: a 4 MiB tmpfs mounted in a private mount namespace (as root, or in a user namespace)."""
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare(1) to mount a small tmpfs")
     hub.add_repo("org/huge", {"config.json": b"{}", "model.safetensors": _random_bytes(12 * MIB, 8)})
-    cache = tmp_path / "small-disk"
-    cache.mkdir()
+    hub.add_repo("org/fits", {"config.json": b"{}", "model.safetensors": _random_bytes(3 * MIB, 9)})
+    hub.bytes_per_second = 2 * MIB  # the weights take ~1.5 s: the filler lands while they are in flight
+    disk = tmp_path / "small-disk"
+    disk.mkdir()
     userns = [] if os.geteuid() == 0 else ["-r"]
     mount_and_run = f'mount -t tmpfs -o size=4m tmpfs "$1" && exec "{sys.executable}" -c "$2" "$1" "$3"'
-    result = subprocess.run(["unshare", *userns, "-m", "sh", "-c", mount_and_run, "sh", str(cache),
+    result = subprocess.run(["unshare", *userns, "-m", "sh", "-c", mount_and_run, "sh", str(disk),
                              DISK_FULL_SCRIPT, hub.url], check=False, capture_output=True, text=True, timeout=120,
                             cwd=Path(__file__).parents[2])
     if result.returncode != 0 and "mount" in result.stderr:
         pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
     assert result.returncode == 0, result.stderr
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    assert (outcome["status"], outcome["error"], outcome["code"]) == ("failed", "DiskFullError", "insufficient_storage")
-    assert "no space left" in outcome["message"] and "HF_HUB_CACHE" in outcome["message"]
-    assert outcome["listing"] == [["org/huge", False, 0.0]]  # config.json only: nothing reported complete
+    refused, filled = (json.loads(line) for line in result.stdout.strip().splitlines()[-2:])
+
+    assert (refused["status"], refused["error"], refused["code"]) == ("failed", "DiskFullError", "insufficient_storage")
+    assert refused["message"].startswith("'org/huge' needs 0.013 GB more but the Hugging Face cache ")
+    assert refused["message"].endswith("free: free disk space or set HF_HUB_CACHE elsewhere")
+    assert [r.path for r in hub.file_gets("org/huge")] == []  # nothing was transferred
+
+    assert (filled["status"], filled["error"], filled["code"]) == ("failed", "DiskFullError", "insufficient_storage")
+    assert filled["message"].startswith("no space left for 'org/fits' in the Hugging Face cache ")
+    assert "(No space left on device): free disk space or set HF_HUB_CACHE elsewhere" in filled["message"]
+    assert refused["listing"] == []  # no snapshot at all (only huggingface_hub's refs and file listing)
+    # Listed, but not complete: config.json is there, the weights are not (and no partial file is left).
+    assert filled["listing"] == [["org/fits", False, 1]]
     assert wire_error(DiskFullError("x")).status == 507
 
 
