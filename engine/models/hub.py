@@ -154,7 +154,8 @@ class DownloadJob:
             self._fail(DownloadStatus.CANCELLED, DownloadCancelledError(
                 f"the download of '{self.repo_id}' was cancelled", param="repo_id"))
         except Exception as exc:  # noqa: BLE001 -- every failure becomes the final event: no reader waits forever
-            self._fail(DownloadStatus.FAILED, typed_hub_error(exc, self.repo_id, self._manager.cache_dir))
+            self._fail(DownloadStatus.FAILED, typed_hub_error(
+                exc, self.repo_id, self._manager.cache_dir, self._manager.endpoint))
         else:
             self._emit(completed)
         finally:
@@ -340,9 +341,11 @@ class DownloadManager:
                 del self._jobs[old.download_id]
 
 
-def typed_hub_error(exc: BaseException, repo_id: str, cache_dir: Path) -> OrchardError:
+def typed_hub_error(exc: BaseException, repo_id: str, cache_dir: Path, endpoint: str) -> OrchardError:
     """huggingface_hub's and the OS's errors as Orchard's, with messages that say what to do."""
+    import httpx2
     from huggingface_hub import errors as hf
+    from huggingface_hub.utils import OfflineModeIsEnabled
 
     if isinstance(exc, OrchardError):
         return exc
@@ -360,6 +363,15 @@ def typed_hub_error(exc: BaseException, repo_id: str, cache_dir: Path) -> Orchar
                              f"({os_error.strerror}): free disk space or set HF_HUB_CACHE elsewhere", param="repo_id")
     if isinstance(os_error, PermissionError):
         return DownloadFailedError(f"the Hugging Face cache {cache_dir} is not writable ({os_error.strerror})",
+                                   param="repo_id")
+    causes = _chain(exc)
+    if any(isinstance(e, OfflineModeIsEnabled) for e in causes):
+        return DownloadFailedError(f"'{repo_id}' is not (completely) in the local Hugging Face cache and HF_HUB_OFFLINE "
+                                   "is set: unset it to download", param="repo_id")
+    unreachable = next((e for e in causes if isinstance(e, (httpx2.ConnectError, httpx2.TimeoutException))), None)
+    if unreachable is not None:
+        return DownloadFailedError(f"cannot reach the Hugging Face Hub at {endpoint} to download '{repo_id}' "
+                                   f"({type(unreachable).__name__}: {unreachable}): check the network or HF_ENDPOINT",
                                    param="repo_id")
     return DownloadFailedError(f"downloading '{repo_id}' failed: {type(exc).__name__}: {exc}", param="repo_id")
 

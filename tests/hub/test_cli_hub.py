@@ -54,6 +54,10 @@ def test_pull_ls_rm_end_to_end(tmp_path):
     again = _orchard("pull", "org/cli-model", cache=cache, endpoint=UNREACHABLE, HF_HUB_OFFLINE="1")
     assert again.returncode == 0, again.stderr
     assert Path(again.stdout.strip()) == snapshot  # complete in the cache: nothing to fetch
+    uncached = _orchard("pull", "org/other", cache=cache, endpoint=UNREACHABLE, HF_HUB_OFFLINE="1")
+    assert (uncached.returncode, uncached.stderr.strip().splitlines()[-1]) == (1, (
+        "orchard pull: error: 'org/other' is not (completely) in the local Hugging Face cache and HF_HUB_OFFLINE "
+        "is set: unset it to download"))
 
     removed = _orchard("rm", "org/cli-model", cache=cache, endpoint=UNREACHABLE)
     assert (removed.returncode, removed.stdout.strip()) == (0, "deleted org/cli-model (25.2 MB freed)")

@@ -210,6 +210,15 @@ def test_unknown_repo_and_revision_are_typed_404s(hub, manager):
     assert find_cached_model("org/missing", manager.cache_dir) is None
 
 
+def test_an_unreachable_hub_is_a_clear_error(tmp_path):
+    manager = DownloadManager(cache_dir=tmp_path / "hf-cache", endpoint="http://127.0.0.1:9")  # nothing listens
+    failed = manager.start("org/anything").wait(WAIT_S)
+    assert isinstance(failed, DownloadFailed) and type(failed.error) is DownloadFailedError
+    assert failed.error.message.startswith(
+        "cannot reach the Hugging Face Hub at http://127.0.0.1:9 to download 'org/anything' (ConnectError: ")
+    assert failed.error.message.endswith("check the network or HF_ENDPOINT") and wire_error(failed.error).status == 502
+
+
 def test_a_gated_repo_needs_the_token(hub, manager, monkeypatch, tmp_path):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file of the machine's user
