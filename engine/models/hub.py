@@ -9,7 +9,6 @@ Two requests for one repo and revision share one download; a download goes on wh
 
 from __future__ import annotations
 
-import errno
 import itertools
 import logging
 import shutil
@@ -22,14 +21,15 @@ from typing import Self
 from engine.errors import (
     DiskFullError,
     DownloadCancelledError,
-    DownloadFailedError,
     DownloadInProgressError,
-    GatedRepoError,
     OrchardError,
-    RepoNotFoundError,
-    RevisionNotFoundError,
 )
-from engine.models.hub_cache import delete_cached_model
+from engine.models.hub_cache import (
+    HubVerification,
+    delete_cached_model,
+    verify_with_hub,
+)
+from engine.models.hub_errors import typed_hub_error
 from engine.models.hub_events import (
     DownloadCompleted,
     DownloadEvent,
@@ -49,7 +49,6 @@ from engine.models.hub_paths import (
 DEFAULT_REVISION = "main"
 PROGRESS_INTERVAL_S = 0.05  # at most ~20 byte events a second; file starts and ends and the final event always go out
 FINISHED_KEPT = 100  # finished downloads listed for late readers before the oldest are forgotten
-_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 class _NoEmptyPatternWarning(logging.Filter):
@@ -333,6 +332,10 @@ class DownloadManager:
                 f"'{repo_id}' is downloading: cancel the download before deleting it", param="repo_id")
         return delete_cached_model(repo_id, self.cache_dir)
 
+    def verify(self, repo_id: str, revision: str | None = None) -> HubVerification:
+        """The cached repo against the Hub now (network; downloads nothing)."""
+        return verify_with_hub(repo_id, revision, self.cache_dir, self.endpoint, self.token, self.allow_patterns)
+
     def _finished(self, job: DownloadJob) -> None:
         with self._lock:
             self._active.pop((job.repo_id, job.revision), None)
@@ -341,48 +344,5 @@ class DownloadManager:
                 del self._jobs[old.download_id]
 
 
-def typed_hub_error(exc: BaseException, repo_id: str, cache_dir: Path, endpoint: str) -> OrchardError:
-    """huggingface_hub's and the OS's errors as Orchard's, with messages that say what to do."""
-    import httpx2
-    from huggingface_hub import errors as hf
-    from huggingface_hub.utils import OfflineModeIsEnabled
-
-    if isinstance(exc, OrchardError):
-        return exc
-    if isinstance(exc, hf.GatedRepoError):
-        return GatedRepoError(f"'{repo_id}' is a gated repo: accept its terms on the Hub and set HF_TOKEN (or pass "
-                              "a token) with access to it", param="repo_id")
-    if isinstance(exc, hf.RevisionNotFoundError):
-        return RevisionNotFoundError(f"'{repo_id}' has no such revision", param="revision")
-    if isinstance(exc, hf.RepositoryNotFoundError):
-        return RepoNotFoundError(f"no model repo '{repo_id}' on the Hub (or it is private and the token has no "
-                                 "access)", param="repo_id")
-    os_error = next((e for e in _chain(exc) if isinstance(e, OSError) and e.errno is not None), None)
-    if os_error is not None and os_error.errno in _DISK_FULL_ERRNOS:
-        return DiskFullError(f"no space left for '{repo_id}' in the Hugging Face cache {cache_dir} "
-                             f"({os_error.strerror}): free disk space or set HF_HUB_CACHE elsewhere", param="repo_id")
-    if isinstance(os_error, PermissionError):
-        return DownloadFailedError(f"the Hugging Face cache {cache_dir} is not writable ({os_error.strerror})",
-                                   param="repo_id")
-    causes = _chain(exc)
-    if any(isinstance(e, OfflineModeIsEnabled) for e in causes):
-        return DownloadFailedError(f"'{repo_id}' is not (completely) in the local Hugging Face cache and HF_HUB_OFFLINE "
-                                   "is set: unset it to download", param="repo_id")
-    unreachable = next((e for e in causes if isinstance(e, (httpx2.ConnectError, httpx2.TimeoutException))), None)
-    if unreachable is not None:
-        return DownloadFailedError(f"cannot reach the Hugging Face Hub at {endpoint} to download '{repo_id}' "
-                                   f"({type(unreachable).__name__}: {unreachable}): check the network or HF_ENDPOINT",
-                                   param="repo_id")
-    return DownloadFailedError(f"downloading '{repo_id}' failed: {type(exc).__name__}: {exc}", param="repo_id")
-
-
 def _gb(n_bytes: int) -> str:
     return f"{n_bytes / 1e9:.3f} GB"
-
-
-def _chain(exc: BaseException | None) -> list[BaseException]:
-    seen: list[BaseException] = []
-    while exc is not None and exc not in seen:
-        seen.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return seen

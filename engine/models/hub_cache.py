@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import CachedModelNotFoundError
-from engine.models.hub_paths import MLX_ALLOW_PATTERNS, check_repo_id, hub_cache_dir
+from engine.models.hub_errors import typed_hub_error
+from engine.models.hub_paths import (
+    MLX_ALLOW_PATTERNS,
+    check_repo_id,
+    hub_cache_dir,
+    hub_endpoint,
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,25 @@ class CachedModel:
     def is_complete(self) -> bool:
         return (self.files_expected > 0 and self.files_present == self.files_expected
                 and not self.has_partial_files and (self.snapshot_path / "config.json").is_file())
+
+
+@dataclass(frozen=True)
+class HubVerification:
+    """A cached repo against the Hub now (`GET /v1/models?verify_with_hub=true`)."""
+
+    repo_id: str
+    revision: str
+    hub_commit: str  # what `revision` names on the Hub now
+    local_commit: str | None  # what it names in the cache (None: never downloaded)
+    missing_files: tuple[str, ...]  # wanted files of hub_commit absent from the cache, or of another size
+
+    @property
+    def is_latest(self) -> bool:
+        return self.local_commit == self.hub_commit
+
+    @property
+    def is_complete(self) -> bool:
+        return self.is_latest and not self.missing_files
 
 
 def list_cached_models(cache_dir: Path | None = None, allow_patterns: list[str] | None = None) -> list[CachedModel]:
@@ -105,3 +130,35 @@ def _cached_model(repo, revision, cache_dir: Path, allow_patterns: list[str]) ->
         snapshot_path=revision.snapshot_path, size_bytes=repo.size_on_disk, files_expected=len(expected),
         files_present=len(present_wanted), bytes_expected=sum(expected.values()),
         bytes_present=sum(present_wanted.values()), has_partial_files=partial, listing_known=listing_known)
+
+
+def verify_with_hub(repo_id: str, revision: str | None = None, cache_dir: Path | None = None,
+                    endpoint: str | None = None, token: str | None = None,
+                    allow_patterns: list[str] | None = None) -> HubVerification:
+    """Ask the Hub which commit `revision` names and which files it holds; compare with the cache (by size: hashing
+    gigabytes is for huggingface_hub's verify_repo_checksums). Downloads nothing."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.file_download import repo_folder_name
+    from huggingface_hub.hf_api import RepoFile
+    from huggingface_hub.utils import filter_repo_objects
+
+    check_repo_id(repo_id, param="repo_id")
+    cache_dir = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
+    endpoint, revision = endpoint or hub_endpoint(), revision or "main"
+    api = HfApi(endpoint=endpoint, token=token)
+    try:
+        hub_commit = api.repo_info(repo_id, revision=revision).sha
+        tree = [f for f in api.list_repo_tree(repo_id, revision=hub_commit, recursive=True) if isinstance(f, RepoFile)]
+    except Exception as exc:
+        raise typed_hub_error(exc, repo_id, cache_dir, endpoint) from exc
+    repo_dir = cache_dir / repo_folder_name(repo_id=repo_id, repo_type="model")
+    ref = repo_dir / "refs" / revision
+    local_commit = ref.read_text().strip() if ref.is_file() else None
+    if local_commit is None and (repo_dir / "snapshots" / revision).is_dir():  # a commit hash
+        local_commit = revision
+    snapshot = repo_dir / "snapshots" / hub_commit
+    wanted = filter_repo_objects(tree, allow_patterns=allow_patterns or MLX_ALLOW_PATTERNS, key=lambda f: f.path)
+    missing = tuple(sorted(f.path for f in wanted
+                           if not (snapshot / f.path).is_file() or (snapshot / f.path).stat().st_size != f.size))
+    return HubVerification(repo_id=repo_id, revision=revision, hub_commit=hub_commit, local_commit=local_commit,
+                           missing_files=missing)

@@ -354,3 +354,25 @@ def test_a_slow_reader_gets_the_newest_progress_and_always_the_final_event():
     assert [e.bytes_done for e in received] == [0, 10, 20, 30, 40, 50, 60, 990, 990]
     assert received[-1] is final and received[-2].percent == 99.0
     assert subscription.get(timeout=0.01) is None
+
+
+def test_verify_with_hub_compares_the_cache_with_the_hub_now(hub, manager):
+    files = {"config.json": b"{}", "tokenizer.json": b"{}", "model.safetensors": _random_bytes(MIB, 10),
+             "README.md": b"not wanted"}
+    first = hub.add_repo("org/verified", files)
+    never = manager.verify("org/verified")
+    assert (never.hub_commit, never.local_commit, never.is_complete) == (first.commit, None, False)
+    assert never.missing_files == ("config.json", "model.safetensors", "tokenizer.json")
+
+    manager.download("org/verified")
+    fresh = manager.verify("org/verified")
+    assert (fresh.is_latest, fresh.is_complete, fresh.missing_files) == (True, True, ())
+    weights = find_cached_model("org/verified", manager.cache_dir).snapshot_path / "model.safetensors"
+    weights.resolve().write_bytes(b"truncated")  # a damaged blob: same name, other size
+    assert manager.verify("org/verified").missing_files == ("model.safetensors",)
+
+    second = hub.add_repo("org/verified", {**files, "config.json": b'{"v": 2}'})  # a new commit on main
+    stale = manager.verify("org/verified")
+    assert (stale.hub_commit, stale.local_commit, stale.is_latest) == (second.commit, first.commit, False)
+    with pytest.raises(RepoNotFoundError):
+        manager.verify("org/nowhere")
