@@ -92,6 +92,7 @@ class DownloadJob:
         self._current_file: str | None = None
         self._status = DownloadStatus.RESOLVING
         self.latest: DownloadEvent = self._progress()
+        self._bar_class = type("JobByteBar", (_ByteBar,), {"job": self})
         self._thread = threading.Thread(target=self._run, name=f"hub-download-{download_id}", daemon=True)
 
     @property
@@ -185,7 +186,7 @@ class DownloadJob:
             file_start = self._bytes_done
             self._emit(self._progress(), force=True)
             hf_hub_download(self.repo_id, planned.path, revision=commit, cache_dir=self._manager.cache_dir,
-                            endpoint=self._manager.endpoint, token=self._token, tqdm_class=self._byte_bar)
+                            endpoint=self._manager.endpoint, token=self._token, tqdm_class=self._bar_class)
             self._bytes_done = file_start + planned.size  # exact even where a retry recounted bytes
             self._files_done += 1
             self._emit(self._progress(), force=True)
@@ -211,42 +212,34 @@ class DownloadJob:
         from huggingface_hub.utils import filter_repo_objects
 
         # No file allowed: only repo_info + the tree listing, written to the cache with refs/<revision>.
-        snapshot = Path(snapshot_download(self.repo_id, revision=self.revision, cache_dir=self._manager.cache_dir,
-                                     endpoint=self._manager.endpoint, token=self._token, allow_patterns=[],
-                                     tqdm_class=_SilentBar))
+        snapshot = Path(snapshot_download(
+            self.repo_id, revision=self.revision, cache_dir=self._manager.cache_dir, endpoint=self._manager.endpoint,
+            token=self._token, allow_patterns=[], tqdm_class=_SilentBar))
         tree = get_cached_repo_tree(self.repo_id, revision=snapshot.name, cache_dir=self._manager.cache_dir)
         wanted = filter_repo_objects(tree, allow_patterns=self._manager.allow_patterns, key=lambda f: f.path)
         return snapshot, sorted((_PlannedFile(f.path, f.size) for f in wanted), key=lambda f: (f.size, f.path))
 
-    def _byte_bar(self, **_kwargs: object) -> _ByteBar:
-        return _ByteBar(self)
-
-
-class _ByteBar:
-    """The `tqdm_class` huggingface_hub drives per file (it only needs update/close and the context protocol)."""
-
-    def __init__(self, job: DownloadJob) -> None:
-        self._job = job
-
-    def update(self, n: float | None = 1) -> None:
-        self._job._on_bytes(int(n or 0))
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
 
 class _SilentBar:
+    """A tqdm stand-in that shows nothing: what huggingface_hub calls on a `tqdm_class` bar, over plain HTTP and
+    over Xet (where a class with `update_transfer` gets one bar per file, as snapshot_download's own aggregator)."""
+
+    total: float | None = None
+    n = 0
+
     def __init__(self, *args: object, **kwargs: object) -> None:
-        pass
+        self.total = kwargs.get("total")  # type: ignore[assignment]
 
     def update(self, n: float | None = 1) -> None:
         pass
+
+    def update_transfer(self, n: float | None = 1) -> None:
+        """Network bytes (Xet's may differ from the file's); progress counts the file's bytes, from update()."""
+
+    def set_postfix_str(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    set_transfer_postfix_str = set_description = set_description_str = set_postfix_str
 
     def refresh(self) -> None:
         pass
@@ -254,16 +247,20 @@ class _SilentBar:
     def close(self) -> None:
         pass
 
-    def set_description(self, *args: object, **kwargs: object) -> None:
-        pass
-
-    set_description_str = set_description
-
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         pass
+
+
+class _ByteBar(_SilentBar):
+    """The per-file `tqdm_class` of one job (a subclass per job names it: huggingface_hub wants a class)."""
+
+    job: DownloadJob
+
+    def update(self, n: float | None = 1) -> None:
+        self.job._on_bytes(int(n or 0))
 
 
 class DownloadManager:

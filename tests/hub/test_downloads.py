@@ -376,3 +376,24 @@ def test_verify_with_hub_compares_the_cache_with_the_hub_now(hub, manager):
     assert (stale.hub_commit, stale.local_commit, stale.is_latest) == (second.commit, first.commit, False)
     with pytest.raises(RepoNotFoundError):
         manager.verify("org/nowhere")
+
+
+def test_xet_progress_reaches_the_events_once(manager):
+    """The stand-in serves plain HTTP; the Hub serves most repos over Xet, whose reporter drives the same bar class
+    differently (network and disk bytes on one bar): bytes are counted once, from the disk side."""
+    import logging
+    from types import SimpleNamespace
+
+    from huggingface_hub.utils._xet_progress_reporting import (
+        XetDownloadProgressReporter,
+    )
+
+    from engine.models.hub import DownloadJob
+
+    job = DownloadJob("dl-xet", "org/xet", "main", manager, token=None)  # not started: only its bar is driven
+    report = SimpleNamespace(total_bytes_completed=600, total_transfer_bytes_completed=450, total_bytes=1000,
+                             total_bytes_completion_rate=100.0, total_transfer_bytes_completion_rate=75.0)
+    with XetDownloadProgressReporter(reconstruction_desc="model.safetensors", total=1000, log_level=logging.INFO,
+                                     tqdm_class=job._bar_class) as reporter:
+        reporter.update_progress(report)
+    assert job.latest.bytes_done == 600

@@ -43,8 +43,11 @@ class FakeRepo:
         return hashlib.sha256(self.files[path]).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass
 class ServedRequest:
+    """Recorded before its body goes out (bytes_sent counts each chunk before it is written), so a client that has
+    read a response always finds it recorded."""
+
     method: str
     repo_id: str
     path: str  # the file's path in the repo ("" for API calls)
@@ -181,34 +184,35 @@ class _HubHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data) - start))
         if start:
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        self.end_headers()
         if not send_body:
             self.hub.record(ServedRequest("HEAD", repo_id, path, 0, 0, 200))
+            self.end_headers()
             return
-        drop_after = repo.drop_once_after.pop(path, None)
-        sent = self._send_body(data[start:], drop_after)
-        self.hub.record(ServedRequest("GET", repo_id, path, start, sent, 206 if start else 200))
+        self.end_headers()
+        served = ServedRequest("GET", repo_id, path, start, 0, 206 if start else 200)
+        self.hub.record(served)
+        self._send_body(data[start:], repo.drop_once_after.pop(path, None), served)
 
-    def _send_body(self, body: bytes, drop_after: int | None) -> int:
+    def _send_body(self, body: bytes, drop_after: int | None, served: ServedRequest) -> None:
         """Write the body in chunks at the hub's rate; stop and close the connection after `drop_after` bytes."""
         limit = len(body) if drop_after is None else min(drop_after, len(body))
         rate = self.hub.bytes_per_second
-        started, sent = time.monotonic(), 0
+        started = time.monotonic()
         try:
-            while sent < limit:
-                chunk = body[sent:min(sent + CHUNK_BYTES, limit)]
+            while served.bytes_sent < limit:
+                chunk = body[served.bytes_sent:min(served.bytes_sent + CHUNK_BYTES, limit)]
+                served.bytes_sent += len(chunk)
                 self.wfile.write(chunk)
-                sent += len(chunk)
                 if rate:  # sleep until the bytes sent so far fit the rate
-                    time.sleep(max(0.0, sent / rate - (time.monotonic() - started)))
+                    time.sleep(max(0.0, served.bytes_sent / rate - (time.monotonic() - started)))
         except (BrokenPipeError, ConnectionResetError):
+            served.bytes_sent -= len(chunk)  # counted, not delivered
             self.close_connection = True
-            return sent
+            return
         if drop_after is not None:
             self.wfile.flush()
             self.connection.shutdown(socket.SHUT_RDWR)
             self.close_connection = True
-        return sent
 
     def _error(self, status: int, code: str | None, message: str, commit: str | None = None) -> None:
         data = json.dumps({"error": message}).encode()
