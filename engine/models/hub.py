@@ -42,11 +42,11 @@ from engine.models.hub_events import (
 from engine.models.hub_paths import (
     MLX_ALLOW_PATTERNS,
     check_repo_id,
+    check_revision,
     hub_cache_dir,
     hub_endpoint,
 )
 
-DEFAULT_REVISION = "main"
 PROGRESS_INTERVAL_S = 0.05  # at most ~20 byte events a second; file starts and ends and the final event always go out
 FINISHED_KEPT = 100  # finished downloads listed for late readers before the oldest are forgotten
 
@@ -281,7 +281,7 @@ class DownloadManager:
         """The running download of this repo and revision, or a new one (the `token` of a merged request is
         not used: the first request's token downloads)."""
         check_repo_id(repo_id, param="repo_id")
-        revision = revision or DEFAULT_REVISION
+        revision = check_revision(revision)
         with self._lock:
             job = self._active.get((repo_id, revision))
             if job is not None:

@@ -12,6 +12,7 @@ from engine.models.hub_errors import typed_hub_error
 from engine.models.hub_paths import (
     MLX_ALLOW_PATTERNS,
     check_repo_id,
+    check_revision,
     hub_cache_dir,
     hub_endpoint,
 )
@@ -144,7 +145,7 @@ def verify_with_hub(repo_id: str, revision: str | None = None, cache_dir: Path |
 
     check_repo_id(repo_id, param="repo_id")
     cache_dir = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
-    endpoint, revision = endpoint or hub_endpoint(), revision or "main"
+    endpoint, revision = endpoint or hub_endpoint(), check_revision(revision)
     api = HfApi(endpoint=endpoint, token=token)
     try:
         hub_commit = api.repo_info(repo_id, revision=revision).sha

@@ -4,6 +4,7 @@ checked before anything touches the disk or the network, and the files an MLX mo
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from engine.errors import InvalidRequestError
@@ -40,4 +41,18 @@ def check_repo_id(raw: str, param: str = "model_path") -> str:
         validate_repo_id(raw)
     except HFValidationError as exc:
         raise InvalidRequestError(message, param=param) from exc
+    return raw
+
+
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
+
+
+def check_revision(raw: str | None) -> str:
+    """A branch, tag or commit (`main`, `v1.0`, `refs/pr/1`, a hash), or a 400. huggingface_hub writes
+    `refs/<revision>` in the cache without checking it, so no '..' and no leading '/' may reach it."""
+    if raw is None:
+        return "main"
+    if not _REVISION.fullmatch(raw) or ".." in raw or "//" in raw or raw.endswith("/"):
+        raise InvalidRequestError("'revision' must be a branch, tag or commit hash (letters, digits, '.', '_', '-', "
+                                  "'/'; no '..')", param="revision")
     return raw

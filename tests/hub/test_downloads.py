@@ -272,6 +272,24 @@ def test_repo_ids_are_checked_before_anything_happens(manager, bad):
     assert manager.downloads() == []
 
 
+@pytest.mark.parametrize("bad", ["../../../tmp/x", "/etc", "main/", "a//b", "-rf", "x" * 300, ""])
+def test_revisions_are_checked_before_they_reach_the_cache(manager, bad):
+    with pytest.raises(InvalidRequestError) as refused:
+        manager.start("org/model", revision=bad)
+    assert refused.value.param == "revision"
+    with pytest.raises(InvalidRequestError):
+        manager.verify("org/model", revision=bad)
+    assert manager.downloads() == [] and not manager.cache_dir.exists()
+
+
+def test_a_pinned_revision_downloads_that_commit(hub, manager):
+    repo = hub.add_repo("org/pinned", {"config.json": b"{}", "model.safetensors": _random_bytes(MIB, 11)})
+    by_commit = manager.download("org/pinned", revision=repo.commit)
+    assert by_commit.commit == repo.commit and by_commit.revision == repo.commit
+    assert find_cached_model("org/pinned", manager.cache_dir).is_complete
+    assert manager.verify("org/pinned", revision=repo.commit).is_complete
+
+
 DISK_FULL_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
