@@ -117,6 +117,13 @@ class DownloadJob:
         self._done.wait(timeout)
         return self.latest
 
+    async def wait_async(self) -> DownloadEvent:
+        """The final event, awaited on the caller's event loop (no thread blocked)."""
+        async for event in self.subscribe():
+            if event.final:
+                return event
+        raise AssertionError("a subscription always ends with the final event")
+
     def _emit(self, event: DownloadEvent, force: bool = False) -> None:
         with self._lock:
             now = time.monotonic()

@@ -29,7 +29,7 @@ class CachedModel:
     files_present: int
     bytes_expected: int
     bytes_present: int
-    has_partial_files: bool  # a `.incomplete` blob: a transfer stopped (or runs) mid-file
+    has_partial_files: bool  # a `<blob>.<id>.incomplete` whose blob is missing: a transfer runs, or stopped mid-file
     listing_known: bool  # False: no cached tree listing, so completeness is judged from what is there
 
     @property
@@ -125,7 +125,9 @@ def _cached_model(repo, revision, cache_dir: Path, allow_patterns: list[str]) ->
     except CachedRepoTreeNotFoundError:  # downloaded by something that did not cache the listing
         expected, listing_known = dict(present), False
     present_wanted = {path: size for path, size in present.items() if path in expected}
-    partial = any(p.name.endswith(".incomplete") for p in (repo.repo_path / "blobs").glob("*"))
+    blobs = repo.repo_path / "blobs"
+    # One left by a killed process stays beside the blob a later download completed: that one is not partial.
+    partial = any(not (blobs / p.name.split(".")[0]).exists() for p in blobs.glob("*.incomplete"))
     return CachedModel(
         repo_id=repo.repo_id, commit=revision.commit_hash, refs=tuple(sorted(revision.refs)),
         snapshot_path=revision.snapshot_path, size_bytes=repo.size_on_disk, files_expected=len(expected),

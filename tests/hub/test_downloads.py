@@ -108,6 +108,17 @@ def test_download_emits_ordered_progress_to_100_and_the_source_bytes(hub, manage
     assert cached.refs == ("main",) and cached.files_expected == len(downloaded) and cached.listing_known
     assert cached.size_bytes == final.bytes_total and cached.size_gb == round(final.bytes_total / 1e9, 3)
 
+    # huggingface_hub's temp files: one beside its finished blob (left by a killed process) is harmless; one
+    # whose blob is missing is a transfer under way (or cut), so the repo is not complete.
+    blobs = manager.cache_dir / "models--org--tiny-llama" / "blobs"
+    weights_blob = (final.snapshot_path / "model.safetensors").resolve()
+    (blobs / f"{weights_blob.name}.0badf00d.incomplete").write_bytes(b"stale")
+    assert find_cached_model("org/tiny-llama", manager.cache_dir).is_complete
+    (blobs / f"{'0' * 64}.0badf00d.incomplete").write_bytes(b"in flight")
+    unfinished = find_cached_model("org/tiny-llama", manager.cache_dir)
+    assert unfinished.has_partial_files and not unfinished.is_complete and unfinished.download_percentage == 100.0
+    (blobs / f"{'0' * 64}.0badf00d.incomplete").unlink()
+
     # Cached: a second download transfers nothing and still ends complete.
     gets_before = len(hub.file_gets("org/tiny-llama"))
     again = manager.download("org/tiny-llama")
@@ -192,10 +203,12 @@ def test_events_reach_an_asyncio_reader(hub, manager):
     hub.add_repo("org/async", {"config.json": b"{}", "model.safetensors": _random_bytes(MIB, 4)})
 
     async def read_all():
-        return [event async for event in manager.start("org/async").subscribe()]
+        job = manager.start("org/async")
+        return [event async for event in job.subscribe()], await job.wait_async()
 
-    events = asyncio.run(read_all())
+    events, awaited = asyncio.run(read_all())
     assert events[0].status == DownloadStatus.RESOLVING and isinstance(events[-1], DownloadCompleted)
+    assert awaited is events[-1]
 
 
 def test_unknown_repo_and_revision_are_typed_404s(hub, manager):
