@@ -5,11 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
-import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,7 +12,6 @@ import pytest
 from deployments.api.errors import wire_error
 from engine.errors import (
     CachedModelNotFoundError,
-    DiskFullError,
     DownloadCancelledError,
     DownloadFailedError,
     DownloadInProgressError,
@@ -35,24 +29,13 @@ from engine.models.hub_events import (
     DownloadStatus,
     Subscription,
 )
-from tests.support.fake_hub import FakeHub
+from tests.support.fake_hub import random_bytes
 
 MIB = 1024 * 1024
 # huggingface_hub 2.4.0 reads plain-HTTP bodies in chunks of this size (constants.DOWNLOAD_CHUNK_SIZE): its byte
 # counts, and so our progress events and a resumed Range, move in these steps.
 HF_CHUNK = 10 * MIB
 WAIT_S = 60
-
-
-@pytest.fixture
-def hub():
-    with FakeHub() as running:
-        yield running
-
-
-@pytest.fixture
-def manager(hub, tmp_path) -> DownloadManager:
-    return DownloadManager(cache_dir=tmp_path / "hf-cache", endpoint=hub.url)
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +56,6 @@ def _sha256(path: Path) -> str:
 
 def _events(job) -> list:
     return list(job.subscribe())
-
-
-def _random_bytes(n: int, seed: int) -> bytes:
-    return hashlib.shake_256(seed.to_bytes(4, "little")).digest(n)
 
 
 def test_download_emits_ordered_progress_to_100_and_the_source_bytes(hub, manager, tiny_llama):
@@ -126,7 +105,7 @@ def test_download_emits_ordered_progress_to_100_and_the_source_bytes(hub, manage
 
 
 def test_100_mb_repo_streams_at_least_20_progress_events_and_the_same_bytes(hub, manager):
-    shards = {f"model-{i:05d}-of-00010.safetensors": _random_bytes(10_000_000, seed=i) for i in range(1, 11)}
+    shards = {f"model-{i:05d}-of-00010.safetensors": random_bytes(10_000_000, seed=i) for i in range(1, 11)}
     index = {"weight_map": {f"w{i}": name for i, name in enumerate(shards)}}
     hub.add_repo("org/big", {"config.json": b'{"model_type": "llama"}',
                              "model.safetensors.index.json": json.dumps(index).encode(), **shards})
@@ -144,7 +123,7 @@ def test_100_mb_repo_streams_at_least_20_progress_events_and_the_same_bytes(hub,
 
 
 def test_a_dropped_connection_resumes_with_only_the_rest_of_the_file(hub, manager):
-    data = _random_bytes(25 * MIB, seed=7)
+    data = random_bytes(25 * MIB, seed=7)
     repo = hub.add_repo("org/flaky", {"config.json": b"{}", "model.safetensors": data})
     repo.drop_once_after["model.safetensors"] = 15 * MIB
     final = manager.download("org/flaky")
@@ -159,7 +138,7 @@ def test_a_dropped_connection_resumes_with_only_the_rest_of_the_file(hub, manage
 
 
 def test_a_failed_download_keeps_finished_files_and_the_retry_fetches_only_the_rest(hub, manager):
-    files = {"config.json": b"{}", "tokenizer.json": b'{"model": {}}', "model.safetensors": _random_bytes(MIB, 1)}
+    files = {"config.json": b"{}", "tokenizer.json": b'{"model": {}}', "model.safetensors": random_bytes(MIB, 1)}
     repo = hub.add_repo("org/half", files)
     repo.fail_paths.add("model.safetensors")  # the Hub answers 500 for the weights
 
@@ -180,7 +159,7 @@ def test_a_failed_download_keeps_finished_files_and_the_retry_fetches_only_the_r
 
 
 def test_two_requests_for_one_repo_are_one_transfer(hub, manager):
-    hub.add_repo("org/shared", {"config.json": b"{}", "model.safetensors": _random_bytes(30 * MIB, 3)})
+    hub.add_repo("org/shared", {"config.json": b"{}", "model.safetensors": random_bytes(30 * MIB, 3)})
     hub.bytes_per_second = 30 * MIB  # ~1 s
     first = manager.start("org/shared")
     early = first.subscribe()
@@ -200,7 +179,7 @@ def test_two_requests_for_one_repo_are_one_transfer(hub, manager):
 
 
 def test_events_reach_an_asyncio_reader(hub, manager):
-    hub.add_repo("org/async", {"config.json": b"{}", "model.safetensors": _random_bytes(MIB, 4)})
+    hub.add_repo("org/async", {"config.json": b"{}", "model.safetensors": random_bytes(MIB, 4)})
 
     async def read_all():
         job = manager.start("org/async")
@@ -235,7 +214,7 @@ def test_an_unreachable_hub_is_a_clear_error(tmp_path):
 def test_a_gated_repo_needs_the_token(hub, manager, monkeypatch, tmp_path):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file of the machine's user
-    hub.add_repo("org/gated", {"config.json": b"{}", "model.safetensors": _random_bytes(MIB, 5)}, gated_token="hf_ok")
+    hub.add_repo("org/gated", {"config.json": b"{}", "model.safetensors": random_bytes(MIB, 5)}, gated_token="hf_ok")
 
     refused = manager.start("org/gated").wait(WAIT_S)
     assert isinstance(refused, DownloadFailed) and isinstance(refused.error, GatedRepoError)
@@ -251,7 +230,7 @@ def test_a_gated_repo_needs_the_token(hub, manager, monkeypatch, tmp_path):
 
 
 def test_cancel_stops_the_transfer_and_the_repo_can_then_be_deleted(hub, manager):
-    hub.add_repo("org/slow", {"config.json": b"{}", "model.safetensors": _random_bytes(40 * MIB, 6)})
+    hub.add_repo("org/slow", {"config.json": b"{}", "model.safetensors": random_bytes(40 * MIB, 6)})
     hub.bytes_per_second = 8 * MIB  # ~5 s
     job = manager.start("org/slow")
     events = job.subscribe()
@@ -296,71 +275,15 @@ def test_revisions_are_checked_before_they_reach_the_cache(manager, bad):
 
 
 def test_a_pinned_revision_downloads_that_commit(hub, manager):
-    repo = hub.add_repo("org/pinned", {"config.json": b"{}", "model.safetensors": _random_bytes(MIB, 11)})
+    repo = hub.add_repo("org/pinned", {"config.json": b"{}", "model.safetensors": random_bytes(MIB, 11)})
     by_commit = manager.download("org/pinned", revision=repo.commit)
     assert by_commit.commit == repo.commit and by_commit.revision == repo.commit
     assert find_cached_model("org/pinned", manager.cache_dir).is_complete
     assert manager.verify("org/pinned", revision=repo.commit).is_complete
 
 
-DISK_FULL_SCRIPT = textwrap.dedent("""
-    import json, sys
-    from pathlib import Path
-    from engine.models.hub import DownloadManager
-    from engine.models.hub_cache import list_cached_models
-    disk, endpoint = Path(sys.argv[1]), sys.argv[2]
-    manager = DownloadManager(cache_dir=disk / "hub", endpoint=endpoint)
-
-    def outcome(final):
-        return {"status": final.status.value, "error": type(final.error).__name__, "code": final.error.code,
-                "message": final.error.message,
-                "listing": [[m.repo_id, m.is_complete, m.files_present] for m in list_cached_models(disk / "hub")]}
-
-    print(json.dumps(outcome(manager.start("org/huge").wait(60))))  # can never fit: refused before any transfer
-    events = manager.start("org/fits").subscribe()  # fits, until something else fills the disk mid-transfer
-    for event in events:
-        if getattr(event, "current_file", None) == "model.safetensors":
-            (disk / "filler").write_bytes(bytes(3 * 1024 * 1024))
-            break
-    print(json.dumps(outcome(manager.get("dl-2").wait(60))))
-""")
-
-
-def test_a_full_disk_is_a_clear_error_and_no_complete_cache_entry(hub, tmp_path):
-    """A real full disk: a 4 MiB tmpfs mounted in a private mount namespace (as root, or in a user namespace)."""
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare(1) to mount a small tmpfs")
-    hub.add_repo("org/huge", {"config.json": b"{}", "model.safetensors": _random_bytes(12 * MIB, 8)})
-    hub.add_repo("org/fits", {"config.json": b"{}", "model.safetensors": _random_bytes(3 * MIB, 9)})
-    hub.bytes_per_second = 2 * MIB  # the weights take ~1.5 s: the filler lands while they are in flight
-    disk = tmp_path / "small-disk"
-    disk.mkdir()
-    userns = [] if os.geteuid() == 0 else ["-r"]
-    mount_and_run = f'mount -t tmpfs -o size=4m tmpfs "$1" && echo mounted && exec "{sys.executable}" -c "$2" "$1" "$3"'
-    result = subprocess.run(["unshare", *userns, "-m", "sh", "-c", mount_and_run, "sh", str(disk),
-                             DISK_FULL_SCRIPT, hub.url], check=False, capture_output=True, text=True, timeout=120,
-                            cwd=Path(__file__).parents[2])
-    if not result.stdout.startswith("mounted\n"):  # no mount namespace or no tmpfs here (e.g. userns disallowed)
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    assert result.returncode == 0, result.stderr
-    refused, filled = (json.loads(line) for line in result.stdout.strip().splitlines()[-2:])
-
-    assert (refused["status"], refused["error"], refused["code"]) == ("failed", "DiskFullError", "insufficient_storage")
-    assert refused["message"].startswith("'org/huge' needs 0.013 GB more but the Hugging Face cache ")
-    assert refused["message"].endswith("free: free disk space or set HF_HUB_CACHE elsewhere")
-    assert [r.path for r in hub.file_gets("org/huge")] == []  # nothing was transferred
-
-    assert (filled["status"], filled["error"], filled["code"]) == ("failed", "DiskFullError", "insufficient_storage")
-    assert filled["message"].startswith("no space left for 'org/fits' in the Hugging Face cache ")
-    assert "(No space left on device): free disk space or set HF_HUB_CACHE elsewhere" in filled["message"]
-    assert refused["listing"] == []  # no snapshot at all (only huggingface_hub's refs and file listing)
-    # Listed, but not complete: config.json is there, the weights are not (and no partial file is left).
-    assert filled["listing"] == [["org/fits", False, 1]]
-    assert wire_error(DiskFullError("x")).status == 507
-
-
 def test_a_download_goes_on_when_its_reader_goes_away(hub, manager):
-    hub.add_repo("org/orphan", {"config.json": b"{}", "model.safetensors": _random_bytes(20 * MIB, 9)})
+    hub.add_repo("org/orphan", {"config.json": b"{}", "model.safetensors": random_bytes(20 * MIB, 9)})
     hub.bytes_per_second = 20 * MIB
     job = manager.start("org/orphan")
     reader = job.subscribe()
@@ -388,7 +311,7 @@ def test_a_slow_reader_gets_the_newest_progress_and_always_the_final_event():
 
 
 def test_verify_with_hub_compares_the_cache_with_the_hub_now(hub, manager):
-    files = {"config.json": b"{}", "tokenizer.json": b"{}", "model.safetensors": _random_bytes(MIB, 10),
+    files = {"config.json": b"{}", "tokenizer.json": b"{}", "model.safetensors": random_bytes(MIB, 10),
              "README.md": b"not wanted"}
     first = hub.add_repo("org/verified", files)
     never = manager.verify("org/verified")

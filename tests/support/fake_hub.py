@@ -227,3 +227,8 @@ class _HubHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+
+
+def random_bytes(n: int, seed: int) -> bytes:
+    """Incompressible, reproducible file content."""
+    return hashlib.shake_256(seed.to_bytes(4, "little")).digest(n)
