@@ -7,12 +7,13 @@ an operator-only field (check_admin_model).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from deployments.config import ModelConfig
 from engine.errors import InvalidRequestError
+from engine.models.hub_paths import check_repo_id as _check_repo_id
+from engine.models.hub_paths import hub_cache_dir as hf_hub_cache
 
 
 def check_model_folder(
@@ -80,15 +81,6 @@ def default_model_roots() -> list[str]:
     return [str(models_root()), str(hf_hub_cache())]
 
 
-def hf_hub_cache() -> Path:
-    """Hugging Face's hub cache by huggingface_hub's rules, read now: its `constants` are fixed at its import."""
-    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if explicit:
-        return Path(os.path.expandvars(explicit)).expanduser()
-    hf_home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
-    return Path(os.path.expandvars(hf_home)).expanduser() / "hub"
-
-
 def check_admin_policy(config: ModelConfig, roots: list[str]) -> None:
     """What an admin load may name, whatever is on disk: no operator-only field; a folder under `roots`, or a
     Hugging Face repo id."""
@@ -135,15 +127,3 @@ def hub_snapshot_folder(repo_id: str) -> Path:
 
 def _is_local_path(raw: str) -> bool:
     return raw.startswith(("/", "~"))
-
-
-def _check_repo_id(raw: str) -> None:
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(raw)
-    except HFValidationError as exc:
-        raise InvalidRequestError(
-            "'model_path' must be an absolute path to a model folder or a Hugging Face repo id (org/name)",
-            param="model_path",
-        ) from exc

@@ -1,4 +1,5 @@
-"""`orchard` command line: generate with the engine in process (no server needed)."""
+"""`orchard` command line: generate with the engine in process (no server needed); pull / ls / rm models of the
+local Hugging Face cache (engine/hub_cli.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,7 @@ import asyncio
 import sys
 import time
 
-from engine.client.spec import EngineSpec
-from engine.client.thread_client import ThreadEngineClient
-from engine.config import EngineConfig
-from engine.output.request_output import TextDelta
-from engine.request import Request
-from engine.sampling.params import SamplingParams
+from engine.hub_cli import add_hub_commands, run_hub_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("gguf", help="path of the .gguf file")
     convert.add_argument("out_dir", help="new folder to write (must not exist)")
     convert.add_argument("--dtype", default="bfloat16", help="dtype of the dequantized weights")
+    add_hub_commands(commands)
     return parser
 
 
@@ -40,6 +37,14 @@ def _generate(args: argparse.Namespace) -> int:
 
 async def _stream_answer(args: argparse.Namespace) -> int:
     """One chat answer through the thread engine client (the engine on a thread of this process)."""
+    # Imported here: MLX and the engine take seconds to import, which `orchard ls` should not wait for.
+    from engine.client.spec import EngineSpec
+    from engine.client.thread_client import ThreadEngineClient
+    from engine.config import EngineConfig
+    from engine.output.request_output import TextDelta
+    from engine.request import Request
+    from engine.sampling.params import SamplingParams
+
     spec = EngineSpec(
         model_path=args.model or "default", uses_default_model=args.model is None, dtype=args.dtype,
         engine_config=EngineConfig(seed=args.seed),
@@ -70,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "generate":
         return _generate(args)
+    if args.command in ("pull", "ls", "rm"):
+        return run_hub_command(args)
     if args.command == "import-gguf":
         from engine.models.gguf_import import convert_gguf
 

@@ -134,3 +134,53 @@ class DocumentNotFoundError(OrchardError):
     """A RAG file_id the store does not hold (404)."""
 
     code = "document_not_found"
+
+
+class HubError(OrchardError):
+    """Getting a model from the Hugging Face Hub (or its local cache) failed; the subclasses say why."""
+
+    code = "hub_error"
+
+
+class RepoNotFoundError(HubError):
+    """The Hub has no such repo, or hides a private one from this token (404)."""
+
+    code = "repo_not_found"
+
+
+class RevisionNotFoundError(RepoNotFoundError):
+    code = "revision_not_found"
+
+
+class GatedRepoError(HubError):
+    """A gated repo this server's token (HF_TOKEN or the one given) may not download (403: not the caller's key)."""
+
+    code = "gated_repo"
+
+
+class DownloadFailedError(HubError):
+    """The transfer itself failed: network, Hub error, cache not writable (502)."""
+
+    code = "download_failed"
+
+
+class DiskFullError(DownloadFailedError):
+    """The cache's disk is full or over quota (507)."""
+
+    code = "insufficient_storage"
+
+
+class DownloadCancelledError(HubError):
+    code = "download_cancelled"
+
+
+class DownloadInProgressError(HubError):
+    """The repo is downloading: it cannot be deleted until the download ends or is cancelled (409)."""
+
+    code = "download_in_progress"
+
+
+class CachedModelNotFoundError(HubError):
+    """The local Hugging Face cache holds no such repo (404)."""
+
+    code = "cached_model_not_found"

@@ -9,11 +9,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import (
+    CachedModelNotFoundError,
     ContextLengthExceededError,
+    DiskFullError,
     DocumentNotFoundError,
     DocumentTooLargeError,
+    DownloadCancelledError,
+    DownloadFailedError,
+    DownloadInProgressError,
     EngineDeadError,
     EngineRestartingError,
+    GatedRepoError,
     InvalidRequestError,
     ModelExistsError,
     ModelLoadError,
@@ -24,6 +30,7 @@ from engine.errors import (
     QueueFullError,
     QueueTimeoutError,
     RagUnavailableError,
+    RepoNotFoundError,
     RetryLaterError,
 )
 
@@ -95,6 +102,14 @@ _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (ModelUnloadedError, _Rule(503, "server_error")),
     (EngineDeadError, _Rule(503, "server_error")),
     (RagUnavailableError, _Rule(503, "server_error")),
+    # Hugging Face downloads: a gated repo is 403, not 401 (our 401 means the caller's own API key).
+    (RepoNotFoundError, _Rule(404, "invalid_request_error")),
+    (CachedModelNotFoundError, _Rule(404, "invalid_request_error")),
+    (GatedRepoError, _Rule(403, "invalid_request_error")),
+    (DownloadInProgressError, _Rule(409, "invalid_request_error")),
+    (DownloadCancelledError, _Rule(409, "invalid_request_error")),
+    (DiskFullError, _Rule(507, "server_error")),
+    (DownloadFailedError, _Rule(502, "server_error")),
 ]
 
 
