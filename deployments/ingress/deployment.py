@@ -18,6 +18,7 @@ from deployments.ingress.model_store import ModelStore
 from deployments.ingress.responses_store import ResponseStore
 from deployments.ingress.routes import create_app
 from deployments.ingress.serve_models import ServeBackend
+from engine.models.hub import DownloadManager
 from deployments.transport.rag_client import ServeRagClient
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
 
@@ -36,7 +37,8 @@ class Ingress:
         check_admin_exposure(self.config.enable_admin, self.keys, await proxy_bind_host())
         logger.info("ingress starting: %r, admin %s", self.keys, "on" if self.config.enable_admin else "off")
         store = ModelStore(self.config.resolved_state_dir())
-        self.registry = Registry(ServeBackend(), store, self.config.model_roots, self.config.status_poll_interval_s)
+        self.registry = Registry(ServeBackend(), store, self.config.model_roots, self.config.status_poll_interval_s,
+                                 downloads=DownloadManager())
         await self.registry.start(restore=self.config.restore_models)
         self.responses = ResponseStore(self.config.responses_store_size, self.config.responses_store_ttl_s)
         self.rag = ServeRagClient(rag_handle) if rag_handle is not None else None

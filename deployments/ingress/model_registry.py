@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Protocol
 
 from engine.client.interface import EngineStatus
+from engine.models.hub import DownloadManager
 from engine.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -118,8 +119,11 @@ class Registry:
         store: ModelStore | None = None,
         model_roots: list[str] | None = None,
         poll_interval_s: float = 2.0,
+        downloads: DownloadManager | None = None,
     ) -> None:
         self._backend = backend
+        # Hugging Face downloads of this server (admin downloads, and loads with auto_download).
+        self.downloads = downloads
         self._store = store
         # Admin loads of local folders must lie under these (None: Orchard's and Hugging Face's model caches).
         self._model_roots = default_model_roots() if model_roots is None else list(model_roots)

@@ -21,6 +21,7 @@ from deployments.ingress.local_models import LocalBackend
 from deployments.model.service import EngineClientFactory, thread_engine_client
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.model_store import ModelStore
+from engine.models.hub import DownloadManager
 
 
 @dataclass
@@ -43,6 +44,7 @@ async def local_stack(
     keepalive_s: float = KEEPALIVE_S,
     media: MediaLimits | None = None,
     rag: RagConfig | None = None,
+    downloads: DownloadManager | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
@@ -51,7 +53,7 @@ async def local_stack(
     for config in configs:
         await backend.deploy(config)
     store = ModelStore(state_dir) if state_dir is not None else None
-    registry = Registry(backend, store, model_roots, poll_interval_s=0.2)
+    registry = Registry(backend, store, model_roots, poll_interval_s=0.2, downloads=downloads)
     await registry.start(restore=restore)
     rag_service = None
     if rag is not None:  # the RAG deployment's service in process, reaching the models through the registry
