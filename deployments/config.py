@@ -120,6 +120,9 @@ class ModelConfig(BaseModel):
     # Load the weights quantized (mlx-lm's converter, once, into the model cache): 4 or 8 bits, or "auto": as
     # stored if the weights and one full-context request's KV cache fit in memory_budget_bytes, else the widest of
     # 8 and 4 bits that fits; a model that fits at none is refused with the numbers.
+    # A Hugging Face repo id as model_path that is not in the local cache: downloaded first (null: yes in
+    # serve_config.yaml, no over the admin API, where a client would make the server fetch gigabytes).
+    auto_download: bool | None = None
     quantize: Literal[4, 8, "auto"] | None = None
     memory_budget_bytes: int | None = Field(None, ge=1, description="for quantize auto (null: what MLX can use now)")
     # Ray Serve deployment options.

@@ -51,7 +51,11 @@ def check_model_sources(config: ModelConfig, base_dir: Path | None = None) -> Mo
     """Validate every path a serve_config.yaml model names (the operator's: no roots); returns a copy with
     absolute paths."""
     updates: dict[str, Any] = {}
-    if not config.uses_embedded_model:
+    if config.uses_embedded_model:
+        pass
+    elif is_repo_id(config.model_path) and not (base_dir is not None and (base_dir / config.model_path).is_dir()):
+        updates["model_path"] = str(operator_hub_model(config))
+    else:
         updates["model_path"] = str(check_model_folder(config.model_path, base_dir=base_dir))
     if config.chat_template_file is not None:
         template = Path(config.chat_template_file).expanduser()
@@ -63,6 +67,16 @@ def check_model_sources(config: ModelConfig, base_dir: Path | None = None) -> Mo
             )
         updates["chat_template_file"] = str(template.resolve())
     return config.model_copy(update=updates)
+
+
+def operator_hub_model(config: ModelConfig) -> Path:
+    """serve_config.yaml's repo id: its cached snapshot, downloaded first unless auto_download is false."""
+    folder = cached_snapshot(config.model_path)
+    if folder is not None or config.auto_download is False:
+        return folder if folder is not None else hub_snapshot_folder(config.model_path)
+    from engine.models.hub import DownloadManager
+
+    return Path(DownloadManager().download(config.model_path).snapshot_path)
 
 
 # ---- models loaded through the admin API (or restored from its list) -------------------------------------
@@ -111,18 +125,30 @@ def check_admin_model(config: ModelConfig, roots: list[str]) -> ModelConfig:
 
 
 def hub_snapshot_folder(repo_id: str) -> Path:
-    """The folder of a Hugging Face repo's `main` revision in the local hub cache (nothing is downloaded)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    _check_repo_id(repo_id)
-    config_file = try_to_load_from_cache(repo_id, "config.json", cache_dir=hf_hub_cache())
-    if not isinstance(config_file, str):  # None (not cached) or "cached as missing"
+    """The folder of a Hugging Face repo's snapshot in the local hub cache, every file it needs present (nothing is
+    downloaded here)."""
+    folder = cached_snapshot(repo_id)
+    if folder is None:
         raise InvalidRequestError(
-            f"'model_path' '{repo_id}' is not in the local Hugging Face cache (downloading it is not supported yet; "
-            "a model folder must be an absolute path)",
+            f"'model_path' '{repo_id}' is not in the local Hugging Face cache (or not completely): download it first "
+            "(POST /v1/admin/download-model, or `orchard pull`), or set auto_download: true",
             param="model_path",
         )
-    return Path(config_file).parent
+    return folder
+
+
+def cached_snapshot(repo_id: str) -> Path | None:
+    """A repo's complete snapshot folder in the local hub cache, else None."""
+    from engine.models.hub_cache import find_cached_model
+
+    _check_repo_id(repo_id)
+    cached = find_cached_model(repo_id, hf_hub_cache())
+    return Path(cached.snapshot_path) if cached is not None and cached.is_complete else None
+
+
+def is_repo_id(raw: str) -> bool:
+    """Whether model_path names a Hugging Face repo (owner/name) rather than a folder or an embedded model."""
+    return raw.count("/") == 1 and not raw.startswith(("/", "~", "."))
 
 
 def _is_local_path(raw: str) -> bool:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from engine.client.interface import EngineStatus
 from engine.models.hub import DownloadManager
+from engine.models.hub_events import DownloadFailed
 from engine.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -26,7 +27,9 @@ from engine.errors import (
     OrchardError,
 )
 from deployments.config import ModelConfig, serve_app_name
-from deployments.model_sources import check_admin_model, check_admin_policy, default_model_roots
+from deployments.model_sources import (
+    cached_snapshot, check_admin_model, check_admin_policy, default_model_roots, is_repo_id,
+)
 from deployments.model_calls import ModelClient, ModelInfo, QueueStats
 from deployments.ingress.model_store import ModelStore
 
@@ -272,7 +275,7 @@ class Registry:
 
         The config is kept as sent (a repo id, not its snapshot folder), so a restore resolves it again.
         """
-        check_admin_model(config, self._model_roots)
+        self._check_admin(config)
         await self.refresh(force=True)
         self._check_not_reserved(config.id, await self._backend.reserved_names())
         existing = self._entries.get(config.id)
@@ -290,6 +293,26 @@ class Registry:
         self._spawn(self._deploy(entry, config))
         return entry
 
+    def _check_admin(self, config: ModelConfig) -> None:
+        """What a load may name; a repo to download is checked for what it names only (it is not on disk yet)."""
+        if self._will_download(config):
+            check_admin_policy(config, self._model_roots)
+        else:
+            check_admin_model(config, self._model_roots)
+
+    def _will_download(self, config: ModelConfig) -> bool:
+        return (config.auto_download is True and self.downloads is not None and not config.uses_embedded_model
+                and is_repo_id(config.model_path) and cached_snapshot(config.model_path) is None)
+
+    async def _download(self, repo_id: str) -> None:
+        """The repo into the hub cache, joining a download of it already running (GET /v1/admin/downloads shows it)."""
+        assert self.downloads is not None
+        job = self.downloads.start(repo_id)
+        logger.info("downloading %s for a load (download %s)", repo_id, job.download_id)
+        final = await job.wait_async()
+        if isinstance(final, DownloadFailed):
+            raise final.error
+
     @staticmethod
     def _check_not_reserved(model_id: str, reserved: set[str]) -> None:
         if serve_app_name(model_id) in reserved:
@@ -302,6 +325,8 @@ class Registry:
     async def _deploy(self, entry: ModelEntry, config: ModelConfig) -> None:
         started = time.monotonic()
         try:
+            if self._will_download(config):
+                await self._download(config.model_path)
             resolved = check_admin_model(config, self._model_roots)
             if resolved.model_path != config.model_path:
                 entry.loaded_from = resolved.model_path

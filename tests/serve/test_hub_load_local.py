@@ -1,0 +1,96 @@
+"""Load by Hugging Face repo id (issue 29, point 3) over the in-process stack, against the Hub stand-in: an admin
+load with auto_download fetches the repo, then serves it; without auto_download an uncached repo is a 400; a repo the
+Hub lacks fails the load with the Hub's answer; serve_config.yaml's repo ids download unless auto_download is false."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from deployments.config import ModelConfig
+from deployments.model_sources import check_model_sources
+from engine.errors import InvalidRequestError
+from engine.models.hub import DownloadManager
+from tests.serve.local_stack import local_stack, wait_for
+from tests.support.fake_hub import FakeHub
+from tests.support.tiny_models import LLAMA, write_model, write_wordlevel_tokenizer
+
+REPO = "mlx-community/tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("hub-load")
+    return write_model(root / "llama", dict(LLAMA, vocab_size=256), write_wordlevel_tokenizer(root / "tok", 256),
+                       scale=3.0)
+
+
+@pytest.fixture
+def hub(tiny_llama, tmp_path, monkeypatch):
+    """The stand-in serving the tiny llama as REPO; this test's own hub cache, named the way huggingface_hub reads
+    it (the registry finds snapshots there, DownloadManager() writes there)."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    with FakeHub() as running:
+        running.add_folder(REPO, tiny_llama)
+        monkeypatch.setenv("HF_ENDPOINT", running.url)
+        yield running
+
+
+async def _status(stack, model_id: str) -> dict | None:
+    data = (await stack.http.get("/v1/admin/loaded-models")).json()["data"]
+    return next((m for m in data if m["id"] == model_id), None)
+
+
+def test_admin_load_downloads_the_repo_then_serves_it(hub):
+    async def scenario():
+        async with local_stack([], downloads=DownloadManager()) as stack:
+            refused = await stack.http.post("/v1/admin/load-model", json={"model_path": REPO, "model_id": "tiny"})
+            accepted = await stack.http.post("/v1/admin/load-model", json={
+                "model_path": REPO, "model_id": "tiny", "auto_download": True})
+            assert accepted.status_code == 202, accepted.text
+            status = await wait_for(lambda: _running_or_failed(stack, "tiny"), timeout_s=120)
+            answer = await stack.http.post("/v1/chat/completions", json={
+                "model": "tiny", "messages": [{"role": "user", "content": "t1"}], "max_tokens": 3, "ignore_eos": True})
+            downloads = stack.registry.downloads.downloads()
+            return refused, status, answer, downloads
+
+    refused, status, answer, downloads = asyncio.run(scenario())
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "model_path"
+    assert "auto_download" in refused.json()["error"]["message"]
+    assert status["status"] == "running", status
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+    assert [(d.repo_id, d.finished) for d in downloads] == [(REPO, True)]
+    assert hub.file_gets(REPO, "model.safetensors")  # the weights came from the Hub
+
+
+async def _running_or_failed(stack, model_id: str) -> dict | None:
+    status = await _status(stack, model_id)
+    return status if status is not None and status["status"] in ("running", "failed") else None
+
+
+def test_a_repo_the_hub_lacks_fails_the_load_saying_so(hub):
+    async def scenario():
+        async with local_stack([], downloads=DownloadManager()) as stack:
+            accepted = await stack.http.post("/v1/admin/load-model", json={
+                "model_path": "nobody/missing", "model_id": "missing", "auto_download": True})
+            return accepted, await wait_for(lambda: _running_or_failed(stack, "missing"), timeout_s=60)
+
+    accepted, status = asyncio.run(scenario())
+    assert accepted.status_code == 202
+    assert status["status"] == "failed" and "nobody/missing" in status["error"]
+
+
+def test_serve_config_repo_ids_download_unless_told_not_to(hub, tmp_path):
+    with pytest.raises(InvalidRequestError, match="not in the local Hugging Face cache"):
+        check_model_sources(ModelConfig(model_path=REPO, auto_download=False), base_dir=tmp_path)
+    assert not hub.file_gets(REPO)
+    resolved = check_model_sources(ModelConfig(model_path=REPO), base_dir=tmp_path)
+    folder = Path(resolved.model_path)
+    assert folder.is_dir() and (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    assert str(tmp_path / "hf-cache") in str(folder)
+    gets = len(hub.file_gets(REPO))
+    again = check_model_sources(ModelConfig(model_path=REPO, auto_download=False), base_dir=tmp_path)
+    assert again.model_path == resolved.model_path
+    assert len(hub.file_gets(REPO)) == gets  # cached: nothing fetched again
