@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 import yaml
@@ -210,8 +210,10 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def with_started_graph(args: argparse.Namespace) -> list[Round]:
-    """Ray and Serve here, the ingress and the embedder deployed, the rounds run, then everything shut down."""
+def with_started_graph(args: argparse.Namespace, run: Callable[[str], Awaitable[Any]] | None = None) -> Any:
+    """Ray and Serve here, the ingress (with its RAG deployment) and the embedder deployed, `run(base_url)` (default:
+    the rounds) run, then everything shut down. args: port, model, model_path, startup_timeout_s,
+    throughput_optimized."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if args.throughput_optimized:
@@ -233,7 +235,8 @@ def with_started_graph(args: argparse.Namespace) -> list[Round]:
             _get_global_client().deploy_apps(ServeDeploySchema.model_validate(schema), _blocking=False)
             wait_running(args.startup_timeout_s, lambda: False)
             print(f"graph running in {time.monotonic() - started:.1f} s", flush=True)
-            return asyncio.run(measure(f"http://127.0.0.1:{args.port}", args))
+            base_url = f"http://127.0.0.1:{args.port}"
+            return asyncio.run(run(base_url) if run is not None else measure(base_url, args))
     finally:
         _shutdown_serve(SHUTDOWN_TIMEOUT_S)
         ray.shutdown()
