@@ -123,6 +123,9 @@ class ModelConfig(BaseModel):
     # A Hugging Face repo id as model_path that is not in the local cache: downloaded first (null: yes in
     # serve_config.yaml, no over the admin API, where a client would make the server fetch gigabytes).
     auto_download: bool | None = None
+    # With a repo id: the .gguf file of the repo to load (one of its quantizations), converted by Orchard's GGUF
+    # import (llama-family architectures) into the model cache.
+    gguf_file: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+\.gguf$")
     quantize: Literal[4, 8, "auto"] | None = None
     memory_budget_bytes: int | None = Field(None, ge=1, description="for quantize auto (null: what MLX can use now)")
     # Ray Serve deployment options.
@@ -160,6 +163,8 @@ class ModelConfig(BaseModel):
             raise ValueError("model_path 'default' is a chat model: use 'default-embedding' for model_type embedding")
         if self.uses_default_embedding_model and self.model_type != "embedding":
             raise ValueError("model_path 'default-embedding' is an embedding model: model_type must be 'embedding'")
+        if self.gguf_file is not None and (self.model_type != "lm" or self.model_path.startswith(("/", "~", "."))):
+            raise ValueError("'gguf_file' names a .gguf file of a Hugging Face repo (model_path: owner/name), model_type lm")
         if self.quantize is not None and self.model_type != "lm":
             raise ValueError(f"'quantize' applies to model_type 'lm' (mlx-lm's converter), not '{self.model_type}'")
         try:

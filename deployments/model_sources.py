@@ -70,13 +70,14 @@ def check_model_sources(config: ModelConfig, base_dir: Path | None = None) -> Mo
 
 
 def operator_hub_model(config: ModelConfig) -> Path:
-    """serve_config.yaml's repo id: its cached snapshot, downloaded first unless auto_download is false."""
-    folder = cached_snapshot(config.model_path)
-    if folder is not None or config.auto_download is False:
-        return folder if folder is not None else hub_snapshot_folder(config.model_path)
+    """serve_config.yaml's repo id: what it loads from in the cache, downloaded first unless auto_download is false."""
+    source = cached_hub_source(config)
+    if source is not None or config.auto_download is False:
+        return source if source is not None else hub_source(config)
     from engine.models.hub import DownloadManager
 
-    return Path(DownloadManager().download(config.model_path).snapshot_path)
+    snapshot = Path(DownloadManager().download(config.model_path, files=hub_files(config)).snapshot_path)
+    return snapshot / config.gguf_file if config.gguf_file else snapshot
 
 
 # ---- models loaded through the admin API (or restored from its list) -------------------------------------
@@ -120,21 +121,37 @@ def check_admin_model(config: ModelConfig, roots: list[str]) -> ModelConfig:
     if _is_local_path(config.model_path):
         folder = check_model_folder(config.model_path, roots)
     else:
-        folder = hub_snapshot_folder(config.model_path)
+        folder = hub_source(config)
     return config.model_copy(update={"model_path": str(folder)})
 
 
-def hub_snapshot_folder(repo_id: str) -> Path:
-    """The folder of a Hugging Face repo's snapshot in the local hub cache, every file it needs present (nothing is
-    downloaded here)."""
-    folder = cached_snapshot(repo_id)
-    if folder is None:
+def hub_source(config: ModelConfig) -> Path:
+    """What a repo id's model loads from in the local hub cache: its snapshot folder (every file it needs present),
+    or its `gguf_file`. Nothing is downloaded here."""
+    source = cached_hub_source(config)
+    if source is None:
+        what = f"'{config.gguf_file}' of '{config.model_path}'" if config.gguf_file else f"'{config.model_path}'"
         raise InvalidRequestError(
-            f"'model_path' '{repo_id}' is not in the local Hugging Face cache (or not completely): download it first "
+            f"'model_path' {what} is not in the local Hugging Face cache (or not completely): download it first "
             "(POST /v1/admin/download-model, or `orchard pull`), or set auto_download: true",
             param="model_path",
         )
-    return folder
+    return source
+
+
+def cached_hub_source(config: ModelConfig) -> Path | None:
+    _check_repo_id(config.model_path)
+    if config.gguf_file is None:
+        return cached_snapshot(config.model_path)
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(config.model_path, config.gguf_file, cache_dir=hf_hub_cache())
+    return Path(found) if isinstance(found, str) else None
+
+
+def hub_files(config: ModelConfig) -> list[str] | None:
+    """The files of the repo a load needs: its gguf_file alone, else (None) what an MLX model needs."""
+    return [config.gguf_file] if config.gguf_file else None
 
 
 def cached_snapshot(repo_id: str) -> Path | None:

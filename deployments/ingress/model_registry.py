@@ -28,7 +28,7 @@ from engine.errors import (
 )
 from deployments.config import ModelConfig, serve_app_name
 from deployments.model_sources import (
-    cached_snapshot, check_admin_model, check_admin_policy, default_model_roots, is_repo_id,
+    cached_hub_source, check_admin_model, check_admin_policy, default_model_roots, hub_files, is_repo_id,
 )
 from deployments.model_calls import ModelClient, ModelInfo, QueueStats
 from deployments.ingress.model_store import ModelStore
@@ -302,13 +302,13 @@ class Registry:
 
     def _will_download(self, config: ModelConfig) -> bool:
         return (config.auto_download is True and self.downloads is not None and not config.uses_embedded_model
-                and is_repo_id(config.model_path) and cached_snapshot(config.model_path) is None)
+                and is_repo_id(config.model_path) and cached_hub_source(config) is None)
 
-    async def _download(self, repo_id: str) -> None:
+    async def _download(self, config: ModelConfig) -> None:
         """The repo into the hub cache, joining a download of it already running (GET /v1/admin/downloads shows it)."""
         assert self.downloads is not None
-        job = self.downloads.start(repo_id)
-        logger.info("downloading %s for a load (download %s)", repo_id, job.download_id)
+        job = self.downloads.start(config.model_path, files=hub_files(config))
+        logger.info("downloading %s for a load (download %s)", config.model_path, job.download_id)
         final = await job.wait_async()
         if isinstance(final, DownloadFailed):
             raise final.error
@@ -326,7 +326,7 @@ class Registry:
         started = time.monotonic()
         try:
             if self._will_download(config):
-                await self._download(config.model_path)
+                await self._download(config)
             resolved = check_admin_model(config, self._model_roots)
             if resolved.model_path != config.model_path:
                 entry.loaded_from = resolved.model_path

@@ -41,6 +41,10 @@ def build_engine_core(spec: EngineSpec) -> "EngineCore":
         from engine.models.default_model import default_model_path
 
         path = str(default_model_path())  # converts the embedded GGUF once, then reuses it
+    elif path.endswith(".gguf"):  # a repo's GGUF file (gguf_file): converted once by the same import
+        from engine.models.default_model import gguf_model_folder
+
+        path = str(gguf_model_folder(Path(path)))
     if spec.quantize is not None:
         path = _quantized_path(spec, path)
     load = load_model

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -53,11 +54,23 @@ def default_model_path(cache_root: str | os.PathLike | None = None, dtype: str =
     if dtype not in DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(DTYPES)}")
     gguf = default_gguf_path()
-    root = models_root(cache_root)
-    folder = root / _folder_name(dtype)
+    return converted_gguf(gguf, models_root(cache_root) / _folder_name(dtype), dtype)
+
+
+def gguf_model_folder(gguf: Path, cache_root: str | os.PathLike | None = None) -> Path:
+    """A GGUF file (a Hugging Face repo's, say) as an MLX folder under the model cache's gguf/, converted once."""
+    gguf = Path(gguf).absolute()
+    where = hashlib.sha256(str(gguf).encode()).hexdigest()[:12]
+    return converted_gguf(gguf, models_root(cache_root) / "gguf" / f"{gguf.stem}-{where}")
+
+
+def converted_gguf(gguf: Path, folder: Path, dtype: str = DEFAULT_DTYPE) -> Path:
+    """`gguf` converted into `folder` (an MLX model folder), converting only if the folder is missing or was made
+    from another file, converter or dtype. Two processes converting at once serialize on a file lock."""
     expected = _expected_marker(gguf, dtype)
     if _is_complete(folder, expected):
         return folder
+    root = folder.parent
     root.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(root / f".{folder.name}.lock"):
         # Another process may have finished the conversion while we waited for the lock.

@@ -75,10 +75,11 @@ class DownloadJob:
     """One transfer of a repo revision. Read it with subscribe(); the thread runs whether anyone reads or not."""
 
     def __init__(self, download_id: str, repo_id: str, revision: str, manager: DownloadManager,
-                 token: str | None) -> None:
+                 token: str | None, allow_patterns: tuple[str, ...]) -> None:
         self.download_id = download_id
         self.repo_id = repo_id
         self.revision = revision
+        self.allow_patterns = allow_patterns
         self.started_at = time.time()
         self._manager = manager
         self._token = token
@@ -223,7 +224,7 @@ class DownloadJob:
             self.repo_id, revision=self.revision, cache_dir=self._manager.cache_dir, endpoint=self._manager.endpoint,
             token=self._token, allow_patterns=[], tqdm_class=_SilentBar))
         tree = get_cached_repo_tree(self.repo_id, revision=snapshot.name, cache_dir=self._manager.cache_dir)
-        wanted = filter_repo_objects(tree, allow_patterns=self._manager.allow_patterns, key=lambda f: f.path)
+        wanted = filter_repo_objects(tree, allow_patterns=list(self.allow_patterns), key=lambda f: f.path)
         return snapshot, sorted((_PlannedFile(f.path, f.size) for f in wanted), key=lambda f: (f.size, f.path))
 
 
@@ -281,27 +282,31 @@ class DownloadManager:
         self.allow_patterns = list(allow_patterns or MLX_ALLOW_PATTERNS)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._active: dict[tuple[str, str], DownloadJob] = {}
+        self._active: dict[tuple[str, str, tuple[str, ...]], DownloadJob] = {}
         self._jobs: dict[str, DownloadJob] = {}
 
-    def start(self, repo_id: str, revision: str | None = None, token: str | None = None) -> DownloadJob:
+    def start(self, repo_id: str, revision: str | None = None, token: str | None = None,
+              files: list[str] | None = None) -> DownloadJob:
         """The running download of this repo and revision, or a new one (the `token` of a merged request is
-        not used: the first request's token downloads)."""
+        not used: the first request's token downloads). `files`: only these files of the repo (one GGUF of
+        many, say) instead of what an MLX model needs."""
         check_repo_id(repo_id, param="repo_id")
         revision = check_revision(revision)
+        patterns = tuple(files) if files else tuple(self.allow_patterns)
         with self._lock:
-            job = self._active.get((repo_id, revision))
+            job = self._active.get((repo_id, revision, patterns))
             if job is not None:
                 return job
-            job = DownloadJob(f"dl-{next(self._ids)}", repo_id, revision, self, token or self.token)
-            self._active[(repo_id, revision)] = job
+            job = DownloadJob(f"dl-{next(self._ids)}", repo_id, revision, self, token or self.token, patterns)
+            self._active[(repo_id, revision, patterns)] = job
             self._jobs[job.download_id] = job
         job._thread.start()
         return job
 
-    def download(self, repo_id: str, revision: str | None = None, token: str | None = None) -> DownloadCompleted:
+    def download(self, repo_id: str, revision: str | None = None, token: str | None = None,
+                 files: list[str] | None = None) -> DownloadCompleted:
         """start() and wait: the completed event, or the download's typed error raised."""
-        final = self.start(repo_id, revision, token).wait()
+        final = self.start(repo_id, revision, token, files).wait()
         if isinstance(final, DownloadFailed):
             raise final.error
         assert isinstance(final, DownloadCompleted)
@@ -342,7 +347,7 @@ class DownloadManager:
 
     def _finished(self, job: DownloadJob) -> None:
         with self._lock:
-            self._active.pop((job.repo_id, job.revision), None)
+            self._active.pop((job.repo_id, job.revision, job.allow_patterns), None)
             finished = [j for j in self._jobs.values() if j.finished]
             for old in finished[:max(0, len(finished) - FINISHED_KEPT)]:
                 del self._jobs[old.download_id]

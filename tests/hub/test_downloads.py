@@ -344,7 +344,7 @@ def test_xet_progress_reaches_the_events_once(manager):
 
     from engine.models.hub import DownloadJob
 
-    job = DownloadJob("dl-xet", "org/xet", "main", manager, token=None)  # not started: only its bar is driven
+    job = DownloadJob("dl-xet", "org/xet", "main", manager, token=None, allow_patterns=tuple(manager.allow_patterns))  # not started: only its bar is driven
     report = SimpleNamespace(total_bytes_completed=600, total_transfer_bytes_completed=450, total_bytes=1000,
                              total_bytes_completion_rate=100.0, total_transfer_bytes_completion_rate=75.0)
     with XetDownloadProgressReporter(reconstruction_desc="model.safetensors", total=1000, log_level=logging.INFO,

@@ -94,3 +94,35 @@ def test_serve_config_repo_ids_download_unless_told_not_to(hub, tmp_path):
     again = check_model_sources(ModelConfig(model_path=REPO, auto_download=False), base_dir=tmp_path)
     assert again.model_path == resolved.model_path
     assert len(hub.file_gets(REPO)) == gets  # cached: nothing fetched again
+
+
+def test_a_gguf_repo_loads_one_of_its_files_converted(hub, tmp_path, monkeypatch):
+    """A repo of GGUF files: gguf_file names the one to load; only it is fetched, converted by the GGUF import."""
+    from gguf import GGMLQuantizationType as Q
+
+    from tests.engine.test_gguf_import import hf_weights, write_tiny_gguf
+
+    monkeypatch.setenv("ORCHARD_HOME", str(tmp_path / "orchard"))
+    f32 = write_tiny_gguf(tmp_path / "tiny-F32.gguf", hf_weights(tied=False), Q.F32).read_bytes()
+    q8 = write_tiny_gguf(tmp_path / "tiny-Q8_0.gguf", hf_weights(tied=False), Q.Q8_0).read_bytes()
+    hub.add_repo("someone/tiny-GGUF", {"tiny-F32.gguf": f32, "tiny-Q8_0.gguf": q8, "README.md": b"# tiny\n"})
+    body = {"model_path": "someone/tiny-GGUF", "model_id": "tiny-gguf", "gguf_file": "tiny-Q8_0.gguf",
+            "auto_download": True}
+
+    async def scenario():
+        async with local_stack([], downloads=DownloadManager()) as stack:
+            bad = await stack.http.post("/v1/admin/load-model", json={**body, "gguf_file": "../x.gguf"})
+            accepted = await stack.http.post("/v1/admin/load-model", json=body)
+            status = await wait_for(lambda: _running_or_failed(stack, "tiny-gguf"), timeout_s=120)
+            answer = await stack.http.post("/v1/chat/completions", json={
+                "model": "tiny-gguf", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                "ignore_eos": True})
+            return bad, accepted, status, answer
+
+    bad, accepted, status, answer = asyncio.run(scenario())
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "gguf_file"
+    assert accepted.status_code == 202 and status["status"] == "running", status
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
+    assert hub.file_gets("someone/tiny-GGUF", "tiny-Q8_0.gguf")
+    assert not hub.file_gets("someone/tiny-GGUF", "tiny-F32.gguf")  # only the file named
+    assert Path(status["model_path"]).parent == tmp_path / "orchard" / "models" / "gguf"
