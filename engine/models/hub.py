@@ -295,7 +295,7 @@ class DownloadManager:
         patterns = tuple(files) if files else tuple(self.allow_patterns)
         with self._lock:
             job = self._active.get((repo_id, revision, patterns))
-            if job is not None:
+            if job is not None and not job.latest.final:  # one whose final event is out is over, if not yet removed
                 return job
             job = DownloadJob(f"dl-{next(self._ids)}", repo_id, revision, self, token or self.token, patterns)
             self._active[(repo_id, revision, patterns)] = job
@@ -331,7 +331,7 @@ class DownloadManager:
 
     def is_downloading(self, repo_id: str) -> bool:
         with self._lock:
-            return any(key[0] == repo_id for key in self._active)
+            return any(key[0] == repo_id and not job.latest.final for key, job in self._active.items())
 
     def delete(self, repo_id: str) -> int:
         """Delete a repo from the cache (every revision); the bytes freed. Refused while it downloads."""
@@ -347,7 +347,9 @@ class DownloadManager:
 
     def _finished(self, job: DownloadJob) -> None:
         with self._lock:
-            self._active.pop((job.repo_id, job.revision, job.allow_patterns), None)
+            key = (job.repo_id, job.revision, job.allow_patterns)
+            if self._active.get(key) is job:  # a newer one may have taken its place
+                del self._active[key]
             finished = [j for j in self._jobs.values() if j.finished]
             for old in finished[:max(0, len(finished) - FINISHED_KEPT)]:
                 del self._jobs[old.download_id]
