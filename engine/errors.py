@@ -184,3 +184,15 @@ class CachedModelNotFoundError(HubError):
     """The local Hugging Face cache holds no such repo (404)."""
 
     code = "cached_model_not_found"
+
+
+class DownloadNotFoundError(HubError):
+    """No download of this server has that id (never started, or finished long enough ago to be forgotten) (404)."""
+
+    code = "download_not_found"
+
+
+class CachedModelInUseError(HubError):
+    """A cached repo a loaded model serves from: it cannot be deleted until the model is unloaded (409)."""
+
+    code = "model_in_use"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import (
+    CachedModelInUseError,
     CachedModelNotFoundError,
     ContextLengthExceededError,
     DiskFullError,
@@ -17,6 +18,7 @@ from engine.errors import (
     DownloadCancelledError,
     DownloadFailedError,
     DownloadInProgressError,
+    DownloadNotFoundError,
     EngineDeadError,
     EngineRestartingError,
     GatedRepoError,
@@ -105,8 +107,10 @@ _RULES: list[tuple[type[OrchardError], _Rule]] = [
     # Hugging Face downloads: a gated repo is 403, not 401 (our 401 means the caller's own API key).
     (RepoNotFoundError, _Rule(404, "invalid_request_error")),
     (CachedModelNotFoundError, _Rule(404, "invalid_request_error")),
+    (DownloadNotFoundError, _Rule(404, "invalid_request_error")),
     (GatedRepoError, _Rule(403, "invalid_request_error")),
     (DownloadInProgressError, _Rule(409, "invalid_request_error")),
+    (CachedModelInUseError, _Rule(409, "invalid_request_error")),
     (DownloadCancelledError, _Rule(409, "invalid_request_error")),
     (DiskFullError, _Rule(507, "server_error")),
     (DownloadFailedError, _Rule(502, "server_error")),

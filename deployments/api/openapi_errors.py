@@ -33,8 +33,9 @@ _MEANING = {
     400: "Invalid request: a field is malformed or out of range (named in `param`), or the prompt exceeds the context",
     401: "Missing or invalid API key (when keys are configured)",
     403: "An inference key on an admin route (when an admin key is configured)",
-    404: "Unknown model, route, stored response or RAG document",
-    409: "The model is already loaded, or a load or unload of it is in progress",
+    404: "Unknown model, route, stored response, RAG document, download, Hugging Face repo or cached repo",
+    409: "The model is already loaded, or a load or unload of it is in progress (a cached repo: a model serves from "
+         "it or it downloads)",
     413: "The request body is larger than the ingress's max_body_bytes (a RAG upload: rag.max_upload_bytes or pages)",
     429: "The model's queue is full; retry after Retry-After seconds",
     500: "Internal server error",
@@ -46,11 +47,17 @@ ANY_ROUTE = (413, 500)
 GENERATION = (400, 401, 404, 429, 503, *ANY_ROUTE)
 COUNT_TOKENS = (400, 401, 404, 503, *ANY_ROUTE)
 LISTING = (401, *ANY_ROUTE)
+MODEL_LISTING = (400, 401, *ANY_ROUTE)  # GET /v1/models: its ?verify_with_hub= must be a boolean
 MODEL_LOOKUP = (401, 404, *ANY_ROUTE)
 STORED_RESPONSE = (401, 404, *ANY_ROUTE)
 ADMIN_LOAD = (400, 401, 403, 409, 503, *ANY_ROUTE)
 ADMIN_UNLOAD = (401, 403, 404, 409, 503, *ANY_ROUTE)
 ADMIN_LISTING = (401, 403, *ANY_ROUTE)
+# Hugging Face downloads: a bad repo id or revision is 400; the transfer's own failures arrive later, as the
+# download's state (SSE error event, GET /v1/admin/downloads).
+DOWNLOAD_START = (400, 401, 403, *ANY_ROUTE)
+DOWNLOAD_CANCEL = (401, 403, 404, *ANY_ROUTE)
+CACHE_DELETE = (400, 401, 403, 404, 409, *ANY_ROUTE)
 RAG_UPLOAD = (400, 401, 503, *ANY_ROUTE)
 RAG_DOCUMENTS = (401, 503, *ANY_ROUTE)
 RAG_DOCUMENT = (401, 404, 503, *ANY_ROUTE)

@@ -1,7 +1,8 @@
 """API keys: which routes need which key, checked in constant time before a request's body is read.
 
-Inference keys guard every route but /health and the API docs; the admin key, if set, alone opens /v1/admin/*
-(an inference key there gets 403). With no admin key the admin routes need what the inference routes need.
+Inference keys guard every route but /health and the API docs; the admin key, if set, alone opens /v1/admin/* and
+/v1/models/local/* (an inference key there gets 403). With no admin key the admin routes need what the inference
+routes need.
 Keys arrive as `Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>` (Anthropic); neither the configured
 keys nor a presented one is ever logged or repeated in an error.
 """
@@ -22,6 +23,7 @@ from deployments.ingress.edge import send_error
 # Load balancers probe /health without keys; the API description holds nothing secret.
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 ADMIN_PATH = "/v1/admin"
+LOCAL_MODELS_PATH = "/v1/models/local/"  # DELETE of a cached repo writes to the disk: the admin key's too
 MISSING_KEY = "Missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
 INVALID_KEY = "Invalid API key"
 ADMIN_ONLY = "This route needs the admin key; an inference key may not use it"
@@ -36,7 +38,7 @@ class RouteAccess(Enum):
 def route_access(path: str) -> RouteAccess:
     if path in OPEN_PATHS:
         return RouteAccess.OPEN
-    if path == ADMIN_PATH or path.startswith(ADMIN_PATH + "/"):
+    if path == ADMIN_PATH or path.startswith((ADMIN_PATH + "/", LOCAL_MODELS_PATH)):
         return RouteAccess.ADMIN
     return RouteAccess.INFERENCE  # unknown paths too: no route map for callers without a key
 

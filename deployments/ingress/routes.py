@@ -13,13 +13,14 @@ import uuid
 from functools import partial
 from typing import Any, AsyncIterator
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import ModelNotFoundError, OrchardError
 from deployments.ingress.admin_routes import admin_router
+from deployments.ingress.hub_routes import cache_listing, hub_router
 from deployments.api.anthropic_convert import chat_prompt, messages_job
 from deployments.api.anthropic_render import MessageMeta, MessagesRenderer
 from deployments.api.anthropic_schemas import CountTokensRequest, MessagesRequest
@@ -29,7 +30,7 @@ from deployments.api.openapi_errors import (
     COUNT_TOKENS,
     EVENT_STREAM,
     GENERATION,
-    LISTING,
+    MODEL_LISTING,
     MODEL_LOOKUP,
     STORED_RESPONSE,
     document_errors_as_sent,
@@ -88,6 +89,8 @@ def create_app(
     if rag is not None:
         app.include_router(rag_router(rag, registry, keepalive_s))
     app.include_router(admin_router(registry, enable_admin))
+    if enable_admin and registry.downloads is not None:  # no manager (or no admin API): no downloads
+        app.include_router(hub_router(registry.downloads, registry, keepalive_s))
     document_errors_as_sent(app)
     return app
 
@@ -109,11 +112,22 @@ def openai_router(registry: Registry, images: ImageLoader, keepalive_s: float = 
         renderer = CompletionRenderer(meta, _include_usage(body))
         return await _generation_response(registry, body.model, job, renderer, keepalive_s)
 
-    @router.get("/v1/models", responses=error_responses(LISTING))
-    async def list_models() -> dict[str, Any]:
+    @router.get("/v1/models", responses=error_responses(MODEL_LISTING))
+    async def list_models(
+        verify_with_hub: bool = Query(False, description="check each cached repo against the Hugging Face Hub"),
+    ) -> dict[str, Any]:
+        """OpenAI's list of the loaded models, then the local Hugging Face cache's repos that none serves (with
+        Bodega's size_gb, download_percentage, is_complete; a loaded model served from the cache carries them too)."""
         await registry.refresh()
-        cards = [_model_card(e) for e in registry.entries() if e.status in _LISTED]
-        return ModelList(data=cards).dump()
+        loaded = [e for e in registry.entries() if e.status in _LISTED]
+        listing = ModelList(data=[_model_card(e) for e in loaded]).dump()
+        if registry.downloads is None:
+            return listing
+        cache = await cache_listing(registry.downloads, loaded, verify_with_hub)
+        for card in listing["data"]:
+            card.update(cache.loaded_fields.get(card["id"], {}))
+        listing["data"].extend(cache.cards)
+        return listing
 
     @router.get("/v1/models/{model_id:path}", responses=error_responses(MODEL_LOOKUP))
     async def get_model(model_id: str) -> dict[str, Any]:

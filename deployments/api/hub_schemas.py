@@ -1,0 +1,88 @@
+"""The Hugging Face routes' wire shapes (Bodega's): the download request, a download's state (the 202 answer, the
+list, and each SSE event's data), and the local cache's entries in GET /v1/models."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deployments.api.errors import wire_error
+from engine.models.hub import DownloadJob
+from engine.models.hub_cache import CachedModel, HubVerification
+from engine.models.hub_events import (
+    DownloadCompleted,
+    DownloadEvent,
+    DownloadFailed,
+    DownloadProgress,
+)
+
+CACHE_OWNER = "huggingface-cache"  # owned_by of a cached repo that no loaded model serves
+
+
+class DownloadRequest(BaseModel):
+    """POST /v1/admin/download-model(-stream). `token` (a Hugging Face token for gated or private repos) is used
+    for this download only and never echoed or logged; unset, the server's HF_TOKEN applies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repo_id: str = Field(min_length=1, max_length=200, description="owner/name")
+    revision: str | None = Field(None, min_length=1, max_length=255, description="branch, tag or commit (main)")
+    token: str | None = Field(None, min_length=1, max_length=1000)
+
+
+def download_state(job: DownloadJob, event: DownloadEvent | None = None) -> dict[str, Any]:
+    """A download as one JSON object: where it stands (`event`, else its latest), and how it ended once final."""
+    event = event if event is not None else job.latest
+    state: dict[str, Any] = {
+        "object": "model.download",
+        "download_id": job.download_id,
+        "repo_id": job.repo_id,
+        "revision": job.revision,
+        "status": event.status.value,
+        "progress": event.percent,
+        "started_at": int(job.started_at),
+    }
+    if isinstance(event, DownloadProgress):
+        state.update(
+            current_file=event.current_file, bytes_downloaded=event.bytes_done, bytes_total=event.bytes_total,
+            files_done=event.files_done, files_total=event.files_total,
+            speed_bytes_per_s=event.speed_bytes_per_s, eta_s=event.eta_s)
+    elif isinstance(event, DownloadCompleted):
+        state.update(
+            current_file=None, bytes_downloaded=event.bytes_total, bytes_total=event.bytes_total,
+            files_done=event.files_total, files_total=event.files_total, commit=event.commit,
+            snapshot_path=str(event.snapshot_path), bytes_fetched=event.bytes_downloaded, elapsed_s=event.elapsed_s)
+    elif isinstance(event, DownloadFailed):
+        wire = wire_error(event.error)
+        state.update(bytes_downloaded=event.bytes_done, bytes_total=event.bytes_total,
+                     error={**wire.body["error"], "status_code": wire.status})
+    return state
+
+
+def download_sse(job: DownloadJob, event: DownloadEvent) -> str:
+    """One SSE event: `progress` while it runs, then `completed`, or `error` (failed or cancelled)."""
+    name = "completed" if isinstance(event, DownloadCompleted) else "error" if event.final else "progress"
+    data = json.dumps(download_state(job, event), ensure_ascii=False, separators=(",", ":"))
+    return f"event: {name}\ndata: {data}\n\n"
+
+
+def cache_fields(cached: CachedModel) -> dict[str, Any]:
+    """Bodega's cache fields of a repo (a loaded model served from the cache carries them too)."""
+    return {"size_gb": cached.size_gb, "download_percentage": cached.download_percentage,
+            "is_complete": cached.is_complete}
+
+
+def cached_model_card(cached: CachedModel, created: int, downloading: bool) -> dict[str, Any]:
+    """A cached repo that no model serves, as an entry of OpenAI's model list."""
+    return {"id": cached.repo_id, "object": "model", "created": created, "owned_by": CACHE_OWNER,
+            "status": "downloading" if downloading else "cached", **cache_fields(cached)}
+
+
+def verification_fields(found: HubVerification | None, error: str | None) -> dict[str, Any]:
+    """What `?verify_with_hub=true` found for one repo; a Hub that could not answer is a note, never a failure."""
+    if found is None:
+        return {"is_latest": None, "missing_files": None, "hub_commit": None, "hub_error": error}
+    return {"is_latest": found.is_latest, "missing_files": list(found.missing_files), "hub_commit": found.hub_commit,
+            "hub_error": None}
