@@ -13,6 +13,7 @@ import threading
 import zlib
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import hypothesis
@@ -30,6 +31,7 @@ from deployments.ingress.auth import ApiKeys
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.routes import create_app
 from deployments.rag.calls import RagClient
+from engine.models.hub import DownloadManager
 from tests.serve.local_stack import LocalStack, local_stack
 
 MODEL = "tiny/alpha"
@@ -39,9 +41,14 @@ ADMIN_KEY = "fuzz-admin-key"
 EXAMPLES_PER_OPERATION = 25
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
+# Hugging Face downloads against a Hub nobody listens at: every download fails fast, as a documented answer.
+UNREACHABLE_HUB = "http://127.0.0.1:9"
+
 SCHEMA = schemathesis.openapi.from_dict(
-    # The spec depends neither on the registry's contents nor on the RAG client (only on there being one).
-    create_app(Registry(backend=None), rag=cast(RagClient, object()) if HAS_RAG_EXTRA else None).openapi(),
+    # The spec depends neither on the registry's contents nor on the RAG client or the download manager (only on
+    # there being one).
+    create_app(Registry(backend=None, downloads=DownloadManager(cache_dir=Path("unused"), endpoint=UNREACHABLE_HUB)),
+               rag=cast(RagClient, object()) if HAS_RAG_EXTRA else None).openapi(),
     config=schemathesis.Config.from_dict({
         "seed": 25,
         "generation": {"max-examples": EXAMPLES_PER_OPERATION, "database": "none"},
@@ -71,8 +78,9 @@ def running(tiny_models, tmp_path_factory) -> Iterator[LoopStack]:
     thread.start()
     # RAG without its embedder (not loaded, to keep torch out of this test): validation, 404s and 503s are fuzzed.
     rag = RagConfig(storage_dir=str(tmp_path_factory.mktemp("fuzz-rag"))) if HAS_RAG_EXTRA else None
+    downloads = DownloadManager(cache_dir=tmp_path_factory.mktemp("fuzz-hf-cache"), endpoint=UNREACHABLE_HUB)
     context = local_stack([config], tmp_path_factory.mktemp("fuzz-state"), model_roots=[str(roots)],
-                          keys=ApiKeys(["fuzz-inference-key"], ADMIN_KEY), rag=rag)
+                          keys=ApiKeys(["fuzz-inference-key"], ADMIN_KEY), rag=rag, downloads=downloads)
     try:
         stack = asyncio.run_coroutine_threadsafe(context.__aenter__(), loop).result(120)
         yield LoopStack(loop, stack)
