@@ -59,10 +59,12 @@ def test_the_admin_key_must_differ_from_the_inference_keys():
 
 def test_routes_by_access():
     assert [route_access(p) for p in ("/health", "/openapi.json", "/docs")] == [RouteAccess.OPEN] * 3
-    admin = ("/v1/admin/load-model", "/v1/admin/unload-model/a/b", "/v1/admin/loaded-models", "/v1/admin")
-    assert [route_access(p) for p in admin] == [RouteAccess.ADMIN] * 4
-    inference = ("/v1/chat/completions", "/v1/messages", "/v1/models", "/v1/queue/stats", "/v1/administrator", "/x")
-    assert [route_access(p) for p in inference] == [RouteAccess.INFERENCE] * 6
+    admin = ("/v1/admin/load-model", "/v1/admin/unload-model/a/b", "/v1/admin/loaded-models", "/v1/admin",
+             "/v1/admin/download-model-stream", "/v1/models/local/org/name")
+    assert [route_access(p) for p in admin] == [RouteAccess.ADMIN] * 6
+    inference = ("/v1/chat/completions", "/v1/messages", "/v1/models", "/v1/queue/stats", "/v1/administrator", "/x",
+                 "/v1/models/org/name", "/v1/models/localmodel")
+    assert [route_access(p) for p in inference] == [RouteAccess.INFERENCE] * 8
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LOCALHOST", None])
