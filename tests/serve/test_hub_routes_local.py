@@ -368,3 +368,18 @@ def test_without_a_download_manager_there_are_no_hub_routes_and_no_cache_entries
             assert "/v1/admin/download-model" not in stack.app.openapi()["paths"]
 
     asyncio.run(scenario())
+
+
+def test_a_repo_whose_snapshot_folder_a_configured_model_serves_is_not_deleted(hub, manager, tiny_models):
+    hub.add_folder("org/alpha", tiny_models.alpha)
+    snapshot = manager.download("org/alpha").snapshot_path
+    served = ModelConfig(model_id="from-folder", model_path=str(snapshot))  # serve_config.yaml naming the folder
+
+    async def scenario():
+        async with local_stack([served], downloads=manager) as stack:
+            refused = await stack.http.delete("/v1/models/local/org/alpha")
+            assert refused.status_code == 409 and refused.json()["error"]["code"] == "model_in_use"
+            assert "from-folder" in refused.json()["error"]["message"]
+
+    asyncio.run(scenario())
+    assert (snapshot / "model.safetensors").is_file()
