@@ -384,3 +384,21 @@ def test_a_repo_whose_snapshot_folder_a_configured_model_serves_is_not_deleted(h
 
     asyncio.run(scenario())
     assert (snapshot / "model.safetensors").is_file()
+
+
+def test_a_quiet_stream_sends_keep_alives_and_loses_no_event(hub, manager):
+    data = random_bytes(10 * MIB, 40)  # one huggingface_hub chunk: no byte event until the file is done
+    hub.add_repo("org/quiet", {"config.json": b"{}", "model.safetensors": data})
+    hub.bytes_per_second = 5 * MIB  # ~2 s of silence
+
+    async def scenario():
+        async with local_stack([], downloads=manager, keepalive_s=0.2) as stack:
+            return (await stack.http.post("/v1/admin/download-model-stream", json={"repo_id": "org/quiet"})).text
+
+    text = asyncio.run(scenario())
+    assert text.count(": keep-alive\n\n") >= 3
+    events = _sse(text)
+    assert events[-1][0] == "completed" and [n for n, _ in events[:-1]] == ["progress"] * (len(events) - 1)
+    weights = [d for _, d in events if d.get("current_file") == "model.safetensors"]
+    assert [d["files_done"] for d in weights] == [1, 1, 2] and weights[-1]["progress"] == 100.0
+    assert Path(events[-1][1]["snapshot_path"], "model.safetensors").read_bytes() == data
