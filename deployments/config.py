@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
+from engine.models.hub_paths import check_revision
 from engine.models.names import DEFAULT_MODEL_ID
 from deployments.bodega import from_bodega
 from deployments.chat.images import DEFAULT_MAX_IMAGE_PIXELS
@@ -123,6 +124,8 @@ class ModelConfig(BaseModel):
     # A Hugging Face repo id as model_path that is not in the local cache: downloaded first (null: yes in
     # serve_config.yaml, no over the admin API, where a client would make the server fetch gigabytes).
     auto_download: bool | None = None
+    # With a repo id: the branch, tag or commit to load (null: main).
+    revision: str | None = None
     # With a repo id: the .gguf file of the repo to load (one of its quantizations), converted by Orchard's GGUF
     # import (llama-family architectures) into the model cache.
     gguf_file: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+\.gguf$")
@@ -155,6 +158,16 @@ class ModelConfig(BaseModel):
     def _given_model_id(cls, value: str | None) -> str | None:
         return value if value is None else check_model_id(value)
 
+    @field_validator("revision")
+    @classmethod
+    def _valid_revision(cls, revision: str | None) -> str | None:
+        if revision is not None:
+            try:
+                check_revision(revision)
+            except InvalidRequestError as exc:
+                raise ValueError(exc.message) from exc
+        return revision
+
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
         if self.model_id is None:
@@ -165,6 +178,8 @@ class ModelConfig(BaseModel):
             raise ValueError("model_path 'default-embedding' is an embedding model: model_type must be 'embedding'")
         if self.gguf_file is not None and (self.model_type != "lm" or self.model_path.startswith(("/", "~", "."))):
             raise ValueError("'gguf_file' names a .gguf file of a Hugging Face repo (model_path: owner/name), model_type lm")
+        if self.revision is not None and (self.model_path.startswith(("/", "~", ".")) or self.uses_embedded_model):
+            raise ValueError("'revision' pins a Hugging Face repo (model_path: owner/name)")
         if self.quantize is not None and self.model_type != "lm":
             raise ValueError(f"'quantize' applies to model_type 'lm' (mlx-lm's converter), not '{self.model_type}'")
         try:

@@ -76,7 +76,8 @@ def operator_hub_model(config: ModelConfig) -> Path:
         return source if source is not None else hub_source(config)
     from engine.models.hub import DownloadManager
 
-    snapshot = Path(DownloadManager().download(config.model_path, files=hub_files(config)).snapshot_path)
+    download = DownloadManager().download(config.model_path, config.revision, files=hub_files(config))
+    snapshot = Path(download.snapshot_path)
     return snapshot / config.gguf_file if config.gguf_file else snapshot
 
 
@@ -142,10 +143,11 @@ def hub_source(config: ModelConfig) -> Path:
 def cached_hub_source(config: ModelConfig) -> Path | None:
     _check_repo_id(config.model_path)
     if config.gguf_file is None:
-        return cached_snapshot(config.model_path)
+        return cached_snapshot(config.model_path, config.revision)
     from huggingface_hub import try_to_load_from_cache
 
-    found = try_to_load_from_cache(config.model_path, config.gguf_file, cache_dir=hf_hub_cache())
+    found = try_to_load_from_cache(config.model_path, config.gguf_file, cache_dir=hf_hub_cache(),
+                                   revision=config.revision)
     return Path(found) if isinstance(found, str) else None
 
 
@@ -154,12 +156,12 @@ def hub_files(config: ModelConfig) -> list[str] | None:
     return [config.gguf_file] if config.gguf_file else None
 
 
-def cached_snapshot(repo_id: str) -> Path | None:
-    """A repo's complete snapshot folder in the local hub cache, else None."""
+def cached_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
+    """A repo's complete snapshot folder (of `revision`, else `main`) in the local hub cache, else None."""
     from engine.models.hub_cache import find_cached_model
 
     _check_repo_id(repo_id)
-    cached = find_cached_model(repo_id, hf_hub_cache())
+    cached = find_cached_model(repo_id, hf_hub_cache(), revision)
     return Path(cached.snapshot_path) if cached is not None and cached.is_complete else None
 
 

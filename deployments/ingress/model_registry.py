@@ -307,7 +307,7 @@ class Registry:
     async def _download(self, config: ModelConfig) -> None:
         """The repo into the hub cache, joining a download of it already running (GET /v1/admin/downloads shows it)."""
         assert self.downloads is not None
-        job = self.downloads.start(config.model_path, files=hub_files(config))
+        job = self.downloads.start(config.model_path, config.revision, files=hub_files(config))
         logger.info("downloading %s for a load (download %s)", config.model_path, job.download_id)
         final = await job.wait_async()
         if isinstance(final, DownloadFailed):

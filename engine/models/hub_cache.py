@@ -84,8 +84,25 @@ def list_cached_models(cache_dir: Path | None = None, allow_patterns: list[str] 
     return models
 
 
-def find_cached_model(repo_id: str, cache_dir: Path | None = None) -> CachedModel | None:
-    return next((m for m in list_cached_models(cache_dir) if m.repo_id == repo_id), None)
+def find_cached_model(repo_id: str, cache_dir: Path | None = None, revision: str | None = None) -> CachedModel | None:
+    """The repo's `main` (or newest) revision in the cache; with `revision`, the cached one it names (a branch or tag
+    the cache has a ref for, or a commit hash)."""
+    if revision is None or revision == "main":
+        return next((m for m in list_cached_models(cache_dir) if m.repo_id == repo_id), None)
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    cache_dir = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
+    try:
+        scanned = scan_cache_dir(cache_dir)
+    except CacheNotFound:
+        return None
+    for repo in scanned.repos:
+        if repo.repo_id == repo_id and repo.repo_type == "model":
+            for cached in repo.revisions:
+                if revision in cached.refs or cached.commit_hash == revision:
+                    return _cached_model(repo, cached, cache_dir, MLX_ALLOW_PATTERNS)
+    return None
 
 
 def delete_cached_model(repo_id: str, cache_dir: Path | None = None) -> int:

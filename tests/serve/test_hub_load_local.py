@@ -126,3 +126,25 @@ def test_a_gguf_repo_loads_one_of_its_files_converted(hub, tmp_path, monkeypatch
     assert hub.file_gets("someone/tiny-GGUF", "tiny-Q8_0.gguf")
     assert not hub.file_gets("someone/tiny-GGUF", "tiny-F32.gguf")  # only the file named
     assert Path(status["model_path"]).parent == tmp_path / "orchard" / "models" / "gguf"
+
+
+def test_a_pinned_revision_loads_that_commit(hub, tmp_path):
+    commit = hub.repos[REPO].commit
+
+    async def scenario():
+        async with local_stack([], downloads=DownloadManager()) as stack:
+            bad = await stack.http.post("/v1/admin/load-model", json={
+                "model_path": REPO, "model_id": "pinned", "revision": "../main", "auto_download": True})
+            accepted = await stack.http.post("/v1/admin/load-model", json={
+                "model_path": REPO, "model_id": "pinned", "revision": commit, "auto_download": True})
+            status = await wait_for(lambda: _running_or_failed(stack, "pinned"), timeout_s=120)
+            return bad, accepted, status
+
+    bad, accepted, status = asyncio.run(scenario())
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "revision"
+    assert accepted.status_code == 202 and status["status"] == "running", status
+    assert Path(status["model_path"]).name == commit  # the snapshot of that commit
+    resolved = check_model_sources(ModelConfig(model_path=REPO, revision=commit, auto_download=False), base_dir=tmp_path)
+    assert Path(resolved.model_path).name == commit
+    with pytest.raises(InvalidRequestError, match="not in the local Hugging Face cache"):
+        check_model_sources(ModelConfig(model_path=REPO, revision="v9", auto_download=False), base_dir=tmp_path)
