@@ -55,10 +55,10 @@ class EmbedCalls:
     async def _call(self, batch: list[_WaitingJob]) -> None:
         try:
             results = await self._send([w.job for w in batch])
-        except BaseException as exc:  # cancelled, or the send itself failed: its waiters get the error
+        except BaseException as exc:  # cancelled (the server stopping), or the send failed: its waiters are told
             for w in batch:
                 if not w.result.done():
-                    w.result.set_exception(exc)
+                    w.result.cancel() if isinstance(exc, asyncio.CancelledError) else w.result.set_exception(exc)
             raise
         for w, result in zip(batch, results, strict=True):
             if not w.result.done():
