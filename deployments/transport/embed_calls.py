@@ -57,8 +57,12 @@ class EmbedCalls:
             results = await self._send([w.job for w in batch])
         except BaseException as exc:  # cancelled (the server stopping), or the send failed: its waiters are told
             for w in batch:
-                if not w.result.done():
-                    w.result.cancel() if isinstance(exc, asyncio.CancelledError) else w.result.set_exception(exc)
+                if w.result.done():
+                    continue
+                if isinstance(exc, asyncio.CancelledError):
+                    w.result.cancel()
+                else:
+                    w.result.set_exception(exc)
             raise
         for w, result in zip(batch, results, strict=True):
             if not w.result.done():
