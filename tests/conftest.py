@@ -1,8 +1,25 @@
-"""Settings for the whole suite."""
+"""Settings and shared fixtures for the whole suite."""
 
+import pytest
 from hypothesis import settings
+
+from engine.models.hub import DownloadManager
+from tests.support.fake_hub import FakeHub
 
 # No per-example deadline: a loaded 2-core machine can slow any example past Hypothesis's 200 ms default,
 # which fails a test that found no bug. Example counts still bound each test's work.
 settings.register_profile("orchard", deadline=None)
 settings.load_profile("orchard")
+
+
+@pytest.fixture
+def hub():
+    """The Hugging Face Hub stand-in on loopback (tests/support/fake_hub.py)."""
+    with FakeHub() as running:
+        yield running
+
+
+@pytest.fixture
+def manager(hub, tmp_path) -> DownloadManager:
+    """A DownloadManager pointed at the stand-in, with a hub cache of the test's own."""
+    return DownloadManager(cache_dir=tmp_path / "hf-cache", endpoint=hub.url)

@@ -9,11 +9,9 @@ import hashlib
 import json
 from pathlib import Path
 
-import pytest
 
 from deployments.config import ModelConfig
 from deployments.ingress.auth import ApiKeys
-from engine.models.hub import DownloadManager
 from tests.serve.local_stack import local_stack, send_streaming, wait_for
 from tests.support.fake_hub import FakeHub, random_bytes
 
@@ -21,17 +19,6 @@ MIB = 1024 * 1024
 WAIT_S = 60
 OPENAI_CARD_KEYS = {"id", "object", "created", "owned_by", "status"}
 CACHE_KEYS = {"size_gb", "download_percentage", "is_complete"}
-
-
-@pytest.fixture
-def hub():
-    with FakeHub() as running:
-        yield running
-
-
-@pytest.fixture
-def manager(hub, tmp_path) -> DownloadManager:
-    return DownloadManager(cache_dir=tmp_path / "hf-cache", endpoint=hub.url)
 
 
 def _sse(text: str) -> list[tuple[str, dict]]:
