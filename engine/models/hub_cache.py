@@ -67,42 +67,39 @@ class HubVerification:
 
 def list_cached_models(cache_dir: Path | None = None, allow_patterns: list[str] | None = None) -> list[CachedModel]:
     """Every model repo in the cache, by repo id: its `main` revision where it has one, else its newest."""
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
-
     cache_dir = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
-    try:
-        scanned = scan_cache_dir(cache_dir)
-    except CacheNotFound:
-        return []
-    models = []
-    for repo in sorted(scanned.repos, key=lambda r: r.repo_id):
-        if repo.repo_type != "model" or not repo.revisions:
-            continue
-        revision = max(repo.revisions, key=lambda r: ("main" in r.refs, r.last_modified))
-        models.append(_cached_model(repo, revision, cache_dir, allow_patterns or MLX_ALLOW_PATTERNS))
-    return models
+    return [_cached_model(repo, _default_revision(repo), cache_dir, allow_patterns or MLX_ALLOW_PATTERNS)
+            for repo in sorted(_model_repos(cache_dir), key=lambda r: r.repo_id)]
 
 
 def find_cached_model(repo_id: str, cache_dir: Path | None = None, revision: str | None = None) -> CachedModel | None:
     """The repo's `main` (or newest) revision in the cache; with `revision`, the cached one it names (a branch or tag
-    the cache has a ref for, or a commit hash)."""
+    the cache has a ref for, or a commit hash). Only this repo's files are checked against its listing."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
+    repo = next((r for r in _model_repos(cache_dir) if r.repo_id == repo_id), None)
+    if repo is None:
+        return None
     if revision is None or revision == "main":
-        return next((m for m in list_cached_models(cache_dir) if m.repo_id == repo_id), None)
+        chosen = _default_revision(repo)
+    else:
+        chosen = next((c for c in repo.revisions if revision in c.refs or c.commit_hash == revision), None)
+    return _cached_model(repo, chosen, cache_dir, MLX_ALLOW_PATTERNS) if chosen is not None else None
+
+
+def _model_repos(cache_dir: Path) -> list:
+    """The cache's model repos that hold a revision (huggingface_hub's scan: file sizes, no contents read)."""
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
-    cache_dir = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
     try:
         scanned = scan_cache_dir(cache_dir)
     except CacheNotFound:
-        return None
-    for repo in scanned.repos:
-        if repo.repo_id == repo_id and repo.repo_type == "model":
-            for cached in repo.revisions:
-                if revision in cached.refs or cached.commit_hash == revision:
-                    return _cached_model(repo, cached, cache_dir, MLX_ALLOW_PATTERNS)
-    return None
+        return []
+    return [repo for repo in scanned.repos if repo.repo_type == "model" and repo.revisions]
+
+
+def _default_revision(repo):
+    return max(repo.revisions, key=lambda r: ("main" in r.refs, r.last_modified))
 
 
 def delete_cached_model(repo_id: str, cache_dir: Path | None = None) -> int:
