@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
+from engine.spec_decode.config import SpeculativeConfig
 
 MIN_PREFIX_CACHE_BYTES = 1 << 20
 
@@ -40,6 +41,8 @@ class EngineConfig:
     # Run the model in this dtype ("float32", "bfloat16", "float16"); None keeps the weights'.
     dtype: str | None = None
     seed: int = 0
+    # Speculative decoding (engine/spec_decode/); None: off.
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_prefill_seqs", "max_decode_seqs"):

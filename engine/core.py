@@ -21,6 +21,8 @@ from engine.runner_output import RunnerOutput
 from engine.sampling.structured import GuideCompiler
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
+from engine.spec_decode.speculator import SpeculationStats
+from engine.runner.verify_step import new_speculative_decoder
 
 THROUGHPUT_WINDOW_S = 10.0
 
@@ -49,10 +51,12 @@ class EngineStats:
     # How long a step should take at most here (None: not measured): EngineClient.health() calls an engine
     # whose steps stop ending for many times this long degraded.
     expected_step_s: float | None = None
+    # None when the model does not speculate.
+    speculation: SpeculationStats | None = None
 
 
 class EngineCore:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, draft: LoadedModel | None = None) -> None:
         self.loaded = loaded
         config = config or EngineConfig()
         self.context_length = config.context_length or loaded.context_length
@@ -67,7 +71,8 @@ class EngineCore:
         prefix_cache = new_prefix_cache(
             loaded.model, config.enable_prefix_cache, config.prefix_block_size, config.prefix_cache_bytes
         )
-        self.runner = ModelRunner(loaded, config, prefix_cache)
+        speculation = new_speculative_decoder(loaded, config.speculative, draft)
+        self.runner = ModelRunner(loaded, config, prefix_cache, speculation)
         self.scheduler = Scheduler(config, kv=KVCacheManager(prefix_cache))
         self._states: dict[str, RequestOutputState] = {}
         self._text_source = text_source_factory(loaded.tokenizer)
@@ -121,6 +126,7 @@ class EngineCore:
         sampled = self.runner.execute(scheduled, before_device_work)
         self.last_step_first_tokens = sampled.num_first_tokens
         outputs = self._expired_outputs(scheduled)
+        self._note_drafts(sampled)
         outputs += self._update(sampled)
         self._count(scheduled, outputs)
         self._step_seconds_total += time.perf_counter() - started
@@ -139,6 +145,17 @@ class EngineCore:
                 self.scheduler.finish_request(state.request, verdict.finished_status)
                 del self._states[token.request_id]
         return outputs
+
+    def _note_drafts(self, result: RunnerOutput) -> None:
+        """Verified drafts: the scheduler counts the accepted ones as computed; usage reports them."""
+        if not result.drafted:
+            return
+        self.scheduler.accept_drafts(result.accepted_drafts)
+        for request_id, drafted in result.drafted.items():
+            state = self._states.get(request_id)
+            if state is not None:
+                state.request.num_drafted_tokens += drafted
+                state.request.num_accepted_draft_tokens += result.accepted_drafts.get(request_id, 0)
 
     def _admissions(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
         """The requests taken in this step, with their prompt's prefix-cache hit (matched by the scheduler)."""
@@ -184,6 +201,7 @@ class EngineCore:
             memory=read_engine_memory(),
             prefix_cache=replace(self.runner.prefix_cache.stats) if self.runner.prefix_cache else None,
             expected_step_s=self.expected_step_s,
+            speculation=self.runner.speculation_stats(),
         )
 
     def release_idle_buffers(self) -> None:

@@ -79,6 +79,11 @@ class Request:
     # image's content: engine/vision/inputs.py); None for a text prompt, keyed by its token ids.
     vision: "VisionInputs | None" = None
     prompt_cache_keys: Sequence[int] | None = None
+    # False: never speculate for this request (it decodes plainly, in the same batch).
+    speculative: bool = True
+    # Draft tokens verified for this request, and how many of them it accepted (usage reports both).
+    num_drafted_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
     _output_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -24,3 +24,7 @@ class RunnerOutput:
     sampled: list[SampledToken] = field(default_factory=list)
     # How many of `sampled` are first tokens of prompts completed this step (they come last).
     num_first_tokens: int = 0
+    # Rows of a verifying step that accepted drafts: how many (their KV holds these beyond the scheduled token).
+    accepted_drafts: dict[str, int] = field(default_factory=dict)
+    # Rows of a verifying step that drafted: how many tokens.
+    drafted: dict[str, int] = field(default_factory=dict)

@@ -155,3 +155,28 @@ def _row_arrays(padding: list[int], index: int) -> tuple[mx.array, mx.array]:
     arrays per layer costs more than the step's bookkeeping, and nothing here mutates them in place
     (BatchKVCache's update rebinds its offset)."""
     return mx.array([index - p for p in padding]), mx.array(padding)
+
+
+def drop_row_tails(batch: LayerCaches, padding: list[int], drops: list[int]) -> list[int]:
+    """Drop the last drops[i] positions of each row (rejected drafts), in place; returns the new padding.
+
+    Rows share one end index: all lose the fewest drops by moving that index back; a row that loses more is
+    shifted right by the difference (one gather per layer over the batch), its dropped positions becoming
+    left padding. The buffers keep their width, so the next step's update does not grow them.
+    """
+    shared = min(drops)
+    shifts = [d - shared for d in drops]
+    index = _index(batch) - shared
+    new_padding = [p + s for p, s in zip(padding, shifts)]
+    offsets, lefts = _row_arrays(new_padding, index)
+    gather = None
+    if any(shifts):
+        width = batch[0].state[0].shape[2]
+        positions = mx.arange(width)[None, :] - mx.array(shifts)[:, None]
+        gather = (positions % width)[:, None, :, None]
+    for cache in batch:
+        keys, values = cache.state[:2]
+        if gather is not None:
+            keys, values = mx.take_along_axis(keys, gather, axis=2), mx.take_along_axis(values, gather, axis=2)
+        cache.state = (keys, values, offsets, lefts, index)
+    return new_padding

@@ -24,6 +24,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    # Speculative decoding: draft tokens the model accepted and rejected (OpenAI's prediction token counts).
+    accepted_draft_tokens: int = 0
+    rejected_draft_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -158,7 +161,11 @@ class RequestOutputState:
 
     def usage(self) -> Usage:
         request = self.request
-        return Usage(request.num_prompt_tokens, request.num_output_tokens, request.num_cached_tokens)
+        accepted = request.num_accepted_draft_tokens
+        return Usage(
+            request.num_prompt_tokens, request.num_output_tokens, request.num_cached_tokens,
+            accepted, request.num_drafted_tokens - accepted,
+        )
 
     def _logprobs(self, sampled: SampledToken) -> list[TokenLogprob] | None:
         if not self.request.sampling.logprobs:

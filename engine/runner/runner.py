@@ -9,7 +9,7 @@ device work. Rows whose penalties need the previous token force a read first.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Callable
 
 import mlx.core as mx
@@ -24,6 +24,9 @@ from engine.runner.head_split import head_split
 from engine.runner.loader import LoadedModel
 from engine.runner.prefill import PrefillResult, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
+from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
+from engine.runner.verify_step import SpeculativeDecoder
+from engine.spec_decode.speculator import SpeculationStats
 from engine.runner.vision_prefill import run_vision_prefill
 from engine.runner.warmup import warm_prefill_shapes
 from engine.runner_output import RunnerOutput, SampledToken
@@ -33,7 +36,10 @@ from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, prefix_cache: PrefixCache | None = None) -> None:
+    def __init__(
+        self, loaded: LoadedModel, config: EngineConfig, prefix_cache: PrefixCache | None = None,
+        speculation: SpeculativeDecoder | None = None,
+    ) -> None:
         self.model = loaded.model
         self.config = config
         self.stream = mx.new_stream(mx.default_device())
@@ -62,6 +68,8 @@ class ModelRunner:
         self.head_split = self.vision.head_split() if self.vision is not None else head_split(self.model)
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._rope_deltas: dict[str, int] = {}
+        # Speculative decoding (verify_step.py): models of plain KV caches only, not vision models.
+        self.speculation = speculation if speculation is not None and self.vision is None else None
 
     # ---- one engine step -------------------------------------------------
     def execute(self, scheduled: SchedulerOutput, before_device_work: Callable[[], None] | None = None) -> RunnerOutput:
@@ -72,7 +80,12 @@ class ModelRunner:
                 self._forget(request_id)
             for request in scheduled.new_requests:
                 self._requests[request.request_id] = request
+                if self.speculation is not None:
+                    self.speculation.add(request)
             rows = scheduled.decode_rows
+            lengths = self.speculation.plan(rows, self._rows) if self.speculation is not None and rows else None
+            if lengths is not None:
+                return self._execute_verifying(scheduled, lengths, before_device_work)
             needs_history = any(self._rows[row.request_id].params.needs_token_history for row in rows)
             sampled = []
             # The prompts go to the device first, so their first tokens do not wait for the decode forward,
@@ -107,6 +120,38 @@ class ModelRunner:
             with mx.stream(self.stream):
                 self._copies.copy(self._copies.take())
 
+    def _execute_verifying(
+        self, scheduled: SchedulerOutput, lengths: dict[str, int], before_device_work: Callable[[], None] | None
+    ) -> RunnerOutput:
+        """A step whose rows verify drafts (verify_step.py): synchronous, its tokens read back before it ends."""
+        earlier = self._copies.take() if self._copies is not None else []
+        first = self._dispatch_prefill(scheduled.prefill_chunks)
+        if self._copies is not None:
+            self._copies.copy(earlier)
+        sampled = self._read_pending()
+        self._pending = None
+        for token in sampled:  # the drafts continue these: they are the rows' inputs now
+            self._next_inputs[token.request_id] = token.token_id
+        rows = scheduled.decode_rows
+        self._update_batch(rows, scheduled.rows_to_cache)
+        inputs = [self._next_inputs.pop(rid) for rid in self.batch.request_ids]
+        step = self.speculation.dispatch(self.batch, inputs, lengths, rows)
+        if before_device_work is not None:
+            before_device_work()
+        if self._blocks is not None:
+            self._blocks.flush()
+        first_tokens = self._collect_first_tokens(first)
+        verified = self.speculation.finish(self.batch, step)
+        tokens = [token for row in verified for token in row.tokens]
+        self.batch.record_tokens(tokens, self._rows)
+        for row in verified:
+            self._next_inputs[row.request_id] = row.tokens[-1].token_id
+        accepted = {row.request_id: row.num_accepted for row in verified if row.num_accepted}
+        drafted = {row.request_id: row.num_drafts for row in verified if row.num_drafts}
+        return RunnerOutput(
+            sampled + tokens + first_tokens, num_first_tokens=len(first_tokens), accepted_drafts=accepted, drafted=drafted
+        )
+
     def _forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
         self._prefill_caches.pop(request_id, None)
@@ -115,21 +160,30 @@ class ModelRunner:
         self._next_inputs.pop(request_id, None)
         self._embedded.pop(request_id, None)
         self._rope_deltas.pop(request_id, None)
+        if self.speculation is not None:
+            self.speculation.forget(request_id)
 
     def _read_pending(self) -> list[SampledToken]:
         if self._pending is None:
             return []
         sampled = self._pending.read()
         self.batch.record_tokens(sampled, self._rows)
+        if self.speculation is not None:
+            self.speculation.record(sampled)
         return sampled
 
-    def _dispatch_forward(self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]]) -> mx.array | None:
+    def _update_batch(self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]]) -> list[int]:
+        """The decode batch made exactly this step's rows (leaving rows' KV cached first); returns the previous
+        index of each kept row."""
         request_ids = [row.request_id for row in rows]
         joiner_caches = {rid: self._prefill_caches.pop(rid) for rid in request_ids if rid not in self.batch.rows}
         blocks = {rid: self._joiner_blocks.pop(rid) for rid in joiner_caches if rid in self._joiner_blocks}
         self._cache_leaving_rows(rows_to_cache)
+        return self.batch.update_membership(request_ids, joiner_caches, self._rows, blocks)
+
+    def _dispatch_forward(self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]]) -> mx.array | None:
         previous_ids = list(self.batch.request_ids)
-        keep_rows = self.batch.update_membership(request_ids, joiner_caches, self._rows, blocks)
+        keep_rows = self._update_batch(rows, rows_to_cache)
         if not self.batch.request_ids:
             return None
         inputs = self._decode_inputs(previous_ids, keep_rows)
@@ -148,7 +202,10 @@ class ModelRunner:
         return PendingStep(list(self.batch.request_ids), sampled, self.batch.top_logprob_counts())
 
     def _decode_inputs(self, previous_ids: list[str], keep_rows: list[int]) -> mx.array:
-        """Kept rows feed their pending sampled token (still lazy); joiners their first token."""
+        """Kept rows feed their pending sampled token (still lazy); joiners their first token. After a verifying
+        step (nothing pending) every row's input is on the host."""
+        if self._pending is None:
+            return mx.array([self._next_inputs.pop(rid) for rid in self.batch.request_ids], mx.uint32)
         parts = []
         if keep_rows:
             assert self._pending is not None and self._pending.request_ids == previous_ids
@@ -238,6 +295,8 @@ class ModelRunner:
         for token in tokens:
             self._next_inputs[token.request_id] = token.token_id
         self.batch.record_tokens(tokens, self._rows)
+        if self.speculation is not None:
+            self.speculation.record(tokens)
         return tokens
 
     def _note_joiner_blocks(self, chunks: list[PrefillChunk], result: PrefillResult) -> None:
@@ -276,6 +335,9 @@ class ModelRunner:
         if not self.holds_state():
             mx.clear_cache()
 
+    def speculation_stats(self) -> SpeculationStats | None:
+        return replace(self.speculation.speculator.stats) if self.speculation is not None else None
+
     def kv_cache_bytes(self) -> int:
         total = cache_nbytes(self.batch.caches) if self.batch.caches else 0
         return total + sum(cache_nbytes(c) for c in self._prefill_caches.values())
@@ -305,6 +367,8 @@ class ModelRunner:
 
     def close(self) -> None:
         self._pending = None
+        if self.speculation is not None:
+            self.speculation.close()
         self._prefill_caches.clear()
         self._joiner_blocks.clear()
         if self._copies is not None:
@@ -334,56 +398,3 @@ def _resolve_pad_shapes(setting: bool | None, model) -> bool:
     if prefix_cache_mode(model) != "blocks":
         return False
     return setting if setting is not None else mx.default_device().type == mx.gpu
-
-
-# ---- copies of completed prompts into the prefix cache ------------------------------------------------------
-# A step's completed prompts are kept until the next step: their copies cost CPU time (~15 ms for 32 prompts of
-# 517 tokens on an H100) that the next step's new prompts would otherwise wait for, so the runner makes them once
-# those prompts are on the device, or before scheduling when the scheduler says a waiting request may hit them.
-@dataclass
-class PrefilledPrompts:
-    """One step's prefill chunks, their requests' whole prompts and the forward's result."""
-
-    chunks: list[PrefillChunk]
-    prompts: list[tuple[int, ...]]
-    result: PrefillResult
-
-
-class PromptCopies:
-    def __init__(self, blocks: KVBlockStore) -> None:
-        self._blocks = blocks
-        self._pending: list[PrefilledPrompts] = []
-
-    def keep(self, prefilled: PrefilledPrompts) -> None:
-        if any(chunk.cache_prompt for chunk in prefilled.chunks):
-            self._pending.append(prefilled)
-
-    def take(self) -> list[PrefilledPrompts]:
-        pending, self._pending = self._pending, []
-        return pending
-
-    def __bool__(self) -> bool:
-        return bool(self._pending)
-
-    def copy(self, prefilled: list[PrefilledPrompts]) -> None:
-        """Cache the prompts their chunks completed: padded forwards' rows together, others one by one."""
-        for prompts in prefilled:
-            inserted = self._copy_shared_rows(prompts)
-            for i, (chunk, cache) in enumerate(zip(prompts.chunks, prompts.result.caches)):
-                if i not in inserted and chunk.cache_prompt:
-                    self._blocks.insert(prompts.prompts[i], cache)
-        if prefilled:
-            self._blocks.flush()
-
-    def _copy_shared_rows(self, prompts: PrefilledPrompts) -> set[int]:
-        """Prompts of one padded forward are copied from its batched cache at once."""
-        inserted: set[int] = set()
-        for shared in prompts.result.shared:
-            wanted = [(position, i) for position, i in enumerate(shared.rows) if prompts.chunks[i].cache_prompt]
-            token_ids = [prompts.prompts[i] for _, i in wanted]
-            if len(wanted) > 1 and self._blocks.insert_rows(token_ids, shared.caches, [p for p, _ in wanted]):
-                inserted.update(i for _, i in wanted)
-        return inserted
-
-    def clear(self) -> None:
-        self._pending = []

@@ -30,6 +30,8 @@ class NewRequest:
     # A multimodal prompt's images, and the keys its KV is cached under (None: the prompt's ids).
     vision: "VisionInputs | None" = None
     prompt_cache_keys: tuple[int, ...] | None = None
+    # False: the request asked not to speculate (its rows decode plainly beside speculating ones).
+    speculative: bool = True
 
     @property
     def cache_keys(self) -> tuple[int, ...]:
@@ -65,6 +67,8 @@ class DecodeRow:
 
     request_id: str
     sample_index: int
+    # The most draft tokens the row may verify this step (speculative decoding; 0: none): never past max_tokens.
+    max_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -73,10 +73,27 @@ class Scheduler:
         self._freed_request_ids = []
         output.expired = self._expire_waiting()
         decoding = self._schedule_decodes()
-        output.decode_rows = [DecodeRow(r.request_id, r.num_decode_steps - 1) for r in decoding.values()]
+        output.decode_rows = [
+            DecodeRow(r.request_id, r.num_decode_steps - 1, self._draft_allowance(r)) for r in decoding.values()
+        ]
         output.rows_to_cache = self._leaving_rows_to_cache(decoding)
         output.prefill_chunks = self._schedule_prefills(output.new_requests)
         return output
+
+    def _draft_allowance(self, request: Request) -> int:
+        """Drafts a row may verify this step: none past max_tokens (the scheduled token counts one)."""
+        spec = self.config.speculative
+        if spec is None or not request.speculative or request.guide is not None:
+            return 0
+        return max(0, min(spec.num_draft_tokens, request.max_tokens - request.num_decode_steps))
+
+    def accept_drafts(self, accepted: dict[str, int]) -> None:
+        """Rows of the last step that accepted drafts: those tokens are computed (in their KV) and sampled."""
+        for request_id, count in accepted.items():
+            request = self._decoding.get(request_id)
+            if request is not None:
+                request.num_computed_tokens += count
+                request.num_decode_steps += count
 
     def uncached_prompts_may_be_hit(self) -> bool:
         """Whether the runner should copy the last step's completed prompts into the prefix cache before
@@ -137,7 +154,7 @@ class Scheduler:
             self.kv.reuse_cached_prefix(request)
             new_requests.append(NewRequest(
                 request.request_id, request.prompt_token_ids, request.sampling, request.guide, tuple(request.prefix_blocks),
-                request.vision, request.prompt_cache_keys,
+                request.vision, request.prompt_cache_keys, request.speculative,
             ))
             if request.is_prefilling:
                 budget = self._add_chunk(request, budget, chunks)

@@ -1,0 +1,145 @@
+"""The runner's verifying decode steps: draft, check every row's drafts in the batch's one forward, roll back.
+
+A step verifies when some row's policy drafts (spec_decode/adaptive.py). Its drafts continue the previous
+step's tokens, so that step is read back first (the decode pipeline waits once). Every row of the batch then
+computes 1 + K positions (K: the longest draft; rows with fewer drafts, or none, pad), the target samples each
+position (spec_decode/verify.py), and each row's KV drops what it did not accept: a lone row's cache is
+trimmed, a batch's rows are cut back together and shifted where they differ (kv/plain_batch.py). Only models
+whose layers are all plain KV caches speculate (others, and vision models, decode plainly).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import mlx.core as mx
+
+from engine.kv.plain_batch import drop_row_tails
+from engine.runner.decode_batch import DecodeBatch
+from engine.runner_output import SampledToken
+from engine.sampling.sampler import RowSampling
+from engine.scheduler.output import DecodeRow, NewRequest
+from engine.spec_decode.adaptive import DraftCosts
+from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.draft_model import DraftModel
+from engine.spec_decode.speculator import Speculator
+from engine.spec_decode.verify import VerifiedRow, VerifyRow, VerifyStep, dispatch_verification, read_verification
+
+logger = logging.getLogger(__name__)
+
+
+class SpeculativeDecoder:
+    def __init__(
+        self, model, config: SpeculativeConfig, vocab_size: int, max_verify_tokens: int,
+        draft: DraftModel | None = None, costs: DraftCosts | None = None,
+    ) -> None:
+        self.model = model
+        self.vocab_size = vocab_size
+        self.draft = draft
+        self.speculator = Speculator(config, max_verify_tokens, costs or DraftCosts())
+
+    # ---- rows ------------------------------------------------------------
+    def add(self, request: NewRequest) -> None:
+        if request.speculative and request.guide is None:
+            self.speculator.add(request.request_id, request.prompt_token_ids)
+
+    def forget(self, request_id: str) -> None:
+        self.speculator.forget(request_id)
+        if self.draft is not None:
+            self.draft.forget(request_id)
+
+    def record(self, tokens: list[SampledToken]) -> None:
+        for token in tokens:
+            self.speculator.record_tokens(token.request_id, [token.token_id])
+
+    # ---- a step ----------------------------------------------------------
+    def plan(self, rows: list[DecodeRow], sampling: dict[str, RowSampling]) -> dict[str, int] | None:
+        """Each row's draft length this step, or None when no row drafts (a plain, pipelined step)."""
+        allowances = {}
+        for row in rows:
+            allowance = row.max_draft_tokens
+            if self.draft is not None and sampling[row.request_id].params.has_penalties:
+                allowance = 0  # a draft model's drafts stay on the device; penalties need them on the host
+            allowances[row.request_id] = allowance
+        lengths = self.speculator.plan(allowances, len(rows))
+        return lengths if any(lengths.values()) else None
+
+    def dispatch(
+        self, batch: DecodeBatch, inputs: list[int], lengths: dict[str, int], rows: list[DecodeRow]
+    ) -> VerifyStep:
+        """Queue the drafts, the verifying forward and its sampling (batch rows' order; inputs: their last tokens)."""
+        request_ids = batch.request_ids
+        drafts, num_drafts, host_drafts = self._drafts(request_ids, lengths)
+        tokens = mx.array(inputs, mx.uint32)[:, None]
+        if drafts is not None:
+            tokens = mx.concatenate([tokens, drafts], axis=1)
+        logits = self.model(tokens, cache=batch.caches)
+        sample_index = {row.request_id: row.sample_index for row in rows}
+        verify_rows = [
+            VerifyRow(rid, batch.rows[rid], sample_index[rid], n) for rid, n in zip(request_ids, num_drafts)
+        ]
+        empty = mx.zeros((len(request_ids), 0), mx.uint32)
+        return dispatch_verification(logits, verify_rows, drafts if drafts is not None else empty, host_drafts, self.vocab_size)
+
+    def _drafts(self, request_ids: list[str], lengths: dict[str, int]) -> tuple[mx.array | None, list[int], dict[str, list[int]]]:
+        """[B, K] drafts in batch order (None: no row drafts), each row's draft count, and the host's copy (n-gram)."""
+        if self.draft is None:
+            host = self.speculator.ngram_drafts({rid: lengths.get(rid, 0) for rid in request_ids})
+            width = max((len(d) for d in host.values()), default=0)
+            if width == 0:
+                return None, [0] * len(request_ids), {}
+            padded = [host.get(rid, []) + [0] * (width - len(host.get(rid, []))) for rid in request_ids]
+            return mx.array(padded, mx.uint32), [len(host.get(rid, [])) for rid in request_ids], host
+        histories = self.speculator.histories(rid for rid in request_ids if lengths.get(rid, 0) > 0)
+        drafted_ids, drafted = self.draft.propose({rid: lengths[rid] for rid in histories}, histories)
+        if drafted is None:
+            return None, [0] * len(request_ids), {}
+        position = {rid: i for i, rid in enumerate(drafted_ids)}
+        padded = mx.concatenate([drafted, mx.zeros((1, drafted.shape[1]), mx.uint32)])
+        order = mx.array([position.get(rid, len(drafted_ids)) for rid in request_ids], mx.int32)
+        counts = [lengths[rid] if rid in position else 0 for rid in request_ids]
+        return padded[order], counts, {}
+
+    def finish(self, batch: DecodeBatch, step: VerifyStep) -> list[VerifiedRow]:
+        """Read the verification back, drop each row's unaccepted positions, and learn from the outcome."""
+        verified = read_verification(step)
+        drops = [step.width - 1 - row.num_accepted for row in verified]
+        if any(drops):
+            if batch.is_batched:
+                batch.padding = drop_row_tails(batch.caches, batch.padding, drops)
+            else:
+                for layer in batch.caches:
+                    layer.trim(drops[0])
+        if step.width > 1:
+            self.speculator.stats.verify_steps += 1
+        for row in verified:
+            self.speculator.record_verification(row.request_id, row.num_drafts, row.num_accepted)
+            self.record(row.tokens)
+        return verified
+
+    def close(self) -> None:
+        if self.draft is not None:
+            self.draft.close()
+
+
+def new_speculative_decoder(loaded, config: SpeculativeConfig | None, draft_loaded=None) -> SpeculativeDecoder | None:
+    """The decoder for a model's speculative config, or None where the model cannot speculate: models whose
+    layers are not all plain KV caches (sliding windows, recurrent or hybrid layers) decode plainly."""
+    from engine.kv.batch_cache import new_request_cache
+    from engine.kv.plain_batch import is_plain_request_cache
+    from engine.spec_decode.adaptive import default_max_verify_tokens
+    from engine.spec_decode.draft_model import check_same_tokenizer
+
+    if config is None:
+        return None
+    if not is_plain_request_cache(new_request_cache(loaded.model)):
+        logger.warning("speculative decoding is off for %s: its caches are not all plain KV caches", loaded.path)
+        return None
+    draft = None
+    if config.method == "draft":
+        if draft_loaded is None:
+            raise ValueError("speculative method 'draft' needs the draft model loaded")
+        check_same_tokenizer(loaded.tokenizer, draft_loaded.tokenizer)
+        draft = DraftModel(draft_loaded.model, loaded.vocab_size)
+    max_verify = config.max_verify_tokens or default_max_verify_tokens(mx.default_device().type == mx.gpu)
+    return SpeculativeDecoder(loaded.model, config, loaded.vocab_size, max_verify, draft)

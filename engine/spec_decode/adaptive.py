@@ -1,0 +1,97 @@
+"""How many tokens each row drafts: the length that maximises expected tokens per unit of step cost, from the
+row's measured acceptance; 0 (plain, pipelined decode) when drafting does not pay.
+
+Acceptance is modelled per draft token (a row accepts each next draft with probability alpha), estimated from
+decayed counts of accepted drafts and rejections. A step that verifies k drafts yields (1 - alpha^(k+1)) /
+(1 - alpha) tokens on average and costs 1 + sync_cost + k * token_cost plain steps: sync_cost is the decode
+pipeline a verifying step gives up (its drafts need the previous token on the host), token_cost what one more
+verified position (and, for a draft model, one more draft forward) adds. A row that stopped drafting probes
+again after a back-off (doubling while probes keep failing), so a text that turns repetitive is found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DECAY = 0.9
+PRIOR_ACCEPTED, PRIOR_REJECTED = 2.0, 1.0
+FIRST_PROBE_AFTER, MAX_PROBE_AFTER = 8, 256
+
+
+@dataclass(frozen=True)
+class DraftCosts:
+    """Costs in units of one plain decode step."""
+
+    sync_cost: float = 0.1
+    token_cost: float = 0.03
+
+
+@dataclass
+class RowDraftPolicy:
+    max_length: int
+    accepted: float = PRIOR_ACCEPTED
+    rejected: float = PRIOR_REJECTED
+    # Plain steps left before an idle row probes again, and the back-off to use after a failed probe.
+    steps_to_probe: int = 0
+    probe_after: int = FIRST_PROBE_AFTER
+    drafted_total: int = 0
+    accepted_total: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def length(self, allowance: int, costs: DraftCosts) -> int:
+        """Drafts for this step (0: decode plainly), at most `allowance`."""
+        limit = min(self.max_length, allowance)
+        if limit <= 0:
+            return 0
+        best = best_length(self.acceptance, limit, costs)
+        if best > 0:
+            return best
+        if self.steps_to_probe > 0:
+            self.steps_to_probe -= 1
+            return 0
+        return 1  # a probe: one draft, so that the estimate can recover
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.drafted_total += drafted
+        self.accepted_total += accepted
+        self.accepted = DECAY * self.accepted + accepted
+        self.rejected = DECAY * self.rejected + (1 if accepted < drafted else 0)
+        if accepted == 0 and self.steps_to_probe == 0:
+            self.steps_to_probe = self.probe_after
+            self.probe_after = min(self.probe_after * 2, MAX_PROBE_AFTER)
+        elif accepted > 0:
+            self.probe_after = FIRST_PROBE_AFTER
+
+
+def expected_tokens(alpha: float, length: int) -> float:
+    if alpha >= 1.0:
+        return float(length + 1)
+    return (1.0 - alpha ** (length + 1)) / (1.0 - alpha)
+
+
+def best_length(alpha: float, limit: int, costs: DraftCosts) -> int:
+    """The draft length in 0..limit with the most expected tokens per unit of cost (0 costs exactly 1)."""
+    best, best_rate = 0, 1.0
+    for length in range(1, limit + 1):
+        rate = expected_tokens(alpha, length) / (1.0 + costs.sync_cost + length * costs.token_cost)
+        if rate > best_rate * 1.02:  # a clear gain only: a coin-flip gain costs latency variance
+            best, best_rate = length, rate
+    return best
+
+
+def default_max_verify_tokens(device_is_gpu: bool) -> int:
+    """Positions one verifying forward may compute before decode turns compute-bound: a GPU's decode step costs
+    about the same for tens of positions; a CPU's matmuls already scale with a few."""
+    return 64 if device_is_gpu else 16
+
+
+def fit_lengths(lengths: list[int], num_rows: int, max_verify_tokens: int) -> list[int]:
+    """Every row of the batch computes 1 + max(lengths) positions: cap the lengths so that the batch's verifying
+    forward stays within max_verify_tokens (all 0 when even one draft per row does not fit)."""
+    cap = max_verify_tokens // max(num_rows, 1) - 1
+    return [min(length, max(cap, 0)) for length in lengths]

@@ -1,0 +1,100 @@
+"""A draft model: a smaller model of the target's tokenizer drafts greedily for the rows that speculate, batched.
+
+Its KV lives in one plain batch (kv/plain_batch.py) over the drafting rows. Before each proposal every row's
+draft KV is cut back to all but its last two known tokens (rejected drafts and the draft of the last position
+go), then one forward over those two tokens and k - 1 single-token forwards draft k tokens for all rows at
+once. The drafts stay on the device: the target's verifying forward takes them as they are, and the step reads
+them back with its own samples (one sync per step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from engine.errors import ModelLoadError
+from engine.kv.batch_cache import LayerCaches, new_request_cache
+from engine.kv.plain_batch import RowBlock, append_rows, drop_row_tails, filter_rows, is_plain_request_cache
+
+CATCH_UP_CHUNK = 512
+
+
+class DraftModel:
+    def __init__(self, model: Any, target_vocab_size: int) -> None:
+        if not is_plain_request_cache(new_request_cache(model)):
+            raise ModelLoadError("The draft model must keep plain KV caches (no sliding-window or recurrent layers)")
+        self.model = model
+        self.target_vocab_size = target_vocab_size
+        self.request_ids: list[str] = []
+        self.caches: LayerCaches = []
+        self.padding: list[int] = []
+        self._lengths: dict[str, int] = {}  # KV positions each row's draft cache holds
+
+    def propose(self, wanted: dict[str, int], histories: dict[str, list[int]]) -> tuple[list[str], mx.array | None]:
+        """Drafts (lazy, [rows, max length]) for the rows that want any; returns the rows in the drafts' order."""
+        rows = [rid for rid, length in wanted.items() if length > 0 and len(histories[rid]) >= 3]
+        if not rows:
+            return [], None
+        width = max(wanted[rid] for rid in rows)
+        self._update_rows(rows, histories)
+        last_two = mx.array([histories[rid][-2:] for rid in self.request_ids], mx.uint32)
+        token = self._greedy(self.model(last_two, cache=self.caches))
+        drafts = [token]
+        for _ in range(width - 1):
+            token = self._greedy(self.model(token[:, None], cache=self.caches))
+            drafts.append(token)
+        for rid in self.request_ids:
+            self._lengths[rid] = len(histories[rid]) + width - 1
+        return list(self.request_ids), mx.stack(drafts, axis=1)
+
+    def _greedy(self, logits: mx.array) -> mx.array:
+        return mx.argmax(logits[:, -1, : self.target_vocab_size], axis=-1).astype(mx.uint32)
+
+    def _update_rows(self, rows: list[str], histories: dict[str, list[int]]) -> None:
+        """Keep the drafting rows whose KV is not behind their text; cut theirs to all but the last two known
+        tokens; prefill joiners (new rows, and rows that sat out steps) from their text."""
+        wanted = set(rows)
+        keep = [
+            i for i, rid in enumerate(self.request_ids)
+            if rid in wanted and self._lengths[rid] >= len(histories[rid]) - 2
+        ]
+        if len(keep) != len(self.request_ids):
+            for i, rid in enumerate(self.request_ids):
+                if i not in keep:
+                    self._lengths.pop(rid, None)
+            self.caches, self.padding = filter_rows(self.caches, self.padding, keep)
+            self.request_ids = [self.request_ids[i] for i in keep]
+        drops = [self._lengths[rid] - (len(histories[rid]) - 2) for rid in self.request_ids]
+        if any(drops):
+            self.padding = drop_row_tails(self.caches, self.padding, drops)
+        joiners = [rid for rid in rows if rid not in self._lengths]
+        if joiners:
+            blocks = [RowBlock.of_request(self._prefill(histories[rid][:-2])) for rid in joiners]
+            self.caches, self.padding = append_rows(self.caches, self.padding, blocks)
+            self.request_ids += joiners
+
+    def _prefill(self, token_ids: list[int]) -> LayerCaches:
+        cache = new_request_cache(self.model)
+        for start in range(0, len(token_ids), CATCH_UP_CHUNK):
+            self.model(mx.array([token_ids[start : start + CATCH_UP_CHUNK]], mx.uint32), cache=cache)
+            mx.eval([layer.state for layer in cache])
+        return cache
+
+    def forget(self, request_id: str) -> None:
+        """A finished row leaves at the next proposal (filtered with the others)."""
+        if request_id in self._lengths:
+            self._lengths[request_id] = -1
+
+    def close(self) -> None:
+        self.request_ids, self.caches, self.padding = [], [], []
+        self._lengths.clear()
+
+
+def check_same_tokenizer(target_tokenizer: Any, draft_tokenizer: Any) -> None:
+    """A draft speaks the target's token ids only if both tokenizers map the same strings to the same ids."""
+    if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+        raise ModelLoadError(
+            "The draft model's tokenizer differs from the target's (their vocabularies map tokens to different ids): "
+            "a draft model must share the target's tokenizer"
+        )

@@ -1,0 +1,95 @@
+"""Per-row speculation state the runner keeps (plain Python): each row's known text, n-gram index and draft
+policy, the step's draft lengths, and the model's acceptance counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.spec_decode.adaptive import DraftCosts, RowDraftPolicy, fit_lengths
+from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.ngram import NgramIndex
+
+
+@dataclass
+class SpeculationStats:
+    """Counts since the engine started: steps that verified drafts, drafted and accepted tokens."""
+
+    method: str
+    verify_steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+
+@dataclass
+class SpecRow:
+    tokens: list[int]  # the prompt and every token read back so far
+    policy: RowDraftPolicy
+    index: NgramIndex | None = None
+
+
+@dataclass
+class Speculator:
+    config: SpeculativeConfig
+    max_verify_tokens: int
+    costs: DraftCosts = field(default_factory=DraftCosts)
+    rows: dict[str, SpecRow] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.stats = SpeculationStats(self.config.method)
+
+    @property
+    def uses_ngram(self) -> bool:
+        return self.config.method == "ngram"
+
+    def add(self, request_id: str, prompt_token_ids: tuple[int, ...]) -> None:
+        policy = RowDraftPolicy(self.config.num_draft_tokens)
+        row = SpecRow(list(prompt_token_ids), policy)
+        if self.uses_ngram:
+            row.index = NgramIndex(self.config.min_match, self.config.max_match)
+            row.index.extend(prompt_token_ids)
+            row.tokens = row.index.tokens  # one list, shared
+        self.rows[request_id] = row
+
+    def forget(self, request_id: str) -> None:
+        self.rows.pop(request_id, None)
+
+    def record_tokens(self, request_id: str, token_ids: list[int]) -> None:
+        row = self.rows.get(request_id)
+        if row is None:
+            return
+        if row.index is not None:
+            row.index.extend(token_ids)
+        else:
+            row.tokens.extend(token_ids)
+
+    def plan(self, allowances: dict[str, int], batch_size: int) -> dict[str, int]:
+        """Each decode row's draft length this step (rows not tracked draft none); all 0: decode plainly."""
+        lengths = {}
+        for request_id, allowance in allowances.items():
+            row = self.rows.get(request_id)
+            if row is None or allowance <= 0:
+                lengths[request_id] = 0
+            elif row.index is not None and row.index.match_end() is None:
+                lengths[request_id] = 0  # nothing to look up (the text known so far has no earlier match)
+            else:
+                lengths[request_id] = row.policy.length(allowance, self.costs)
+        fitted = fit_lengths(list(lengths.values()), batch_size, self.max_verify_tokens)
+        return dict(zip(lengths, fitted))
+
+    def ngram_drafts(self, lengths: dict[str, int]) -> dict[str, list[int]]:
+        return {rid: self.rows[rid].index.propose(n) for rid, n in lengths.items() if n > 0}
+
+    def histories(self, request_ids) -> dict[str, list[int]]:
+        return {rid: self.rows[rid].tokens for rid in request_ids}
+
+    def record_verification(self, request_id: str, drafted: int, accepted: int) -> None:
+        row = self.rows.get(request_id)
+        if row is not None:
+            row.policy.record(drafted, accepted)
+        if drafted:
+            self.stats.drafted_tokens += drafted
+            self.stats.accepted_tokens += accepted
