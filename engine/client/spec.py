@@ -51,7 +51,17 @@ def build_engine_core(spec: EngineSpec) -> "EngineCore":
     if spec.model_type == "multimodal":
         from engine.vision.loader import load_vision_model as load
     loaded = load(path, dtype=spec.dtype, chat_template_file=spec.chat_template_file, trust_remote_code=spec.trust_remote_code)
-    return EngineCore(loaded, spec.engine_config)
+    return EngineCore(loaded, spec.engine_config, draft=_load_draft(spec))
+
+
+def _load_draft(spec: EngineSpec):
+    """The draft model of a `draft` speculative config (its tokenizer is checked against the target's by the core)."""
+    speculative = spec.engine_config.speculative if spec.engine_config is not None else None
+    if speculative is None or speculative.draft_model_path is None:
+        return None
+    from engine.runner.loader import load_model
+
+    return load_model(speculative.draft_model_path, dtype=spec.dtype, trust_remote_code=spec.trust_remote_code)
 
 
 def _quantized_path(spec: EngineSpec, path: str) -> str:
