@@ -124,3 +124,26 @@ def test_rows_of_one_batched_cache_join_as_one_block_like_separate_requests():
     assert_same_rows(ours, padding, ref)
     decode_step([ours, ref], seed=7)
     assert_same_rows(ours, padding, ref)
+
+
+def test_dropping_row_tails_keeps_each_rows_accepted_kv_right_aligned():
+    # Rows of 5, 9 and 3 tokens each verify 4 positions, then keep 4, 1 and 2 of them (drop 0, 3 and 2).
+    requests = [request_cache(n, seed) for seed, n in enumerate((5, 9, 3))]
+    caches, padding = plain_batch.append_rows([], [], blocks(requests))
+    written = [request_cache(4, 10 + row) for row in range(3)]
+    for layer, cache in enumerate(caches):
+        keys = mx.concatenate([w[layer].keys[..., :4, :] for w in written])
+        cache.update_and_fetch(keys, keys * 2 + 1)
+    padding = plain_batch.drop_row_tails(caches, padding, [0, 3, 2])
+    kept = [4, 1, 2]
+    for row, (request, new) in enumerate(zip(requests, written)):
+        got = plain_batch.row_cache(caches, padding, row)
+        for layer in range(LAYERS):
+            expected = mx.concatenate([request[layer].keys[..., : request[layer].offset, :], new[layer].keys[..., : kept[row], :]], axis=2)
+            assert got[layer].offset == expected.shape[2]
+            np.testing.assert_array_equal(np.array(got[layer].keys), np.array(expected))
+            np.testing.assert_array_equal(np.array(got[layer].values), np.array(expected * 2 + 1))
+    # Offsets and padding agree with the shared index, and the buffers kept their width (no regrowth next step).
+    index = caches[0].state[4]
+    assert caches[0].offset.tolist() == [index - p for p in padding] and caches[0].left_padding.tolist() == padding
+    assert caches[0].keys.shape[2] >= index + 1

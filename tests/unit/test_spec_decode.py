@@ -1,0 +1,94 @@
+"""Speculative decoding's plain-Python parts: prompt lookup, draft lengths from acceptance, the verify budget."""
+
+from __future__ import annotations
+
+from engine.spec_decode.adaptive import DraftCosts, RowDraftPolicy, best_length, expected_tokens, fit_lengths
+from engine.spec_decode.ngram import NgramIndex
+from engine.spec_decode.speculator import Speculator
+from engine.spec_decode.config import SpeculativeConfig
+
+
+def index(tokens, min_match=2, max_match=4) -> NgramIndex:
+    built = NgramIndex(min_match, max_match)
+    built.extend(tokens)
+    return built
+
+
+def test_lookup_copies_what_followed_the_latest_longest_match():
+    # "3 4" occurs twice before the end; the later one (followed by 9 8) wins; the 3-gram "2 3 4" wins over both.
+    assert index([1, 3, 4, 7, 7, 3, 4, 9, 8, 5, 3, 4]).propose(2) == [9, 8]
+    assert index([2, 3, 4, 6, 0, 3, 4, 9, 2, 3, 4]).propose(3) == [6, 0, 3]
+
+
+def test_lookup_without_a_match_drafts_nothing_and_short_matches_are_ignored():
+    assert index([1, 2, 3, 4, 5]).propose(4) == []
+    assert index([1, 2, 9, 2], min_match=2).propose(4) == []  # only the 1-gram "2" recurs
+    assert index([1, 2, 9, 2], min_match=1).propose(2) == [9, 2]
+
+
+def test_a_match_near_the_end_repeats_its_continuation():
+    # "7 8" at the end matched two tokens earlier: the text is periodic (7 8 7 8 ...).
+    assert index([7, 8, 7, 8]).propose(5) == [7, 8, 7, 8, 7]
+
+
+def test_the_index_grows_with_the_text():
+    built = index([5, 6, 1])
+    assert built.propose(3) == []
+    built.extend([5, 6])
+    assert built.propose(3) == [1, 5, 6]
+
+
+def test_expected_tokens_and_the_best_length():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert abs(expected_tokens(0.5, 2) - 1.75) < 1e-12
+    assert expected_tokens(1.0, 3) == 4.0
+    costs = DraftCosts(sync_cost=0.1, token_cost=0.03)
+    assert best_length(0.0, 8, costs) == 0  # drafts that are never accepted cost the pipeline: decode plainly
+    assert best_length(0.05, 8, costs) == 0
+    assert 4 <= best_length(0.9, 8, costs) <= 8
+    assert best_length(0.9, 2, costs) == 2  # capped by the allowance
+
+
+def drafts_over(policy: RowDraftPolicy, steps: int, accepted_share: float) -> list[int]:
+    """The row's draft length at each step, when it accepts that share of each step's drafts."""
+    lengths = []
+    for _ in range(steps):
+        length = policy.length(4, DraftCosts())
+        if length:
+            policy.record(length, int(length * accepted_share))
+        lengths.append(length)
+    return lengths
+
+
+def test_a_row_that_stops_paying_backs_off_and_probes_again():
+    policy = RowDraftPolicy(max_length=4)
+    lengths = drafts_over(policy, 100, accepted_share=0.0)
+    assert lengths[0] == 4  # the prior expects good acceptance
+    probes = [i for i, n in enumerate(lengths) if n][-3:]
+    assert all(lengths[i] == 1 for i in probes)  # once off, a row probes with one draft
+    waits = [b - a - 1 for a, b in zip(probes, probes[1:])]
+    assert waits == [16, 32]  # plain steps between probes, doubling while probes fail
+    assert sum(lengths[16:]) == 3  # past the decline, all but the probes are plain steps
+    # The text turns repetitive: the next probe succeeds and the length grows back.
+    assert max(drafts_over(policy, 80, accepted_share=1.0)[-5:]) == 4
+    assert policy.length(0, DraftCosts()) == 0  # no allowance (max_tokens reached, or the request opted out)
+
+
+def test_the_verify_budget_caps_every_rows_drafts():
+    assert fit_lengths([4, 2, 0], num_rows=3, max_verify_tokens=64) == [4, 2, 0]
+    assert fit_lengths([4, 4, 4, 4], num_rows=16, max_verify_tokens=64) == [3, 3, 3, 3]
+    assert fit_lengths([4, 4], num_rows=64, max_verify_tokens=64) == [0, 0]  # compute-bound: no drafts
+
+
+def test_the_speculator_plans_only_rows_with_a_match_and_an_allowance():
+    speculator = Speculator(SpeculativeConfig(method="ngram", num_draft_tokens=3), max_verify_tokens=64)
+    speculator.add("repeats", (1, 2, 3, 1, 2))
+    speculator.add("fresh", (7, 8, 9))
+    lengths = speculator.plan({"repeats": 3, "fresh": 3, "untracked": 3, }, batch_size=3)
+    assert lengths == {"repeats": 3, "fresh": 0, "untracked": 0}
+    assert speculator.ngram_drafts({"repeats": 3}) == {"repeats": [3, 1, 2]}
+    speculator.record_tokens("repeats", [3])
+    assert speculator.ngram_drafts({"repeats": 2}) == {"repeats": [1, 2]}
+    assert speculator.plan({"repeats": 0}, batch_size=1) == {"repeats": 0}
+    speculator.record_verification("repeats", 3, 2)
+    assert (speculator.stats.drafted_tokens, speculator.stats.accepted_tokens) == (3, 2)
