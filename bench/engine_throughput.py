@@ -128,11 +128,31 @@ def load_orchard_model(model_path: str):
     return load_model(model_path)
 
 
-def engine_core(loaded, **config):
-    """An EngineCore with EngineConfig(**config); fields left out keep the engine's defaults."""
+def engine_core(loaded, draft=None, **config):
+    """An EngineCore with EngineConfig(**config); fields left out keep the engine's defaults. draft: the loaded
+    draft model of a `speculative` config of method "draft"."""
     from engine import EngineConfig, EngineCore
 
-    return EngineCore(loaded, EngineConfig(**config))
+    return EngineCore(loaded, EngineConfig(**config), draft=draft)
+
+
+def speculative_config(**fields):
+    """The engine's SpeculativeConfig (method, num_draft_tokens, min_match, max_match, draft_model_path, ...)."""
+    from engine.spec_decode.config import SpeculativeConfig
+
+    return SpeculativeConfig(**fields)
+
+
+def set_host_drafter(core, drafter) -> None:
+    """Replace prompt lookup's drafts by drafter(request_id, known_tokens, length) -> tokens (a core of method
+    "ngram"): a drafter of known agreement."""
+    core.runner.speculation.speculator.host_drafter = drafter
+
+
+def speculation_counts(core) -> tuple[int, int]:
+    """(drafted, accepted) tokens since the core started."""
+    stats = core.stats().speculation
+    return (stats.drafted_tokens, stats.accepted_tokens) if stats is not None else (0, 0)
 
 
 def greedy_request(request_id: str, prompt: list[int], max_tokens: int, ignore_eos: bool = True, guided=None):

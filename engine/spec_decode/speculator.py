@@ -4,6 +4,7 @@ policy, the step's draft lengths, and the model's acceptance counts."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from engine.spec_decode.adaptive import DraftCosts, RowDraftPolicy, fit_lengths
 from engine.spec_decode.config import SpeculativeConfig
@@ -37,6 +38,9 @@ class Speculator:
     max_verify_tokens: int
     costs: DraftCosts = field(default_factory=DraftCosts)
     rows: dict[str, SpecRow] = field(default_factory=dict)
+    # Where host drafts come from: prompt lookup, unless replaced by a drafter of known agreement (bench/
+    # speculative.py measures speed against acceptance with one): (request id, known text, length) -> drafts.
+    host_drafter: Callable[[str, list[int], int], list[int]] | None = None
 
     def __post_init__(self) -> None:
         self.stats = SpeculationStats(self.config.method)
@@ -73,7 +77,7 @@ class Speculator:
             row = self.rows.get(request_id)
             if row is None or allowance <= 0:
                 lengths[request_id] = 0
-            elif row.index is not None and row.index.match_end() is None:
+            elif self.host_drafter is None and row.index is not None and row.index.match_end() is None:
                 lengths[request_id] = 0  # nothing to look up (the text known so far has no earlier match)
             else:
                 lengths[request_id] = row.policy.length(allowance, self.costs)
@@ -81,6 +85,8 @@ class Speculator:
         return dict(zip(lengths, fitted))
 
     def ngram_drafts(self, lengths: dict[str, int]) -> dict[str, list[int]]:
+        if self.host_drafter is not None:
+            return {rid: self.host_drafter(rid, self.rows[rid].tokens, n) for rid, n in lengths.items() if n > 0}
         return {rid: self.rows[rid].index.propose(n) for rid, n in lengths.items() if n > 0}
 
     def histories(self, request_ids) -> dict[str, list[int]]:

@@ -1,0 +1,242 @@
+"""Speculative decoding against plain decoding, in process: speed-up as a function of measured acceptance.
+
+    python -m bench.speculative --random-shape llama-3.1-8b --draft-shape llama-3.2-1b --json out.json --plot out.png
+    python -m bench.speculative --model PATH --streams 1 --acceptance 0,0.7,0.9
+
+Controlled acceptance: plain greedy decoding first writes each request's continuation (the reference); then a
+drafter that knows it proposes each next token right with probability q, wrong otherwise. It replaces prompt
+lookup's drafts only (engine/spec_decode/speculator.py's host_drafter), so verification, rollback and the
+adaptive draft length are the engine's own, and the measured acceptance (accepted / drafted tokens) is what the
+policy saw. Also measured on the same prompts: prompt lookup itself (`ngram`), and with --draft-shape a random
+draft model of the target's vocabulary (`draft`: ~0 % acceptance, the adaptive off-switch paying a draft model).
+
+Every speculative run's tokens are compared with the reference (`mismatched`: requests that differ; greedy
+speculation is exact, so only device numerics can make them differ). Plain and speculative runs alternate,
+--repeat times; ratios are of median tokens/s within this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from bench.engine_throughput import (
+    check_engine_api,
+    engine_core,
+    free_memory,
+    git_commit,
+    greedy_request,
+    load_orchard_model,
+    machine_info,
+    make_prompts,
+    model_info,
+    set_host_drafter,
+    speculation_counts,
+    speculative_config,
+)
+
+Drafter = Callable[[str, list[int], int], list[int]]
+
+
+@dataclass
+class Case:
+    """One speculative configuration at one stream count, over the run's repeats."""
+
+    streams: int
+    label: str
+    target_acceptance: Optional[float]
+    tokens_per_s: list[float] = field(default_factory=list)
+    drafted: int = 0
+    accepted: int = 0
+    mismatched: int = 0
+
+    @property
+    def acceptance(self) -> Optional[float]:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@dataclass
+class Level:
+    streams: int
+    plain_tokens_per_s: list[float] = field(default_factory=list)
+    cases: list[Case] = field(default_factory=list)
+
+
+def timed_run(core, prompts: dict[str, list[int]], max_tokens: int) -> tuple[float, dict[str, list[int]]]:
+    """Submit every prompt at once and step to the end: (seconds, each request's tokens)."""
+    outputs: dict[str, list[int]] = {rid: [] for rid in prompts}
+    for rid, prompt in prompts.items():
+        core.add_request(greedy_request(rid, prompt, max_tokens))
+    start = time.perf_counter()
+    while core.has_unfinished_requests():
+        for out in core.step():
+            outputs[out.request_id] += out.new_token_ids
+    return time.perf_counter() - start, outputs
+
+
+def oracle(reference: dict[str, list[int]], prompt_lengths: dict[str, int], q: float, vocab: int, seed: int) -> Drafter:
+    """Drafts that are the reference's next tokens, each right with probability q (wrong: another token)."""
+    rng = random.Random(seed)
+
+    def draft(request_id: str, known: list[int], length: int) -> list[int]:
+        position = len(known) - prompt_lengths[request_id]
+        truth = reference[request_id][position : position + length]
+        return [t if rng.random() < q else (t + 1 + rng.randrange(vocab - 17)) % (vocab - 16) for t in truth]
+
+    return draft
+
+
+def measure(case: Case, core, prompts, reference, max_tokens: int) -> None:
+    drafted, accepted = speculation_counts(core)
+    seconds, outputs = timed_run(core, prompts, max_tokens)
+    after = speculation_counts(core)
+    case.drafted += after[0] - drafted
+    case.accepted += after[1] - accepted
+    case.mismatched += sum(outputs[rid] != reference[rid] for rid in prompts)
+    case.tokens_per_s.append(sum(map(len, outputs.values())) / seconds)
+
+
+def bench_streams(streams: int, loaded, draft, args) -> Level:
+    vocab = loaded.vocab_size
+    prompts = {f"s{streams}-{i}": p for i, p in enumerate(make_prompts(streams, args.prompt_tokens, vocab, [streams, 7]))}
+    lengths = {rid: len(p) for rid, p in prompts.items()}
+    common = dict(max_decode_seqs=streams, pad_prefill_shapes=False, enable_prefix_cache=False)
+    plain = engine_core(loaded, **common)
+    spec = engine_core(loaded, speculative=speculative_config(method="ngram", num_draft_tokens=args.draft_tokens), **common)
+    _, reference = timed_run(plain, prompts, args.new_tokens)  # also the warm-up
+    timed_run(spec, prompts, args.new_tokens)
+    level = Level(streams)
+    cases = [Case(streams, f"q={q:g}", q) for q in args.acceptance] + [Case(streams, "ngram", None)]
+    drafting = None
+    if draft is not None:
+        spec_config = speculative_config(method="draft", num_draft_tokens=args.draft_tokens, draft_model_path=str(draft.path))
+        drafting = engine_core(loaded, draft=draft, speculative=spec_config, **common)
+        timed_run(drafting, prompts, args.new_tokens)
+        cases.append(Case(streams, "draft", None))
+    for repeat in range(args.repeat):
+        seconds, outputs = timed_run(plain, prompts, args.new_tokens)
+        level.plain_tokens_per_s.append(sum(map(len, outputs.values())) / seconds)
+        for case in cases:
+            core = drafting if case.label == "draft" else spec
+            if case.label != "draft":
+                drafter = None if case.target_acceptance is None else oracle(reference, lengths, case.target_acceptance, vocab, repeat)
+                set_host_drafter(spec, drafter)
+            measure(case, core, prompts, reference, args.new_tokens)
+        print(f"streams {streams} repeat {repeat + 1}/{args.repeat} done", flush=True)
+    level.cases = cases
+    for core in (plain, spec, drafting):
+        if core is not None:
+            core.close()
+    free_memory()
+    return level
+
+
+def table(levels: list[Level]) -> str:
+    rows = [["streams", "case", "acceptance", "plain tok/s", "spec tok/s", "ratio", "mismatched"]]
+    for level in levels:
+        plain = statistics.median(level.plain_tokens_per_s)
+        for case in level.cases:
+            spec = statistics.median(case.tokens_per_s)
+            acceptance = f"{case.acceptance:.1%}" if case.acceptance is not None else "-"
+            rows.append([str(level.streams), case.label, acceptance, f"{plain:.1f}", f"{spec:.1f}", f"{spec / plain:.2f}x",
+                         str(case.mismatched)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def plot(levels: list[Level], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for level in levels:
+        plain = statistics.median(level.plain_tokens_per_s)
+        points = sorted(
+            (c.acceptance, statistics.median(c.tokens_per_s) / plain) for c in level.cases
+            if c.target_acceptance is not None and c.acceptance is not None
+        )
+        ax.plot([a * 100 for a, _ in points], [r for _, r in points], marker="o", label=f"{level.streams} stream(s)")
+    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    ax.set_xlabel("measured acceptance (% of drafted tokens)")
+    ax.set_ylabel("tokens/s vs plain decoding")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def replot(report_path: Path, plot_path: Optional[Path]) -> list[Level]:
+    report = json.loads(report_path.read_text())
+    levels = [
+        Level(raw["streams"], raw["plain_tokens_per_s"], [Case(**case) for case in raw["cases"]]) for raw in report["levels"]
+    ]
+    print(table(levels))
+    if plot_path:
+        plot(levels, plot_path, f"speculative decoding, {report['model'].get('random_shape') or report['model']['path']}")
+    return levels
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="mlx-lm model folder")
+    src.add_argument("--random-shape", help="build a random bf16 model of this shape (bench/random_model.py)")
+    src.add_argument("--from-json", type=Path, help="only redraw --plot (and print the table) from an earlier --json")
+    p.add_argument("--draft-shape", help="also speculate with a random draft model of this shape (same vocabulary)")
+    p.add_argument("--streams", default="1,8", help="concurrent requests, comma-separated")
+    p.add_argument("--acceptance", default="0,0.3,0.5,0.7,0.8,0.9,1", help="drafter agreement levels q")
+    p.add_argument("--draft-tokens", type=int, default=4)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--plot", type=Path)
+    args = p.parse_args(argv)
+    args.streams = [int(s) for s in args.streams.split(",")]
+    args.acceptance = [float(q) for q in args.acceptance.split(",")]
+    return args
+
+
+def build_models(args, workdir: Path) -> tuple[str, Optional[str]]:
+    from bench.random_model import make_random_model
+
+    model_path = args.model or str(make_random_model(workdir / "target", args.random_shape))
+    draft_path = str(make_random_model(workdir / "draft", args.draft_shape, seed=1)) if args.draft_shape else None
+    return model_path, draft_path
+
+
+def main(argv: Optional[list[str]] = None) -> list[Level]:
+    args = parse_args(argv)
+    if args.from_json:
+        return replot(args.from_json, args.plot)
+    check_engine_api()
+    with tempfile.TemporaryDirectory() as workdir:
+        started = time.perf_counter()
+        model_path, draft_path = build_models(args, Path(workdir))
+        loaded = load_orchard_model(model_path)
+        draft = load_orchard_model(draft_path) if draft_path else None
+        info = {"machine": machine_info(), "commit": git_commit(), "model": model_info(model_path, args.random_shape),
+                "draft_shape": args.draft_shape, "setup_s": round(time.perf_counter() - started, 1)}
+        levels = [bench_streams(streams, loaded, draft, args) for streams in args.streams]
+    text = table(levels)
+    print(text)
+    if args.json:
+        report = {**info, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                  "levels": [asdict(level) for level in levels], "table": text}
+        args.json.write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot(levels, args.plot, f"speculative decoding, {args.random_shape or Path(args.model).name}")
+    return levels
+
+
+if __name__ == "__main__":
+    main()
