@@ -192,6 +192,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     src.add_argument("--random-shape", help="build a random bf16 model of this shape (bench/random_model.py)")
     src.add_argument("--from-json", type=Path, help="only redraw --plot (and print the table) from an earlier --json")
     p.add_argument("--draft-shape", help="also speculate with a random draft model of this shape (same vocabulary)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="of the random models (float32: kernel-shape rounding never flips a greedy token)")
     p.add_argument("--streams", default="1,8", help="concurrent requests, comma-separated")
     p.add_argument("--acceptance", default="0,0.3,0.5,0.7,0.8,0.9,1", help="drafter agreement levels q")
     p.add_argument("--draft-tokens", type=int, default=4)
@@ -209,8 +211,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def build_models(args, workdir: Path) -> tuple[str, Optional[str]]:
     from bench.random_model import make_random_model
 
-    model_path = args.model or str(make_random_model(workdir / "target", args.random_shape))
-    draft_path = str(make_random_model(workdir / "draft", args.draft_shape, seed=1)) if args.draft_shape else None
+    model_path = args.model or str(make_random_model(workdir / "target", args.random_shape, args.dtype))
+    draft_path = str(make_random_model(workdir / "draft", args.draft_shape, args.dtype, seed=1)) if args.draft_shape else None
     return model_path, draft_path
 
 
