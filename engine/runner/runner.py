@@ -9,6 +9,7 @@ device work. Rows whose penalties need the previous token force a read first.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import replace
 from typing import Callable
 
@@ -86,6 +87,7 @@ class ModelRunner:
             lengths = self.speculation.plan(rows, self._rows) if self.speculation is not None and rows else None
             if lengths is not None:
                 return self._execute_verifying(scheduled, lengths, before_device_work)
+            started = time.perf_counter()
             needs_history = any(self._rows[row.request_id].params.needs_token_history for row in rows)
             sampled = []
             # The prompts go to the device first, so their first tokens do not wait for the decode forward,
@@ -110,6 +112,8 @@ class ModelRunner:
             if not needs_history:
                 sampled = self._read_pending()
             self._pending = dispatched
+            if self.speculation is not None and rows and not scheduled.prefill_chunks:
+                self.speculation.observe_step(len(rows), 1, time.perf_counter() - started)
         return RunnerOutput(sampled + first_tokens, num_first_tokens=len(first_tokens))
 
     def cache_prefilled_prompts(self) -> None:
@@ -124,6 +128,7 @@ class ModelRunner:
         self, scheduled: SchedulerOutput, lengths: dict[str, int], before_device_work: Callable[[], None] | None
     ) -> RunnerOutput:
         """A step whose rows verify drafts (verify_step.py): synchronous, its tokens read back before it ends."""
+        started = time.perf_counter()
         earlier = self._copies.take() if self._copies is not None else []
         first = self._dispatch_prefill(scheduled.prefill_chunks)
         if self._copies is not None:
@@ -142,6 +147,8 @@ class ModelRunner:
             self._blocks.flush()
         first_tokens = self._collect_first_tokens(first)
         verified = self.speculation.finish(self.batch, step)
+        if not scheduled.prefill_chunks:
+            self.speculation.observe_step(len(rows), step.width, time.perf_counter() - started)
         tokens = [token for row in verified for token in row.tokens]
         self.batch.record_tokens(tokens, self._rows)
         for row in verified:

@@ -23,6 +23,7 @@ from engine.spec_decode.adaptive import DraftCosts
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.draft_model import DraftModel
 from engine.spec_decode.speculator import Speculator
+from engine.spec_decode.step_costs import StepCosts
 from engine.spec_decode.verify import VerifiedRow, VerifyRow, VerifyStep, dispatch_verification, read_verification
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class SpeculativeDecoder:
         self.model = model
         self.vocab_size = vocab_size
         self.draft = draft
-        self.speculator = Speculator(config, max_verify_tokens, costs or DraftCosts())
+        self.speculator = Speculator(config, max_verify_tokens, StepCosts(costs or DraftCosts()))
 
     # ---- rows ------------------------------------------------------------
     def add(self, request: NewRequest) -> None:
@@ -116,6 +117,15 @@ class SpeculativeDecoder:
             self.speculator.record_verification(row.request_id, row.num_drafts, row.num_accepted)
             self.record(row.tokens)
         return verified
+
+    def observe_step(self, num_rows: int, width: int, seconds: float) -> None:
+        """A decode step's wall time (width 1: plain; more: verifying), for the draft policy's costs."""
+        costs = self.speculator.costs
+        if width > 1:
+            costs.observe_verify(num_rows, width, seconds)
+            self.speculator.stats.verify_overhead = costs.sync_cost
+        else:
+            costs.observe_plain(num_rows, seconds)
 
     def close(self) -> None:
         if self.draft is not None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.spec_decode.adaptive import DraftCosts, RowDraftPolicy, fit_lengths
+from engine.spec_decode.adaptive import RowDraftPolicy, fit_lengths
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.ngram import NgramIndex
+from engine.spec_decode.step_costs import StepCosts
 
 
 @dataclass
@@ -19,6 +20,8 @@ class SpeculationStats:
     verify_steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    # Measured: a verifying step's fixed cost in plain decode steps (what the draft policy weighs), None before one.
+    verify_overhead: float | None = None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -36,7 +39,7 @@ class SpecRow:
 class Speculator:
     config: SpeculativeConfig
     max_verify_tokens: int
-    costs: DraftCosts = field(default_factory=DraftCosts)
+    costs: StepCosts = field(default_factory=StepCosts)
     rows: dict[str, SpecRow] = field(default_factory=dict)
     # Where host drafts come from: prompt lookup, unless replaced by a drafter of known agreement (bench/
     # speculative.py measures speed against acceptance with one): (request id, known text, length) -> drafts.
@@ -73,6 +76,7 @@ class Speculator:
     def plan(self, allowances: dict[str, int], batch_size: int) -> dict[str, int]:
         """Each decode row's draft length this step (rows not tracked draft none); all 0: decode plainly."""
         lengths = {}
+        costs = self.costs.current()
         for request_id, allowance in allowances.items():
             row = self.rows.get(request_id)
             if row is None or allowance <= 0:
@@ -80,7 +84,7 @@ class Speculator:
             elif self.host_drafter is None and row.index is not None and row.index.match_end() is None:
                 lengths[request_id] = 0  # nothing to look up (the text known so far has no earlier match)
             else:
-                lengths[request_id] = row.policy.length(allowance, self.costs)
+                lengths[request_id] = row.policy.length(allowance, costs)
         fitted = fit_lengths(list(lengths.values()), batch_size, self.max_verify_tokens)
         return dict(zip(lengths, fitted))
 

@@ -92,3 +92,19 @@ def test_the_speculator_plans_only_rows_with_a_match_and_an_allowance():
     assert speculator.plan({"repeats": 0}, batch_size=1) == {"repeats": 0}
     speculator.record_verification("repeats", 3, 2)
     assert (speculator.stats.drafted_tokens, speculator.stats.accepted_tokens) == (3, 2)
+
+
+def test_measured_step_costs_replace_the_prior():
+    from engine.spec_decode.step_costs import StepCosts
+
+    costs = StepCosts(DraftCosts(sync_cost=0.1, token_cost=0.03))
+    assert costs.current() == DraftCosts(0.1, 0.03)  # nothing measured yet
+    costs.observe_verify(4, 5, 0.050)  # no plain step to compare with: still the prior
+    assert costs.current().sync_cost == 0.1
+    costs.observe_plain(4, 0.010)
+    costs.observe_verify(4, 5, 0.050)  # 5x a plain step: 4 - 4 * 0.03 of fixed overhead
+    assert abs(costs.current().sync_cost - (4 - 0.12)) < 1e-9
+    assert best_length(0.7, 4, costs.current()) == 0  # drafts cannot pay that back
+    for _ in range(40):  # the device warms up: verifying steps now cost 1.2 plain steps
+        costs.observe_verify(4, 5, 0.012)
+    assert costs.current().sync_cost < 0.2 and best_length(0.7, 4, costs.current()) > 0
