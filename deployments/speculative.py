@@ -36,7 +36,7 @@ class SpeculativeOptions(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "SpeculativeOptions":
+    def _consistent(self) -> SpeculativeOptions:
         if self.method is None:
             self.method = "draft" if self.draft_model_path is not None else "ngram"
         if self.method == "draft" and self.draft_model_path is None:
