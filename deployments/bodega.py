@@ -2,7 +2,8 @@
 
 Bodega (the server whose load-model body and serve options Orchard accepts) names the engine's knobs `cb_*`;
 its sequential mode (`continuous_batching: false`) runs at most `max_concurrency` sequences at once. Fields whose
-Bodega meaning Orchard does not offer are refused with a message saying so, never reinterpreted.
+Bodega meaning Orchard does not offer are refused with a message saying so, never reinterpreted. `draft_model_path`
+and `num_draft_tokens` become our `speculative:` (a draft model; `num_draft_tokens` alone: n-gram prompt lookup).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ UNSUPPORTED = {
         "Bodega's 'prompt_cache_size' counts cached prompts; Orchard caches prompt KV in blocks within a byte "
         "budget: set 'prefix_cache_bytes' instead"
     ),
-    "draft_model_path": "speculative decoding is not available yet: remove 'draft_model_path'",
-    "num_draft_tokens": "speculative decoding is not available yet: remove 'num_draft_tokens'",
 }
+# Bodega's speculative-decoding fields, mapped onto our `speculative:` (deployments/speculative.py).
+DRAFT_FIELDS = ("draft_model_path", "num_draft_tokens")
 # Bodega's model types Orchard does not serve yet (it serves all of them: `lm`, `multimodal`, `embedding`).
 UNSUPPORTED_MODEL_TYPES: tuple[str, ...] = ()
 
@@ -48,8 +49,26 @@ def from_bodega(fields: Any) -> Any:
         if ours in fields:
             raise ValueError(f"'{bodega}' and '{ours}' name the same setting: give one")
         fields[ours] = fields.pop(bodega)
+    _apply_draft_fields(fields)
     _apply_sequential_mode(fields)
     return fields
+
+
+def _apply_draft_fields(fields: dict[str, Any]) -> None:
+    """`draft_model_path` (+ `num_draft_tokens`, default 4): a draft model; `num_draft_tokens` alone: n-gram
+    prompt lookup with that many drafts (output is the model's own either way, so speculating is never wrong)."""
+    given = {name: fields.pop(name) for name in DRAFT_FIELDS if fields.get(name) is not None}
+    for name in DRAFT_FIELDS:
+        fields.pop(name, None)  # null: not given
+    if not given:
+        return
+    if fields.get("speculative") is not None:
+        names = " and ".join(f"'{name}'" for name in given)
+        raise ValueError(f"{names} and 'speculative' both configure speculative decoding: give one")
+    if "draft_model_path" in given:
+        fields["speculative"] = {"method": "draft", **given}
+    else:
+        fields["speculative"] = {"method": "ngram", **given}
 
 
 def _apply_sequential_mode(fields: dict[str, Any]) -> None:

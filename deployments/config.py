@@ -17,6 +17,7 @@ from engine.models.names import DEFAULT_MODEL_ID
 from deployments.bodega import from_bodega
 from deployments.chat.images import DEFAULT_MAX_IMAGE_PIXELS
 from deployments.chat.parsers.selection import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
+from deployments.speculative import SpeculativeOptions
 
 # `model_path: default` means the embedded SmolLM2 model, converted on first use by the model's replica.
 DEFAULT_MODEL_PATH = "default"
@@ -131,6 +132,9 @@ class ModelConfig(BaseModel):
     gguf_file: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+\.gguf$")
     quantize: Literal[4, 8, "auto"] | None = None
     memory_budget_bytes: int | None = Field(None, ge=1, description="for quantize auto (null: what MLX can use now)")
+    # Speculative decoding (null: off), model_type lm only. Bodega's `draft_model_path` (+ `num_draft_tokens`,
+    # default 4) means a draft model; its `num_draft_tokens` alone means n-gram prompt lookup with that many drafts.
+    speculative: SpeculativeOptions | None = None
     # Ray Serve deployment options.
     num_replicas: int = Field(1, ge=1)
     max_ongoing_requests: int = Field(512, ge=1, description="Serve's default of 5 would throttle an LLM")
@@ -182,6 +186,9 @@ class ModelConfig(BaseModel):
             raise ValueError("'revision' pins a Hugging Face repo (model_path: owner/name)")
         if self.quantize is not None and self.model_type != "lm":
             raise ValueError(f"'quantize' applies to model_type 'lm' (mlx-lm's converter), not '{self.model_type}'")
+        if self.speculative is not None and self.model_type != "lm":
+            raise ValueError(f"'speculative' (or Bodega's 'draft_model_path' / 'num_draft_tokens') applies to model_type "
+                             f"'lm', not '{self.model_type}': that engine does not speculate")
         try:
             self.engine_config()
         except InvalidRequestError as exc:  # surface engine limits at config time, not in the replica
@@ -221,6 +228,7 @@ class ModelConfig(BaseModel):
             enable_prefix_cache=self.enable_prefix_cache,
             prefix_cache_bytes=self.prefix_cache_bytes,
             dtype=self.dtype,
+            speculative=self.speculative.engine_config() if self.speculative is not None else None,
         )
 
     def deployment_options(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from engine.errors import OrchardError
 from engine.output.request_output import Finish
 from deployments.chat.parsers.deltas import ToolCallDelta
 from engine.sampling.params import SamplingParams
+from engine.spec_decode.speculator import SpeculationStats
 
 ToolChoiceMode = Literal["auto", "none", "required", "function"]
 
@@ -84,6 +85,8 @@ class GenerateJob:
     # Anthropic's max_tokens is a ceiling (Claude Code asks for 32,000 whatever the model): the model
     # side lowers it to the room the context leaves instead of refusing the request.
     clamp_max_tokens: bool = False
+    # False: the request never speculates (the request field `speculative`), on a model that does.
+    speculative: bool = True
 
 
 @dataclass
@@ -251,6 +254,8 @@ class QueueStats:
     process_cpu_seconds_total: float
     # Streams the ingress received over the replica's stream channel (None: the model has none).
     channel_streams_total: int | None = None
+    # Speculative decoding's counts since the engine started (None: the model does not speculate).
+    speculation: SpeculationStats | None = None
 
 
 class ModelClient(Protocol):

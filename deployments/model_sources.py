@@ -2,7 +2,8 @@
 
 serve_config.yaml is the operator's and may name any folder (check_model_sources); an admin load (and the restore
 of the list it keeps) may name only a folder under model_roots or a Hugging Face repo id already cached, and never
-an operator-only field (check_admin_model).
+an operator-only field (check_admin_model). A speculative draft model (speculative.draft_model_path) follows the
+same rules, except that a repo id must already be in the local cache (it is never downloaded for a load).
 """
 
 from __future__ import annotations
@@ -66,7 +67,42 @@ def check_model_sources(config: ModelConfig, base_dir: Path | None = None) -> Mo
                 "'chat_template_file' must be an absolute path to a file", param="chat_template_file"
             )
         updates["chat_template_file"] = str(template.resolve())
+    draft = _draft_path(config)
+    if draft is not None:
+        updates["speculative"] = _with_draft_folder(config, _operator_draft(draft, base_dir))
     return config.model_copy(update=updates)
+
+
+# ---- the draft model of speculative decoding: a local folder, or a repo id already in the hub cache ------
+DRAFT_PARAM = "speculative.draft_model_path"
+
+
+def _draft_path(config: ModelConfig) -> str | None:
+    return config.speculative.draft_model_path if config.speculative is not None else None
+
+
+def _with_draft_folder(config: ModelConfig, folder: Path) -> Any:
+    assert config.speculative is not None
+    return config.speculative.model_copy(update={"draft_model_path": str(folder)})
+
+
+def _operator_draft(draft: str, base_dir: Path | None) -> Path:
+    """serve_config.yaml's draft: any folder (relative to base_dir), or a cached repo id."""
+    if is_repo_id(draft) and not (base_dir is not None and (base_dir / draft).is_dir()):
+        return _cached_draft(draft)
+    return check_model_folder(draft, param=DRAFT_PARAM, base_dir=base_dir)
+
+
+def _cached_draft(repo_id: str) -> Path:
+    """A draft repo's snapshot in the local hub cache (a draft is never downloaded for a load)."""
+    _check_draft_repo_id(repo_id)
+    snapshot = cached_snapshot(repo_id)
+    if snapshot is None:
+        raise InvalidRequestError(
+            f"'{DRAFT_PARAM}' '{repo_id}' is not in the local Hugging Face cache (or not completely): download it "
+            "first (POST /v1/admin/download-model, or `orchard pull`)", param=DRAFT_PARAM,
+        )
+    return snapshot
 
 
 def operator_hub_model(config: ModelConfig) -> Path:
@@ -105,6 +141,11 @@ def check_admin_policy(config: ModelConfig, roots: list[str]) -> None:
             raise InvalidRequestError(
                 f"'{field}' is an operator setting: set it in serve_config.yaml, not over HTTP ({why})", param=field
             )
+    draft = _draft_path(config)
+    if draft is not None and _is_local_path(draft):
+        _allowed_folder_path(draft, roots, DRAFT_PARAM)
+    elif draft is not None:
+        _check_draft_repo_id(draft)
     if config.uses_embedded_model:
         return
     if _is_local_path(config.model_path):
@@ -113,17 +154,32 @@ def check_admin_policy(config: ModelConfig, roots: list[str]) -> None:
         _check_repo_id(config.model_path)
 
 
+def _check_draft_repo_id(repo_id: str) -> None:
+    try:
+        _check_repo_id(repo_id, DRAFT_PARAM)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(
+            f"'{DRAFT_PARAM}' must be an absolute path to a model folder or a Hugging Face repo id (owner/name)",
+            param=DRAFT_PARAM,
+        ) from exc
+
+
 def check_admin_model(config: ModelConfig, roots: list[str]) -> ModelConfig:
     """check_admin_policy, then what is on disk: a copy whose model_path is the local folder to load (a repo id's
     snapshot in the local Hugging Face cache)."""
     check_admin_policy(config, roots)
+    updates: dict[str, Any] = {}
+    draft = _draft_path(config)
+    if draft is not None:
+        folder = check_model_folder(draft, roots, DRAFT_PARAM) if _is_local_path(draft) else _cached_draft(draft)
+        updates["speculative"] = _with_draft_folder(config, folder)
     if config.uses_embedded_model:
-        return config
+        return config.model_copy(update=updates)
     if _is_local_path(config.model_path):
-        folder = check_model_folder(config.model_path, roots)
+        updates["model_path"] = str(check_model_folder(config.model_path, roots))
     else:
-        folder = hub_source(config)
-    return config.model_copy(update={"model_path": str(folder)})
+        updates["model_path"] = str(hub_source(config))
+    return config.model_copy(update=updates)
 
 
 def hub_source(config: ModelConfig) -> Path:

@@ -45,7 +45,8 @@ def messages_job(body: MessagesRequest, request_id: str, log_id: str) -> Generat
         stop=tuple(body.stop_sequences or ()),
         guided=_output_format(body, forced_call=prompt.tool_choice in ("required", "function")),
     )
-    return GenerateJob(request_id, prompt, sampling, stream=body.stream, log_id=log_id, clamp_max_tokens=True)
+    return GenerateJob(request_id, prompt, sampling, stream=body.stream, log_id=log_id, clamp_max_tokens=True,
+                       speculative=body.speculative is not False)
 
 
 def _output_format(body: MessagesRequest, forced_call: bool) -> GuidedDecoding | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from deployments.api.unknown_fields import accept_unknown_fields
 from engine.errors import InvalidRequestError
@@ -246,6 +246,8 @@ class MessagesRequest(_MessagesFields):
     service_tier: str | None = None
     container: Any = None
     mcp_servers: list[Any] | None = None
+    # Ours (as on the OpenAI routes): false keeps this request from speculating (null: true).
+    speculative: StrictBool | None = None
 
 
 class CountTokensRequest(_MessagesFields):

@@ -55,7 +55,8 @@ def chat_job(body: ChatCompletionRequest, request_id: str, log_id: str) -> Gener
         images=images,
         videos=videos,
     )
-    return GenerateJob(request_id, prompt, sampling, stream=body.stream, log_id=log_id)
+    return GenerateJob(request_id, prompt, sampling, stream=body.stream, log_id=log_id,
+                       speculative=body.speculative is not False)
 
 
 def tool_choice(
@@ -87,7 +88,8 @@ def completion_job(body: CompletionRequest, request_id: str, log_id: str) -> Gen
         raise InvalidRequestError("Only best_of=1 is supported", param="best_of")
     want_logprobs = body.logprobs is not None
     sampling = _sampling(body, body.max_tokens, logprobs=want_logprobs, top_logprobs=body.logprobs or 0)
-    return GenerateJob(request_id, _text_prompt(body.prompt), sampling, stream=body.stream, log_id=log_id)
+    return GenerateJob(request_id, _text_prompt(body.prompt), sampling, stream=body.stream, log_id=log_id,
+                       speculative=body.speculative is not False)
 
 
 def _sampling(body: _SamplingFields, max_tokens: int | None, *, logprobs: bool, top_logprobs: int) -> SamplingParams:

@@ -26,11 +26,20 @@ class PromptTokensDetails(_Out):
     cached_tokens: int
 
 
+class CompletionTokensDetails(_Out):
+    """OpenAI's Predicted Outputs counts; here the draft tokens speculative decoding verified."""
+
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
 class UsageOut(_Out):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    # Only for a request that verified draft tokens (a model that speculates, the request not opted out).
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class TopLogprobOut(_Out):

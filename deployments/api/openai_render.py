@@ -15,6 +15,7 @@ from deployments.api.openai_objects import (
     ChatDelta,
     ChatLogprobs,
     CompletionChoice,
+    CompletionTokensDetails,
     CompletionLogprobs,
     FunctionCallDeltaOut,
     FunctionCallOut,
@@ -41,12 +42,18 @@ class ResponseMeta:
 
 
 def usage_out(usage: Usage) -> UsageOut:
-    return UsageOut(
+    out = UsageOut(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
     )
+    if usage.accepted_draft_tokens or usage.rejected_draft_tokens:
+        out.completion_tokens_details = CompletionTokensDetails(
+            accepted_prediction_tokens=usage.accepted_draft_tokens,
+            rejected_prediction_tokens=usage.rejected_draft_tokens,
+        )
+    return out
 
 
 def finish_reason(finish: Finish | None, called_tools: bool = False) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from deployments.api.unknown_fields import accept_unknown_fields
 from deployments.api.request_limits import (
@@ -203,6 +203,8 @@ class _SamplingFields(BaseModel):
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
+    # Ours: false keeps this request from speculating on a model configured to (null: true).
+    speculative: StrictBool | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -89,7 +89,8 @@ def responses_job(body: ResponsesRequest, history: list[InputItem], request_id: 
         parallel_tool_calls=body.parallel_tool_calls is not False,
         images=images,
     )
-    job = GenerateJob(request_id, prompt, _sampling(body), stream=body.stream, log_id=log_id)
+    job = GenerateJob(request_id, prompt, _sampling(body), stream=body.stream, log_id=log_id,
+                      speculative=body.speculative is not False)
     return ResponsesJob(job, own, _echo_tools(body, functions), namespaces)
 
 

@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictBool,
     Tag,
     TypeAdapter,
     ValidationError,
@@ -292,6 +293,8 @@ class ResponsesRequest(BaseModel):
     prompt_cache_key: str | None = None  # the prefix cache needs no key
     safety_identifier: str | None = None
     service_tier: str | None = None  # one tier here
+    # Ours (as on chat completions): false keeps this request from speculating (null: true).
+    speculative: StrictBool | None = None
 
     @model_validator(mode="before")
     @classmethod

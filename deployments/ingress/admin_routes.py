@@ -20,6 +20,7 @@ from deployments.api.unknown_fields import ignored_field_counts
 from deployments.config import ModelConfig
 from deployments.model_calls import MemoryUsage
 from deployments.ingress.model_registry import ModelEntry, ModelQueueStats, ModelStatus
+from engine.spec_decode.speculator import SpeculationStats
 
 if TYPE_CHECKING:
     from deployments.ingress.model_registry import Registry
@@ -162,4 +163,16 @@ def _queue_row(row: ModelQueueStats) -> dict[str, Any]:
         "engine_step_cpu_seconds_total": stats.step_cpu_seconds_total if stats else None,
         "process_cpu_seconds_total": stats.process_cpu_seconds_total if stats else None,
         "stream_channel_streams_total": stats.channel_streams_total if stats else None,
+        "speculation": _speculation_row(stats.speculation) if stats and stats.speculation else None,
+    }
+
+
+def _speculation_row(speculation: SpeculationStats) -> dict[str, Any]:
+    rate = speculation.acceptance_rate
+    return {
+        "method": speculation.method,
+        "verify_steps": speculation.verify_steps,
+        "drafted_tokens": speculation.drafted_tokens,
+        "accepted_tokens": speculation.accepted_tokens,
+        "acceptance_rate": round(rate, 4) if rate is not None else None,
     }

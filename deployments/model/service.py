@@ -165,7 +165,8 @@ class ModelService:
             plan = plan_output(self.parser_names, job, prompt.text)
             sampling = self._with_max_tokens(plan.sampling, len(prompt.token_ids), job.clamp_max_tokens)
             stream = self._engine.submit(Request(
-                job.request_id, prompt.token_ids, sampling, vision=prompt.vision, prompt_cache_keys=prompt.cache_keys
+                job.request_id, prompt.token_ids, sampling, vision=prompt.vision, prompt_cache_keys=prompt.cache_keys,
+                speculative=job.speculative,
             ))
         except OrchardError as exc:
             logger.info("request %s (%s) refused: %s", job.request_id, job.log_id, exc.message)
@@ -297,6 +298,7 @@ class ModelService:
             step_seconds_total=round(stats.step_seconds_total, 4),
             step_cpu_seconds_total=round(stats.step_cpu_seconds_total, 4),
             process_cpu_seconds_total=round(self._process_cpu_seconds(stats), 4),
+            speculation=stats.speculation,
         )
 
     def _process_cpu_seconds(self, stats: EngineStats) -> float:

@@ -12,6 +12,7 @@ from deployments.config import MAX_MODEL_ID_CHARS, IngressConfig, ModelConfig, m
 from deployments.model_sources import check_admin_model, check_model_folder, check_model_sources, default_model_roots
 from deployments.ingress.model_store import ModelStore
 from engine.errors import InvalidRequestError
+from engine.spec_decode.config import SpeculativeConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,7 +57,20 @@ def test_unknown_fields_are_refused_by_name():
         ({"cb_max_num_seqs": 0}, "max_num_seqs"),
         ({"cb_max_num_seqs": 4, "max_num_seqs": 8}, "name the same setting"),
         ({"prompt_cache_size": 10}, "counts cached prompts.*prefix_cache_bytes"),
-        ({"draft_model_path": "/m/draft"}, "speculative decoding is not available yet"),
+        ({"draft_model_path": "/m/draft", "speculative": {"method": "ngram"}},
+         "'draft_model_path' and 'speculative' both configure speculative decoding: give one"),
+        ({"num_draft_tokens": 2, "speculative": {}}, "'num_draft_tokens' and 'speculative' both configure"),
+        ({"num_draft_tokens": 0}, "speculative.num_draft_tokens\n.*greater than or equal to 1"),
+        ({"num_draft_tokens": 17}, "speculative.num_draft_tokens\n.*less than or equal to 16"),
+        ({"speculative": {"method": "mtp"}}, "speculative.method\n.*'ngram' or 'draft'"),
+        ({"speculative": {"method": "draft"}}, "method 'draft' needs 'speculative.draft_model_path'"),
+        ({"speculative": {"method": "ngram", "draft_model_path": "/m/d"}}, "is for method 'draft', not 'ngram'"),
+        ({"speculative": {"min_match": 5, "max_match": 3}}, "'speculative.min_match' \\(5\\) must be <= "),
+        ({"speculative": {"max_verify_tokens": 1}}, "speculative.max_verify_tokens\n.*greater than or equal to 2"),
+        ({"speculative": {"num_draft": 2}}, "speculative.num_draft\n.*Extra inputs"),
+        ({"speculative": {"num_draft_tokens": "4"}}, "speculative.num_draft_tokens\n"),
+        ({"model_path": "default-embedding", "speculative": {}}, "applies to model_type 'lm', not 'embedding'"),
+        ({"model_type": "multimodal", "draft_model_path": "/m/d"}, "applies to model_type 'lm', not 'multimodal'"),
         ({"continuous_batching": False, "max_decode_seqs": 4}, "use max_concurrency"),
         ({"prefix_cache_bytes": 10}, "at least 1048576"),
         ({"queue_timeout": 0}, "queue_timeout"),
@@ -90,6 +104,52 @@ def test_bodega_names_and_sequential_mode_map_to_our_fields():
     assert (sequential.max_prefill_seqs, sequential.max_decode_seqs) == (2, 2)
     assert ModelConfig.model_validate({"model_path": "default", "continuous_batching": True, "max_concurrency": 5}) \
         == ModelConfig(model_path="default")  # max_concurrency only applies in sequential mode
+
+
+def test_speculative_decoding_from_our_field_and_bodegas():
+    """Bodega's draft_model_path (+ num_draft_tokens) is a draft model; num_draft_tokens alone is n-gram lookup."""
+    def engine(fields: dict) -> SpeculativeConfig | None:
+        return ModelConfig.model_validate({"model_path": "default", **fields}).engine_config().speculative
+
+    assert engine({}) is None and engine({"speculative": None}) is None
+    assert engine({"draft_model_path": None, "num_draft_tokens": None}) is None  # null: not given
+    assert engine({"draft_model_path": "/m/draft"}) == SpeculativeConfig("draft", 4, draft_model_path="/m/draft")
+    assert engine({"draft_model_path": "/m/draft", "num_draft_tokens": 6}) == SpeculativeConfig(
+        "draft", 6, draft_model_path="/m/draft")
+    assert engine({"num_draft_tokens": 3}) == SpeculativeConfig("ngram", 3)
+    assert engine({"speculative": {}}) == SpeculativeConfig("ngram", 4, 2, 4)
+    assert engine({"speculative": {"draft_model_path": "/m/d"}}).method == "draft"  # method follows the path
+    ours = {"method": "ngram", "num_draft_tokens": 8, "min_match": 1, "max_match": 6, "max_verify_tokens": 64}
+    assert engine({"speculative": ours}) == SpeculativeConfig("ngram", 8, 1, 6, max_verify_tokens=64)
+    bodega = ModelConfig.model_validate({"model_path": "default", "draft_model_path": "/m/d", "num_draft_tokens": 2})
+    assert bodega == ModelConfig.model_validate(
+        {"model_path": "default", "speculative": {"method": "draft", "draft_model_path": "/m/d", "num_draft_tokens": 2}})
+
+
+def test_draft_model_paths_are_checked_like_model_paths(tiny_models, tmp_path):
+    """serve_config.yaml: any folder (relative to where serve ran) holding config.json; an admin load: under
+    model_roots only, refused the same way whether the folder exists or not."""
+    def with_draft(draft: str) -> ModelConfig:
+        return ModelConfig(model_id="m", model_path=str(tiny_models.alpha), speculative={"draft_model_path": draft})
+
+    resolved = check_model_sources(with_draft("beta"), base_dir=tiny_models.beta.parent)
+    assert resolved.speculative.draft_model_path == str(tiny_models.beta.resolve())
+    assert resolved.engine_config().speculative.draft_model_path == str(tiny_models.beta.resolve())
+    for draft, message in [(f"{tiny_models.beta}/../beta", "must not contain '..'"), (str(tmp_path), "no config.json"),
+                           ("relative/folder/x", "absolute"), ("org/not-cached", "not in the local Hugging Face cache")]:
+        with pytest.raises(InvalidRequestError, match=message) as refused:
+            check_model_sources(with_draft(draft))
+        assert refused.value.param == "speculative.draft_model_path"
+    roots = [str(tiny_models.alpha)]
+    for draft in (str(tiny_models.beta), "/no/such/folder", "/etc"):
+        with pytest.raises(InvalidRequestError) as refused:
+            check_admin_model(with_draft(draft), roots)
+        assert (refused.value.param, refused.value.message) == (
+            "speculative.draft_model_path", "'speculative.draft_model_path' lies outside the allowed model_roots")
+    with pytest.raises(InvalidRequestError, match="absolute path to a model folder or a Hugging Face repo id"):
+        check_admin_model(with_draft("./beta"), roots)
+    allowed = check_admin_model(with_draft(str(tiny_models.beta)), [str(tiny_models.alpha), str(tiny_models.beta)])
+    assert allowed.speculative.draft_model_path == str(tiny_models.beta.resolve())
 
 
 def test_advanced_knobs_reach_the_engine_config():
