@@ -136,6 +136,14 @@ class Request:
     def finish_reason(self) -> FinishReason | None:
         return FINISH_REASON_OF_STATUS.get(self.status)
 
+    def as_submitted(self) -> "Request":
+        """A new request of this one's inputs (prompt, sampling, images, cache keys, speculation opt-out, compiled
+        guide) and none of its progress: what a replacement engine runs again."""
+        return Request(
+            self.request_id, self.prompt_token_ids, self.sampling, arrival_time=self.arrival_time, guide=self.guide,
+            vision=self.vision, prompt_cache_keys=self.prompt_cache_keys, speculative=self.speculative,
+        )
+
     def append_output_token(self, token_id: int) -> None:
         self._output_token_ids.append(token_id)
 

@@ -129,8 +129,7 @@ class SupervisedEngine:
         client = self._running_client()
         stream = client.submit(request)
         # What a new engine needs to run it again (the old engine may have changed the request object).
-        fresh = Request(request.request_id, request.prompt_token_ids, request.sampling, arrival_time=request.arrival_time)
-        return ResubmittingStream(self, fresh, client, stream)
+        return ResubmittingStream(self, request.as_submitted(), client, stream)
 
     def abort(self, request_id: str) -> None:
         if self._client is not None:

@@ -178,3 +178,29 @@ def test_scheduler_does_not_import_mlx():
     code = "import engine.scheduler, sys; print('mlx.core' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_draft_allowances_stop_at_max_tokens_and_accepted_drafts_count_as_computed():
+    from engine.spec_decode.config import SpeculativeConfig
+
+    scheduler = Scheduler(EngineConfig(speculative=SpeculativeConfig(num_draft_tokens=4)))
+    scheduler.add_request(make_request("a", prompt_len=6, max_tokens=9))
+    scheduler.add_request(Request("off", [1, 2, 3], SamplingParams(max_tokens=9), speculative=False))
+    scheduler.schedule()  # both prompts complete: their first tokens
+    rows = {r.request_id: r for r in scheduler.schedule().decode_rows}
+    assert (rows["a"].max_draft_tokens, rows["off"].max_draft_tokens) == (4, 0)
+    a = rows["a"]
+    scheduler.accept_drafts({"a": 3})  # 3 drafts + the target's token: 4 more tokens, all in the KV but the last
+    request = scheduler.running[0]
+    assert (request.num_decode_steps, request.num_computed_tokens) == (5, 6 + 1 + 3)
+    row = next(r for r in scheduler.schedule().decode_rows if r.request_id == "a")
+    assert row.sample_index == a.sample_index + 4 and row.max_draft_tokens == 9 - 6  # never past max_tokens
+
+
+def test_a_request_as_submitted_keeps_its_inputs_and_drops_its_progress():
+    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=4), prompt_cache_keys=[7, 8, 9], speculative=False)
+    request.num_computed_tokens, request.num_decode_steps = 3, 2
+    request.append_output_token(5)
+    copy = request.as_submitted()
+    assert (copy.prompt_token_ids, copy.prompt_cache_keys, copy.speculative, copy.sampling) == ((1, 2, 3), (7, 8, 9), False, request.sampling)
+    assert (copy.num_computed_tokens, copy.num_decode_steps, copy.output_token_ids) == (0, 0, ())
