@@ -149,6 +149,12 @@ def set_host_drafter(core, drafter) -> None:
     core.runner.speculation.speculator.host_drafter = drafter
 
 
+def speculation_overhead(core):
+    """The measured cost of a verifying step beyond a plain decode step, in plain steps (None: not measured)."""
+    stats = core.stats().speculation
+    return stats.verify_overhead if stats is not None else None
+
+
 def speculation_counts(core) -> tuple[int, int]:
     """(drafted, accepted) tokens since the core started."""
     stats = core.stats().speculation

@@ -11,8 +11,11 @@ policy saw. Also measured on the same prompts: prompt lookup itself (`ngram`), a
 draft model of the target's vocabulary (`draft`: ~0 % acceptance, the adaptive off-switch paying a draft model).
 
 Every speculative run's tokens are compared with the reference (`mismatched`: requests that differ; greedy
-speculation is exact, so only device numerics can make them differ). Plain and speculative runs alternate,
---repeat times; ratios are of median tokens/s within this run.
+speculation is exact, so only device numerics can make them differ: kernels of other shapes round differently,
+and in bf16 that flips near-tied greedy choices of a random model, after which the reference no longer predicts
+the text). Plain and speculative runs alternate, --repeat times, each repeat on new prompts of new lengths;
+ratios are of median tokens/s within this run. `overhead`: what the engine measured a verifying step to cost
+beyond a plain decode step (in plain steps), which its adaptive draft lengths weigh.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from bench.engine_throughput import (
     model_info,
     set_host_drafter,
     speculation_counts,
+    speculation_overhead,
     speculative_config,
 )
 
@@ -56,6 +60,8 @@ class Case:
     drafted: int = 0
     accepted: int = 0
     mismatched: int = 0
+    # The engine's measured cost of a verifying step beyond a plain one (in plain steps), at the case's end.
+    verify_overhead: Optional[float] = None
 
     @property
     def acceptance(self) -> Optional[float]:
@@ -101,52 +107,60 @@ def measure(case: Case, core, prompts, reference, max_tokens: int) -> None:
     case.accepted += after[1] - accepted
     case.mismatched += sum(outputs[rid] != reference[rid] for rid in prompts)
     case.tokens_per_s.append(sum(map(len, outputs.values())) / seconds)
+    case.verify_overhead = speculation_overhead(core)
+
+
+def repeat_prompts(streams: int, repeat: int, vocab: int, length: int) -> dict[str, list[int]]:
+    """New prompts of new lengths each repeat: KV lengths a device has already seen (and built kernels or
+    attention graphs for) would flatter the later runs."""
+    prompts = make_prompts(streams, length + 7 * repeat, vocab, [streams, repeat])
+    return {f"s{streams}-r{repeat}-{i}": p[: length + 7 * repeat - 3 * i] for i, p in enumerate(prompts)}
 
 
 def bench_streams(streams: int, loaded, draft, args) -> Level:
     vocab = loaded.vocab_size
-    prompts = {f"s{streams}-{i}": p for i, p in enumerate(make_prompts(streams, args.prompt_tokens, vocab, [streams, 7]))}
-    lengths = {rid: len(p) for rid, p in prompts.items()}
     common = dict(max_decode_seqs=streams, pad_prefill_shapes=False, enable_prefix_cache=False)
     plain = engine_core(loaded, **common)
     spec = engine_core(loaded, speculative=speculative_config(method="ngram", num_draft_tokens=args.draft_tokens), **common)
-    _, reference = timed_run(plain, prompts, args.new_tokens)  # also the warm-up
-    timed_run(spec, prompts, args.new_tokens)
-    level = Level(streams)
-    cases = [Case(streams, f"q={q:g}", q) for q in args.acceptance] + [Case(streams, "ngram", None)]
-    drafting = None
+    cores = {"spec": spec}
     if draft is not None:
         spec_config = speculative_config(method="draft", num_draft_tokens=args.draft_tokens, draft_model_path=str(draft.path))
-        drafting = engine_core(loaded, draft=draft, speculative=spec_config, **common)
-        timed_run(drafting, prompts, args.new_tokens)
-        cases.append(Case(streams, "draft", None))
+        cores["draft"] = engine_core(loaded, draft=draft, speculative=spec_config, **common)
+    warm = repeat_prompts(streams, args.repeat, vocab, args.prompt_tokens // 2)  # kernels, not these lengths
+    for core in (plain, *cores.values()):
+        timed_run(core, warm, 16)
+    level = Level(streams)
+    cases = [Case(streams, f"q={q:g}", q) for q in args.acceptance] + [Case(streams, "ngram", None)]
+    cases += [Case(streams, "draft", None)] if draft is not None else []
     for repeat in range(args.repeat):
-        seconds, outputs = timed_run(plain, prompts, args.new_tokens)
-        level.plain_tokens_per_s.append(sum(map(len, outputs.values())) / seconds)
+        prompts = repeat_prompts(streams, repeat, vocab, args.prompt_tokens)
+        lengths = {rid: len(p) for rid, p in prompts.items()}
+        seconds, reference = timed_run(plain, prompts, args.new_tokens)
+        level.plain_tokens_per_s.append(sum(map(len, reference.values())) / seconds)
         for case in cases:
-            core = drafting if case.label == "draft" else spec
+            core = cores["draft"] if case.label == "draft" else spec
             if case.label != "draft":
-                drafter = None if case.target_acceptance is None else oracle(reference, lengths, case.target_acceptance, vocab, repeat)
-                set_host_drafter(spec, drafter)
+                q = case.target_acceptance
+                set_host_drafter(spec, None if q is None else oracle(reference, lengths, q, vocab, repeat))
             measure(case, core, prompts, reference, args.new_tokens)
         print(f"streams {streams} repeat {repeat + 1}/{args.repeat} done", flush=True)
     level.cases = cases
-    for core in (plain, spec, drafting):
-        if core is not None:
-            core.close()
+    for core in (plain, *cores.values()):
+        core.close()
     free_memory()
     return level
 
 
 def table(levels: list[Level]) -> str:
-    rows = [["streams", "case", "acceptance", "plain tok/s", "spec tok/s", "ratio", "mismatched"]]
+    rows = [["streams", "case", "acceptance", "plain tok/s", "spec tok/s", "ratio", "mismatched", "overhead"]]
     for level in levels:
         plain = statistics.median(level.plain_tokens_per_s)
         for case in level.cases:
             spec = statistics.median(case.tokens_per_s)
             acceptance = f"{case.acceptance:.1%}" if case.acceptance is not None else "-"
+            overhead = f"{case.verify_overhead:.2f}" if case.verify_overhead is not None else "-"
             rows.append([str(level.streams), case.label, acceptance, f"{plain:.1f}", f"{spec:.1f}", f"{spec / plain:.2f}x",
-                         str(case.mismatched)])
+                         str(case.mismatched), overhead])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
 

@@ -34,6 +34,9 @@ class SpeculativeOptions(BaseModel):
     max_verify_tokens: int | None = Field(
         None, ge=2, description="positions one verifying forward may compute over the batch (null: from the device)"
     )
+    adaptive: bool = Field(
+        True, description="false: always draft num_draft_tokens (no per-request lengths from acceptance and measured cost)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> SpeculativeOptions:
@@ -58,4 +61,5 @@ class SpeculativeOptions(BaseModel):
             max_match=self.max_match,
             draft_model_path=self.draft_model_path,
             max_verify_tokens=self.max_verify_tokens,
+            adaptive=self.adaptive,
         )

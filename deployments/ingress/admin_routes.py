@@ -175,4 +175,6 @@ def _speculation_row(speculation: SpeculationStats) -> dict[str, Any]:
         "drafted_tokens": speculation.drafted_tokens,
         "accepted_tokens": speculation.accepted_tokens,
         "acceptance_rate": round(rate, 4) if rate is not None else None,
+        # What a verifying step costs beyond a plain decode step here (in plain steps), as the draft policy measured it.
+        "verify_overhead": round(speculation.verify_overhead, 3) if speculation.verify_overhead is not None else None,
     }

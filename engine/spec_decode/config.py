@@ -18,7 +18,8 @@ class SpeculativeConfig:
     num_draft_tokens is the most tokens a row drafts per step; each row's length then follows its measured
     acceptance (adaptive.py). max_verify_tokens bounds the positions one verifying forward computes over the
     whole batch (rows x (1 + drafts)): past it decode is compute-bound and drafts cost more than they save
-    (None: from the device, engine/spec_decode/adaptive.py).
+    (None: from the device, engine/spec_decode/adaptive.py). adaptive False: every row drafts num_draft_tokens
+    whenever it may (no acceptance or cost tracking; for reproducible step counts and for measuring).
     """
 
     method: Literal["ngram", "draft"] = "ngram"
@@ -27,6 +28,7 @@ class SpeculativeConfig:
     max_match: int = 4
     draft_model_path: str | None = None
     max_verify_tokens: int | None = None
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in ("ngram", "draft"):

@@ -83,6 +83,8 @@ class Speculator:
                 lengths[request_id] = 0
             elif self.host_drafter is None and row.index is not None and row.index.match_end() is None:
                 lengths[request_id] = 0  # nothing to look up (the text known so far has no earlier match)
+            elif not self.config.adaptive:
+                lengths[request_id] = min(allowance, self.config.num_draft_tokens)
             else:
                 lengths[request_id] = row.policy.length(allowance, costs)
         fitted = fit_lengths(list(lengths.values()), batch_size, self.max_verify_tokens)

@@ -18,7 +18,9 @@ from tests.support.drive import Arrival, run_core
 from tests.support.json_schemas import SCHEMAS, parse_and_validate, schema_text
 from tests.support.tiny_models import LLAMA, write_model
 
-NGRAM = SpeculativeConfig(method="ngram", num_draft_tokens=4, min_match=1, max_match=3)
+# Not adaptive: every row drafts whenever it may, so the counts below do not depend on this machine's step times
+# (the adaptive policy has its own tests, tests/unit/test_spec_decode.py).
+NGRAM = SpeculativeConfig(method="ngram", num_draft_tokens=4, min_match=1, max_match=3, adaptive=False)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,9 @@ def other_draft(tmp_path_factory, wordlevel_tokenizer_dir):
 
 
 def draft_config(loaded, num_draft_tokens: int = 4, **extra) -> SpeculativeConfig:
-    return SpeculativeConfig(method="draft", num_draft_tokens=num_draft_tokens, draft_model_path=str(loaded.path), **extra)
+    return SpeculativeConfig(
+        method="draft", num_draft_tokens=num_draft_tokens, draft_model_path=str(loaded.path), adaptive=False, **extra
+    )
 
 
 def greedy(max_tokens: int = 24, **extra) -> SamplingParams:

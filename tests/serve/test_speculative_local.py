@@ -53,7 +53,7 @@ def test_ngram_drafts_show_in_usage_and_queue_stats_and_change_no_token(ngram_an
 
     before, speculated, plain, after, plain_stats = asyncio.run(scenario())
     assert before == {"method": "ngram", "verify_steps": 0, "drafted_tokens": 0, "accepted_tokens": 0,
-                      "acceptance_rate": None}
+                      "acceptance_rate": None, "verify_overhead": None}
     assert speculated["choices"][0]["message"] == plain["choices"][0]["message"]
     details = ChatCompletion.model_validate(speculated).usage.completion_tokens_details
     accepted, rejected = details.accepted_prediction_tokens, details.rejected_prediction_tokens
@@ -149,7 +149,7 @@ def test_admin_loads_check_the_draft_path_and_the_model_type(tiny_models, tmp_pa
     assert embedding.status_code == 400 and "applies to model_type 'lm', not 'embedding'" in embedding.text
     assert loaded.status_code == 202, loaded.text
     assert stats == {"method": "ngram", "verify_steps": 0, "drafted_tokens": 0, "accepted_tokens": 0,
-                     "acceptance_rate": None}
+                     "acceptance_rate": None, "verify_overhead": None}
 
 
 async def _speculation_when_running(stack, model_id: str) -> bool:
