@@ -115,6 +115,8 @@ class SpeculativeDecoder:
             self.speculator.stats.verify_steps += 1
         for row in verified:
             self.speculator.record_verification(row.request_id, row.num_drafts, row.num_accepted)
+            if self.draft is not None and row.num_drafts:
+                self.draft.accepted(row.request_id, row.num_accepted)
             self.record(row.tokens)
         return verified
 

@@ -6,11 +6,13 @@ decayed counts of accepted drafts and rejections. A step that verifies k drafts 
 (1 - alpha) tokens on average and costs 1 + sync_cost + k * token_cost plain steps: sync_cost is the decode
 pipeline a verifying step gives up (its drafts need the previous token on the host), token_cost what one more
 verified position (and, for a draft model, one more draft forward) adds. A row that stopped drafting probes
-again after a back-off (doubling while probes keep failing), so a text that turns repetitive is found.
+again after a back-off (doubling while probes keep failing), so a text that turns repetitive is found; a probe
+makes the whole batch verify, so the wait also grows with the batch and with what a verifying step costs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 DECAY = 0.9
@@ -36,13 +38,15 @@ class RowDraftPolicy:
     probe_after: int = FIRST_PROBE_AFTER
     drafted_total: int = 0
     accepted_total: int = 0
+    # What the last probe cost the batch, in plain steps of this row's own (rows x (1 + sync cost)).
+    probe_cost: float = 1.0
 
     @property
     def acceptance(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def length(self, allowance: int, costs: DraftCosts) -> int:
-        """Drafts for this step (0: decode plainly), at most `allowance`."""
+    def length(self, allowance: int, costs: DraftCosts, batch_rows: int = 1) -> int:
+        """Drafts for this step (0: decode plainly), at most `allowance`; batch_rows: the decode batch's size."""
         limit = min(self.max_length, allowance)
         if limit <= 0:
             return 0
@@ -52,6 +56,7 @@ class RowDraftPolicy:
         if self.steps_to_probe > 0:
             self.steps_to_probe -= 1
             return 0
+        self.probe_cost = batch_rows * (1.0 + costs.sync_cost)
         return 1  # a probe: one draft, so that the estimate can recover
 
     def record(self, drafted: int, accepted: int) -> None:
@@ -62,9 +67,9 @@ class RowDraftPolicy:
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (1 if accepted < drafted else 0)
         if accepted == 0 and self.steps_to_probe == 0:
-            self.steps_to_probe = self.probe_after
+            self.steps_to_probe = math.ceil(self.probe_after * max(self.probe_cost, 1.0))
             self.probe_after = min(self.probe_after * 2, MAX_PROBE_AFTER)
-        elif accepted > 0:
+        elif accepted == drafted:  # every draft taken: the text may have turned predictable, look again soon
             self.probe_after = FIRST_PROBE_AFTER
 
 

@@ -86,7 +86,7 @@ class Speculator:
             elif not self.config.adaptive:
                 lengths[request_id] = min(allowance, self.config.num_draft_tokens)
             else:
-                lengths[request_id] = row.policy.length(allowance, costs)
+                lengths[request_id] = row.policy.length(allowance, costs, batch_size)
         fitted = fit_lengths(list(lengths.values()), batch_size, self.max_verify_tokens)
         return dict(zip(lengths, fitted))
 

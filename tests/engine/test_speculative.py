@@ -243,3 +243,17 @@ def test_seeded_speculation_is_reproducible_and_plain_identical(tiny_llama, othe
     assert_all_same(first, again)
     assert_all_same(plain, first)
     assert not math.isnan(sum(first["s0"].logprobs))
+
+
+def test_draft_rows_that_sat_out_steps_catch_up_and_draft_right_again(tiny_llama):
+    # The self-draft accepts every greedy draft. A verify budget of 6 positions fits one draft per row for 3
+    # rows and none for 4: while a fourth request runs, the others decode plainly and their draft KV falls
+    # behind (holding draft positions beyond what was verified); after it leaves they must catch up exactly.
+    spec = draft_config(tiny_llama, 3, max_verify_tokens=6)
+    arrivals = [Arrival(0, Request(f"g{i}", repetitive(20 + i), greedy(40))) for i in range(3)]
+    arrivals.append(Arrival(6, Request("short", [3, 4, 5], greedy(8))))
+    plain, _ = run(tiny_llama, arrivals)
+    speculated, core = run(tiny_llama, fresh(arrivals), spec, load_model(tiny_llama.path))
+    assert_all_same(plain, speculated)
+    stats = core.stats().speculation
+    assert stats.drafted_tokens > 20 and stats.accepted_tokens == stats.drafted_tokens

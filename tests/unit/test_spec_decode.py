@@ -49,11 +49,11 @@ def test_expected_tokens_and_the_best_length():
     assert best_length(0.9, 2, costs) == 2  # capped by the allowance
 
 
-def drafts_over(policy: RowDraftPolicy, steps: int, accepted_share: float) -> list[int]:
+def drafts_over(policy: RowDraftPolicy, steps: int, accepted_share: float, costs=DraftCosts(0.0, 0.03), rows=1) -> list[int]:
     """The row's draft length at each step, when it accepts that share of each step's drafts."""
     lengths = []
     for _ in range(steps):
-        length = policy.length(4, DraftCosts())
+        length = policy.length(4, costs, rows)
         if length:
             policy.record(length, int(length * accepted_share))
         lengths.append(length)
@@ -72,6 +72,15 @@ def test_a_row_that_stops_paying_backs_off_and_probes_again():
     # The text turns repetitive: the next probe succeeds and the length grows back.
     assert max(drafts_over(policy, 80, accepted_share=1.0)[-5:]) == 4
     assert policy.length(0, DraftCosts()) == 0  # no allowance (max_tokens reached, or the request opted out)
+
+
+def test_probes_wait_longer_in_bigger_batches_and_where_verifying_costs_more():
+    # A probe makes the whole batch verify: 4 rows at a verify overhead of 1 plain step wait 4 x 2 times longer.
+    policy = RowDraftPolicy(max_length=4)
+    lengths = drafts_over(policy, 600, accepted_share=0.0, costs=DraftCosts(1.0, 0.03), rows=4)
+    probes = [i for i, n in enumerate(lengths) if n]
+    # The first wait follows a plain draft (not a probe); then 16 and 32 steps, each times 4 x (1 + 1).
+    assert [b - a - 1 for a, b in zip(probes, probes[1:])] == [8, 16 * 8, 32 * 8]
 
 
 def test_the_verify_budget_caps_every_rows_drafts():
