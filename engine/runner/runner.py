@@ -87,7 +87,7 @@ class ModelRunner:
             lengths = self.speculation.plan(rows, self._rows) if self.speculation is not None and rows else None
             if lengths is not None:
                 return self._execute_verifying(scheduled, lengths, before_device_work)
-            started = time.perf_counter()
+            started, pipelined = time.perf_counter(), self._pending is not None
             needs_history = any(self._rows[row.request_id].params.needs_token_history for row in rows)
             sampled = []
             # The prompts go to the device first, so their first tokens do not wait for the decode forward,
@@ -112,7 +112,8 @@ class ModelRunner:
             if not needs_history:
                 sampled = self._read_pending()
             self._pending = dispatched
-            if self.speculation is not None and rows and not scheduled.prefill_chunks:
+            if self.speculation is not None and rows and pipelined and not scheduled.prefill_chunks:
+                # Only a step that waited for the one before it measures a plain step's whole time.
                 self.speculation.observe_step(len(rows), 1, time.perf_counter() - started)
         return RunnerOutput(sampled + first_tokens, num_first_tokens=len(first_tokens))
 

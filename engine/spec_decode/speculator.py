@@ -74,7 +74,11 @@ class Speculator:
             row.tokens.extend(token_ids)
 
     def plan(self, allowances: dict[str, int], batch_size: int) -> dict[str, int]:
-        """Each decode row's draft length this step (rows not tracked draft none); all 0: decode plainly."""
+        """Each decode row's draft length this step (rows not tracked draft none); all 0: decode plainly.
+        An adaptive batch of a size whose plain steps were never timed decodes plainly first: without that time
+        a verifying step's cost cannot be told."""
+        if self.config.adaptive and not self.costs.knows_plain(batch_size):
+            return {request_id: 0 for request_id in allowances}
         lengths = {}
         costs = self.costs.current()
         for request_id, allowance in allowances.items():

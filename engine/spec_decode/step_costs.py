@@ -36,6 +36,10 @@ class StepCosts:
         overhead = max(0.0, seconds / plain - 1.0 - self.prior.token_cost * (width - 1))
         self.sync_cost = overhead if self.sync_cost is None else VERIFY_DECAY * self.sync_cost + (1 - VERIFY_DECAY) * overhead
 
+    def knows_plain(self, num_rows: int) -> bool:
+        """Whether a plain step of about this many rows was timed (within a quarter, at least one row)."""
+        return any(abs(n - num_rows) <= max(1, num_rows // 4) for n in self.plain_s)
+
     def _plain_near(self, num_rows: int) -> float | None:
         if not self.plain_s:
             return None
