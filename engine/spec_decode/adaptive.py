@@ -40,6 +40,8 @@ class RowDraftPolicy:
     accepted_total: int = 0
     # What the last probe cost the batch, in plain steps of this row's own (rows x (1 + sync cost)).
     probe_cost: float = 1.0
+    # The length just given is a probe (drafting does not pay by the estimate; the estimate is being checked).
+    is_probing: bool = False
 
     @property
     def acceptance(self) -> float:
@@ -48,6 +50,7 @@ class RowDraftPolicy:
     def length(self, allowance: int, costs: DraftCosts, batch_rows: int = 1) -> int:
         """Drafts for this step (0: decode plainly), at most `allowance`; batch_rows: the decode batch's size."""
         limit = min(self.max_length, allowance)
+        self.is_probing = False
         if limit <= 0:
             return 0
         best = best_length(self.acceptance, limit, costs)
@@ -57,6 +60,7 @@ class RowDraftPolicy:
             self.steps_to_probe -= 1
             return 0
         self.probe_cost = batch_rows * (1.0 + costs.sync_cost)
+        self.is_probing = True
         return 1  # a probe: one draft, so that the estimate can recover
 
     def record(self, drafted: int, accepted: int) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.spec_decode.adaptive import RowDraftPolicy, fit_lengths
+from engine.spec_decode.adaptive import DraftCosts, RowDraftPolicy, expected_tokens, fit_lengths
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.ngram import NgramIndex
 from engine.spec_decode.step_costs import StepCosts
@@ -91,8 +91,22 @@ class Speculator:
                 lengths[request_id] = min(allowance, self.config.num_draft_tokens)
             else:
                 lengths[request_id] = row.policy.length(allowance, costs, batch_size)
-        fitted = fit_lengths(list(lengths.values()), batch_size, self.max_verify_tokens)
-        return dict(zip(lengths, fitted))
+        fitted = dict(zip(lengths, fit_lengths(list(lengths.values()), batch_size, self.max_verify_tokens)))
+        if self.config.adaptive and not self._batch_gains(fitted, batch_size, costs):
+            return {request_id: 0 for request_id in fitted}
+        return fitted
+
+    def _batch_gains(self, lengths: dict[str, int], batch_size: int, costs: DraftCosts) -> bool:
+        """Whether verifying pays for the whole batch: every row computes the longest draft's positions and the
+        pipeline waits for all, so the rows' expected tokens together must beat that cost (a probe always may)."""
+        drafting = {rid: n for rid, n in lengths.items() if n > 0}
+        if any(self.rows[rid].policy.is_probing for rid in drafting):
+            return True
+        expected = batch_size - len(drafting) + sum(
+            expected_tokens(self.rows[rid].policy.acceptance, n) for rid, n in drafting.items()
+        )
+        cost = 1.0 + costs.sync_cost + costs.token_cost * max(drafting.values(), default=0)
+        return bool(drafting) and expected > batch_size * cost
 
     def ngram_drafts(self, lengths: dict[str, int]) -> dict[str, list[int]]:
         if self.host_drafter is not None:

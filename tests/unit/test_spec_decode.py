@@ -120,3 +120,18 @@ def test_measured_step_costs_replace_the_prior():
     for _ in range(40):  # the device warms up: verifying steps now cost 1.2 plain steps
         costs.observe_verify(4, 5, 0.012)
     assert costs.current().sync_cost < 0.2 and best_length(0.7, 4, costs.current()) > 0
+
+
+def test_a_batch_verifies_only_when_its_rows_expected_tokens_together_beat_the_cost():
+    # Verifying makes every row of the batch wait and compute the longest draft: one predictable row among
+    # seven unpredictable ones does not pay a verifying step that costs 1.5 plain steps; eight such rows do.
+    speculator = Speculator(SpeculativeConfig(method="ngram", num_draft_tokens=4), max_verify_tokens=64)
+    speculator.costs.observe_plain(8, 0.010)
+    speculator.costs.observe_verify(8, 5, 0.015 + 4 * 0.03 * 0.010)  # overhead 0.5 plain steps
+    for i in range(8):
+        speculator.add(f"r{i}", (1, 2, 3, 1, 2))
+        speculator.rows[f"r{i}"].policy.accepted, speculator.rows[f"r{i}"].policy.rejected = 9.0, 1.0  # alpha 0.9
+    alone = speculator.plan({"r0": 4, **{f"r{i}": 0 for i in range(1, 8)}}, batch_size=8)
+    assert set(alone.values()) == {0}
+    together = speculator.plan({f"r{i}": 4 for i in range(8)}, batch_size=8)
+    assert min(together.values()) >= 3
