@@ -56,12 +56,20 @@ class RowDraftPolicy:
         best = best_length(self.acceptance, limit, costs)
         if best > 0:
             return best
+        if best_length(1.0, limit, costs) == 0:  # not even drafts that are always taken would pay: wait longest
+            self.probe_after = MAX_PROBE_AFTER
         if self.steps_to_probe > 0:
             self.steps_to_probe -= 1
             return 0
         self.probe_cost = batch_rows * (1.0 + costs.sync_cost)
         self.is_probing = True
         return 1  # a probe: one draft, so that the estimate can recover
+
+    def ride_along(self, costs: DraftCosts, batch_rows: int) -> int:
+        """Another row probes, so the batch verifies anyway: one draft of this row's costs next to nothing."""
+        self.steps_to_probe, self.is_probing = 0, True
+        self.probe_cost = batch_rows * (1.0 + costs.sync_cost)
+        return 1
 
     def record(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:

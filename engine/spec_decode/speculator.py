@@ -91,10 +91,23 @@ class Speculator:
                 lengths[request_id] = min(allowance, self.config.num_draft_tokens)
             else:
                 lengths[request_id] = row.policy.length(allowance, costs, batch_size)
+        self._probes_together(lengths, allowances, costs, batch_size)
         fitted = dict(zip(lengths, fit_lengths(list(lengths.values()), batch_size, self.max_verify_tokens)))
         if self.config.adaptive and not self._batch_gains(fitted, batch_size, costs):
             return {request_id: 0 for request_id in fitted}
         return fitted
+
+    def _probes_together(self, lengths: dict[str, int], allowances: dict[str, int], costs: DraftCosts, batch_size: int) -> None:
+        """When one row probes, every idle row that may draft probes in the same step (one verifying step for the
+        batch instead of one per row)."""
+        if not self.config.adaptive or not any(n and self.rows[rid].policy.is_probing for rid, n in lengths.items()):
+            return
+        for request_id, length in lengths.items():
+            row = self.rows.get(request_id)
+            if length == 0 and row is not None and allowances[request_id] > 0 and (
+                row.index is None or self.host_drafter is not None or row.index.match_end() is not None
+            ):
+                lengths[request_id] = row.policy.ride_along(costs, batch_size)
 
     def _batch_gains(self, lengths: dict[str, int], batch_size: int, costs: DraftCosts) -> bool:
         """Whether verifying pays for the whole batch: every row computes the longest draft's positions and the
