@@ -18,7 +18,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.kv.batch_cache import LayerCaches, eval_caches, extract_request_cache, merge_request_caches
+from engine.kv.batch_cache import LayerCaches, cache_arrays, eval_caches, extract_request_cache, merge_request_caches
+from engine.kv.block_store import prefix_cache_mode
 from engine.kv.plain_batch import RowBlock
 from engine.runner.head_split import HeadSplit, logits_at
 from engine.runner.plain_prefill import cache_offset, plain_prefill, split_for_logits
@@ -53,6 +54,13 @@ class PrefillResult:
         logits = [r.last_logits for r in (self, later) if r.last_logits is not None]
         joined = None if not logits else logits[0] if len(logits) == 1 else mx.concatenate(logits)
         return PrefillResult(self.caches + later.caches, self.completing + later.completing, joined, self.shared)
+
+    def kv_arrays(self) -> list:
+        """The step's KV: padded forwards' batches whole (their rows' caches are views of them: one
+        array per layer, not one per row), other caches as they are."""
+        in_shared = {i for shared in self.shared for i in shared.rows}
+        arrays = [cache_arrays(shared.caches) for shared in self.shared]
+        return arrays + [cache_arrays(c) for i, c in enumerate(self.caches) if i not in in_shared]
 
     def row_blocks(self) -> dict[int, RowBlock]:
         """Chunk index -> where its KV sits in a padded forward's batch, for the chunks that ran in one."""
@@ -224,3 +232,10 @@ def _merge_right_padded(
 
 
 __all__ = ["MAX_FORWARD_TOKENS", "PrefillResult", "SharedBatch", "run_prefill"]
+
+
+def resolve_pad_shapes(setting: bool | None, model) -> bool:
+    """Padding needs caches that take right padding and cut it off exactly: plain KV caches."""
+    if prefix_cache_mode(model) != "blocks":
+        return False
+    return setting if setting is not None else mx.default_device().type == mx.gpu

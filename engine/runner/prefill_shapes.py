@@ -131,3 +131,4 @@ def warmup_shapes(
 def _fewest_rows_padded_to(padded_rows: int, length: int, max_rows: int) -> int:
     """The fewest rows whose first forward split_rows runs at `padded_rows` rows."""
     return next(n for n in range(1, padded_rows + 1) if split_rows(n, length, max_rows)[0].padded_rows == padded_rows)
+

@@ -16,14 +16,14 @@ from typing import Callable
 import mlx.core as mx
 
 from engine.config import EngineConfig
-from engine.kv.batch_cache import LayerCaches, cache_arrays, cache_nbytes, new_request_cache
-from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes, prefix_cache_mode
+from engine.kv.batch_cache import LayerCaches, cache_nbytes, new_request_cache
+from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes
 from engine.kv.cache_manager import PrefixCache
 from engine.kv.plain_batch import RowBlock
 from engine.runner.decode_batch import DecodeBatch, PendingStep, new_row_sampling
 from engine.runner.head_split import head_split
 from engine.runner.loader import LoadedModel
-from engine.runner.prefill import PrefillResult, run_prefill
+from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
 from engine.runner.verify_step import SpeculativeDecoder
@@ -61,7 +61,7 @@ class ModelRunner:
         self.prefix_cache = prefix_cache
         self._blocks = KVBlockStore(self.model, prefix_cache) if prefix_cache is not None else None
         self._copies = PromptCopies(self._blocks) if self._blocks is not None else None
-        self.pad_prefill_shapes = _resolve_pad_shapes(config.pad_prefill_shapes, self.model)
+        self.pad_prefill_shapes = resolve_pad_shapes(config.pad_prefill_shapes, self.model)
         # Vision-language models: prompts with images prefill from their embeddings (vision_prefill.py), kept
         # from a request's first chunk to its last; text after images sits at offset + delta (M-RoPE).
         self.vision = self.model if isinstance(self.model, VisionLanguageModel) else None
@@ -257,7 +257,7 @@ class ModelRunner:
         request_ids = [chunk.request_id for chunk in result.completing]
         rows = [self._row_sampling(request_id) for request_id in request_ids]
         sampled = BatchSampler(rows, self.batch.vocab_size).sample(result.last_logits, [0] * len(rows))
-        mx.async_eval([*sampled.arrays(), *_prefilled_arrays(result)])
+        mx.async_eval([*sampled.arrays(), *result.kv_arrays()])
         return PendingStep(request_ids, sampled, [r.params.top_logprobs for r in rows])
 
     def _text_chunks_first(self, chunks: list[PrefillChunk]) -> list[PrefillChunk]:
@@ -371,6 +371,8 @@ class ModelRunner:
                     self.model, shapes, new_cache, self.config.prefill_warmup_seconds, vocab, self.config.max_prefill_seqs,
                     self.head_split,
                 )
+            if self.speculation is not None:
+                self.speculation.calibrate()
             mx.clear_cache()
 
     def close(self) -> None:
@@ -392,17 +394,3 @@ class ModelRunner:
         mx.clear_cache()
         mx.set_cache_limit(self._previous_cache_limit)
 
-
-def _prefilled_arrays(result: PrefillResult) -> list:
-    """The step's KV: padded forwards' batches whole (their rows' caches are views of them: one
-    array per layer, not one per row), other caches as they are."""
-    in_shared = {i for shared in result.shared for i in shared.rows}
-    arrays = [cache_arrays(shared.caches) for shared in result.shared]
-    return arrays + [cache_arrays(c) for i, c in enumerate(result.caches) if i not in in_shared]
-
-
-def _resolve_pad_shapes(setting: bool | None, model) -> bool:
-    """Padding needs caches that take right padding and cut it off exactly: plain KV caches."""
-    if prefix_cache_mode(model) != "blocks":
-        return False
-    return setting if setting is not None else mx.default_device().type == mx.gpu

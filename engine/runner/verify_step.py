@@ -11,9 +11,11 @@ whose layers are all plain KV caches speculate (others, and vision models, decod
 from __future__ import annotations
 
 import logging
+import time
 
 import mlx.core as mx
 
+from engine.kv.batch_cache import new_request_cache
 from engine.kv.plain_batch import drop_row_tails
 from engine.runner.decode_batch import DecodeBatch
 from engine.runner_output import SampledToken
@@ -120,6 +122,31 @@ class SpeculativeDecoder:
             self.record(row.tokens)
         return verified
 
+    def calibrate(self) -> None:
+        """Time a single-position forward against a verifying-width one, each at new KV lengths, before the first
+        request: a backend that builds kernels or attention graphs per shape (MLX's CUDA backend does, in bf16,
+        for multi-position attention: ~50 ms per new length on an H100) starts with speculation priced in."""
+        config = self.speculator.config
+        if not config.adaptive:
+            return
+        width = 1 + config.num_draft_tokens
+        cache = new_request_cache(self.model)
+        mx.eval(self.model(mx.zeros((1, 64), mx.uint32), cache=cache))
+
+        def timed(positions: int) -> float:
+            started = time.perf_counter()
+            mx.eval(self.model(mx.zeros((1, positions), mx.uint32), cache=cache))
+            for layer in cache:
+                layer.trim(positions - 1)  # one position longer each call: always a new length
+            return time.perf_counter() - started
+
+        timed(1), timed(width)  # each path's first use builds what any length needs
+        one = min(timed(1) for _ in range(3))
+        many = sorted(timed(width) for _ in range(3))[1]
+        self.speculator.costs.calibrate(one, many, width)
+        self.speculator.stats.verify_overhead = self.speculator.costs.sync_cost
+        logger.info("speculative decoding: a %d-position forward costs %.2f ms against %.2f ms for one", width, many * 1e3, one * 1e3)
+
     def observe_step(self, num_rows: int, width: int, seconds: float) -> None:
         """A decode step's wall time (width 1: plain; more: verifying), for the draft policy's costs."""
         costs = self.speculator.costs
@@ -137,7 +164,6 @@ class SpeculativeDecoder:
 def new_speculative_decoder(loaded, config: SpeculativeConfig | None, draft_loaded=None) -> SpeculativeDecoder | None:
     """The decoder for a model's speculative config, or None where the model cannot speculate: models whose
     layers are not all plain KV caches (sliding windows, recurrent or hybrid layers) decode plainly."""
-    from engine.kv.batch_cache import new_request_cache
     from engine.kv.plain_batch import is_plain_request_cache
     from engine.spec_decode.adaptive import default_max_verify_tokens
     from engine.spec_decode.draft_model import check_same_tokenizer

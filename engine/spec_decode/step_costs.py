@@ -36,6 +36,12 @@ class StepCosts:
         overhead = max(0.0, seconds / plain - 1.0 - self.prior.token_cost * (width - 1))
         self.sync_cost = overhead if self.sync_cost is None else VERIFY_DECAY * self.sync_cost + (1 - VERIFY_DECAY) * overhead
 
+    def calibrate(self, one_position_s: float, many_positions_s: float, width: int) -> None:
+        """Seed the verify overhead from a load-time measurement: a forward of `width` positions against one of a
+        single position, both at KV lengths the device had not seen, plus the pipeline a verifying step gives up."""
+        extra = many_positions_s / one_position_s - 1.0 - self.prior.token_cost * (width - 1)
+        self.sync_cost = self.prior.sync_cost + max(0.0, extra)
+
     def knows_plain(self, num_rows: int) -> bool:
         """Whether a plain step of about this many rows was timed (within a quarter, at least one row)."""
         return any(abs(n - num_rows) <= max(1, num_rows // 4) for n in self.plain_s)

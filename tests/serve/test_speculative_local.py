@@ -23,7 +23,8 @@ REPEATING = " ".join(["t1 t2 t3 t4 t5 t6 t7 t8"] * 6)
 def ngram_and_plain(tiny_models) -> list[ModelConfig]:
     """The same weights twice: speculating by n-gram lookup, and not."""
     ngram = ModelConfig(model_id=NGRAM, model_path=str(tiny_models.alpha), context_length=512,
-                        speculative={"method": "ngram", "num_draft_tokens": 4, "min_match": 1, "max_match": 3})
+                        speculative={"method": "ngram", "num_draft_tokens": 4, "min_match": 1, "max_match": 3,
+                                     "adaptive": False})  # drafts whenever it may: counts not timing-dependent
     return [ngram, ModelConfig(model_id=PLAIN, model_path=str(tiny_models.alpha), context_length=512)]
 
 
@@ -148,8 +149,10 @@ def test_admin_loads_check_the_draft_path_and_the_model_type(tiny_models, tmp_pa
     assert outside.json()["error"]["message"] == "'speculative.draft_model_path' lies outside the allowed model_roots"
     assert embedding.status_code == 400 and "applies to model_type 'lm', not 'embedding'" in embedding.text
     assert loaded.status_code == 202, loaded.text
-    assert stats == {"method": "ngram", "verify_steps": 0, "drafted_tokens": 0, "accepted_tokens": 0,
-                     "acceptance_rate": None, "verify_overhead": None}
+    # Nothing drafted yet; the verify overhead was measured at load (at least the pipeline a verifying step gives up).
+    overhead = stats.pop("verify_overhead")
+    assert stats == {"method": "ngram", "verify_steps": 0, "drafted_tokens": 0, "accepted_tokens": 0, "acceptance_rate": None}
+    assert isinstance(overhead, float) and overhead >= 0.1
 
 
 async def _speculation_when_running(stack, model_id: str) -> bool:
