@@ -136,6 +136,11 @@ def engine_core(loaded, draft=None, **config):
     return EngineCore(loaded, EngineConfig(**config), draft=draft)
 
 
+def warm_up(core) -> None:
+    """What an engine client does before the first request: kernels built, speculation's costs calibrated."""
+    core.runner.warmup()
+
+
 def speculative_config(**fields):
     """The engine's SpeculativeConfig (method, num_draft_tokens, min_match, max_match, draft_model_path, ...)."""
     from engine.spec_decode.config import SpeculativeConfig

@@ -44,6 +44,7 @@ from bench.engine_throughput import (
     speculation_counts,
     speculation_overhead,
     speculative_config,
+    warm_up,
 )
 
 Drafter = Callable[[str, list[int], int], list[int]]
@@ -128,6 +129,7 @@ def bench_streams(streams: int, loaded, draft, args) -> Level:
         cores["draft"] = engine_core(loaded, draft=draft, speculative=spec_config, **common)
     warm = repeat_prompts(streams, args.repeat, vocab, args.prompt_tokens // 2)  # kernels, not these lengths
     for core in (plain, *cores.values()):
+        warm_up(core)
         timed_run(core, warm, 16)
     level = Level(streams)
     cases = [Case(streams, f"q={q:g}", q) for q in args.acceptance] + [Case(streams, "ngram", None)]
