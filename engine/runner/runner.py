@@ -3,7 +3,9 @@
 A chunk that completes its prompt samples the request's first token at once (read back
 in the same step). Decode is pipelined like mlx-lm's own loop: step N's forward is queued
 on the device before step N-1's tokens are read back, so Python bookkeeping overlaps
-device work. Rows whose penalties need the previous token force a read first.
+device work. Rows whose penalties need the previous token force a read first. A step where
+rows verify drafts (speculative decoding, verify_step.py) reads the previous step first and
+its own tokens before it ends.
 """
 
 from __future__ import annotations

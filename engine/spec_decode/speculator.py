@@ -20,7 +20,8 @@ class SpeculationStats:
     verify_steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
-    # Measured: a verifying step's fixed cost in plain decode steps (what the draft policy weighs), None before one.
+    # A verifying step's fixed cost in plain decode steps (what the draft policy weighs): calibrated at load (engine
+    # clients warm up), then measured; None before either.
     verify_overhead: float | None = None
 
     @property
