@@ -69,6 +69,7 @@ def test_unknown_fields_are_refused_by_name():
         ({"speculative": {"max_verify_tokens": 1}}, "speculative.max_verify_tokens\n.*greater than or equal to 2"),
         ({"speculative": {"num_draft": 2}}, "speculative.num_draft\n.*Extra inputs"),
         ({"speculative": {"num_draft_tokens": "4"}}, "speculative.num_draft_tokens\n"),
+        ({"speculative": {"adaptive": "no"}}, "speculative.adaptive\n.*valid boolean"),
         ({"model_path": "default-embedding", "speculative": {}}, "applies to model_type 'lm', not 'embedding'"),
         ({"model_type": "multimodal", "draft_model_path": "/m/d"}, "applies to model_type 'lm', not 'multimodal'"),
         ({"continuous_batching": False, "max_decode_seqs": 4}, "use max_concurrency"),
@@ -118,6 +119,7 @@ def test_speculative_decoding_from_our_field_and_bodegas():
         "draft", 6, draft_model_path="/m/draft")
     assert engine({"num_draft_tokens": 3}) == SpeculativeConfig("ngram", 3)
     assert engine({"speculative": {}}) == SpeculativeConfig("ngram", 4, 2, 4)
+    assert engine({"speculative": {"adaptive": False}}) == SpeculativeConfig("ngram", 4, 2, 4, adaptive=False)
     assert engine({"speculative": {"draft_model_path": "/m/d"}}).method == "draft"  # method follows the path
     ours = {"method": "ngram", "num_draft_tokens": 8, "min_match": 1, "max_match": 6, "max_verify_tokens": 64}
     assert engine({"speculative": ours}) == SpeculativeConfig("ngram", 8, 1, 6, max_verify_tokens=64)
