@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import replace
 from typing import Callable
 
 import mlx.core as mx
@@ -92,12 +91,7 @@ class ModelRunner:
             started, pipelined = time.perf_counter(), self._pending is not None
             needs_history = any(self._rows[row.request_id].params.needs_token_history for row in rows)
             sampled = []
-            # The prompts go to the device first, so their first tokens do not wait for the decode forward,
-            # nor for the copies of earlier prompts into the prefix cache (CPU work while the device runs them).
-            earlier = self._copies.take() if self._copies is not None else []
-            first = self._dispatch_prefill(scheduled.prefill_chunks)
-            if self._copies is not None:
-                self._copies.copy(earlier)
+            first = self._dispatch_prompts(scheduled.prefill_chunks)
             logits = self._dispatch_forward(rows, scheduled.rows_to_cache)
             if before_device_work is not None:
                 before_device_work()
@@ -132,10 +126,7 @@ class ModelRunner:
     ) -> RunnerOutput:
         """A step whose rows verify drafts (verify_step.py): synchronous, its tokens read back before it ends."""
         started = time.perf_counter()
-        earlier = self._copies.take() if self._copies is not None else []
-        first = self._dispatch_prefill(scheduled.prefill_chunks)
-        if self._copies is not None:
-            self._copies.copy(earlier)
+        first = self._dispatch_prompts(scheduled.prefill_chunks)
         sampled = self._read_pending()
         self._pending = None
         for token in sampled:  # the drafts continue these: they are the rows' inputs now
@@ -161,6 +152,15 @@ class ModelRunner:
         return RunnerOutput(
             sampled + tokens + first_tokens, num_first_tokens=len(first_tokens), accepted_drafts=accepted, drafted=drafted
         )
+
+    def _dispatch_prompts(self, chunks: list[PrefillChunk]) -> PendingStep | None:
+        """The prompts go to the device first, so their first tokens do not wait for the decode forward, nor for
+        the copies of earlier prompts into the prefix cache (CPU work while the device runs them)."""
+        earlier = self._copies.take() if self._copies is not None else []
+        first = self._dispatch_prefill(chunks)
+        if self._copies is not None:
+            self._copies.copy(earlier)
+        return first
 
     def _forget(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
@@ -346,7 +346,7 @@ class ModelRunner:
             mx.clear_cache()
 
     def speculation_stats(self) -> SpeculationStats | None:
-        return replace(self.speculation.speculator.stats) if self.speculation is not None else None
+        return self.speculation.stats() if self.speculation is not None else None
 
     def kv_cache_bytes(self) -> int:
         total = cache_nbytes(self.batch.caches) if self.batch.caches else 0

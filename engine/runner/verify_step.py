@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import mlx.core as mx
 
@@ -21,10 +22,9 @@ from engine.runner.decode_batch import DecodeBatch
 from engine.runner_output import SampledToken
 from engine.sampling.sampler import RowSampling
 from engine.scheduler.output import DecodeRow, NewRequest
-from engine.spec_decode.adaptive import DraftCosts
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.draft_model import DraftModel
-from engine.spec_decode.speculator import Speculator
+from engine.spec_decode.speculator import SpeculationStats, Speculator
 from engine.spec_decode.step_costs import StepCosts
 from engine.spec_decode.verify import VerifiedRow, VerifyRow, VerifyStep, dispatch_verification, read_verification
 
@@ -33,13 +33,12 @@ logger = logging.getLogger(__name__)
 
 class SpeculativeDecoder:
     def __init__(
-        self, model, config: SpeculativeConfig, vocab_size: int, max_verify_tokens: int,
-        draft: DraftModel | None = None, costs: DraftCosts | None = None,
+        self, model, config: SpeculativeConfig, vocab_size: int, max_verify_tokens: int, draft: DraftModel | None = None,
     ) -> None:
         self.model = model
         self.vocab_size = vocab_size
         self.draft = draft
-        self.speculator = Speculator(config, max_verify_tokens, StepCosts(costs or DraftCosts()))
+        self.speculator = Speculator(config, max_verify_tokens, StepCosts())
 
     # ---- rows ------------------------------------------------------------
     def add(self, request: NewRequest) -> None:
@@ -144,7 +143,6 @@ class SpeculativeDecoder:
         one = min(timed(1) for _ in range(3))
         many = sorted(timed(width) for _ in range(3))[1]
         self.speculator.costs.calibrate(one, many, width)
-        self.speculator.stats.verify_overhead = self.speculator.costs.sync_cost
         logger.info("speculative decoding: a %d-position forward costs %.2f ms against %.2f ms for one", width, many * 1e3, one * 1e3)
 
     def observe_step(self, num_rows: int, width: int, seconds: float) -> None:
@@ -152,9 +150,12 @@ class SpeculativeDecoder:
         costs = self.speculator.costs
         if width > 1:
             costs.observe_verify(num_rows, width, seconds)
-            self.speculator.stats.verify_overhead = costs.sync_cost
         else:
             costs.observe_plain(num_rows, seconds)
+
+    def stats(self) -> SpeculationStats:
+        """A copy of the counts, with the verify overhead the costs hold now."""
+        return replace(self.speculator.stats, verify_overhead=self.speculator.costs.sync_cost)
 
     def close(self) -> None:
         if self.draft is not None:

@@ -21,7 +21,7 @@ class SpeculationStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     # A verifying step's fixed cost in plain decode steps (what the draft policy weighs): calibrated at load (engine
-    # clients warm up), then measured; None before either.
+    # clients warm up), then measured; None before either. Filled from StepCosts when the stats are read.
     verify_overhead: float | None = None
 
     @property

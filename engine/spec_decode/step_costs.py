@@ -21,7 +21,6 @@ class StepCosts:
     plain_s: dict[int, float] = field(default_factory=dict)
     # Measured fixed overhead of a verifying step, in plain steps (None until a verifying step was timed).
     sync_cost: float | None = None
-    last_verify_s: float | None = None
 
     def observe_plain(self, num_rows: int, seconds: float) -> None:
         previous = self.plain_s.get(num_rows)
@@ -29,7 +28,6 @@ class StepCosts:
 
     def observe_verify(self, num_rows: int, width: int, seconds: float) -> None:
         """A verifying step of `width` positions per row took `seconds`; compared with a plain step of as many rows."""
-        self.last_verify_s = seconds
         plain = self._plain_near(num_rows)
         if plain is None:
             return
