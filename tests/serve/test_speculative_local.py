@@ -110,11 +110,12 @@ def test_the_request_field_is_a_strict_boolean_on_every_generation_route(ngram_a
     assert stats["method"] == "ngram"
 
 
-def test_a_bodega_draft_model_config_speculates_with_the_draft(tiny_models):
-    """Bodega's draft_model_path + num_draft_tokens load the draft beside the model; a model drafting for
-    itself has every greedy draft accepted."""
-    self_draft = ModelConfig.model_validate({"model_id": "tiny/self", "model_path": str(tiny_models.alpha),
-                                             "draft_model_path": str(tiny_models.alpha), "num_draft_tokens": 3})
+def test_a_draft_model_config_speculates_with_the_draft(tiny_models):
+    """A draft model loads beside the model (Bodega's draft_model_path + num_draft_tokens mean the same config:
+    test_config.py); a model drafting for itself has every greedy draft accepted. Not adaptive: it drafts
+    whenever it may, whatever this machine's step times."""
+    self_draft = ModelConfig.model_validate({"model_id": "tiny/self", "model_path": str(tiny_models.alpha), "speculative": {
+        "draft_model_path": str(tiny_models.alpha), "num_draft_tokens": 3, "adaptive": False}})
     plain = ModelConfig(model_id=PLAIN, model_path=str(tiny_models.alpha))
 
     async def scenario():
