@@ -18,6 +18,7 @@ import mlx.core as mx
 
 from engine.kv.batch_cache import new_request_cache
 from engine.kv.plain_batch import drop_row_tails
+from engine.kv.whole_buffer import forward_caches
 from engine.runner.decode_batch import DecodeBatch
 from engine.runner_output import SampledToken
 from engine.sampling.sampler import RowSampling
@@ -75,7 +76,7 @@ class SpeculativeDecoder:
         tokens = mx.array(inputs, mx.uint32)[:, None]
         if drafts is not None:
             tokens = mx.concatenate([tokens, drafts], axis=1)
-        logits = self.model(tokens, cache=batch.caches)
+        logits = self.model(tokens, cache=forward_caches(batch.caches, tokens.shape[1]))
         sample_index = {row.request_id: row.sample_index for row in rows}
         verify_rows = [
             VerifyRow(rid, batch.rows[rid], sample_index[rid], n) for rid, n in zip(request_ids, num_drafts)
@@ -123,8 +124,8 @@ class SpeculativeDecoder:
 
     def calibrate(self) -> None:
         """Time a single-position forward against a verifying-width one, each at new KV lengths, before the first
-        request: a backend that builds kernels or attention graphs per shape (MLX's CUDA backend does, in bf16,
-        for multi-position attention: ~50 ms per new length on an H100) starts with speculation priced in."""
+        request, through the caches the verifying forward uses: a backend that builds kernels or attention graphs per
+        shape, beyond what engine/kv/whole_buffer.py avoids, starts with speculation priced in."""
         config = self.speculator.config
         if not config.adaptive:
             return
@@ -134,7 +135,7 @@ class SpeculativeDecoder:
 
         def timed(positions: int) -> float:
             started = time.perf_counter()
-            mx.eval(self.model(mx.zeros((1, positions), mx.uint32), cache=cache))
+            mx.eval(self.model(mx.zeros((1, positions), mx.uint32), cache=forward_caches(cache, positions)))
             for layer in cache:
                 layer.trim(positions - 1)  # one position longer each call: always a new length
             return time.perf_counter() - started

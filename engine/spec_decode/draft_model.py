@@ -16,6 +16,7 @@ import mlx.core as mx
 from engine.errors import ModelLoadError
 from engine.kv.batch_cache import LayerCaches, new_request_cache
 from engine.kv.plain_batch import RowBlock, append_rows, drop_row_tails, filter_rows, is_plain_request_cache, row_cache
+from engine.kv.whole_buffer import forward_caches
 
 CATCH_UP_CHUNK = 512
 
@@ -41,7 +42,7 @@ class DraftModel:
         width = max(wanted[rid] for rid in rows)
         self._update_rows(rows, histories)
         last_two = mx.array([histories[rid][-2:] for rid in self.request_ids], mx.uint32)
-        token = self._greedy(self.model(last_two, cache=self.caches))
+        token = self._greedy(self.model(last_two, cache=forward_caches(self.caches, 2)))
         drafts = [token]
         for _ in range(width - 1):
             token = self._greedy(self.model(token[:, None], cache=self.caches))
