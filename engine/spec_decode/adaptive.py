@@ -22,7 +22,7 @@ FIRST_PROBE_AFTER, MAX_PROBE_AFTER = 8, 256
 
 @dataclass(frozen=True)
 class DraftCosts:
-    """Costs in units of one plain decode step."""
+    """Costs in units of one plain decode step of the batch: token_cost is what one more draft token per row adds."""
 
     sync_cost: float = 0.1
     token_cost: float = 0.03

@@ -81,7 +81,7 @@ class Speculator:
         if self.config.adaptive and not self.costs.knows_plain(batch_size):
             return {request_id: 0 for request_id in allowances}
         lengths = {}
-        costs = self.costs.current()
+        costs = self.costs.current(batch_size)
         for request_id, allowance in allowances.items():
             row = self.rows.get(request_id)
             if row is None or allowance <= 0:

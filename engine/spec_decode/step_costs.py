@@ -1,7 +1,8 @@
 """What verifying steps really cost here, measured: the draft policy's costs come from this device's own step
 times, not from constants. A verifying step gives up the decode pipeline and computes more positions (and, with
-a draft model, runs it); on MLX's CUDA backend a multi-position bf16 forward also builds an attention graph for
-every new KV length (~50 ms on an H100), so the same drafts pay on one device and lose on another."""
+a draft model, runs it), and what the extra positions cost grows with the batch (8 rows x 4 drafts of a 4B model
+in fp32 cost an H100 about half a plain step more; one row's one draft, next to nothing): the same drafts pay on
+one device and batch size and lose on another."""
 
 from __future__ import annotations
 
@@ -10,17 +11,44 @@ from dataclasses import dataclass, field
 from engine.spec_decode.adaptive import DraftCosts
 
 PLAIN_DECAY = 0.9
-VERIFY_DECAY = 0.8
+VERIFY_DECAY = 0.9
+
+
+@dataclass
+class DecayedLineFit:
+    """Decayed least squares of y = intercept + slope * x (older observations weigh less)."""
+
+    decay: float
+    weight: float = 0.0
+    sum_x: float = 0.0
+    sum_y: float = 0.0
+    sum_xx: float = 0.0
+    sum_xy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.weight, self.sum_x, self.sum_y = d * self.weight + 1, d * self.sum_x + x, d * self.sum_y + y
+        self.sum_xx, self.sum_xy = d * self.sum_xx + x * x, d * self.sum_xy + x * y
+
+    def solve(self, prior_slope: float) -> tuple[float, float]:
+        """(intercept, slope), both at least 0; the prior slope while the x seen so far hardly differ."""
+        mean_x, mean_y = self.sum_x / self.weight, self.sum_y / self.weight
+        var_x = self.sum_xx / self.weight - mean_x * mean_x
+        slope = (self.sum_xy / self.weight - mean_x * mean_y) / var_x if var_x > 0.25 else prior_slope
+        slope = max(slope, 0.0)
+        return max(mean_y - slope * mean_x, 0.0), slope
 
 
 @dataclass
 class StepCosts:
-    """Decayed means of plain decode step times per batch size, and of verifying steps' extra cost over them."""
+    """Decayed means of plain decode step times per batch size, and a fit of what a verifying step costs beyond
+    one: a fixed part (the pipeline it gives up) plus a part per extra position the whole batch computes, so a
+    cost measured on one-draft probes of a lone row is not taken for that of four-draft steps of eight rows."""
 
     prior: DraftCosts = field(default_factory=DraftCosts)
     plain_s: dict[int, float] = field(default_factory=dict)
-    # Measured fixed overhead of a verifying step, in plain steps (None until a verifying step was timed).
-    sync_cost: float | None = None
+    # x: extra positions of a verifying forward (rows x drafts); y: its time beyond a plain step's, in plain steps.
+    overhead: DecayedLineFit = field(default_factory=lambda: DecayedLineFit(VERIFY_DECAY))
 
     def observe_plain(self, num_rows: int, seconds: float) -> None:
         previous = self.plain_s.get(num_rows)
@@ -29,16 +57,18 @@ class StepCosts:
     def observe_verify(self, num_rows: int, width: int, seconds: float) -> None:
         """A verifying step of `width` positions per row took `seconds`; compared with a plain step of as many rows."""
         plain = self._plain_near(num_rows)
-        if plain is None:
-            return
-        overhead = max(0.0, seconds / plain - 1.0 - self.prior.token_cost * (width - 1))
-        self.sync_cost = overhead if self.sync_cost is None else VERIFY_DECAY * self.sync_cost + (1 - VERIFY_DECAY) * overhead
+        if plain is not None:
+            self.overhead.add(num_rows * (width - 1), seconds / plain - 1.0)
 
     def calibrate(self, one_position_s: float, many_positions_s: float, width: int) -> None:
-        """Seed the verify overhead from a load-time measurement: a forward of `width` positions against one of a
-        single position, both at KV lengths the device had not seen, plus the pipeline a verifying step gives up."""
-        extra = many_positions_s / one_position_s - 1.0 - self.prior.token_cost * (width - 1)
-        self.sync_cost = self.prior.sync_cost + max(0.0, extra)
+        """Seed the fit from a load-time measurement: a forward of `width` positions against one of a single
+        position (one row, KV lengths the device had not seen), plus the pipeline a verifying step gives up."""
+        self.overhead.add(width - 1, many_positions_s / one_position_s - 1.0 + self.prior.sync_cost)
+
+    @property
+    def sync_cost(self) -> float | None:
+        """The fitted fixed overhead of a verifying step, in plain steps (None until one was measured)."""
+        return self.overhead.solve(self.prior.token_cost)[0] if self.overhead.weight else None
 
     def knows_plain(self, num_rows: int) -> bool:
         """Whether a plain step of about this many rows was timed (within a quarter, at least one row)."""
@@ -50,7 +80,10 @@ class StepCosts:
         nearest = min(self.plain_s, key=lambda n: abs(n - num_rows))
         return self.plain_s[nearest]
 
-    def current(self) -> DraftCosts:
-        if self.sync_cost is None:
-            return self.prior
-        return DraftCosts(sync_cost=self.sync_cost, token_cost=self.prior.token_cost)
+    def current(self, batch_rows: int = 1) -> DraftCosts:
+        """Costs for a batch of `batch_rows`: every row computes the longest draft, so one more draft token costs
+        the batch `batch_rows` positions."""
+        if not self.overhead.weight:
+            return DraftCosts(self.prior.sync_cost, self.prior.token_cost * batch_rows)
+        sync, per_position = self.overhead.solve(self.prior.token_cost)
+        return DraftCosts(sync_cost=sync, token_cost=per_position * batch_rows)

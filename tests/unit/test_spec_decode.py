@@ -111,15 +111,31 @@ def test_measured_step_costs_replace_the_prior():
 
     costs = StepCosts(DraftCosts(sync_cost=0.1, token_cost=0.03))
     assert costs.current() == DraftCosts(0.1, 0.03)  # nothing measured yet
+    assert costs.current(8) == DraftCosts(0.1, 0.24)  # one more draft per row: 8 more positions
     costs.observe_verify(4, 5, 0.050)  # no plain step to compare with: still the prior
-    assert costs.current().sync_cost == 0.1
+    assert costs.current().sync_cost == 0.1 and costs.sync_cost is None
     costs.observe_plain(4, 0.010)
-    costs.observe_verify(4, 5, 0.050)  # 5x a plain step: 4 - 4 * 0.03 of fixed overhead
-    assert abs(costs.current().sync_cost - (4 - 0.12)) < 1e-9
-    assert best_length(0.7, 4, costs.current()) == 0  # drafts cannot pay that back
-    for _ in range(40):  # the device warms up: verifying steps now cost 1.2 plain steps
+    costs.observe_verify(4, 5, 0.050)  # 5x a plain step: 4 - 16 extra positions x 0.03 of fixed overhead
+    assert abs(costs.current().sync_cost - (4 - 16 * 0.03)) < 1e-9
+    assert best_length(0.7, 4, costs.current(4)) == 0  # drafts cannot pay that back
+    for _ in range(60):  # the device warms up: verifying steps now cost 1.2 plain steps
         costs.observe_verify(4, 5, 0.012)
-    assert costs.current().sync_cost < 0.2 and best_length(0.7, 4, costs.current()) > 0
+    assert costs.current().sync_cost < 0.1 and best_length(0.7, 4, costs.current(4)) > 0
+
+
+def test_the_cost_per_extra_position_is_fitted_from_steps_of_several_widths():
+    from engine.spec_decode.step_costs import StepCosts
+
+    costs = StepCosts(DraftCosts(sync_cost=0.1, token_cost=0.03))
+    costs.observe_plain(8, 0.010)
+    for _ in range(10):  # 0.2 plain steps fixed, 0.05 per extra position: 8 rows x 1 draft, then 8 rows x 4
+        costs.observe_verify(8, 2, 0.010 * (1 + 0.2 + 0.05 * 8))
+        costs.observe_verify(8, 5, 0.010 * (1 + 0.2 + 0.05 * 32))
+    fitted = costs.current(8)
+    assert abs(fitted.sync_cost - 0.2) < 1e-9 and abs(fitted.token_cost - 0.4) < 1e-9
+    # Half the drafts taken: eight rows' four drafts cost more than they return; a lone row's pay.
+    assert best_length(0.5, 4, fitted) == 0
+    assert best_length(0.5, 4, costs.current(1)) > 0
 
 
 def test_a_batch_verifies_only_when_its_rows_expected_tokens_together_beat_the_cost():
@@ -127,7 +143,7 @@ def test_a_batch_verifies_only_when_its_rows_expected_tokens_together_beat_the_c
     # seven unpredictable ones does not pay a verifying step that costs 1.5 plain steps; eight such rows do.
     speculator = Speculator(SpeculativeConfig(method="ngram", num_draft_tokens=4), max_verify_tokens=64)
     speculator.costs.observe_plain(8, 0.010)
-    speculator.costs.observe_verify(8, 5, 0.015 + 4 * 0.03 * 0.010)  # overhead 0.5 plain steps
+    speculator.costs.observe_verify(8, 5, 0.010 * (1 + 0.5 + 32 * 0.03))  # fixed overhead 0.5 plain steps
     for i in range(8):
         speculator.add(f"r{i}", (1, 2, 3, 1, 2))
         speculator.rows[f"r{i}"].policy.accepted, speculator.rows[f"r{i}"].policy.rejected = 9.0, 1.0  # alpha 0.9
