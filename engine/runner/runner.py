@@ -108,9 +108,8 @@ class ModelRunner:
             if not needs_history:
                 sampled = self._read_pending()
             self._pending = dispatched
-            if self.speculation is not None and rows and pipelined and not scheduled.prefill_chunks:
-                # Only a step that waited for the one before it measures a plain step's whole time.
-                self.speculation.observe_step(len(rows), 1, time.perf_counter() - started)
+            if self.speculation is not None and rows and not scheduled.prefill_chunks:
+                self.speculation.observe_step(len(rows), 1, time.perf_counter() - started, pipelined)
         return RunnerOutput(sampled + first_tokens, num_first_tokens=len(first_tokens))
 
     def cache_prefilled_prompts(self) -> None:

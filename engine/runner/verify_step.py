@@ -146,13 +146,13 @@ class SpeculativeDecoder:
         self.speculator.costs.calibrate(one, many, width)
         logger.info("speculative decoding: a %d-position forward costs %.2f ms against %.2f ms for one", width, many * 1e3, one * 1e3)
 
-    def observe_step(self, num_rows: int, width: int, seconds: float) -> None:
+    def observe_step(self, num_rows: int, width: int, seconds: float, pipelined: bool = True) -> None:
         """A decode step's wall time (width 1: plain; more: verifying), for the draft policy's costs."""
         costs = self.speculator.costs
         if width > 1:
             costs.observe_verify(num_rows, width, seconds)
         else:
-            costs.observe_plain(num_rows, seconds)
+            costs.observe_plain(num_rows, seconds, pipelined)
 
     def stats(self) -> SpeculationStats:
         """A copy of the counts, with the verify overhead the costs hold now."""

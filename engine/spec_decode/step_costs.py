@@ -39,6 +39,13 @@ class DecayedLineFit:
         return max(mean_y - slope * mean_x, 0.0), slope
 
 
+@dataclass(frozen=True)
+class VerifyTiming:
+    num_rows: int
+    width: int
+    seconds: float
+
+
 @dataclass
 class StepCosts:
     """Decayed means of plain decode step times per batch size, and a fit of what a verifying step costs beyond
@@ -49,16 +56,37 @@ class StepCosts:
     plain_s: dict[int, float] = field(default_factory=dict)
     # x: extra positions of a verifying forward (rows x drafts); y: its time beyond a plain step's, in plain steps.
     overhead: DecayedLineFit = field(default_factory=lambda: DecayedLineFit(VERIFY_DECAY))
+    unsettled: "VerifyTiming | None" = None  # the last verifying step, until the step after it was timed
 
-    def observe_plain(self, num_rows: int, seconds: float) -> None:
+    def observe_plain(self, num_rows: int, seconds: float, pipelined: bool = True) -> None:
+        """A plain step's wall time. The first after a verifying step (which read its own tokens back) has no step
+        to overlap: the device idles while it builds its forward, and it returns no token (the next step reads it).
+        That time is what verifying cost the pipeline, so it counts as the verifying step's."""
+        if not pipelined:
+            if self.unsettled is not None:
+                self._fit(self.unsettled, seconds)
+                self.unsettled = None
+            return
+        self._settle()
         previous = self.plain_s.get(num_rows)
         self.plain_s[num_rows] = seconds if previous is None else PLAIN_DECAY * previous + (1 - PLAIN_DECAY) * seconds
 
     def observe_verify(self, num_rows: int, width: int, seconds: float) -> None:
-        """A verifying step of `width` positions per row took `seconds`; compared with a plain step of as many rows."""
-        plain = self._plain_near(num_rows)
+        """A verifying step of `width` positions per row took `seconds`; fitted once the next step shows whether
+        restarting the pipeline cost more."""
+        self._settle()
+        self.unsettled = VerifyTiming(num_rows, width, seconds)
+
+    def _settle(self) -> None:
+        if self.unsettled is not None:
+            self._fit(self.unsettled, 0.0)
+            self.unsettled = None
+
+    def _fit(self, step: VerifyTiming, extra_s: float) -> None:
+        """Compared with a plain step of as many rows (none timed yet: nothing to compare with)."""
+        plain = self._plain_near(step.num_rows)
         if plain is not None:
-            self.overhead.add(num_rows * (width - 1), seconds / plain - 1.0)
+            self.overhead.add(step.num_rows * (step.width - 1), (step.seconds + extra_s) / plain - 1.0)
 
     def calibrate(self, one_position_s: float, many_positions_s: float, width: int) -> None:
         """Seed the fit from a load-time measurement: a forward of `width` positions against one of a single

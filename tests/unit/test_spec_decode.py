@@ -112,10 +112,12 @@ def test_measured_step_costs_replace_the_prior():
     costs = StepCosts(DraftCosts(sync_cost=0.1, token_cost=0.03))
     assert costs.current() == DraftCosts(0.1, 0.03)  # nothing measured yet
     assert costs.current(8) == DraftCosts(0.1, 0.24)  # one more draft per row: 8 more positions
-    costs.observe_verify(4, 5, 0.050)  # no plain step to compare with: still the prior
+    costs.observe_verify(4, 5, 0.050)
+    costs.observe_plain(4, 0.010)  # no plain step to compare that one with: still the prior
     assert costs.current().sync_cost == 0.1 and costs.sync_cost is None
-    costs.observe_plain(4, 0.010)
     costs.observe_verify(4, 5, 0.050)  # 5x a plain step: 4 - 16 extra positions x 0.03 of fixed overhead
+    assert costs.sync_cost is None  # fitted once the next step is timed
+    costs.observe_plain(4, 0.010)
     assert abs(costs.current().sync_cost - (4 - 16 * 0.03)) < 1e-9
     assert best_length(0.7, 4, costs.current(4)) == 0  # drafts cannot pay that back
     for _ in range(60):  # the device warms up: verifying steps now cost 1.2 plain steps
@@ -131,11 +133,26 @@ def test_the_cost_per_extra_position_is_fitted_from_steps_of_several_widths():
     for _ in range(10):  # 0.2 plain steps fixed, 0.05 per extra position: 8 rows x 1 draft, then 8 rows x 4
         costs.observe_verify(8, 2, 0.010 * (1 + 0.2 + 0.05 * 8))
         costs.observe_verify(8, 5, 0.010 * (1 + 0.2 + 0.05 * 32))
+    costs.observe_plain(8, 0.010)
     fitted = costs.current(8)
     assert abs(fitted.sync_cost - 0.2) < 1e-9 and abs(fitted.token_cost - 0.4) < 1e-9
     # Half the drafts taken: eight rows' four drafts cost more than they return; a lone row's pay.
     assert best_length(0.5, 4, fitted) == 0
     assert best_length(0.5, 4, costs.current(1)) > 0
+
+
+def test_the_pipeline_restart_after_a_verifying_step_counts_as_its_cost():
+    from engine.spec_decode.step_costs import StepCosts
+
+    costs = StepCosts(DraftCosts(sync_cost=0.1, token_cost=0.0))
+    costs.observe_plain(1, 0.010)
+    costs.observe_verify(1, 2, 0.012)
+    # The next step overlapped nothing (3 ms of building its forward while the device idled): 0.2 + 0.3 overhead.
+    costs.observe_plain(1, 0.003, pipelined=False)
+    assert abs(costs.sync_cost - 0.5) < 1e-9
+    assert costs.plain_s[1] == 0.010  # and it is no plain step's time
+    costs.observe_plain(1, 0.002, pipelined=False)  # an unpipelined step with no verifying step before it: ignored
+    assert abs(costs.sync_cost - 0.5) < 1e-9 and costs.plain_s[1] == 0.010
 
 
 def test_a_batch_verifies_only_when_its_rows_expected_tokens_together_beat_the_cost():
@@ -144,6 +161,8 @@ def test_a_batch_verifies_only_when_its_rows_expected_tokens_together_beat_the_c
     speculator = Speculator(SpeculativeConfig(method="ngram", num_draft_tokens=4), max_verify_tokens=64)
     speculator.costs.observe_plain(8, 0.010)
     speculator.costs.observe_verify(8, 5, 0.010 * (1 + 0.5 + 32 * 0.03))  # fixed overhead 0.5 plain steps
+    speculator.costs.observe_plain(8, 0.010)
+    assert abs(speculator.costs.sync_cost - 0.5) < 1e-9
     for i in range(8):
         speculator.add(f"r{i}", (1, 2, 3, 1, 2))
         speculator.rows[f"r{i}"].policy.accepted, speculator.rows[f"r{i}"].policy.rejected = 9.0, 1.0  # alpha 0.9
