@@ -130,7 +130,10 @@ def bench_streams(streams: int, loaded, draft, args) -> Level:
     warm = repeat_prompts(streams, args.repeat, vocab, args.prompt_tokens // 2)  # kernels, not these lengths
     for core in (plain, *cores.values()):
         warm_up(core)
-        timed_run(core, warm, 16)
+        # Every batch size up to `streams` decodes once: speculating rows finish unevenly, so the batch shrinks
+        # through sizes plain decoding here never meets, and a first decode at a new size costs an H100 0.1-0.5 s.
+        for size in range(streams, 0, -1):
+            timed_run(core, {f"{rid}-b{size}": p for rid, p in list(warm.items())[:size]}, 16)
     level = Level(streams)
     cases = [Case(streams, f"q={q:g}", q) for q in args.acceptance] + [Case(streams, "ngram", None)]
     cases += [Case(streams, "draft", None)] if draft is not None else []

@@ -18,11 +18,12 @@ import mlx.core as mx
 
 from engine.kv.batch_cache import new_request_cache
 from engine.kv.plain_batch import drop_row_tails
-from engine.kv.whole_buffer import forward_caches
+from engine.kv.whole_buffer import builds_attention_per_shape, forward_caches
 from engine.runner.decode_batch import DecodeBatch
 from engine.runner_output import SampledToken
 from engine.sampling.sampler import RowSampling
 from engine.scheduler.output import DecodeRow, NewRequest
+from engine.spec_decode.adaptive import default_max_verify_tokens, fit_lengths
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.draft_model import DraftModel
 from engine.spec_decode.speculator import SpeculationStats, Speculator
@@ -40,6 +41,8 @@ class SpeculativeDecoder:
         self.vocab_size = vocab_size
         self.draft = draft
         self.speculator = Speculator(config, max_verify_tokens, StepCosts())
+        # Pad every verifying forward to the widest draft length (None: where attention builds per shape).
+        self.pad_widths: bool | None = None
 
     # ---- rows ------------------------------------------------------------
     def add(self, request: NewRequest) -> None:
@@ -73,6 +76,7 @@ class SpeculativeDecoder:
         """Queue the drafts, the verifying forward and its sampling (batch rows' order; inputs: their last tokens)."""
         request_ids = batch.request_ids
         drafts, num_drafts, host_drafts = self._drafts(request_ids, lengths)
+        drafts = self._stable_width(drafts, batch)
         tokens = mx.array(inputs, mx.uint32)[:, None]
         if drafts is not None:
             tokens = mx.concatenate([tokens, drafts], axis=1)
@@ -83,6 +87,16 @@ class SpeculativeDecoder:
         ]
         empty = mx.zeros((len(request_ids), 0), mx.uint32)
         return dispatch_verification(logits, verify_rows, drafts if drafts is not None else empty, host_drafts, self.vocab_size)
+
+    def _stable_width(self, drafts: mx.array | None, batch: DecodeBatch) -> mx.array | None:
+        """Drafts padded to the widest the batch may verify, where attention builds a graph per shape (the padded
+        positions cost next to nothing there, a new width's graph ~50 ms); unchanged elsewhere."""
+        pad = self.pad_widths if self.pad_widths is not None else builds_attention_per_shape(batch.caches[0].keys.dtype)
+        if drafts is None or not pad:
+            return drafts
+        widest = fit_lengths([self.speculator.config.num_draft_tokens], len(batch.request_ids), self.speculator.max_verify_tokens)[0]
+        missing = widest - drafts.shape[1]
+        return mx.concatenate([drafts, mx.zeros((drafts.shape[0], missing), mx.uint32)], axis=1) if missing > 0 else drafts
 
     def _drafts(self, request_ids: list[str], lengths: dict[str, int]) -> tuple[mx.array | None, list[int], dict[str, list[int]]]:
         """[B, K] drafts in batch order (None: no row drafts), each row's draft count, and the host's copy (n-gram)."""
@@ -167,7 +181,6 @@ def new_speculative_decoder(loaded, config: SpeculativeConfig | None, draft_load
     """The decoder for a model's speculative config, or None where the model cannot speculate: models whose
     layers are not all plain KV caches (sliding windows, recurrent or hybrid layers) decode plainly."""
     from engine.kv.plain_batch import is_plain_request_cache
-    from engine.spec_decode.adaptive import default_max_verify_tokens
     from engine.spec_decode.draft_model import check_same_tokenizer
 
     if config is None:

@@ -3,6 +3,7 @@ in a batch with rows that do not speculate, every row writes the tokens and logp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -99,6 +100,30 @@ def test_ngram_rows_write_what_plain_decoding_writes(tiny_llama):
     drafted = sum(u.accepted_draft_tokens + u.rejected_draft_tokens for u in (r.finish.usage for r in speculated.values()))
     assert drafted == stats.drafted_tokens
     assert sum(r.finish.usage.accepted_draft_tokens for r in speculated.values()) == stats.accepted_tokens
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_drafts_padded_to_the_widest_length_write_what_plain_decoding_writes(tiny_llama, other_draft, method):
+    # Where attention builds a graph per shape (MLX CUDA, half precision), every verifying forward is as wide as
+    # the longest draft allowed; the padded positions are computed and dropped with the rejected ones.
+    config, draft = (NGRAM, None) if method == "ngram" else (draft_config(other_draft, num_draft_tokens=3), other_draft)
+    config = dataclasses.replace(config, max_verify_tokens=64)  # a GPU's cap: the full length fits every batch here
+    # A last request runs alone, long after the others: near its max_tokens its drafts are cut short, and padded.
+    arrivals = lambda: mixed_requests() + [Arrival(100, Request("tail", repetitive(6), greedy(3)))]  # noqa: E731
+    plain, _ = run(tiny_llama, arrivals())
+    core = EngineCore(tiny_llama, EngineConfig(speculative=config, max_decode_seqs=8), draft=draft)
+    core.runner.speculation.pad_widths = True
+    if method == "ngram":  # drafts every step (prompt lookup finds none once a random model leaves the prompt's loop)
+        core.runner.speculation.speculator.host_drafter = lambda request_id, known, length: known[-length:]
+    steps = []  # every verifying forward
+    dispatch = core.runner.speculation.dispatch
+    core.runner.speculation.dispatch = lambda *args: steps.append(step := dispatch(*args)) or step
+    speculated = run_core(core, arrivals(), None)
+    assert_all_same(plain, speculated)
+    max_verify = core.runner.speculation.speculator.max_verify_tokens  # rows x width, at most
+    drafting = [s for s in steps if s.width > 1]  # width 1: no row found a draft after all
+    assert drafting and all(s.width == 1 + min(config.num_draft_tokens, max_verify // len(s.rows) - 1) for s in drafting)
+    assert any(max(row.num_drafts for row in s.rows) < s.width - 1 for s in drafting)  # some were padded
 
 
 @pytest.mark.parametrize("which", ["itself", "other"])
