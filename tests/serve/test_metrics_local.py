@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.config import ModelConfig
 from deployments.ingress.auth import ApiKeys
+from deployments.metrics.families import ALL_SPECS, MetricKind
 from tests.serve.local_stack import local_stack, send_streaming, wait_for
 
 # Long enough to fill two prefix-cache blocks (32 tokens each): the repeats read them from the cache.
@@ -158,3 +161,13 @@ def test_metrics_need_no_key(tiny_models):
             assert "orchard:requests" not in scrape.families
 
     asyncio.run(scenario())
+
+
+def test_dashboard_reads_only_exported_names():
+    """Every series docs/grafana/orchard.json queries is one Orchard exports (a histogram's through its _bucket)."""
+    dashboard = (Path(__file__).resolve().parents[2] / "docs" / "grafana" / "orchard.json").read_text()
+    queried = set(re.findall(r"\$\{prefix\}([a-z0-9_]+)", dashboard))
+    exported = {spec.name for spec in ALL_SPECS if spec.kind is not MetricKind.HISTOGRAM}
+    exported |= {spec.name + "_bucket" for spec in ALL_SPECS if spec.kind is MetricKind.HISTOGRAM}
+    assert queried and queried <= exported, queried - exported
+    assert json.loads(dashboard)["panels"]
