@@ -91,7 +91,7 @@ def create_app(
     app.include_router(embeddings_router(registry, metrics))
     app.include_router(metrics_router(registry, metrics))
     if rag is not None:
-        app.include_router(rag_router(rag, registry, keepalive_s))
+        app.include_router(rag_router(rag, registry, keepalive_s, metrics))
     app.include_router(admin_router(registry, enable_admin))
     if enable_admin and registry.downloads is not None:  # no manager (or no admin API): no downloads
         app.include_router(hub_router(registry.downloads, registry, keepalive_s))

@@ -24,6 +24,7 @@ class Api(str, Enum):
     MESSAGES = "messages"
     RESPONSES = "responses"
     EMBEDDINGS = "embeddings"
+    RAG = "rag"  # /v1/rag/query's answers (retrieval-only queries reach no model)
 
 
 @dataclass

@@ -75,9 +75,7 @@ class ModelMetrics:
         else:
             assert timing.last_token_at is not None
             # Tokens that arrive together (a consumer behind the engine, accepted drafts) share the wait.
-            gap = (now - timing.last_token_at) / count
-            for _ in range(count):
-                self.recorder.observe(m.ITL, gap)
+            self.recorder.observe(m.ITL, (now - timing.last_token_at) / count, times=count)
         timing.last_token_at = now
 
     def _on_finish(self, timing: RequestTiming, finish: Finish, now: float) -> None:

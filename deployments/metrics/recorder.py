@@ -80,13 +80,16 @@ class MetricsRecorder:
             self._sample(spec, labels)  # a zero is exported before the first count
         self.inc(spec, total - last if total >= last else total, **labels)
 
-    def observe(self, spec: MetricSpec, value: float, **labels: str) -> None:
+    def observe(self, spec: MetricSpec, value: float, times: int = 1, **labels: str) -> None:
+        """`times` observations of `value` (Ray's histogram takes them one by one)."""
         assert spec.kind is MetricKind.HISTOGRAM, spec.name
         with self._lock:
             histogram = self._histogram(spec, labels)
-            histogram.bucket_counts[bisect.bisect_left(spec.buckets, value)] += 1
-            histogram.sum += value
-        _ray_metric(spec).observe(value, tags=self._tags(labels))
+            histogram.bucket_counts[bisect.bisect_left(spec.buckets, value)] += times
+            histogram.sum += value * times
+        ray_histogram, tags = _ray_metric(spec), self._tags(labels)
+        for _ in range(times):
+            ray_histogram.observe(value, tags=tags)
 
     def snapshot(self) -> MetricsSnapshot:
         with self._lock:
