@@ -87,10 +87,7 @@ class ModelServer:
     async def _refresh_metrics(self) -> None:
         while True:
             await asyncio.sleep(METRICS_REFRESH_S)
-            try:
-                self.service.metrics_snapshot()
-            except Exception as exc:  # an engine between restarts has no stats: the next round reads them
-                logger.debug("model %s: metrics not refreshed (%r)", self.config.id, exc)
+            self.service.metrics_snapshot()
 
     async def queue_stats(self) -> QueueStats:
         stats = self.service.queue_stats()

@@ -309,10 +309,15 @@ class ModelService:
         )
 
     def metrics_snapshot(self) -> MetricsSnapshot:
-        """The model's metrics, its engine's levels read now (GET /metrics; Ray's export refreshes with it)."""
-        stats = self._engine.stats()
+        """The model's metrics, its engine's levels read now (GET /metrics; Ray's export refreshes with it). An engine
+        that has none to give (dead, not started) leaves the last levels read, and the requests' counts still go."""
+        try:
+            stats = self._engine.stats()
+            in_own_process = self._engine.served.in_own_process
+        except OrchardError:
+            return self.metrics.recorder.snapshot()
         engine = stats.memory
-        rss = engine.rss_bytes + (process_rss_bytes() if self._engine.served.in_own_process else 0)
+        rss = engine.rss_bytes + (process_rss_bytes() if in_own_process else 0)
         memory = ModelMemory(engine.mlx_active_bytes, engine.mlx_cache_bytes, engine.mlx_peak_bytes, rss)
         return self.metrics.snapshot(stats, self._engine.restarts_total, memory)
 
