@@ -16,9 +16,8 @@ from deployments.metrics.ingress_metrics import Api, IngressMetrics, RequestOutc
 logger = logging.getLogger("ray.serve.orchard")
 
 
-def embeddings_router(registry: Registry, metrics: IngressMetrics | None = None) -> APIRouter:
+def embeddings_router(registry: Registry, metrics: IngressMetrics) -> APIRouter:
     router = APIRouter()
-    metrics = metrics or IngressMetrics()
 
     @router.post("/v1/embeddings", responses=error_responses(GENERATION))
     async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:

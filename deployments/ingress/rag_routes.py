@@ -69,10 +69,9 @@ class RagAnswerClient:
 
 
 def rag_router(
-    rag: RagClient, registry: Registry, keepalive_s: float = KEEPALIVE_S, metrics: IngressMetrics | None = None
+    rag: RagClient, registry: Registry, metrics: IngressMetrics, keepalive_s: float = KEEPALIVE_S
 ) -> APIRouter:
     router = APIRouter()
-    metrics = metrics or IngressMetrics()
 
     @router.post(UPLOAD_ROUTE, responses=error_responses(RAG_UPLOAD), openapi_extra=_UPLOAD_BODY)
     async def upload(request: Request) -> dict[str, Any]:

@@ -85,13 +85,13 @@ def create_app(
     app.add_middleware(ApiKeyMiddleware, keys=keys or ApiKeys([]))
     app.add_middleware(RequestIdMiddleware)
     _install_error_handlers(app)
-    app.include_router(openai_router(registry, images, keepalive_s, metrics))
-    app.include_router(responses_router(registry, responses or ResponseStore(), images, keepalive_s, metrics))
-    app.include_router(anthropic_router(registry, images, keepalive_s, metrics))
+    app.include_router(openai_router(registry, images, metrics, keepalive_s))
+    app.include_router(responses_router(registry, responses or ResponseStore(), images, metrics, keepalive_s))
+    app.include_router(anthropic_router(registry, images, metrics, keepalive_s))
     app.include_router(embeddings_router(registry, metrics))
     app.include_router(metrics_router(registry, metrics))
     if rag is not None:
-        app.include_router(rag_router(rag, registry, keepalive_s, metrics))
+        app.include_router(rag_router(rag, registry, metrics, keepalive_s))
     app.include_router(admin_router(registry, enable_admin))
     if enable_admin and registry.downloads is not None:  # no manager (or no admin API): no downloads
         app.include_router(hub_router(registry.downloads, registry, keepalive_s))
@@ -112,10 +112,9 @@ def metrics_router(registry: Registry, metrics: IngressMetrics) -> APIRouter:
 
 
 def openai_router(
-    registry: Registry, images: ImageLoader, keepalive_s: float = KEEPALIVE_S, metrics: IngressMetrics | None = None
+    registry: Registry, images: ImageLoader, metrics: IngressMetrics, keepalive_s: float = KEEPALIVE_S
 ) -> APIRouter:
     router = APIRouter()
-    metrics = metrics or IngressMetrics()
 
     @router.post("/v1/chat/completions", responses={**EVENT_STREAM, **error_responses(GENERATION)})
     async def chat_completions(body: ChatCompletionRequest) -> Response:
@@ -129,7 +128,9 @@ def openai_router(
         meta = ResponseMeta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
         job = completion_job(body, meta.id, REQUEST_ID.get())
         renderer = CompletionRenderer(meta, _include_usage(body))
-        return await _generation_response(registry, body.model, job, renderer, keepalive_s, None, metrics, Api.COMPLETIONS)
+        return await _generation_response(
+            registry, body.model, job, renderer, keepalive_s, None, metrics, Api.COMPLETIONS
+        )
 
     @router.get("/v1/models", responses=error_responses(MODEL_LISTING))
     async def list_models(
@@ -160,12 +161,11 @@ def openai_router(
 
 
 def responses_router(
-    registry: Registry, responses: ResponseStore, images: ImageLoader, keepalive_s: float = KEEPALIVE_S,
-    metrics: IngressMetrics | None = None,
+    registry: Registry, responses: ResponseStore, images: ImageLoader, metrics: IngressMetrics,
+    keepalive_s: float = KEEPALIVE_S,
 ) -> APIRouter:
     """OpenAI's Responses API on the chat path; stored responses live in this ingress (ingress/responses_store.py)."""
     router = APIRouter()
-    metrics = metrics or IngressMetrics()
 
     @router.post("/v1/responses", responses={**EVENT_STREAM, **error_responses(GENERATION)})
     async def create_response(body: ResponsesRequest) -> Response:
@@ -191,18 +191,19 @@ def responses_router(
 
 
 def anthropic_router(
-    registry: Registry, images: ImageLoader, keepalive_s: float = KEEPALIVE_S, metrics: IngressMetrics | None = None
+    registry: Registry, images: ImageLoader, metrics: IngressMetrics, keepalive_s: float = KEEPALIVE_S
 ) -> APIRouter:
     """Anthropic's Messages API; the `anthropic-version` / `anthropic-beta` headers are tolerated."""
     router = APIRouter()
-    metrics = metrics or IngressMetrics()
 
     @router.post("/v1/messages", responses={**EVENT_STREAM, **error_responses(GENERATION, anthropic=True)})
     async def messages(body: MessagesRequest) -> Response:
         message_id = f"msg_{uuid.uuid4().hex}"
         job = messages_job(body, message_id, REQUEST_ID.get())
         renderer = MessagesRenderer(MessageMeta(message_id, body.model))
-        return await _generation_response(registry, body.model, job, renderer, keepalive_s, images, metrics, Api.MESSAGES)
+        return await _generation_response(
+            registry, body.model, job, renderer, keepalive_s, images, metrics, Api.MESSAGES
+        )
 
     @router.post("/v1/messages/count_tokens", responses=error_responses(COUNT_TOKENS, anthropic=True))
     async def count_tokens(body: CountTokensRequest) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from deployments.metrics import families as m
+from deployments.metrics import families
 from deployments.metrics.recorder import MetricsRecorder, MetricsSnapshot
 from engine.client.interface import StreamEvent
 from engine.core import EngineStats
@@ -49,7 +49,7 @@ class ModelMetrics:
             timing.queued_at = now
         elif isinstance(event, Admitted):
             if timing.queued_at is not None:
-                self.recorder.observe(m.QUEUE_TIME, now - timing.queued_at)
+                self.recorder.observe(families.QUEUE_TIME, now - timing.queued_at)
         elif isinstance(event, TextDelta):
             self._on_tokens(timing, len(event.token_ids), now)
         elif isinstance(event, Finish):
@@ -61,9 +61,9 @@ class ModelMetrics:
         if timing.ended or failed:
             return
         timing.ended = True
-        self.recorder.inc(m.REQUEST_SUCCESS, finished_reason=FinishReason.ABORT.value)
-        self.recorder.inc(m.PROMPT_TOKENS, num_prompt_tokens)
-        self.recorder.inc(m.GENERATION_TOKENS, timing.generated_tokens)
+        self.recorder.inc(families.REQUEST_SUCCESS, finished_reason=FinishReason.ABORT.value)
+        self.recorder.inc(families.PROMPT_TOKENS, num_prompt_tokens)
+        self.recorder.inc(families.GENERATION_TOKENS, timing.generated_tokens)
 
     def _on_tokens(self, timing: RequestTiming, count: int, now: float) -> None:
         if count == 0:
@@ -71,42 +71,42 @@ class ModelMetrics:
         timing.generated_tokens += count
         if timing.first_token_at is None:
             timing.first_token_at = now
-            self.recorder.observe(m.TTFT, now - timing.received_at)
+            self.recorder.observe(families.TTFT, now - timing.received_at)
         else:
             assert timing.last_token_at is not None
             # Tokens that arrive together (a consumer behind the engine, accepted drafts) share the wait.
-            self.recorder.observe(m.ITL, (now - timing.last_token_at) / count, times=count)
+            self.recorder.observe(families.ITL, (now - timing.last_token_at) / count, times=count)
         timing.last_token_at = now
 
     def _on_finish(self, timing: RequestTiming, finish: Finish, now: float) -> None:
         timing.ended = True
-        self.recorder.inc(m.REQUEST_SUCCESS, finished_reason=finish.reason.value)
-        self.recorder.inc(m.PROMPT_TOKENS, finish.usage.prompt_tokens)
-        self.recorder.inc(m.GENERATION_TOKENS, finish.usage.completion_tokens)
-        self.recorder.observe(m.E2E, now - timing.received_at)
+        self.recorder.inc(families.REQUEST_SUCCESS, finished_reason=finish.reason.value)
+        self.recorder.inc(families.PROMPT_TOKENS, finish.usage.prompt_tokens)
+        self.recorder.inc(families.GENERATION_TOKENS, finish.usage.completion_tokens)
+        self.recorder.observe(families.E2E, now - timing.received_at)
 
     def snapshot(self, stats: EngineStats, restarts: int, memory: ModelMemory) -> MetricsSnapshot:
         """Read the engine's levels and counts into the metrics, then all of them (Ray's get them too)."""
         rec = self.recorder
-        rec.set(m.RUNNING, stats.num_running)
-        rec.set(m.WAITING, stats.num_waiting)
-        rec.set(m.KV_CACHE_BYTES, stats.kv_cache_bytes)
-        rec.set_total(m.ENGINE_RESTARTS, restarts)
+        rec.set(families.RUNNING, stats.num_running)
+        rec.set(families.WAITING, stats.num_waiting)
+        rec.set(families.KV_CACHE_BYTES, stats.kv_cache_bytes)
+        rec.set_total(families.ENGINE_RESTARTS, restarts)
         for kind, value in (("mlx_active", memory.mlx_active), ("mlx_cache", memory.mlx_cache),
                             ("mlx_peak", memory.mlx_peak), ("rss", memory.rss)):
-            rec.set(m.MEMORY_BYTES, value, kind=kind)
+            rec.set(families.MEMORY_BYTES, value, kind=kind)
         prefix = stats.prefix_cache
         if prefix is not None:
-            rec.set_total(m.PREFIX_LOOKUPS, prefix.hits, result="hit")
-            rec.set_total(m.PREFIX_LOOKUPS, prefix.misses, result="miss")
-            rec.set_total(m.PREFIX_HIT_TOKENS, prefix.hit_tokens)
-            rec.set(m.PREFIX_CACHE_BYTES, prefix.bytes_used)
+            rec.set_total(families.PREFIX_LOOKUPS, prefix.hits, result="hit")
+            rec.set_total(families.PREFIX_LOOKUPS, prefix.misses, result="miss")
+            rec.set_total(families.PREFIX_HIT_TOKENS, prefix.hit_tokens)
+            rec.set(families.PREFIX_CACHE_BYTES, prefix.bytes_used)
         if stats.guide_compiles is not None:
-            rec.set_total(m.GUIDE_COMPILES, stats.guide_compiles.compiles)
-            rec.set_total(m.GUIDE_COMPILE_SECONDS, stats.guide_compiles.seconds_total)
+            rec.set_total(families.GUIDE_COMPILES, stats.guide_compiles.compiles)
+            rec.set_total(families.GUIDE_COMPILE_SECONDS, stats.guide_compiles.seconds_total)
         speculation = stats.speculation
         if speculation is not None:
-            rec.set_total(m.SPEC_VERIFY_STEPS, speculation.verify_steps)
-            rec.set_total(m.SPEC_DRAFT_TOKENS, speculation.drafted_tokens)
-            rec.set_total(m.SPEC_ACCEPTED_TOKENS, speculation.accepted_tokens)
+            rec.set_total(families.SPEC_VERIFY_STEPS, speculation.verify_steps)
+            rec.set_total(families.SPEC_DRAFT_TOKENS, speculation.drafted_tokens)
+            rec.set_total(families.SPEC_ACCEPTED_TOKENS, speculation.accepted_tokens)
         return rec.snapshot()

@@ -95,7 +95,8 @@ class MetricsRecorder:
         with self._lock:
             return MetricsSnapshot(
                 [Sample(s.name, dict(s.labels), s.value) for s in self._values.values()],
-                [HistogramSample(h.name, dict(h.labels), list(h.bucket_counts), h.sum) for h in self._histograms.values()],
+                [HistogramSample(h.name, dict(h.labels), list(h.bucket_counts), h.sum)
+                 for h in self._histograms.values()],
             )
 
     # ---- internals ----------------------------------------------------------------------------------
