@@ -337,6 +337,19 @@ def test_metrics_page_gathers_the_ingress_and_each_model_replica(graph):
     for model in (ALPHA, BETA):
         assert after[("orchard:num_requests_running", (("model_name", model),))] >= 0
         assert after[("orchard:memory_bytes", (("kind", "rss"), ("model_name", model)))] > 0
+    # The same recordings reach Ray's metrics export (its names: ray_ + orchard_ + vLLM's).
+    import ray
+
+    port = ray._private.worker.global_worker.node.metrics_export_port
+    wanted = ("ray_orchard_requests_total", "ray_orchard_time_to_first_token_seconds_count")
+
+    def ray_exported() -> bool:
+        page = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        families = {s.name for family in text_string_to_metric_families(page) for s in family.samples
+                    if s.labels.get("model_name") == BETA}
+        return all(name in families for name in wanted)
+
+    wait_until(ray_exported, 60, interval_s=1.0, what="Orchard's metrics in Ray's export")
 
 
 def test_request_id_is_echoed(graph):
