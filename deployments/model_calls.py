@@ -15,6 +15,7 @@ from engine.output.request_output import Finish
 from deployments.chat.parsers.deltas import ToolCallDelta
 from engine.sampling.params import SamplingParams
 from engine.spec_decode.speculator import SpeculationStats
+from deployments.metrics.recorder import MetricsSnapshot
 
 ToolChoiceMode = Literal["auto", "none", "required", "function"]
 
@@ -272,3 +273,5 @@ class ModelClient(Protocol):
     async def info(self) -> ModelInfo: ...
 
     async def queue_stats(self) -> QueueStats: ...
+
+    async def metrics(self) -> MetricsSnapshot: ...

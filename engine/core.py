@@ -18,7 +18,7 @@ from engine.runner.memory import EngineMemory, read_engine_memory
 from engine.runner.runner import ModelRunner
 from engine.runner.step_budget import measure_prefill_budget
 from engine.runner_output import RunnerOutput
-from engine.sampling.structured import GuideCompiler
+from engine.sampling.structured import GuideCompileStats, GuideCompiler
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.spec_decode.speculator import SpeculationStats
@@ -53,6 +53,7 @@ class EngineStats:
     expected_step_s: float | None = None
     # None when the model does not speculate.
     speculation: SpeculationStats | None = None
+    guide_compiles: GuideCompileStats | None = None
 
 
 class EngineCore:
@@ -202,6 +203,7 @@ class EngineCore:
             prefix_cache=replace(self.runner.prefix_cache.stats) if self.runner.prefix_cache else None,
             expected_step_s=self.expected_step_s,
             speculation=self.runner.speculation_stats(),
+            guide_compiles=self.guides.stats(),
         )
 
     def release_idle_buffers(self) -> None:

@@ -21,6 +21,8 @@ import numpy as np
 
 from deployments.config import ModelConfig
 from deployments.embeddings.batcher import EmbedBatcher
+from deployments.metrics import families
+from deployments.metrics.recorder import MetricsRecorder, MetricsSnapshot
 from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, ModelInfo, QueueStats, StreamChunk, TextTokenCounts, TextTokensJob,
     TokenCount,
@@ -95,6 +97,7 @@ class EmbeddingService:
         self._unloading = False
         self._active = 0
         self._prompt_tokens_total = 0
+        self._metrics = MetricsRecorder(self.model_id)
         self.created_at = 0
 
     async def start(self) -> None:
@@ -259,6 +262,15 @@ class EmbeddingService:
             step_cpu_seconds_total=0.0,
             process_cpu_seconds_total=round(time.process_time(), 4),
         )
+
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """What an embedder has of a model's metrics: texts waiting and encoding, tokens read, memory."""
+        self._metrics.set(families.WAITING, self._batcher.texts_waiting)
+        self._metrics.set(families.RUNNING, self._batcher.texts_encoding)
+        self._metrics.set_total(families.PROMPT_TOKENS, self._prompt_tokens_total)
+        self._metrics.set(families.MEMORY_BYTES, process_rss_bytes(), kind="rss")
+        return self._metrics.snapshot()
 
 
 def _shortened(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from deployments.api.errors import WireError, wire_error
 from deployments.api.sse import SSE_HEADERS
 from deployments.ingress.edge import REQUEST_ID
+from deployments.metrics.ingress_metrics import RequestOutcome, RequestTally, untracked
 from deployments.model_calls import GenerateJob, StreamChunk
 
 logger = logging.getLogger("ray.serve.orchard")
@@ -103,10 +104,13 @@ class ChunkSource(Protocol):
 
 
 async def answer(
-    client: ChunkSource, job: GenerateJob, renderer: Renderer, keepalive_s: float = KEEPALIVE_S
+    client: ChunkSource, job: GenerateJob, renderer: Renderer, keepalive_s: float = KEEPALIVE_S,
+    tally: RequestTally | None = None,
 ) -> Response:
     """Wait for the first chunk (a stream's: the engine accepted it into its queue; else the whole answer), so that
-    refusals (queue full, invalid, too long) get their own status before any byte is sent; answer."""
+    refusals (queue full, invalid, too long) get their own status before any byte is sent; answer. `tally` counts
+    the request's outcome once it is known (a stream's when it ends)."""
+    tally = tally or untracked()
     chunks = ChunkReader(client.generate(job))
     handed_to_response = False
     try:
@@ -115,12 +119,22 @@ async def answer(
             raise first.error
         if job.stream:
             handed_to_response = True
-            return ClosingStreamingResponse(_sse_body(first, chunks, renderer, keepalive_s), close=chunks.aclose)
+            body = _sse_body(first, chunks, renderer, keepalive_s, tally)
+            return ClosingStreamingResponse(body, close=lambda: _close_stream(chunks, tally))
         total = await _whole(first, chunks)
+        tally.end_with(total)
         return JSONResponse(renderer.completion(total))
+    except BaseException as exc:
+        tally.end_by_exception(exc)
+        raise
     finally:
         if not handed_to_response:
             await chunks.aclose()  # on errors and cancellation too: aborts the request in the engine
+
+
+async def _close_stream(chunks: ChunkReader, tally: RequestTally) -> None:
+    tally.end(RequestOutcome.ABORTED)  # a stream closed before its last chunk: the client went away
+    await chunks.aclose()
 
 
 async def _whole(first: StreamChunk, chunks: ChunkReader) -> StreamChunk:
@@ -133,12 +147,14 @@ async def _whole(first: StreamChunk, chunks: ChunkReader) -> StreamChunk:
 
 
 async def _sse_body(
-    first: StreamChunk, chunks: ChunkReader, renderer: Renderer, keepalive_s: float = KEEPALIVE_S
+    first: StreamChunk, chunks: ChunkReader, renderer: Renderer, keepalive_s: float = KEEPALIVE_S,
+    tally: RequestTally | None = None,
 ) -> AsyncIterator[str]:
     """The stream's events. While the request waits in the engine's queue (headers are out): the renderer's
     waiting text after every keepalive_s (an SSE comment, or the Responses API's response.queued). The opening event
     at admission (the prefix-cache hit is known then), or with the first output; then each chunk's, with a
     keep-alive after every keepalive_s without one."""
+    tally = tally or untracked()
     chunk: StreamChunk | None = first
     while chunk is None or _queued_only(chunk):
         if chunk is None:
@@ -146,6 +162,8 @@ async def _sse_body(
         chunk = await chunks.next(keepalive_s)
     text = renderer.sse_start(chunk) if chunk.error is None else ""
     while True:
+        if chunk.is_last:
+            tally.end_with(chunk)
         if chunk.error is not None:  # headers are sent: report the error in the stream, as OpenAI does
             logger.info("stream failed: %s [request %s]", chunk.error.message, REQUEST_ID.get())
             yield text + renderer.sse_error(wire_error(chunk.error))

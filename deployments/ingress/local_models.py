@@ -14,6 +14,7 @@ from deployments.model_calls import (
     TokenCount,
 )
 from deployments.ingress.model_registry import DeploymentState, ModelStatus
+from deployments.metrics.recorder import MetricsSnapshot
 
 
 class LocalModelClient:
@@ -37,6 +38,9 @@ class LocalModelClient:
 
     async def queue_stats(self) -> QueueStats:
         return self._service.queue_stats()
+
+    async def metrics(self) -> MetricsSnapshot:
+        return self._service.metrics_snapshot()
 
 
 # The ingress's application name in process, as serve_config.yaml names it under Serve.

@@ -30,6 +30,7 @@ from deployments.config import ModelConfig, serve_app_name
 from deployments.model_sources import (
     cached_hub_source, check_admin_model, check_admin_policy, default_model_roots, hub_files, is_repo_id,
 )
+from deployments.metrics.recorder import MetricsSnapshot
 from deployments.model_calls import ModelClient, ModelInfo, QueueStats
 from deployments.ingress.model_store import ModelStore
 
@@ -250,6 +251,21 @@ class Registry:
         entries = self.entries()
         stats = await asyncio.gather(*(self._fetch_stats(e) for e in entries))
         return [ModelQueueStats(e, s) for e, s in zip(entries, stats)]
+
+    async def metrics(self) -> list[MetricsSnapshot]:
+        """Every running model's metrics (a model that does not answer in time is left out of this scrape)."""
+        await self.refresh()
+        running = [e for e in self.entries() if e.status == ModelStatus.RUNNING]
+        snapshots = await asyncio.gather(*(self._fetch_metrics(e.model_id) for e in running))
+        return [s for s in snapshots if s is not None]
+
+    async def _fetch_metrics(self, model_id: str) -> MetricsSnapshot | None:
+        try:
+            client = await self._backend.client(model_id)
+            return await asyncio.wait_for(client.metrics(), INFO_TIMEOUT_S)
+        except Exception as exc:  # best effort, as info: one model must not fail the scrape
+            logger.warning("no metrics from model %s: %r", model_id, exc)
+            return None
 
     async def _fetch_info(self, model_id: str) -> ModelInfo | None:
         try:

@@ -28,6 +28,7 @@ from deployments.api.rag_schemas import RagChatRenderer, RagQueryRequest, docume
 from deployments.ingress.edge import REQUEST_ID
 from deployments.ingress.generation import KEEPALIVE_S, answer
 from deployments.ingress.model_registry import Registry
+from deployments.metrics.ingress_metrics import Api, IngressMetrics
 from deployments.model_calls import GenerateJob, StreamChunk
 from deployments.rag.calls import AnswerJob, RagClient, RetrievalJob, RetrievalResult, UploadJob
 from engine.errors import DocumentNotFoundError, InvalidRequestError
@@ -67,7 +68,9 @@ class RagAnswerClient:
                 yield item
 
 
-def rag_router(rag: RagClient, registry: Registry, keepalive_s: float = KEEPALIVE_S) -> APIRouter:
+def rag_router(
+    rag: RagClient, registry: Registry, metrics: IngressMetrics, keepalive_s: float = KEEPALIVE_S
+) -> APIRouter:
     router = APIRouter()
 
     @router.post(UPLOAD_ROUTE, responses=error_responses(RAG_UPLOAD), openapi_extra=_UPLOAD_BODY)
@@ -94,7 +97,8 @@ def rag_router(rag: RagClient, registry: Registry, keepalive_s: float = KEEPALIV
         await registry.route(chat.model)  # the model's own 404 / 503 before any retrieval
         logger.info("RAG query %s over %d documents for model %s, stream=%s [X-Request-Id %s]",
                     meta.id, len(retrieval.file_ids), chat.model, chat.stream, job.log_id)
-        return await answer(RagAnswerClient(rag, retrieval, chat.model, renderer), job, renderer, keepalive_s)
+        tally = metrics.request(Api.RAG, chat.model)
+        return await answer(RagAnswerClient(rag, retrieval, chat.model, renderer), job, renderer, keepalive_s, tally)
 
     @router.get("/v1/rag/documents", responses=error_responses(RAG_DOCUMENTS))
     async def list_documents() -> dict[str, Any]:

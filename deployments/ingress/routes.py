@@ -53,6 +53,8 @@ from deployments.rag.calls import RagClient
 from deployments.ingress.media_fetch import ImageLoader
 from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
 from deployments.ingress.responses_store import ResponseStore
+from deployments.metrics.exposition import CONTENT_TYPE, render_metrics
+from deployments.metrics.ingress_metrics import Api, IngressMetrics
 
 logger = logging.getLogger("ray.serve.orchard")
 
@@ -76,18 +78,20 @@ def create_app(
 
     app = FastAPI(title="Orchard", version="0.1.0", lifespan=lifespan)
     app.state.image_loader = images  # where no lifespan runs (httpx's ASGI transport), its owner closes it
+    metrics = IngressMetrics()
     # The last added runs first: request id, then the key check, then the body limit (no body read before both).
     upload_limit = {UPLOAD_ROUTE: rag_max_upload_bytes + MULTIPART_OVERHEAD_BYTES} if rag is not None else {}
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, path_limits=upload_limit)
     app.add_middleware(ApiKeyMiddleware, keys=keys or ApiKeys([]))
     app.add_middleware(RequestIdMiddleware)
     _install_error_handlers(app)
-    app.include_router(openai_router(registry, images, keepalive_s))
-    app.include_router(responses_router(registry, responses or ResponseStore(), images, keepalive_s))
-    app.include_router(anthropic_router(registry, images, keepalive_s))
-    app.include_router(embeddings_router(registry))
+    app.include_router(openai_router(registry, images, metrics, keepalive_s))
+    app.include_router(responses_router(registry, responses or ResponseStore(), images, metrics, keepalive_s))
+    app.include_router(anthropic_router(registry, images, metrics, keepalive_s))
+    app.include_router(embeddings_router(registry, metrics))
+    app.include_router(metrics_router(registry, metrics))
     if rag is not None:
-        app.include_router(rag_router(rag, registry, keepalive_s))
+        app.include_router(rag_router(rag, registry, metrics, keepalive_s))
     app.include_router(admin_router(registry, enable_admin))
     if enable_admin and registry.downloads is not None:  # no manager (or no admin API): no downloads
         app.include_router(hub_router(registry.downloads, registry, keepalive_s))
@@ -95,7 +99,21 @@ def create_app(
     return app
 
 
-def openai_router(registry: Registry, images: ImageLoader, keepalive_s: float = KEEPALIVE_S) -> APIRouter:
+def metrics_router(registry: Registry, metrics: IngressMetrics) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def prometheus_metrics() -> Response:
+        """Prometheus's text format: this ingress's request counts and every running model's metrics."""
+        snapshots = metrics.snapshots() + await registry.metrics()
+        return Response(render_metrics(snapshots), media_type=CONTENT_TYPE)
+
+    return router
+
+
+def openai_router(
+    registry: Registry, images: ImageLoader, metrics: IngressMetrics, keepalive_s: float = KEEPALIVE_S
+) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/chat/completions", responses={**EVENT_STREAM, **error_responses(GENERATION)})
@@ -103,14 +121,16 @@ def openai_router(registry: Registry, images: ImageLoader, keepalive_s: float = 
         meta = ResponseMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
         job = chat_job(body, meta.id, REQUEST_ID.get())
         renderer = ChatRenderer(meta, _include_usage(body))
-        return await _generation_response(registry, body.model, job, renderer, keepalive_s, images)
+        return await _generation_response(registry, body.model, job, renderer, keepalive_s, images, metrics, Api.CHAT)
 
     @router.post("/v1/completions", responses={**EVENT_STREAM, **error_responses(GENERATION)})
     async def completions(body: CompletionRequest) -> Response:
         meta = ResponseMeta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
         job = completion_job(body, meta.id, REQUEST_ID.get())
         renderer = CompletionRenderer(meta, _include_usage(body))
-        return await _generation_response(registry, body.model, job, renderer, keepalive_s)
+        return await _generation_response(
+            registry, body.model, job, renderer, keepalive_s, None, metrics, Api.COMPLETIONS
+        )
 
     @router.get("/v1/models", responses=error_responses(MODEL_LISTING))
     async def list_models(
@@ -141,7 +161,8 @@ def openai_router(registry: Registry, images: ImageLoader, keepalive_s: float = 
 
 
 def responses_router(
-    registry: Registry, responses: ResponseStore, images: ImageLoader, keepalive_s: float = KEEPALIVE_S
+    registry: Registry, responses: ResponseStore, images: ImageLoader, metrics: IngressMetrics,
+    keepalive_s: float = KEEPALIVE_S,
 ) -> APIRouter:
     """OpenAI's Responses API on the chat path; stored responses live in this ingress (ingress/responses_store.py)."""
     router = APIRouter()
@@ -153,7 +174,9 @@ def responses_router(
         request = responses_job(body, history, response_id, REQUEST_ID.get())
         store = partial(responses.put, input_items=request.items, previous_id=body.previous_response_id)
         renderer = ResponsesRenderer(response_shell(body, request.tools, response_id, request.namespaces), store if body.stores else None)
-        return await _generation_response(registry, body.model, request.job, renderer, keepalive_s, images)
+        return await _generation_response(
+            registry, body.model, request.job, renderer, keepalive_s, images, metrics, Api.RESPONSES
+        )
 
     @router.get("/v1/responses/{response_id}", responses=error_responses(STORED_RESPONSE))
     async def get_response(response_id: str) -> dict[str, Any]:
@@ -167,7 +190,9 @@ def responses_router(
     return router
 
 
-def anthropic_router(registry: Registry, images: ImageLoader, keepalive_s: float = KEEPALIVE_S) -> APIRouter:
+def anthropic_router(
+    registry: Registry, images: ImageLoader, metrics: IngressMetrics, keepalive_s: float = KEEPALIVE_S
+) -> APIRouter:
     """Anthropic's Messages API; the `anthropic-version` / `anthropic-beta` headers are tolerated."""
     router = APIRouter()
 
@@ -176,7 +201,9 @@ def anthropic_router(registry: Registry, images: ImageLoader, keepalive_s: float
         message_id = f"msg_{uuid.uuid4().hex}"
         job = messages_job(body, message_id, REQUEST_ID.get())
         renderer = MessagesRenderer(MessageMeta(message_id, body.model))
-        return await _generation_response(registry, body.model, job, renderer, keepalive_s, images)
+        return await _generation_response(
+            registry, body.model, job, renderer, keepalive_s, images, metrics, Api.MESSAGES
+        )
 
     @router.post("/v1/messages/count_tokens", responses=error_responses(COUNT_TOKENS, anthropic=True))
     async def count_tokens(body: CountTokensRequest) -> dict[str, Any]:
@@ -204,16 +231,21 @@ def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
 
 
 async def _generation_response(
-    registry: Registry, model_id: str, job: GenerateJob, renderer: Renderer, keepalive_s: float = KEEPALIVE_S,
-    images: ImageLoader | None = None,
+    registry: Registry, model_id: str, job: GenerateJob, renderer: Renderer, keepalive_s: float,
+    images: ImageLoader | None, metrics: IngressMetrics, api: Api,
 ) -> Response:
     """Route, make the job's images ready (limits, remote ones fetched: only once the model is known to serve),
-    answer."""
+    answer. Counted from the routing on (a request for a model that is not served names no metric)."""
     logger.info("request %s for model %s, stream=%s [X-Request-Id %s]", job.request_id, model_id, job.stream, job.log_id)
     client = await registry.route(model_id)
+    tally = metrics.request(api, model_id)
     if images is not None:
-        await images.load(job.prompt)
-    return await answer(client, job, renderer, keepalive_s)
+        try:
+            await images.load(job.prompt)
+        except BaseException as exc:
+            tally.end_by_exception(exc)
+            raise
+    return await answer(client, job, renderer, keepalive_s, tally)
 
 
 # ---- errors -------------------------------------------------------------------------------

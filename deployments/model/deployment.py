@@ -17,6 +17,7 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
+from deployments.metrics.recorder import MetricsSnapshot
 from deployments.model.service import ModelService
 from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TextTokenCounts, TextTokensJob,
@@ -28,6 +29,8 @@ from deployments.transport.channel import ChannelAddress, ChannelServer
 logger = logging.getLogger("ray.serve.orchard")
 # After the unload's drain, the channel's streams have this long to send their last chunks.
 CHANNEL_FLUSH_S = 2.0
+# Ray's metrics agent holds what a replica last set: the engine's levels (running, KV, memory) are read this often.
+METRICS_REFRESH_S = 5.0
 
 
 @serve.deployment(name=MODEL_SERVER_DEPLOYMENT)
@@ -53,6 +56,7 @@ class ModelServer:
                 self.channel = channel
             except OSError as exc:  # no socket here (e.g. no writable temp dir): the handle path still serves
                 logger.warning("model %s: no stream channel (%s); streams go through Ray", self.config.id, exc)
+        self.metrics_refresh = asyncio.create_task(self._refresh_metrics())
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         async for chunk in self.service.generate(job):
@@ -77,6 +81,14 @@ class ModelServer:
     async def info(self) -> ModelInfo:
         return self.service.info()
 
+    async def metrics(self) -> MetricsSnapshot:
+        return self.service.metrics_snapshot()
+
+    async def _refresh_metrics(self) -> None:
+        while True:
+            await asyncio.sleep(METRICS_REFRESH_S)
+            self.service.metrics_snapshot()
+
     async def queue_stats(self) -> QueueStats:
         stats = self.service.queue_stats()
         if self.channel is not None:
@@ -87,6 +99,9 @@ class ModelServer:
         """Serve is unloading this model (or replacing the replica): refuse new streams, let open ones finish
         for advanced.unload_drain_s, end the rest with model_unloaded, then stop the engine (before the process exits,
         else MLX may abort)."""
+        refresh = getattr(self, "metrics_refresh", None)
+        if refresh is not None:
+            refresh.cancel()
         channel = getattr(self, "channel", None)
         if channel is not None:
             channel.stop_accepting()

@@ -22,6 +22,8 @@ from deployments.chat.parsers.selection import OutputParser, ParserNames, resolv
 from deployments.chat.prompts import EncodedPrompt, PromptEncoder, TokenTexts
 from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
 from deployments.config import ModelConfig
+from deployments.metrics.model_metrics import ModelMemory, ModelMetrics, RequestTiming
+from deployments.metrics.recorder import MetricsSnapshot
 from deployments.model_calls import (
     ChatPrompt,
     EmbedJob,
@@ -102,6 +104,7 @@ class ModelService:
         self._token_texts: TokenTexts | None = None
         self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="orchard-tokenize")
         self.parser_names = ParserNames()
+        self.metrics = ModelMetrics(self.model_id)
         self._active_streams = 0
         self._unloading = False
         self.created_at = 0
@@ -158,6 +161,7 @@ class ModelService:
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         """Chunks of the job's output; errors (even validation ones) arrive as a last chunk. A streamed job's first
         chunk is its admission (the engine took the request in: nothing can refuse it now, short of a failure)."""
+        timing = self.metrics.received()
         try:
             if self._unloading:
                 raise ModelUnloadedError(f"The model '{self.model_id}' is being unloaded", param="model")
@@ -178,21 +182,24 @@ class ModelService:
         last: StreamChunk | None = None
         try:
             window = self._window_s if job.stream else _whole_output
-            parsed = self._chunks(stream, plan.parser, num_prompt, tell_admission=job.stream)
+            parsed = self._chunks(stream, plan.parser, num_prompt, timing, tell_admission=job.stream)
             # aclosing: a client that goes away closes the chain at once, aborting the request.
             async with contextlib.aclosing(coalesce(parsed, window, hold=stream.hold)) as chunks:
                 async for last in chunks:
                     yield last
         finally:
             self._active_streams -= 1
+            self.metrics.closed(timing, num_prompt, failed=last is not None and last.error is not None)
             self._log_end(job, last)
 
     async def _chunks(
-        self, stream: AsyncIterator[StreamEvent], parser: OutputParser | None, num_prompt: int, tell_admission: bool
+        self, stream: AsyncIterator[StreamEvent], parser: OutputParser | None, num_prompt: int, timing: RequestTiming,
+        tell_admission: bool,
     ) -> AsyncIterator[StreamChunk]:
         prompt_tokens: int | None = num_prompt  # told once, with the first chunk
         try:
             async for event in stream:
+                self.metrics.on_event(timing, event)
                 if isinstance(event, (Queued, Admitted)):
                     if not tell_admission:  # a whole response has no use for them
                         continue
@@ -300,6 +307,19 @@ class ModelService:
             process_cpu_seconds_total=round(self._process_cpu_seconds(stats), 4),
             speculation=stats.speculation,
         )
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """The model's metrics, its engine's levels read now (GET /metrics; Ray's export refreshes with it). An engine
+        that has none to give (dead, not started) leaves the last levels read, and the requests' counts still go."""
+        try:
+            stats = self._engine.stats()
+            in_own_process = self._engine.served.in_own_process
+        except OrchardError:
+            return self.metrics.recorder.snapshot()
+        engine = stats.memory
+        rss = engine.rss_bytes + (process_rss_bytes() if in_own_process else 0)
+        memory = ModelMemory(engine.mlx_active_bytes, engine.mlx_cache_bytes, engine.mlx_peak_bytes, rss)
+        return self.metrics.snapshot(stats, self._engine.restarts_total, memory)
 
     def _process_cpu_seconds(self, stats: EngineStats) -> float:
         """CPU seconds of the processes serving this model: this one, and the engine's if it has its own."""

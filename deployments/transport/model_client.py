@@ -21,6 +21,7 @@ from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TextTokenCounts, TextTokensJob,
     TokenCount,
 )
+from deployments.metrics.recorder import MetricsSnapshot
 from deployments.transport.channel import ChannelClient
 from deployments.transport.embed_calls import EmbedCalls
 from deployments.transport.errors import model_call_failure
@@ -118,3 +119,6 @@ class ServeModelClient:
 
     async def queue_stats(self) -> QueueStats:
         return await self._handle.queue_stats.remote()
+
+    async def metrics(self) -> MetricsSnapshot:
+        return await self._handle.metrics.remote()

@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from concurrent.futures import Future
@@ -169,6 +170,14 @@ class _IndexCache:
 _INDEXES = _IndexCache(INDEX_CACHE_SIZE)
 
 
+@dataclass
+class GuideCompileStats:
+    """Guides this compiler built (cache misses, failed ones too) and the seconds the builds took."""
+
+    compiles: int = 0
+    seconds_total: float = 0.0
+
+
 class GuideCompiler:
     """Turns GuidedDecoding specs into CompiledGuides for one model's tokenizer."""
 
@@ -176,6 +185,12 @@ class GuideCompiler:
         self._tokenizer = tokenizer
         self._vocab_size = model_vocab_size
         self._eos_token_ids = eos_token_ids
+        self._stats = GuideCompileStats()
+        self._stats_lock = threading.Lock()  # builds run in the compile pool's threads
+
+    def stats(self) -> GuideCompileStats:
+        with self._stats_lock:
+            return GuideCompileStats(self._stats.compiles, self._stats.seconds_total)
 
     @property
     def vocabulary(self) -> TokenVocabulary:
@@ -200,7 +215,17 @@ class GuideCompiler:
         """Build (or reuse) the guide; 0.01-1 s on a miss, so call it off the engine thread."""
         regex = guided_regex(guided)
         vocab = self.vocabulary
-        return _INDEXES.get_or_build((vocab.key, guided.kind, guided.spec), lambda: self._build(guided, regex, vocab))
+
+        def timed_build() -> CompiledGuide:
+            started = time.perf_counter()
+            try:
+                return self._build(guided, regex, vocab)
+            finally:
+                with self._stats_lock:
+                    self._stats.compiles += 1
+                    self._stats.seconds_total += time.perf_counter() - started
+
+        return _INDEXES.get_or_build((vocab.key, guided.kind, guided.spec), timed_build)
 
     @staticmethod
     def _build(guided: GuidedDecoding, regex: str, vocab: TokenVocabulary) -> CompiledGuide:

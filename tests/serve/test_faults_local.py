@@ -45,18 +45,24 @@ def test_a_killed_engine_is_unhealthy_within_a_second_and_serves_again_within_it
             unhealthy_s = await _until(lambda: _is_health(http, "unhealthy"), timeout_s=1.0)
             during = await _health(http)
             refused = await http.post("/v1/chat/completions", json={"model": "alpha", **CHAT})
+            metrics_during = await http.get("/metrics")  # the model's request counts still answer
             back_s = await _until(lambda: _is_health(http, "ok"), timeout_s=load_s + RESTART_SLACK_S, interval_s=0.1)
             answer = await http.post("/v1/chat/completions", json={"model": "alpha", **CHAT})
             detail = (await http.get("/v1/admin/loaded-models")).json()["data"][0]
-            return unhealthy_s, during, refused, back_s, answer, detail
+            metrics = (await http.get("/metrics")).text
+            return unhealthy_s, during, refused, back_s, answer, detail, metrics_during, metrics
 
-    unhealthy_s, during, refused, back_s, answer, detail = asyncio.run(scenario())
+    unhealthy_s, during, refused, back_s, answer, detail, metrics_during, metrics = asyncio.run(scenario())
     assert unhealthy_s < 1.0 and during["code"] == 503
     assert during["models_detail"][0]["status"] == "unhealthy" and "engine process" in during["models_detail"][0]["error"]
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
     assert refused.json()["error"]["code"] == "engine_restarting"
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
     assert detail["status"] == "running" and detail["engine_restarts"] == 1 and detail["error"] is None
+    assert metrics_during.status_code == 200
+    assert 'orchard:requests_total{api="chat",model_name="alpha",status="error"} 1.0' in metrics_during.text
+    assert 'orchard:engine_restarts_total{model_name="alpha"} 1.0' in metrics
+    assert 'orchard:requests_total{api="chat",model_name="alpha",status="finished"} 1.0' in metrics
 
 
 async def _is_health(http, status: str) -> bool:

@@ -74,6 +74,9 @@ def test_upload_query_stream_and_documents(tiny_models, tmp_path):
             streamed = await stack.http.post("/v1/rag/query", json={**answer_fields, "stream": True,
                                                                      "stream_options": {"include_usage": True}})
             assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+            # Both answers counted under api="rag" (the retrieval-only query reached no model).
+            metrics = (await stack.http.get("/metrics")).text
+            assert f'orchard:requests_total{{api="rag",model_name="{CHAT_MODEL}",status="finished"}} 2.0' in metrics
             listed = await stack.http.get("/v1/rag/documents")
             deleted = await stack.http.delete(f"/v1/rag/documents/{document['file_id']}")
             gone = await stack.http.post("/v1/rag/query", json={**query, "retrieval_only": True})

@@ -22,6 +22,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.config import MODEL_SERVER_DEPLOYMENT, serve_app_name
 from tests.serve.conftest import GRAPH_START_S, ServeCluster, TinyModels, deploy_graph, wait_until
@@ -311,6 +312,44 @@ def test_health_queue_stats_and_loaded_models_shapes(graph):
         assert isinstance(alpha["pid"], int) and alpha["created_at"] > 1_600_000_000
         assert set(alpha["memory"]) == {"metal_active_mb", "metal_cache_mb", "metal_peak_mb", "rss_mb", "total_mb"}
         assert alpha["memory"]["rss_mb"] > 10
+
+
+def _metric_samples(http: httpx.Client) -> dict[tuple[str, tuple], float]:
+    page = http.get("/metrics")
+    assert page.status_code == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(page.text) for s in family.samples}
+
+
+def test_metrics_page_gathers_the_ingress_and_each_model_replica(graph):
+    """Counted in the ingress (requests by API) and in the model's replica (tokens, latencies), across Ray."""
+    labels = (("api", "completions"), ("model_name", BETA), ("status", "finished"))
+    with graph.http() as http:
+        before = _metric_samples(http)
+        reply = graph.openai().completions.create(model=BETA, prompt="t5 t6", max_tokens=3, **GREEDY)
+        after = _metric_samples(http)
+    requests = ("orchard:requests_total", labels)
+    assert after[requests] - before.get(requests, 0) == 1
+    generated = ("orchard:generation_tokens_total", (("model_name", BETA),))
+    assert after[generated] - before.get(generated, 0) == reply.usage.completion_tokens
+    ttft = ("orchard:time_to_first_token_seconds_count", (("model_name", BETA),))
+    assert after[ttft] - before.get(ttft, 0) == 1
+    for model in (ALPHA, BETA):
+        assert after[("orchard:num_requests_running", (("model_name", model),))] >= 0
+        assert after[("orchard:memory_bytes", (("kind", "rss"), ("model_name", model)))] > 0
+    # The same recordings reach Ray's metrics export (its names: ray_ + orchard_ + vLLM's).
+    import ray
+
+    port = ray._private.worker.global_worker.node.metrics_export_port
+    wanted = ("ray_orchard_requests_total", "ray_orchard_time_to_first_token_seconds_count")
+
+    def ray_exported() -> bool:
+        page = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        families = {s.name for family in text_string_to_metric_families(page) for s in family.samples
+                    if s.labels.get("model_name") == BETA}
+        return all(name in families for name in wanted)
+
+    wait_until(ray_exported, 60, interval_s=1.0, what="Orchard's metrics in Ray's export")
 
 
 def test_request_id_is_echoed(graph):

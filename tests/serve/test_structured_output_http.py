@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.config import ModelConfig
 from tests.serve.local_stack import local_stack
@@ -119,3 +121,22 @@ def test_invalid_constraints_are_400s_naming_the_problem(bpe_model):
     for (fields, param, words), body in zip(INVALID, asyncio.run(scenario())):
         assert body["param"] == param and body["type"] == "invalid_request_error", (fields, body)
         assert words in body["message"], (fields, body["message"])
+
+
+def test_guide_compiles_are_counted_in_metrics(bpe_model):
+    """A schema no guide was built for yet (a new property name) is one compile, its seconds counted in /metrics."""
+
+    async def scenario():
+        schema = {"type": "object", "properties": {f"p{uuid.uuid4().hex[:8]}": {"type": "integer"}}}
+        body = {"model": MODEL, "messages": CHAT, "max_tokens": 3,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+        async with local_stack([bpe_model]) as stack:
+            for _ in range(2):  # the second reuses the guide
+                assert (await stack.http.post("/v1/chat/completions", json=body)).status_code == 200
+            page = (await stack.http.get("/metrics")).text
+        samples = {s.name: s.value for family in text_string_to_metric_families(page) for s in family.samples
+                   if s.labels.get("model_name") == MODEL}
+        assert samples["orchard:structured_output_compiles_total"] == 1
+        assert samples["orchard:structured_output_compile_seconds_total"] > 0
+
+    asyncio.run(scenario())

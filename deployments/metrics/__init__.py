@@ -1,0 +1,1 @@
+"""Prometheus metrics: one table of names (families.py), one recorder, one exposition."""
