@@ -1,7 +1,7 @@
 """RAG through the real graph (serve_config.yaml on Ray Serve): the RAG deployment beside the ingress reaches the
 embedded all-MiniLM-L6-v2 and a tiny chat model through their Serve handles. Uploads, answers streamed and not,
 parallel uploads and queries, a 200 MB upload refused before it is read, and a restart of the whole graph that
-leaves the documents and the answers as they were."""
+leaves the documents and the answers as they were, and brings back a model loaded through the admin API."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from tests.support.pdfs import make_pdf  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 EMBEDDER = "all-MiniLM-L6-v2"
 CHAT_MODEL = "tiny/alpha"
+LOADED_MODEL = "tiny/gamma"  # loaded through the admin API: the ingress restores it after a restart
 TWO_HUNDRED_MB = 200 * 1024 * 1024
 PARALLEL_UPLOADS = 10
 QUESTION = "Which platform does the night train leave from?"
@@ -45,8 +46,9 @@ def rag_graph_config(tiny_models, root: Path) -> dict:
     copied onto a tiny chat model."""
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
     ingress, model_template, embedder = config["applications"]
+    # Admin loads take folders under model_roots only: the tiny models' folder.
     ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5,
-                           rag={"storage_dir": str(root / "rag")})
+                           rag={"storage_dir": str(root / "rag")}, model_roots=[str(tiny_models.alpha.parent)])
     chat = copy.deepcopy(model_template)
     chat["name"] = serve_app_name(CHAT_MODEL)
     chat["args"].update(model_id=CHAT_MODEL, model_path=str(tiny_models.alpha), context_length=4096)
@@ -165,21 +167,41 @@ def test_a_200_mb_upload_is_refused_before_it_is_read(rag_graph):
     assert time.monotonic() - started < 30
 
 
-def test_restart_keeps_documents_and_answers(rag_graph):
-    """Runs last in this module: it tears the graph down and deploys the same configuration again."""
+def loaded_model_status(http: httpx.Client) -> dict | None:
+    data = http.get("/v1/admin/loaded-models").json()["data"]
+    return next((m for m in data if m["id"] == LOADED_MODEL), None)
+
+
+def test_restart_keeps_documents_answers_and_loaded_models(rag_graph, tiny_models):
+    """Runs last in this module: it tears the graph down and deploys the same configuration again. Run-time apps
+    vanish when Serve restarts: the ingress restores the one loaded through the admin API from its state_dir."""
     from ray import serve
 
     with http_client(rag_graph) as http:
+        accepted = http.post("/v1/admin/load-model", json={"model_id": LOADED_MODEL, "model_path": str(tiny_models.gamma)})
+        assert accepted.status_code == 202, accepted.text
         file_id = upload(http, "town-guide.pdf", town_guide_pdf()).json()["file_id"]
         documents_before = http.get("/v1/rag/documents").json()
         whole_before, streamed_before = answer_pair(http, file_id)
+        wait_until(lambda: (loaded_model_status(http) or {}).get("status") == "running", GRAPH_START_S,
+                   what=f"{LOADED_MODEL} running")
     serve.shutdown()
     assert serve.status().applications == {}
     serve.start(http_options={"host": "127.0.0.1", "port": rag_graph.port})
+    assert LOADED_MODEL not in {app["args"].get("model_id") for app in rag_graph.schema["applications"]}
     start(rag_graph.schema, rag_graph.base_url)
     with http_client(rag_graph) as http:
         documents_after = http.get("/v1/rag/documents").json()
         whole_after, streamed_after = answer_pair(http, file_id)
+        wait_until(lambda: model_running(http, LOADED_MODEL), GRAPH_START_S, what=f"{LOADED_MODEL} restored")
+        restored = loaded_model_status(http)
+        answer = http.post("/v1/chat/completions", json={
+            "model": LOADED_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "temperature": 0, "ignore_eos": True,
+        })
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4, answer.text
+        assert http.delete(f"/v1/admin/unload-model/{LOADED_MODEL}").status_code == 200
+    assert restored["model_path"] == str(tiny_models.gamma)
     assert documents_after == documents_before and file_id in {d["file_id"] for d in documents_after["data"]}
     assert whole_after["sources"] == whole_before["sources"]
     assert whole_after["choices"][0]["message"] == whole_before["choices"][0]["message"]

@@ -460,35 +460,6 @@ def _stored_ids(graph: Graph) -> set[str]:
     return {m["model_id"] for m in stored["models"]}
 
 
-def test_api_loaded_model_comes_back_after_serve_restarts(graph, tiny_models):
-    """Run-time apps vanish when Serve restarts; the ingress restores them from its state_dir.
-
-    Runs last in this module: it tears the graph down and deploys serve_config's apps again.
-    """
-    from ray import serve
-    from ray.serve.schema import ServeDeploySchema
-
-    with graph.http() as http:
-        accepted = http.post("/v1/admin/load-model", json={"model_id": GAMMA, "model_path": str(tiny_models.gamma)})
-        assert accepted.status_code == 202, accepted.text
-        wait_until(lambda: (_status_of(http, GAMMA) or {}).get("status") == "running", GRAPH_START_S,
-                   what="gamma running")
-    serve.shutdown()
-    assert serve.status().applications == {}
-    serve.start(http_options={"host": "127.0.0.1", "port": graph.cluster.port})
-    schema = ServeDeploySchema.model_validate(serve_config_for_tests(tiny_models, graph.state_dir))
-    assert GAMMA not in {app.args.get("model_id") for app in schema.applications}
-    deploy_graph(schema)
-    with graph.http() as http:
-        wait_until(lambda: _all_running(http, {ALPHA, BETA, GAMMA}), GRAPH_START_S,
-                   what="gamma restored after restart")
-        source = _status_of(http, GAMMA)
-    answer = graph.openai().chat.completions.create(model=GAMMA, messages=CHAT, max_tokens=4, **GREEDY)
-    assert answer.usage.completion_tokens == 4 and source["model_path"] == str(tiny_models.gamma)
-    with graph.http() as http:
-        assert http.delete(f"/v1/admin/unload-model/{GAMMA}").status_code == 200
-
-
 class _BackgroundStream(threading.Thread):
     """Streams from a model in the background until stopped; counts its chunks."""
 
