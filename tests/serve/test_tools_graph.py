@@ -1,7 +1,8 @@
 """Tools, reasoning and the Anthropic Messages API end to end: serve_config's graph on Ray Serve with a
 tiny model speaking SmolLM2's real tokenizer and a Qwen3 tool template, driven by the official
-`openai` and `anthropic` clients. Forced calls (tool_choice required / any) rely on the engine's
-structured-output masks: a random model writes a valid call only through them.
+`openai` and `anthropic` clients, and the Responses API's Codex-style tool loop on the same graph. Forced calls
+(tool_choice required / any) rely on the engine's structured-output masks: a random model writes a valid call only
+through them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ OPENAI_TOOLS = [{"type": "function", "function": {"name": "get_weather", "descri
 ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER_SCHEMA}]
 QUESTION = "What is the weather in Paris?"
 MARKUP = ("<tool_call", "</tool_call", "<think>", "</think>")
+# The Responses API's tools (Codex's default web_search beside a function) and the second turn's answer format.
+RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
+                    "parameters": WEATHER_SCHEMA, "strict": False}, {"type": "web_search", "external_web_access": False}]
+ANSWER = {"type": "object", "properties": {"sky": {"type": "string", "enum": ["sunny", "rainy"]}},
+          "required": ["sky"], "additionalProperties": False}
 
 
 @dataclass
@@ -60,7 +66,8 @@ def tools_graph(serve_cluster, tmp_path_factory) -> ToolsGraph:
     model_path = write_smollm2_tokenizer_model(root / "model", {"max_position_embeddings": 4096}, seed=1, scale=3.0)
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
     ingress, model_app, *_ = config["applications"]  # the chat model's entry is the template
-    ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5)
+    ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5, responses_store_size=10,
+                           responses_store_ttl_s=600)
     model_app = copy.deepcopy(model_app)
     model_app["name"] = serve_app_name(MODEL)
     # No parser names: qwen3's tool-call and <think> parsers are inferred from the template.
@@ -272,3 +279,53 @@ def _named_sse(text: str) -> list[dict]:
         assert name_line == f"event: {payload['type']}"
         events.append(payload)
     return events
+
+
+# ---- the Responses API ----------------------------------------------------------------------------
+def _streamed_response_turn(client: openai.OpenAI, **request):
+    """One streamed turn: the event types in order, with contiguous sequence numbers, and the final Response."""
+    with client.responses.stream(model=MODEL, temperature=0, tools=RESPONSES_TOOLS, **request) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert all(getattr(e, "response", final).id == final.id for e in events)
+    return [e.type for e in events], final
+
+
+def test_responses_streamed_two_turn_tool_loop_with_previous_response_id(tools_graph):
+    """A Codex-style loop on the Responses API: both turns streamed, the second continuing the first through
+    previous_response_id, so the stored response lives in the ingress replica while the model runs in its own."""
+    client = tools_graph.openai()
+    kinds, first = _streamed_response_turn(client, input="What is the weather in Paris?", tool_choice="required",
+                                  max_output_tokens=80)
+    deltas = kinds.count("response.function_call_arguments.delta")
+    assert deltas >= 1 and kinds == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        *["response.function_call_arguments.delta"] * deltas, "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
+    assert first.status == "completed" and [t.name for t in first.tools] == ["get_weather"]
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER_SCHEMA)
+
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature": 18, "sky": "sunny"}'}
+    kinds, second = _streamed_response_turn(client, previous_response_id=first.id, input=[result], reasoning={"effort": "none"},
+                                   text={"format": {"type": "json_schema", "name": "answer", "schema": ANSWER,
+                                                    "strict": True}}, max_output_tokens=40)
+    texts = kinds.count("response.output_text.delta")
+    assert texts >= 1 and kinds == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        *["response.output_text.delta"] * texts, "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.completed"]
+    assert second.status == "completed" and second.previous_response_id == first.id
+    jsonschema.validate(json.loads(second.output_text), ANSWER)
+    # The first turn's prompt and call came from the ingress's store, and their prefix from the model's cache.
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert second.usage.input_tokens_details.cached_tokens > 0
+
+    stored = client.responses.retrieve(second.id)
+    assert stored.output_text == second.output_text and stored.previous_response_id == first.id
+    client.responses.delete(first.id)
+    with pytest.raises(openai.BadRequestError) as gone:  # the chain of `second` lost its first turn
+        client.responses.create(model=MODEL, previous_response_id=second.id, input="And tomorrow?")
+    assert gone.value.body["code"] == "previous_response_not_found"
