@@ -1,5 +1,5 @@
-"""`orchard` command line: generate with the engine in process (no server needed); pull / ls / rm models of the
-local Hugging Face cache (engine/hub_cli.py)."""
+"""The `orchard` commands that need no server (deployments/cli/main.py adds the server ones): generate with the
+engine in process; pull / ls / rm models of the local Hugging Face cache (engine/hub_cli.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import time
 from engine.hub_cli import add_hub_commands, run_hub_command
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="orchard", description="Orchard: MLX continuous-batching inference")
-    commands = parser.add_subparsers(dest="command", required=True)
+ENGINE_COMMANDS = ("generate", "default-model-path", "import-gguf", "pull", "ls", "rm")
+
+
+def add_engine_commands(commands: argparse._SubParsersAction) -> None:
+    """The commands that need no server: they run the engine or the hub cache in this process."""
     generate = commands.add_parser("generate", help="answer one chat message with a local model")
     generate.add_argument("prompt", help="the user message")
     generate.add_argument("--model", default=None, help="local model folder (default: the embedded SmolLM2-135M-Instruct)")
@@ -28,7 +30,6 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("out_dir", help="new folder to write (must not exist)")
     convert.add_argument("--dtype", default="bfloat16", help="dtype of the dequantized weights")
     add_hub_commands(commands)
-    return parser
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -71,8 +72,7 @@ async def _stream_answer(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def run_engine_command(args: argparse.Namespace) -> int:
     if args.command == "generate":
         return _generate(args)
     if args.command in ("pull", "ls", "rm"):
@@ -86,7 +86,3 @@ def main(argv: list[str] | None = None) -> int:
 
     print(default_model_path())
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.cli import main
+from deployments.cli.main import main
 from engine.sampling.params import SamplingParams
 from tests.engine.test_batching import run_alone
 

@@ -17,7 +17,7 @@ UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, so any 
 def _orchard(*args: str, cache: Path, endpoint: str, **extra_env: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_ENDPOINT": endpoint, **extra_env}
     env.pop("HF_TOKEN", None)
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "deployments.cli.main", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120, check=False)
 
 
