@@ -24,6 +24,7 @@ from engine.client.messages import (
     StatsUpdate,
     StepOutputs,
 )
+from engine.client.process_settings import priority_message, raise_engine_priority
 from engine.client.spec import EngineSpec, build_engine_core
 from engine.core import EngineCore
 from engine.errors import ModelLoadError, OrchardError
@@ -77,6 +78,9 @@ class CommandReader:
 
 def serve(conn: Connection) -> int:
     spec: EngineSpec = conn.recv()
+    priority = raise_engine_priority()
+    if (message := priority_message(priority)) is not None:
+        logger.log(logging.WARNING if priority.refused else logging.INFO, message)
     if spec.gil_switch_interval_s is not None:
         sys.setswitchinterval(spec.gil_switch_interval_s)
     outbox = Outbox(conn)
