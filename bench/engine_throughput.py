@@ -72,6 +72,8 @@ class RunResult:
     ttft_max_s: float
     complete: bool  # every sequence produced exactly gen_tokens_per_seq tokens
     peak_memory_gb: float = 0.0  # MLX peak device memory during the timed run
+    # Ours only: the engine thread's mean milliseconds per step in each phase (engine/core.py StepPhaseSeconds).
+    step_phases_ms: Optional[dict] = None
 
 
 def summarize(engine: str, num_seqs: int, prompt_tokens: int, gen_tokens: int, trace: Trace) -> RunResult:
@@ -287,9 +289,10 @@ class OrchardRunner(Runner):
 
     name = "orchard"
     stagger_s = 0.0
-    # The last run's mean wall and engine-thread CPU milliseconds per engine step.
+    # The last run's mean wall and engine-thread CPU milliseconds per engine step, and per phase.
     step_ms_mean = 0.0
     step_cpu_ms_mean = 0.0
+    step_phases_ms: Optional[dict] = None
 
     def __init__(self, model_path: str, prefill_batch_size: Optional[int], prefill_chunk_tokens: int, prefix_cache: bool):
         self.loaded = load_orchard_model(model_path)
@@ -332,6 +335,9 @@ class OrchardRunner(Runner):
         steps = max(1, after.num_steps - before.num_steps)
         self.step_ms_mean = 1e3 * (after.step_seconds_total - before.step_seconds_total) / steps
         self.step_cpu_ms_mean = 1e3 * (after.step_cpu_seconds_total - before.step_cpu_seconds_total) / steps
+        self.step_phases_ms = {name: round(1e3 * (seconds - getattr(before.step_phases, name)) / steps, 3)
+                               for name, seconds in asdict(after.step_phases).items()}
+        self.step_phases_ms["steps"] = steps
         return trace
 
     def close(self) -> None:
@@ -391,6 +397,7 @@ def bench_level(runner: Runner, concurrency: int, args, vocab_size: int) -> RunR
     trace = runner.run(prompts, args.gen_tokens)
     result = summarize(runner.name, concurrency, args.prompt_tokens, args.gen_tokens, trace)
     result.peak_memory_gb = mx.get_peak_memory() / 1e9
+    result.step_phases_ms = getattr(runner, "step_phases_ms", None)
     free_memory()
     return result
 
@@ -461,7 +468,19 @@ def format_tables(results: list[RunResult], levels: list[int], engines: list[str
             r.engine, str(r.concurrency), f"{r.wall_s:.2f}", f"{r.tok_per_s:.1f}", f"{r.last_first_token_s:.3f}",
             f"{r.decode_tok_per_s:.1f}", f"{r.ttft_mean_s * 1e3:.1f}", f"{r.ttft_max_s * 1e3:.1f}", str(r.complete),
         ])
-    return _plain_table(rows) + "\n\n" + _plain_table(detail)
+    return _plain_table(rows) + "\n\n" + _plain_table(detail) + _phase_table(by_key, levels)
+
+
+def _phase_table(by_key: dict[tuple[str, int], RunResult], levels: list[int]) -> str:
+    """Our engine's mean step, split: scheduling, building the step on the host, waiting on the device, outputs."""
+    rows = [["orchard conc", "steps", "schedule ms", "build ms", "wait ms", "output ms", "step ms"]]
+    for c in levels:
+        result = by_key.get(("orchard", c))
+        phases = result.step_phases_ms if result is not None else None
+        if phases:
+            parts = [phases[name] for name in ("schedule", "build", "wait", "output")]
+            rows.append([str(c), str(phases["steps"])] + [f"{ms:.2f}" for ms in parts] + [f"{sum(parts):.2f}"])
+    return "\n\n" + _plain_table(rows) if len(rows) > 1 else ""
 
 
 def _plain_table(rows: list[list[str]]) -> str:

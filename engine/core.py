@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from engine.config import EngineConfig
@@ -25,6 +25,16 @@ from engine.spec_decode.speculator import SpeculationStats
 from engine.runner.verify_step import new_speculative_decoder
 
 THROUGHPUT_WINDOW_S = 10.0
+
+
+@dataclass
+class StepPhaseSeconds:
+    """Where the engine thread's step time goes, summed over steps (bench/engine_throughput.py shows it per step)."""
+
+    schedule: float = 0.0  # the scheduler, admissions and prefix-cache copies, before the runner
+    build: float = 0.0  # the runner's Python: building the step's forward and sampling, handing them to the device
+    wait: float = 0.0  # blocked on the device for sampled tokens: device time the pipelining did not hide
+    output: float = 0.0  # after the runner: detokenizing, stop checks, the step's outputs
 
 
 @dataclass
@@ -54,6 +64,7 @@ class EngineStats:
     # None when the model does not speculate.
     speculation: SpeculationStats | None = None
     guide_compiles: GuideCompileStats | None = None
+    step_phases: StepPhaseSeconds = field(default_factory=StepPhaseSeconds)
 
 
 class EngineCore:
@@ -81,6 +92,7 @@ class EngineCore:
         self._num_steps = 0
         self._step_seconds_total = 0.0
         self._step_cpu_seconds_total = 0.0
+        self._step_phases = StepPhaseSeconds()
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._recent_generation: list[tuple[float, int]] = []
@@ -124,15 +136,26 @@ class EngineCore:
         scheduled = self.scheduler.schedule()
         if on_admitted is not None and scheduled.new_requests:
             on_admitted(self._admissions(scheduled))
+        scheduled_at, waited_before = time.perf_counter(), self.runner.read_wait_seconds
         sampled = self.runner.execute(scheduled, before_device_work)
+        ran_at = time.perf_counter()
         self.last_step_first_tokens = sampled.num_first_tokens
         outputs = self._expired_outputs(scheduled)
         self._note_drafts(sampled)
         outputs += self._update(sampled)
         self._count(scheduled, outputs)
-        self._step_seconds_total += time.perf_counter() - started
+        self._time_phases(started, scheduled_at, ran_at, self.runner.read_wait_seconds - waited_before)
         self._step_cpu_seconds_total += time.thread_time() - started_cpu
         return outputs
+
+    def _time_phases(self, started: float, scheduled_at: float, ran_at: float, waited: float) -> None:
+        ended = time.perf_counter()
+        phases = self._step_phases
+        phases.schedule += scheduled_at - started
+        phases.build += ran_at - scheduled_at - waited
+        phases.wait += waited
+        phases.output += ended - ran_at
+        self._step_seconds_total += ended - started
 
     def _update(self, result: RunnerOutput) -> list[RequestOutput]:
         outputs = []
@@ -204,6 +227,7 @@ class EngineCore:
             expected_step_s=self.expected_step_s,
             speculation=self.runner.speculation_stats(),
             guide_compiles=self.guides.stats(),
+            step_phases=replace(self._step_phases),
         )
 
     def release_idle_buffers(self) -> None:

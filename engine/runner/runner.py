@@ -56,6 +56,7 @@ class ModelRunner:
         self._rows: dict[str, RowSampling] = {}
         self._next_inputs: dict[str, int] = {}
         self._pending: PendingStep | None = None
+        self.read_wait_seconds = 0.0  # summed over steps: time blocked reading sampled tokens back from the device
         # Freed buffers of sizes that will not recur (prefill shapes, batch resizes) would
         # otherwise pile up in MLX's buffer cache until device memory runs out.
         self._previous_cache_limit = mx.set_cache_limit(buffer_cache_limit_bytes())
@@ -175,11 +176,17 @@ class ModelRunner:
     def _read_pending(self) -> list[SampledToken]:
         if self._pending is None:
             return []
-        sampled = self._pending.read()
+        sampled = self._read(self._pending)
         self.batch.record_tokens(sampled, self._rows)
         if self.speculation is not None:
             self.speculation.record(sampled)
         return sampled
+
+    def _read(self, step: PendingStep) -> list[SampledToken]:
+        started = time.perf_counter()
+        tokens = step.read()
+        self.read_wait_seconds += time.perf_counter() - started  # the device time a step did not hide
+        return tokens
 
     def _update_batch(self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]]) -> list[int]:
         """The decode batch made exactly this step's rows (leaving rows' KV cached first); returns the previous
@@ -300,7 +307,7 @@ class ModelRunner:
     def _collect_first_tokens(self, step: PendingStep | None) -> list[SampledToken]:
         if step is None:
             return []
-        tokens = step.read()
+        tokens = self._read(step)
         for token in tokens:
             self._next_inputs[token.request_id] = token.token_id
         self.batch.record_tokens(tokens, self._rows)

@@ -67,6 +67,10 @@ def test_requests_join_and_leave_without_waiting_for_the_batch_to_drain(tiny_lla
     stats = core.stats()
     assert stats.num_steps == 45
     assert stats.step_seconds_total > 0 and 0 < stats.step_cpu_seconds_total <= stats.step_seconds_total * 1.05 + 0.01
+    # The step's wall time splits into its phases exactly; each step that decoded waited on the device for tokens.
+    phases = stats.step_phases
+    assert phases.schedule + phases.build + phases.wait + phases.output == pytest.approx(stats.step_seconds_total)
+    assert min(phases.schedule, phases.build, phases.wait, phases.output) > 0
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 16])
