@@ -16,6 +16,9 @@ from bench.serving.stats import BurstResult, LongPromptResult
 REFERENCE = "mlx_lm"
 OURS = "orchard"
 HTTP_EFFICIENCY_BOUND = 0.85  # HTTP / in-process engine at 64 streams (the issue's first acceptance point)
+# A lone stream's decode rate over HTTP: against the in-process engine's and mlx_lm.server's (issue 32).
+LONE_STREAM_ENGINE_BOUND = 0.9
+LONE_STREAM_REFERENCE_BOUND = 1.5
 
 
 @dataclass
@@ -187,6 +190,24 @@ def _check(name: str, value: float, limit: str, passed: Optional[bool]) -> dict[
     return {"check": name, "value": fmt(value, 3), "limit": limit, "verdict": verdict}
 
 
+def _lone_stream_checks(report: dict) -> list[dict[str, str]]:
+    """One stream's decode rate (tokens after its first / the time after it): over HTTP against the in-process
+    engine's (uniform workload, c=1) and against mlx_lm.server's over HTTP."""
+    ours = _levels(report, OURS, "uniform").get(1, {}).get("req_tok_s_p50")
+    if ours is None:
+        return []
+    engine = next((r.get("decode_tok_per_s") for r in (report.get("engine") or {}).get("results") or []
+                   if r["concurrency"] == 1), None)
+    reference = _levels(report, REFERENCE, "uniform").get(1, {}).get("req_tok_s_p50")
+    checks = []
+    for name, other, bound in (("in-process engine", engine, LONE_STREAM_ENGINE_BOUND),
+                               (f"{REFERENCE} over HTTP", reference, LONE_STREAM_REFERENCE_BOUND)):
+        value = _num(ours) / _num(other) if other else float("nan")
+        checks.append(_check(f"{OURS} lone stream decode tok/s over HTTP / {name}, uniform, c=1", value,
+                             f">= {bound}", None if value != value else value >= bound))
+    return checks
+
+
 def _efficiency_check(report: dict) -> list[dict[str, str]]:
     """The same ratio from alternating rounds (compare --efficiency-rounds), where the run made them."""
     efficiency = report.get("efficiency") or {}
@@ -210,6 +231,7 @@ def acceptance_checks(report: dict, throughput_workload: str = "mixed") -> list[
             checks.append(_check(f"{OURS} HTTP / in-process engine, uniform, c={c}", value,
                                  f">= {HTTP_EFFICIENCY_BOUND}", value >= HTTP_EFFICIENCY_BOUND))
     checks += _efficiency_check(report)
+    checks += _lone_stream_checks(report)
     ours, ref = _levels(report, OURS, throughput_workload), _levels(report, REFERENCE, throughput_workload)
     for c in sorted(set(ours) & set(ref)):
         if c in (8, 32, 64) or c == max(set(ours) & set(ref)):
