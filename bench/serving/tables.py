@@ -148,7 +148,7 @@ def sweep_table(report: dict, workload: str) -> Optional[Table]:
     header += ["engine tok/s", "orchard http/engine"] if engine else []
     rows = []
     for c in levels:
-        get = lambda s, key: _num(per_server[s].get(c, {}).get(key))  # noqa: E731
+        get = lambda s, key: _num(per_server.get(s, {}).get(c, {}).get(key))  # noqa: E731  (a server that failed: n/a)
         row = [str(c)] + [fmt(get(s, "system_tok_s")) for s in servers]
         row += [ratio(get(OURS, "system_tok_s"), get(REFERENCE, "system_tok_s"))] if pair else []
         row += [fmt(get(s, "ttft_p95_s") * 1e3) for s in servers]
