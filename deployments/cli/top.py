@@ -1,0 +1,135 @@
+"""`orchard top`: a live terminal monitor of every model a running server holds. It keeps no state on the server:
+each refresh reads /metrics, /health and /v1/queue/stats, and rates and percentiles are the difference between
+the last two reads."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from datetime import datetime
+
+import httpx
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from deployments.cli.server_url import (
+    DEFAULT_URL,
+    ServerUnreachable,
+    auth_headers,
+    base_url,
+)
+from deployments.cli.top_stats import ModelRow, Scrape, model_rows, scrape
+
+STATUS_STYLE = {"running": "green", "loading": "yellow", "degraded": "yellow", "restarting": "yellow"}
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("top", help="live monitor of a running server's models (tok/s, latency, memory)",
+                            description=__doc__)
+    p.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL})")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    p.add_argument("--once", action="store_true",
+                   help="read twice, --interval apart, print one frame and exit (for scripts and screenshots)")
+    p.add_argument("--api-key", default=None, help="the server's inference key, if it has keys (default: "
+                   "$ORCHARD_API_KEY); without it tok/s counts ended requests only")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        print("orchard top: --interval must be > 0")
+        return 2
+    url = base_url(args.url)
+    console = Console()
+    with httpx.Client(headers=auth_headers(args.api_key), timeout=5.0) as http:
+        try:
+            first = scrape(http, url)
+        except ServerUnreachable as exc:
+            console.print(f"[red]orchard top:[/] {exc}")
+            return 1
+        if args.once:
+            time.sleep(args.interval)
+            try:
+                console.print(frame(url, first, scrape(http, url), args.interval))
+            except ServerUnreachable as exc:
+                console.print(f"[red]orchard top:[/] {exc}")
+                return 1
+            return 0
+        return _live(console, http, url, first, args.interval)
+
+
+def _live(console: Console, http: httpx.Client, url: str, first: Scrape, interval: float) -> int:
+    before, now = None, first
+    try:
+        with Live(frame(url, before, now, interval), console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                time.sleep(interval)
+                try:
+                    before, now = now, scrape(http, url)
+                    live.update(frame(url, before, now, interval), refresh=True)
+                except ServerUnreachable as exc:  # keep watching: the server may come back
+                    live.update(Text(f"{datetime.now():%H:%M:%S}  {exc}", style="red"), refresh=True)
+    except KeyboardInterrupt:
+        return 0
+
+
+def frame(url: str, before: Scrape | None, now: Scrape, interval: float) -> Group:
+    rows = model_rows(before, now)
+    health_style = {"ok": "green", "degraded": "yellow"}.get(now.health, "red")
+    title = Text.assemble(("orchard top", "bold"), f"  {url}  ", ("health ", "dim"), (now.health, health_style),
+                          f"  {len(rows)} model(s)  ", (f"{datetime.now():%H:%M:%S}", "dim"),
+                          (f"  every {interval:g} s, Ctrl-C quits", "dim"))
+    parts = [title, _table(rows)]
+    notes = [Text(f"{row.model_id}: {row.error}", style="red") for row in rows if row.error]
+    if any(not row.latency_window and row.ttft_p50 is not None for row in rows):
+        notes.append(Text("dim latencies: no request in the last refresh; since the model started", style="dim"))
+    return Group(*parts, *notes)
+
+
+def _table(rows: list[ModelRow]) -> Table:
+    table = Table(box=None, header_style="bold cyan", pad_edge=False, expand=False)
+    table.add_column("model", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    for name in ("run", "wait", "tok/s", "TTFT p50", "p95", "p99", "ITL p50", "p99", "prefix hit", "KV",
+                 "prefix $", "MLX mem", "RSS", "errors", "restarts"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in rows:
+        latency_style = "" if row.latency_window else "dim"
+        table.add_row(
+            row.model_id, Text(row.status, style=STATUS_STYLE.get(row.status, "red")),
+            _count(row.running), _count(row.waiting), _number(row.tokens_per_s),
+            *(Text(_ms(v), style=latency_style) for v in (row.ttft_p50, row.ttft_p95, row.ttft_p99)),
+            *(Text(_ms(v, 1), style=latency_style) for v in (row.itl_p50, row.itl_p99)),
+            _percent(row.prefix_hit_rate), _bytes(row.kv_bytes), _bytes(row.prefix_cache_bytes),
+            _bytes(row.mlx_active_bytes), _bytes(row.rss_bytes),
+            Text(_count(row.errors), style="red" if row.errors else ""),
+            Text(_count(row.engine_restarts), style="red" if row.engine_restarts else ""),
+        )
+    return table
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _ms(seconds: float | None, digits: int = 0) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.{digits}f} ms"
+
+
+def _percent(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.0%}"
+
+
+def _bytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return "-"
