@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"orchard-bench-{datetime.now():%Y%m%d-%H%M%S}")
     planned = sum(c * settings.rpw(c) for c in settings.levels) * sum(w in SWEEP_WORKLOADS for w in settings.workloads)
     console.print(f"orchard bench: {', '.join(f'{t.name} = {t.url} ({t.model})' for t in targets)}; "
-                  f"workloads {','.join(settings.workloads)}, concurrency {','.join(map(str, settings.levels))}, "
+                  f"workload {args.workload}, concurrency {','.join(map(str, settings.levels))}, "
                   f"up to {planned} sweep requests per server, at most {args.duration:g} s")
     suites = run_targets(console, targets, settings, args)
     report = bench_report(targets, settings, suites)
@@ -130,11 +130,12 @@ def load_settings(args: argparse.Namespace) -> LoadSettings:
     if not args.duration > 0:
         raise BenchRefused("--duration must be > 0")
     top = max(levels)
-    # Sized for an evening on a laptop: bench/'s defaults (8k-token long prompt, 1k-token prompts) are for GPUs.
+    # Prompt sizes in words ("t123" is 3-4 tokens in a real tokenizer), sized for a laptop or a CPU: bench/'s
+    # defaults (1k-word chat prompts, an 8k-word long prompt) are for GPUs and take minutes per request on a CPU.
     return LoadSettings(
         levels=levels, workloads=[WORKLOADS[w] for w in names], vocab_size=PROMPT_VOCAB, gen_tokens=args.gen_tokens,
-        mixed_max_tokens=512, same_prompt_tokens=256, long_prompt_tokens=2048, long_background=min(top, 16),
-        burst_size=top, burst_prompt_tokens=256, burst_gen_tokens=min(32, args.gen_tokens),
+        mixed_min_tokens=16, mixed_max_tokens=256, prompt_tokens=64, same_prompt_tokens=128, long_prompt_tokens=1024,
+        long_background=min(top, 16), burst_size=top, burst_prompt_tokens=128, burst_gen_tokens=min(32, args.gen_tokens),
         requests_per_worker=args.requests_per_stream, requests_per_worker_high=args.requests_per_stream,
         request_timeout_s=min(300.0, args.duration),
     )

@@ -82,25 +82,27 @@ def frame(url: str, before: Scrape | None, now: Scrape, interval: float) -> Grou
                           (f"  every {interval:g} s, Ctrl-C quits", "dim"))
     parts = [title, _table(rows)]
     notes = [Text(f"{row.model_id}: {row.error}", style="red") for row in rows if row.error]
-    if any(not row.latency_window and row.ttft_p50 is not None for row in rows):
-        notes.append(Text("dim latencies: no request in the last refresh; since the model started", style="dim"))
+    notes.append(Text("hit: prefix-cache hit rate · KV: running requests' KV cache · prefix: prefix cache · "
+                      "MLX: MLX's active memory (weights + caches)", style="dim"))
+    if any((not row.ttft_window and row.ttft_p50 is not None) or (not row.itl_window and row.itl_p50 is not None)
+           for row in rows):
+        notes.append(Text("dim latencies: none in the last refresh, so since the model started", style="dim"))
     return Group(*parts, *notes)
 
 
 def _table(rows: list[ModelRow]) -> Table:
-    table = Table(box=None, header_style="bold cyan", pad_edge=False, expand=False)
-    table.add_column("model", no_wrap=True)
+    table = Table(box=None, header_style="bold cyan", pad_edge=False, collapse_padding=True)
+    table.add_column("model", no_wrap=True, max_width=32)
     table.add_column("status", no_wrap=True)
-    for name in ("run", "wait", "tok/s", "TTFT p50", "p95", "p99", "ITL p50", "p99", "prefix hit", "KV",
-                 "prefix $", "MLX mem", "RSS", "errors", "restarts"):
+    for name in ("run", "wait", "tok/s", "TTFT ms p50/95/99", "ITL ms p50/99", "hit", "KV", "prefix", "MLX",
+                 "RSS", "errors", "restarts"):
         table.add_column(name, justify="right", no_wrap=True)
     for row in rows:
-        latency_style = "" if row.latency_window else "dim"
         table.add_row(
             row.model_id, Text(row.status, style=STATUS_STYLE.get(row.status, "red")),
             _count(row.running), _count(row.waiting), _number(row.tokens_per_s),
-            *(Text(_ms(v), style=latency_style) for v in (row.ttft_p50, row.ttft_p95, row.ttft_p99)),
-            *(Text(_ms(v, 1), style=latency_style) for v in (row.itl_p50, row.itl_p99)),
+            Text(_ms(row.ttft_p50, row.ttft_p95, row.ttft_p99), style="" if row.ttft_window else "dim"),
+            Text(_ms(row.itl_p50, row.itl_p99, digits=1), style="" if row.itl_window else "dim"),
             _percent(row.prefix_hit_rate), _bytes(row.kv_bytes), _bytes(row.prefix_cache_bytes),
             _bytes(row.mlx_active_bytes), _bytes(row.rss_bytes),
             Text(_count(row.errors), style="red" if row.errors else ""),
@@ -117,8 +119,10 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _ms(seconds: float | None, digits: int = 0) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.{digits}f} ms"
+def _ms(*seconds: float | None, digits: int = 0) -> str:
+    if all(value is None for value in seconds):
+        return "-"
+    return "/".join("-" if value is None else f"{value * 1e3:.{digits}f}" for value in seconds)
 
 
 def _percent(rate: float | None) -> str:
@@ -126,10 +130,13 @@ def _percent(rate: float | None) -> str:
 
 
 def _bytes(value: float | None) -> str:
+    """Four characters or so: 0, 512B, 12K, 5.6M, 938M, 1.2G."""
     if value is None:
         return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+    if value == 0:
+        return "0"
+    for unit in ("B", "K", "M", "G"):
+        if value < 1024 or unit == "G":
+            return f"{value:.1f}{unit}" if value < 10 and unit != "B" else f"{value:.0f}{unit}"
         value /= 1024
     return "-"

@@ -164,8 +164,8 @@ def scrape(http: httpx.Client, url: str) -> Scrape:
 
 @dataclass
 class ModelRow:
-    """One line of the monitor. Latencies in seconds; `latency_window` False: no request in the window, so the
-    percentiles are since the model started."""
+    """One line of the monitor. Latencies in seconds; `ttft_window` / `itl_window` False: no sample between the
+    two scrapes, so those percentiles are since the model started."""
 
     model_id: str
     status: str
@@ -178,7 +178,8 @@ class ModelRow:
     ttft_p99: float | None = None
     itl_p50: float | None = None
     itl_p99: float | None = None
-    latency_window: bool = False
+    ttft_window: bool = False
+    itl_window: bool = False
     prefix_hit_rate: float | None = None
     kv_bytes: float | None = None
     prefix_cache_bytes: float | None = None
@@ -198,23 +199,24 @@ def _row(model_id: str, before: Scrape | None, now: Scrape) -> ModelRow:
     earlier = before.metrics.get(model_id) if before is not None else None
     if metrics is None:  # loading, failed or stopped: nothing measured
         return ModelRow(model_id, state.status, state.error)
-    ttft, itl = metrics.ttft, metrics.itl
-    if earlier is not None:
-        recent_ttft, recent_itl = ttft.minus(earlier.ttft), itl.minus(earlier.itl)
-        window = recent_ttft.count > 0 or recent_itl.count > 0
-        if window:
-            ttft, itl = recent_ttft, recent_itl
-    else:
-        window = False
+    ttft, ttft_window = _recent(metrics.ttft, earlier.ttft if earlier is not None else None)
+    itl, itl_window = _recent(metrics.itl, earlier.itl if earlier is not None else None)
     return ModelRow(
         model_id, state.status, state.error, running=metrics.running, waiting=metrics.waiting,
         tokens_per_s=_tokens_per_s(model_id, before, now),
         ttft_p50=ttft.quantile(0.5), ttft_p95=ttft.quantile(0.95), ttft_p99=ttft.quantile(0.99),
-        itl_p50=itl.quantile(0.5), itl_p99=itl.quantile(0.99), latency_window=window,
+        itl_p50=itl.quantile(0.5), itl_p99=itl.quantile(0.99), ttft_window=ttft_window, itl_window=itl_window,
         prefix_hit_rate=_hit_rate(metrics, earlier), kv_bytes=metrics.kv_bytes,
         prefix_cache_bytes=metrics.prefix_cache_bytes, mlx_active_bytes=metrics.mlx_active_bytes,
         rss_bytes=metrics.rss_bytes, errors=metrics.requests_error, engine_restarts=metrics.engine_restarts,
     )
+
+
+def _recent(histogram: Histogram, earlier: Histogram | None) -> tuple[Histogram, bool]:
+    """The samples between the scrapes, or all of them (and False) when there were none."""
+    if earlier is not None and (recent := histogram.minus(earlier)).count > 0:
+        return recent, True
+    return histogram, False
 
 
 def _tokens_per_s(model_id: str, before: Scrape | None, now: Scrape) -> float | None:

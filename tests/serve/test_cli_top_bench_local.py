@@ -78,7 +78,7 @@ def test_top_reads_a_workload_and_renders_a_frame(tiny_models, capsys):
             assert (row.model_id, row.status, row.error, row.errors, row.engine_restarts) == (MODEL, "running", None,
                                                                                               0, 0)
             assert row.tokens_per_s * (after.at - before.at) == pytest.approx(generated)
-            assert row.latency_window and 0 < row.ttft_p50 <= row.ttft_p95 <= row.ttft_p99
+            assert row.ttft_window and row.itl_window and 0 < row.ttft_p50 <= row.ttft_p95 <= row.ttft_p99
             assert row.prefix_hit_rate == 0.5
             assert row.rss_bytes > 0 and row.mlx_active_bytes > 0
 
