@@ -5,6 +5,7 @@ the last two reads."""
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from datetime import datetime
 
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     url = base_url(args.url)
     console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:  # piped: rich's 80 columns would squeeze the table
+        console.width = 160
     with httpx.Client(headers=auth_headers(args.api_key), timeout=5.0) as http:
         try:
             first = scrape(http, url)
