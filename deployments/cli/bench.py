@@ -100,7 +100,11 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"orchard bench: {', '.join(f'{t.name} = {t.url} ({t.model})' for t in targets)}; "
                   f"workload {args.workload}, concurrency {','.join(map(str, settings.levels))}, "
                   f"up to {planned} sweep requests per server, at most {args.duration:g} s")
-    suites = run_targets(console, targets, settings, args)
+    try:
+        suites = run_targets(console, targets, settings, args)
+    except KeyboardInterrupt:
+        console.print("orchard bench: interrupted; nothing written")
+        return 130
     report = bench_report(targets, settings, suites)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "bench.json", report)
@@ -166,8 +170,10 @@ def resolve_targets(args: argparse.Namespace) -> list[BenchTarget]:
 def served_models(url: str, api_key: str | None) -> list[str]:
     try:
         reply = httpx.get(f"{url}/v1/models", headers=auth_headers(api_key), timeout=10.0)
-    except httpx.HTTPError:
+    except httpx.ConnectError:
         raise BenchRefused(not_running_message(url)) from None
+    except httpx.HTTPError as exc:
+        raise BenchRefused(f"{url}/v1/models did not answer: {type(exc).__name__} {exc}") from None
     if reply.status_code != 200:
         raise BenchRefused(f"{url}/v1/models answered {reply.status_code}: {reply.text[:200]}")
     models = [m["id"] for m in reply.json().get("data") or [] if isinstance(m, dict) and m.get("id")]

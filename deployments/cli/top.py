@@ -38,43 +38,42 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        print("orchard top: --interval must be > 0")
-        return 2
-    url = base_url(args.url)
     console = Console()
     if not console.is_terminal and "COLUMNS" not in os.environ:  # piped: rich's 80 columns would squeeze the table
         console.width = 160
-    with httpx.Client(headers=auth_headers(args.api_key), timeout=5.0) as http:
+    try:
+        url = base_url(args.url)
+        if args.interval <= 0:
+            raise ValueError(f"--interval must be > 0 (got {args.interval:g})")
+    except ValueError as exc:
+        console.print(f"[red]orchard top:[/] {exc}")
+        return 2
+    with httpx.Client(headers=auth_headers(args.api_key), timeout=10.0) as http:
         try:
             first = scrape(http, url)
+            if not args.once:
+                return _live(console, http, url, first, args.interval)
+            time.sleep(args.interval)
+            console.print(frame(url, first, scrape(http, url), args.interval))
+            return 0
         except ServerUnreachable as exc:
             console.print(f"[red]orchard top:[/] {exc}")
             return 1
-        if args.once:
-            time.sleep(args.interval)
-            try:
-                console.print(frame(url, first, scrape(http, url), args.interval))
-            except ServerUnreachable as exc:
-                console.print(f"[red]orchard top:[/] {exc}")
-                return 1
+        except KeyboardInterrupt:
             return 0
-        return _live(console, http, url, first, args.interval)
 
 
 def _live(console: Console, http: httpx.Client, url: str, first: Scrape, interval: float) -> int:
+    """Until Ctrl-C (KeyboardInterrupt, caught by run)."""
     before, now = None, first
-    try:
-        with Live(frame(url, before, now, interval), console=console, auto_refresh=False, screen=False) as live:
-            while True:
-                time.sleep(interval)
-                try:
-                    before, now = now, scrape(http, url)
-                    live.update(frame(url, before, now, interval), refresh=True)
-                except ServerUnreachable as exc:  # keep watching: the server may come back
-                    live.update(Text(f"{datetime.now():%H:%M:%S}  {exc}", style="red"), refresh=True)
-    except KeyboardInterrupt:
-        return 0
+    with Live(frame(url, before, now, interval), console=console, auto_refresh=False, screen=False) as live:
+        while True:
+            time.sleep(interval)
+            try:
+                before, now = now, scrape(http, url)
+                live.update(frame(url, before, now, interval), refresh=True)
+            except ServerUnreachable as exc:  # keep watching: the server may come back
+                live.update(Text(f"{datetime.now():%H:%M:%S}  {exc}", style="red"), refresh=True)
 
 
 def frame(url: str, before: Scrape | None, now: Scrape, interval: float) -> Group:

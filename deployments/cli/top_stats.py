@@ -110,14 +110,15 @@ def parse_metrics(text: str) -> dict[str, ModelMetrics]:
     return models
 
 
-_GAUGES = {RUNNING.full_name: "running", WAITING.full_name: "waiting", KV_CACHE_BYTES.full_name: "kv_bytes",
+# Sample name -> ModelMetrics field, for the series without labels of their own.
+_VALUES = {RUNNING.full_name: "running", WAITING.full_name: "waiting", KV_CACHE_BYTES.full_name: "kv_bytes",
            PREFIX_CACHE_BYTES.full_name: "prefix_cache_bytes", GENERATION_TOKENS.full_name: "generation_tokens",
            ENGINE_RESTARTS.full_name: "engine_restarts"}
 
 
 def _note_sample(model: ModelMetrics, name: str, labels: dict[str, str], value: float) -> None:
-    if name in _GAUGES:
-        setattr(model, _GAUGES[name], value)
+    if name in _VALUES:
+        setattr(model, _VALUES[name], value)
     elif name == MEMORY_BYTES.full_name and labels.get("kind") in ("mlx_active", "rss"):
         setattr(model, f"{labels['kind']}_bytes", value)
     elif name == REQUESTS.full_name and labels.get("status") == "error":
@@ -151,8 +152,10 @@ def scrape(http: httpx.Client, url: str) -> Scrape:
         health = http.get(f"{url}/health")
         metrics = http.get(f"{url}/metrics")
         queue = http.get(f"{url}/v1/queue/stats")
-    except httpx.HTTPError as exc:
-        raise ServerUnreachable(f"{not_running_message(url)} ({type(exc).__name__})") from exc
+    except httpx.ConnectError as exc:
+        raise ServerUnreachable(not_running_message(url)) from exc
+    except httpx.HTTPError as exc:  # a timeout: the server is there but too busy, or not HTTP
+        raise ServerUnreachable(f"{url} did not answer: {type(exc).__name__} {exc}") from exc
     if metrics.status_code != 200 or health.status_code not in (200, 503):
         raise ServerUnreachable(f"{url} answered /metrics {metrics.status_code}, /health {health.status_code}: "
                                 "is it an Orchard server?")
