@@ -8,8 +8,10 @@ loaded unless --allow-remote says the servers are yours."""
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import math
 import platform
+import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -64,7 +66,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                    "else the first it lists)")
     p.add_argument("--names", default="orchard,other", help="labels of the two servers (default orchard,other)")
     p.add_argument("--concurrency", default="1,8,32", help="concurrent streams per level (default 1,8,32)")
-    p.add_argument("--workload", default="chat", help=f"comma-separated, of {','.join(WORKLOADS)} (default chat)")
+    p.add_argument("--workload", default="chat", help=f"comma-separated, of {','.join(WORKLOADS)} (default chat; "
+                   "tables and plots call it by bench/'s name, mixed)")
     p.add_argument("--requests-per-stream", type=int, default=2,
                    help="requests each stream sends back to back per level (default 2)")
     p.add_argument("--duration", type=float, default=120.0, help="seconds for the whole run, all servers (default 120)")
@@ -212,11 +215,27 @@ def bench_report(targets: list[BenchTarget], settings: LoadSettings, suites: lis
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "workload_names": {v: k for k, v in WORKLOADS.items()},
         "targets": {t.name: {"url": t.url, "model": t.model} for t in targets},
-        "model": {"model_type": " vs ".join(dict.fromkeys(t.model for t in targets))},
+        "model": {"model_type": targets[0].model},  # the plots' title names the first server's model
+        "git_commit": orchard_version(),
         "machine": {"default_device": f"{platform.system()} {platform.machine()}"},
         "settings": settings,
         "servers": {suite.server: suite for suite in suites},
     })
+
+
+def orchard_version() -> str:
+    """The checkout's commit where Orchard runs from a git clone, else the installed version."""
+    try:
+        found = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                               check=False, capture_output=True, text=True, timeout=5)
+        if found.returncode == 0 and found.stdout.strip():
+            return found.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        return f"orchard-serve {importlib.metadata.version('orchard-serve')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "orchard-serve (version unknown)"
 
 
 def result_tables(report: dict, suites: list[SuiteResult]) -> list[Table]:
