@@ -227,9 +227,9 @@ def _tokens_per_s(model_id: str, before: Scrape | None, now: Scrape) -> float | 
     if before is None or now.at <= before.at:
         return None
     elapsed = now.at - before.at
-    a, b = before.states.get(model_id), now.states.get(model_id)
-    if a is not None and b is not None and a.generation_tokens_total is not None and b.generation_tokens_total is not None:
-        return max(0.0, b.generation_tokens_total - a.generation_tokens_total) / elapsed
+    counts = [s.generation_tokens_total for s in (before.states.get(model_id), now.states.get(model_id)) if s]
+    if len(counts) == 2 and None not in counts:
+        return max(0.0, counts[1] - counts[0]) / elapsed
     m0, m1 = before.metrics.get(model_id), now.metrics.get(model_id)
     if m0 is None or m1 is None:
         return None
