@@ -30,6 +30,7 @@ class Target:
     name: str = "server"
     endpoint: str = "chat"  # "chat" (/v1/chat/completions) or "completions" (/v1/completions)
     extra_body: dict[str, Any] = field(default_factory=dict)  # e.g. {"ignore_eos": True} for ours
+    headers: dict[str, str] = field(default_factory=dict)  # e.g. Authorization for a server with API keys
 
 
 @dataclass
@@ -174,7 +175,8 @@ class StreamClient:
 
     async def __aenter__(self) -> "StreamClient":
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, trace_configs=[_connect_timer()])
+        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, headers=self.target.headers,
+                                              trace_configs=[_connect_timer()])
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
