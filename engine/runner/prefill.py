@@ -21,6 +21,7 @@ import mlx.core as mx
 from engine.kv.batch_cache import LayerCaches, cache_arrays, eval_caches, extract_request_cache, merge_request_caches
 from engine.kv.block_store import prefix_cache_mode
 from engine.kv.plain_batch import RowBlock
+from engine.kv.quantized_kv import is_quantized_request_cache
 from engine.runner.head_split import HeadSplit, logits_at
 from engine.runner.plain_prefill import cache_offset, plain_prefill, split_for_logits
 from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, bucket_length, group_rows, split_rows
@@ -77,6 +78,10 @@ def run_prefill(
     """With a padded-rows limit (plain KVCache models only), rows sharing a cache offset run as
     plain batches padded to a length bucket and a row bucket up to that limit; None: unpadded.
     With a head split (head_split.py), logits are computed at the completing positions only."""
+    if padded_rows_limit is None and len(chunks) > 1 and is_quantized_request_cache(caches[0]):
+        # mlx-lm's QuantizedKVCache has no batched form to merge rows into: each row is its own forward.
+        results = [_prefill_rows(model, [chunk], [cache], split) for chunk, cache in zip(chunks, caches)]
+        return _combined([r.caches[0] for r in results], results)
     if padded_rows_limit is None:
         return _prefill_rows(model, chunks, caches, split)
     results = []
@@ -234,8 +239,8 @@ def _merge_right_padded(
 __all__ = ["MAX_FORWARD_TOKENS", "PrefillResult", "SharedBatch", "run_prefill"]
 
 
-def resolve_pad_shapes(setting: bool | None, model) -> bool:
-    """Padding needs caches that take right padding and cut it off exactly: plain KV caches."""
-    if prefix_cache_mode(model) != "blocks":
+def resolve_pad_shapes(setting: bool | None, model, quantized_kv: bool = False) -> bool:
+    """Padding needs caches that take right padding and cut it off exactly: plain KV caches (not quantized)."""
+    if quantized_kv or prefix_cache_mode(model) != "blocks":
         return False
     return setting if setting is not None else mx.default_device().type == mx.gpu

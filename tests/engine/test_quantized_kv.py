@@ -1,0 +1,139 @@
+"""Quantized KV cache (kv_bits / kv_group_size): batched == alone and cached == uncached exactly, close to
+unquantized KV on the real SmolLM2, refused where it cannot run, validated at config."""
+
+from __future__ import annotations
+
+import pytest
+
+from deployments.config import ModelConfig
+from engine import EngineConfig, EngineCore, Request, SamplingParams
+from engine.errors import InvalidRequestError
+from engine.kv.quantized_kv import BatchQuantizedKVCache, KVQuantization
+from engine.runner.loader import load_model
+from engine.spec_decode.config import SpeculativeConfig
+from tests.engine.test_batching import assert_same_stream, params, random_prompts, run_alone
+from tests.engine.test_prefix_cache_engine import greedy, words
+from tests.support.drive import Arrival, run_core
+from tests.engine.test_architectures import GEMMA3_SLIDING
+from tests.support.tiny_models import LLAMA, write_model
+
+# mx.quantize groups along the head dimension (32, 64 or 128 values): tiny_llama's 16 are too few.
+HEAD_DIM = 64
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory, wordlevel_tokenizer_dir):
+    """tiny_llama with 64-dimensional heads (4 query heads over 2 KV heads) and peaky random weights."""
+    config = dict(LLAMA, vocab_size=256, head_dim=HEAD_DIM)
+    return load_model(write_model(tmp_path_factory.mktemp("tiny-llama-hd64"), config, wordlevel_tokenizer_dir, scale=3.0))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_batched_quantized_kv_matches_each_request_alone(tiny_llama, bits):
+    prompts = random_prompts(8, seed=5)
+    arrivals = [Arrival(i // 2, Request(f"r{i}", prompts[i], params(i))) for i in range(8)]
+    config = dict(kv_bits=bits, kv_group_size=32, enable_prefix_cache=False)
+    core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=3, prefill_chunk_tokens=16, max_decode_seqs=8, **config))
+    batched = run_core(core, arrivals)
+    for i in range(8):
+        assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], params(i), **config), batched[f"r{i}"])
+    assert core.stats().num_steps < 8 * 12 / 2  # the rows really shared decode steps
+
+
+def test_rows_decode_on_one_batched_quantized_cache(tiny_llama):
+    core = EngineCore(tiny_llama, EngineConfig(kv_bits=8, prefill_step_tokens=64))
+    for i, n in enumerate((5, 17, 9)):
+        core.add_request(Request(f"r{i}", words(n, seed=i), greedy(8)))
+    for _ in range(3):
+        core.step()
+    batch = core.runner.batch
+    assert len(batch) == 3 and batch.padding == [12, 0, 8]
+    assert all(isinstance(layer, BatchQuantizedKVCache) and layer.bits == 8 for layer in batch.caches)
+
+
+def test_quantized_kv_changes_the_outputs_but_stays_close(tiny_llama):
+    prompt = words(30, seed=4)
+    plain = run_alone(tiny_llama, "a", prompt, greedy(12))
+    eight = run_alone(tiny_llama, "a", prompt, greedy(12), kv_bits=8)
+    # The quantized cache is really used (logprobs move), and 8 bits keep the tiny model's greedy choices.
+    assert eight.logprobs != plain.logprobs
+    assert max(abs(a - b) for a, b in zip(plain.logprobs, eight.logprobs)) < 0.1
+    assert eight.token_ids[:4] == plain.token_ids[:4]
+
+
+def test_prefix_cache_holds_quantized_blocks_and_a_hit_equals_no_cache(tiny_llama):
+    shared = words(70, seed=1)
+    core = EngineCore(tiny_llama, EngineConfig(prefix_block_size=8, kv_bits=4, kv_group_size=32))
+    run_core(core, [Arrival(0, Request("first", shared + [3, 4, 5], greedy()))])
+    stats = core.stats().prefix_cache
+    # 9 blocks of 73 prompt tokens (+ generated ones: the row's KV is cached as it leaves); each block holds, per
+    # layer, 8 tokens x KVQuantization.bytes_per_token (2 KV heads of 64 dims; float32 scales and biases).
+    per_block = 2 * 8 * KVQuantization(4, 32).bytes_per_token(num_kv_heads=2, head_dim=HEAD_DIM, scale_bytes=4)
+    assert stats.num_blocks >= 9 and stats.bytes_used == stats.num_blocks * per_block
+    second_prompt = shared + [9, 8, 7, 6]
+    hit = run_core(core, [Arrival(0, Request("second", second_prompt, greedy()))])["second"]
+    assert hit.finish.usage.cached_tokens == 64
+    no_cache = run_alone(tiny_llama, "u", second_prompt, greedy(), kv_bits=4, kv_group_size=32, enable_prefix_cache=False)
+    assert_same_stream(no_cache, hit)
+
+
+def test_a_row_leaving_a_quantized_batch_caches_its_generated_tokens(tiny_llama):
+    core = EngineCore(tiny_llama, EngineConfig(prefix_block_size=8, kv_bits=8))
+    turn1_prompt = words(30, seed=8)
+    arrivals = [
+        Arrival(0, Request("long", words(61, seed=9), greedy(30))),
+        Arrival(1, Request("t1", turn1_prompt, greedy(17))),
+        Arrival(2, Request("short", words(5, seed=10), greedy(30))),
+    ]
+    turn1 = run_core(core, arrivals)["t1"]
+    turn2_prompt = turn1_prompt + turn1.token_ids + [11, 12, 13]
+    turn2 = run_core(core, [Arrival(0, Request("t2", turn2_prompt, greedy()))])["t2"]
+    assert turn2.finish.usage.cached_tokens == 40
+    assert_same_stream(run_alone(tiny_llama, "u", turn2_prompt, greedy(), kv_bits=8, enable_prefix_cache=False), turn2)
+
+
+def test_bytes_per_token_per_layer():
+    # SmolLM2-135M: 3 KV heads of 64 dims, bf16 scales: 768 bytes a token a layer unquantized.
+    assert KVQuantization(8, 64).bytes_per_token(3, 64) == 408
+    assert KVQuantization(4, 64).bytes_per_token(3, 64) == 216
+    assert KVQuantization(4, 32).bytes_per_token(3, 64) == 240
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [
+        ({"kv_bits": 3}, "kv_bits", "'kv_bits' must be 4 or 8 (or null: unquantized), got 3"),
+        ({"kv_bits": 8, "kv_group_size": 48}, "kv_group_size", "'kv_group_size' must be 32, 64 or 128, got 48"),
+        ({"kv_bits": 4, "speculative": SpeculativeConfig()}, "kv_bits",
+         "'kv_bits' cannot be combined with 'speculative' decoding yet"),
+    ],
+)
+def test_engine_config_validates_kv_quantization(fields, param, message):
+    with pytest.raises(InvalidRequestError) as raised:
+        EngineConfig(**fields)
+    assert raised.value.param == param and raised.value.message == message
+
+
+def test_model_config_maps_and_validates_kv_fields():
+    config = ModelConfig(model_path="/models/x", kv_bits=4, kv_group_size=32)
+    assert config.engine_config().kv_quantization == KVQuantization(4, 32)
+    assert ModelConfig(model_path="/models/x").engine_config().kv_quantization is None
+    with pytest.raises(ValueError, match="'kv_bits' must be 4 or 8"):
+        ModelConfig(model_path="/models/x", kv_bits=2)
+    with pytest.raises(ValueError, match="'kv_bits' applies to model_type 'lm'"):
+        ModelConfig(model_path="/models/x", model_type="multimodal", kv_bits=8)
+
+
+def test_sliding_window_models_are_refused_at_load(tmp_path, wordlevel_tokenizer_dir):
+    loaded = load_model(write_model(tmp_path / "gemma3", GEMMA3_SLIDING, wordlevel_tokenizer_dir))
+    with pytest.raises(InvalidRequestError) as raised:
+        EngineCore(loaded, EngineConfig(kv_bits=8, prefill_step_tokens=64))
+    assert raised.value.param == "kv_bits"
+    assert "RotatingKVCache" in raised.value.message and "plain KV caches" in raised.value.message
+
+
+def test_group_size_must_divide_the_head_dimension(tiny_llama):
+    with pytest.raises(InvalidRequestError) as raised:
+        EngineCore(tiny_llama, EngineConfig(kv_bits=8, kv_group_size=128, prefill_step_tokens=64))
+    assert raised.value.param == "kv_group_size"
+    assert raised.value.message == "'kv_group_size' 128 does not divide the model's head dimension 64"
