@@ -3,11 +3,14 @@ unquantized KV on the real SmolLM2, refused where it cannot run, validated at co
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 
 from deployments.config import ModelConfig
 from engine import EngineConfig, EngineCore, Request, SamplingParams
 from engine.errors import InvalidRequestError
+from engine.kv import quantized_kv
+from engine.kv.batch_cache import new_request_cache
 from engine.kv.quantized_kv import BatchQuantizedKVCache, KVQuantization
 from engine.runner.loader import load_model
 from engine.spec_decode.config import SpeculativeConfig
@@ -137,3 +140,62 @@ def test_group_size_must_divide_the_head_dimension(tiny_llama):
         EngineCore(tiny_llama, EngineConfig(kv_bits=8, kv_group_size=128, prefill_step_tokens=64))
     assert raised.value.param == "kv_group_size"
     assert raised.value.message == "'kv_group_size' 128 does not divide the model's head dimension 64"
+
+
+# ---- the real SmolLM2 (slow) ----------------------------------------------------------------------------------------
+PARAGRAPHS = [
+    "The Roman Empire was the post-Republican state of ancient Rome. It is generally understood to mean the period "
+    "and territory ruled by the Romans following Octavian's assumption of sole rule under the Principate in 27 BC.",
+    "Photosynthesis is a system of biological processes by which photosynthetic organisms, such as most plants, "
+    "algae, and cyanobacteria, convert light energy, typically from sunlight, into the chemical energy necessary to "
+    "fuel their metabolism.",
+    "A hash table is a data structure that implements an associative array, also called a dictionary or simply map; "
+    "an associative array is an abstract data type that maps keys to values.",
+    "Mount Everest is Earth's highest mountain above sea level. It lies in the Mahalangur Himal sub-range of the "
+    "Himalayas and marks part of the China-Nepal border at its summit point.",
+]
+# Each row's first tokens prefill its own cache; the rows then join one left-padded batch (lengths differ).
+PROMPT_LENGTHS = [8, 12, 5, 16]
+
+
+@pytest.fixture(scope="module")
+def smollm2_rows():
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from engine.models.default_model import default_model_path
+
+    loaded = load_model(default_model_path())  # bf16, as shipped
+    rows = [loaded.tokenizer.encode(text) for text in PARAGRAPHS]
+    reference = [mx.argmax(loaded.model(mx.array(row)[None], cache=make_prompt_cache(loaded.model))[0], -1).tolist()
+                 for row in rows]
+    return loaded.model, rows, reference
+
+
+def teacher_forced_predictions(model, rows: list[list[int]], quantization: KVQuantization) -> list[list[int]]:
+    """Each position's greedy next token with quantized KV: rows prefilled alone, then the rest of every row fed
+    at once through one batched quantized cache (right-padded; the padding's predictions are dropped)."""
+    caches, predictions = [], []
+    for row, n in zip(rows, PROMPT_LENGTHS):
+        cache = new_request_cache(model, quantization)
+        predictions.append(mx.argmax(model(mx.array(row[:n])[None], cache=cache)[0], -1).tolist())
+        caches.append(cache)
+    batch, _ = quantized_kv.append_rows([], [], caches)
+    width = max(len(row) - n for row, n in zip(rows, PROMPT_LENGTHS))
+    rest = mx.array([row[n:] + [0] * (width - len(row) + n) for row, n in zip(rows, PROMPT_LENGTHS)])
+    tail = mx.argmax(model(rest, cache=batch), -1).tolist()
+    return [first + tail[i][: len(row) - n] for i, (first, row, n) in enumerate(zip(predictions, rows, PROMPT_LENGTHS))]
+
+
+# Measured here: 0.976 at 8 bits, 0.843 at 4 bits (166 positions, groups of 64). The thresholds leave ~2-4 points for
+# near-ties that flip with BLAS or thread count: a 135M model's top two tokens are often within the error that 8-bit
+# groups add (~0.4% of a group's range per value), and 4 bits (~6%) flip more of them.
+@pytest.mark.slow
+@pytest.mark.parametrize(("bits", "threshold"), [(8, 0.95), (4, 0.80)])
+def test_quantized_kv_predictions_agree_with_unquantized_on_smollm2(smollm2_rows, bits, threshold):
+    model, rows, reference = smollm2_rows
+    predictions = teacher_forced_predictions(model, rows, KVQuantization(bits, 64))
+    agree = sum(a == b for got, want in zip(predictions, reference) for a, b in zip(got, want))
+    total = sum(len(row) for row in rows)
+    assert [len(p) for p in predictions] == [len(row) for row in rows]
+    print(f"{bits}-bit KV: {agree} of {total} next-token predictions agree ({agree / total:.3f})")
+    assert agree / total >= threshold, f"{bits}-bit KV agreed on {agree} of {total} next-token predictions"
