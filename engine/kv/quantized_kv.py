@@ -211,7 +211,7 @@ def row_cache(batch: LayerCaches, padding: list[int], row: int) -> LayerCaches:
     out = []
     for layer in batch:
         start, index = padding[row], layer.size()
-        keys, values = tree_map(lambda x: x[row : row + 1, :, start:index, :], (layer.keys, layer.values))
+        keys, values = (tuple(a[row : row + 1, :, start:index, :] for a in x) for x in (layer.keys, layer.values))
         cache = QuantizedKVCache(layer.group_size, layer.bits)
         cache.state = (keys, values, index - start, layer.group_size, layer.bits)
         out.append(cache)

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 
 from deployments.config import ModelConfig
-from engine import EngineConfig, EngineCore, Request, SamplingParams
+from engine import EngineConfig, EngineCore, Request
 from engine.errors import InvalidRequestError
 from engine.kv import quantized_kv
 from engine.kv.batch_cache import new_request_cache
@@ -144,15 +144,15 @@ def test_group_size_must_divide_the_head_dimension(tiny_llama):
 
 # ---- the real SmolLM2 (slow) ----------------------------------------------------------------------------------------
 PARAGRAPHS = [
-    "The Roman Empire was the post-Republican state of ancient Rome. It is generally understood to mean the period "
-    "and territory ruled by the Romans following Octavian's assumption of sole rule under the Principate in 27 BC.",
-    "Photosynthesis is a system of biological processes by which photosynthetic organisms, such as most plants, "
-    "algae, and cyanobacteria, convert light energy, typically from sunlight, into the chemical energy necessary to "
-    "fuel their metabolism.",
-    "A hash table is a data structure that implements an associative array, also called a dictionary or simply map; "
-    "an associative array is an abstract data type that maps keys to values.",
-    "Mount Everest is Earth's highest mountain above sea level. It lies in the Mahalangur Himal sub-range of the "
-    "Himalayas and marks part of the China-Nepal border at its summit point.",
+    ("The Roman Empire was the post-Republican state of ancient Rome. It is generally understood to mean the period "
+     "and territory ruled by the Romans following Octavian's assumption of sole rule under the Principate in 27 BC."),
+    ("Photosynthesis is a system of biological processes by which photosynthetic organisms, such as most plants, "
+     "algae, and cyanobacteria, convert light energy, typically from sunlight, into the chemical energy necessary to "
+     "fuel their metabolism."),
+    ("A hash table is a data structure that implements an associative array, also called a dictionary or simply map; "
+     "an associative array is an abstract data type that maps keys to values."),
+    ("Mount Everest is Earth's highest mountain above sea level. It lies in the Mahalangur Himal sub-range of the "
+     "Himalayas and marks part of the China-Nepal border at its summit point."),
 ]
 # Each row's first tokens prefill its own cache; the rows then join one left-padded batch (lengths differ).
 PROMPT_LENGTHS = [8, 12, 5, 16]
@@ -186,9 +186,11 @@ def teacher_forced_predictions(model, rows: list[list[int]], quantization: KVQua
     return [first + tail[i][: len(row) - n] for i, (first, row, n) in enumerate(zip(predictions, rows, PROMPT_LENGTHS))]
 
 
-# Measured here: 0.976 at 8 bits, 0.843 at 4 bits (166 positions, groups of 64). The thresholds leave ~2-4 points for
-# near-ties that flip with BLAS or thread count: a 135M model's top two tokens are often within the error that 8-bit
-# groups add (~0.4% of a group's range per value), and 4 bits (~6%) flip more of them.
+# Teacher-forced top-1 agreement (every position sees the same true prefix, so one early flip does not derail the
+# rest as it would in free-running greedy text). Measured here: 0.976 at 8 bits, 0.843 at 4 bits (166 positions,
+# groups of 64). A 135M model's top two tokens are often closer than the rounding error quantization adds (half a
+# step: 0.2% of a group's range at 8 bits, 3.3% at 4), so some flips are expected; the thresholds sit ~3 points under
+# the measurements (5 of 166 positions) for flips that move with BLAS and thread counts.
 @pytest.mark.slow
 @pytest.mark.parametrize(("bits", "threshold"), [(8, 0.95), (4, 0.80)])
 def test_quantized_kv_predictions_agree_with_unquantized_on_smollm2(smollm2_rows, bits, threshold):
