@@ -201,3 +201,33 @@ def test_quantized_kv_predictions_agree_with_unquantized_on_smollm2(smollm2_rows
     assert [len(p) for p in predictions] == [len(row) for row in rows]
     print(f"{bits}-bit KV: {agree} of {total} next-token predictions agree ({agree / total:.3f})")
     assert agree / total >= threshold, f"{bits}-bit KV agreed on {agree} of {total} next-token predictions"
+
+
+def test_joins_decode_writes_and_leaves_keep_each_rows_quantized_bytes():
+    """The batch's rows hold exactly the bytes mlx-lm's QuantizedKVCache holds for each request alone."""
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    def write(cache, seed: int, rows: int = 1, length: int = 1):
+        keys = mx.random.normal((rows, 2, length, HEAD_DIM), key=mx.random.key(seed))
+        return cache.update_and_fetch(keys, keys * 2 + 1)
+
+    alone = []
+    for seed, length in enumerate((5, 9, 3)):
+        cache = QuantizedKVCache(32, 4)
+        write(cache, seed, length=length)
+        alone.append([cache])
+    batch, padding = quantized_kv.append_rows([], [], alone)
+    assert padding == [4, 0, 6] and batch[0].offset.tolist() == [5, 9, 3]
+    new = mx.random.normal((3, 2, 1, HEAD_DIM), key=mx.random.key(7))
+    batch[0].update_and_fetch(new, new * 2 + 1)
+    for row, [cache] in enumerate(alone):
+        cache.update_and_fetch(new[row : row + 1], new[row : row + 1] * 2 + 1)
+    batch, padding = quantized_kv.filter_rows(batch, padding, [0, 2])
+    assert padding == [0, 2] and batch[0].size() == 6 and batch[0].offset.tolist() == [6, 4]
+    for row, [cache] in zip((0, 1), (alone[0], alone[2])):
+        [mine] = quantized_kv.row_cache(batch, padding, row)
+        assert mine.offset == cache.offset
+        for ours, theirs in zip(mine.keys + mine.values, cache.keys + cache.values):
+            assert mx.array_equal(ours, theirs[..., : cache.offset, :]).item()
+    # The next token's mask: the 6 written positions and its own, less each row's left padding.
+    assert batch[0].make_mask(1).reshape(2, -1).tolist() == [[True] * 7, [False, False] + [True] * 5]
