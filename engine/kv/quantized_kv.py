@@ -5,7 +5,7 @@ mlx-lm 0.32 has no batched quantized cache. BatchQuantizedKVCache implements the
 layers use (update_and_fetch returning quantized (packed, scales, biases) tuples, offset, make_mask with left
 padding, bits / group_size, which switch mlx-lm's attention to quantized_scaled_dot_product_attention), laid out
 like plain_batch.py's batches: rows right-aligned at a shared index, each row's left padding host-side, rows
-joining and leaving in one pad / gather per array. Quantization groups run along the head dimension, so a token's
+joining and leaving in one pad / gather per array. Prefill forwards use it too (stacked_rows, row_cut). Quantization groups run along the head dimension, so a token's
 quantized KV never depends on the other rows: a batched row holds exactly the bytes it held alone.
 
 Only models whose every layer is a plain KVCache can quantize (Llama, Qwen, SmolLM, ...); sliding-window,
@@ -116,9 +116,13 @@ class BatchQuantizedKVCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Quantized, Quantized]:
         prev, num_steps = self._idx, keys.shape[2]
-        if prev + num_steps > self.keys[0].shape[2]:
+        if self.keys is None or prev + num_steps > self.keys[0].shape[2]:
             width = -(-(prev + num_steps) // self.step) * self.step
-            self.keys, self.values = tree_map(lambda x: _placed(x[..., :prev, :], 0, width - prev), (self.keys, self.values))
+            if self.keys is None:  # a fresh batch (a prefill forward's rows at offset 0)
+                self.keys, self.values = self._zeros(keys, width), self._zeros(values, width)
+            else:
+                self.keys, self.values = tree_map(
+                    lambda x: _placed(x[..., :prev, :], 0, width - prev), (self.keys, self.values))
         self._idx += num_steps
         self.offset = self.offset + num_steps
         new_keys = mx.quantize(keys, group_size=self.group_size, bits=self.bits)
@@ -127,6 +131,12 @@ class BatchQuantizedKVCache:
             self.keys[i][..., prev : self._idx, :] = new_keys[i]
             self.values[i][..., prev : self._idx, :] = new_values[i]
         return positions(self.keys, 0, self._idx), positions(self.values, 0, self._idx)
+
+    def _zeros(self, x: mx.array, width: int) -> Quantized:
+        rows, heads, _, dim = x.shape
+        packed = mx.zeros((rows, heads, width, dim * self.bits // 32), mx.uint32)
+        scales = mx.zeros((rows, heads, width, dim // self.group_size), x.dtype)
+        return packed, scales, mx.zeros_like(scales)
 
     def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> mx.array:
         return create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
@@ -216,6 +226,29 @@ def row_cache(batch: LayerCaches, padding: list[int], row: int) -> LayerCaches:
         cache.state = (keys, values, index - start, layer.group_size, layer.bits)
         out.append(cache)
     return out
+
+
+def stacked_rows(caches: Sequence[LayerCaches]) -> LayerCaches:
+    """Request caches that all hold the same number of tokens as one batch with no padding (a prefill forward's
+    rows, right-padded past their ends; cut them back with row_cut)."""
+    if caches[0][0].offset:
+        return append_rows([], [], caches)[0]
+    fresh = []
+    for layer in caches[0]:
+        batch = BatchQuantizedKVCache(layer.group_size, layer.bits)
+        batch.offset, batch.left_padding = mx.zeros((len(caches),), mx.int32), mx.zeros((len(caches),), mx.int32)
+        fresh.append(batch)
+    return fresh
+
+
+def row_cut(batch: LayerCaches, row: int, length: int) -> LayerCaches:
+    """Row `row` of an unpadded batch, its first `length` positions, as single-request QuantizedKVCaches."""
+    return [
+        filled_request_cache(KVQuantization(layer.bits, layer.group_size),
+                             *(tuple(a[row : row + 1, :, :length, :] for a in x) for x in (layer.keys, layer.values)),
+                             length)
+        for layer in batch
+    ]
 
 
 def _placed(x: mx.array, left: int, right: int) -> mx.array:
