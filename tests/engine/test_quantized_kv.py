@@ -231,3 +231,20 @@ def test_joins_decode_writes_and_leaves_keep_each_rows_quantized_bytes():
             assert mx.array_equal(ours, theirs[..., : cache.offset, :]).item()
     # The next token's mask: the 6 written positions and its own, less each row's left padding.
     assert batch[0].make_mask(1).reshape(2, -1).tolist() == [[True] * 7, [False, False] + [True] * 5]
+
+
+def test_a_batch_grows_past_its_buffer_and_a_fresh_one_starts_empty():
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    fresh = quantized_kv.stacked_rows([[QuantizedKVCache(64, 8)], [QuantizedKVCache(64, 8)]])
+    alone = [QuantizedKVCache(64, 8), QuantizedKVCache(64, 8)]
+    for step, length in enumerate((200, 100, 1)):  # 300 positions: past the first 256-position buffer
+        new = mx.random.normal((2, 2, length, HEAD_DIM), key=mx.random.key(step))
+        fresh[0].update_and_fetch(new, -new)
+        for row, cache in enumerate(alone):
+            cache.update_and_fetch(new[row : row + 1], -new[row : row + 1])
+    assert fresh[0].size() == 301 and fresh[0].keys[0].shape[2] == 512 and fresh[0].offset.tolist() == [301, 301]
+    for row, cache in enumerate(alone):
+        [mine] = quantized_kv.row_cut(fresh, row, 301)
+        for ours, theirs in zip(mine.keys + mine.values, cache.keys + cache.values):
+            assert mx.array_equal(ours, theirs[..., :301, :]).item()
