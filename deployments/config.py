@@ -135,6 +135,10 @@ class ModelConfig(BaseModel):
     # Speculative decoding (null: off), model_type lm only. Bodega's `draft_model_path` (+ `num_draft_tokens`,
     # default 4) means a draft model; its `num_draft_tokens` alone means n-gram prompt lookup with that many drafts.
     speculative: SpeculativeOptions | None = None
+    # Quantized KV cache (null: the model's dtype): 4 or 8 bits in groups of kv_group_size values (32, 64 or 128;
+    # they must divide the head dimension). Models of plain KV caches only; not with speculative decoding.
+    kv_bits: int | None = None
+    kv_group_size: int = EngineConfig.kv_group_size
     # Ray Serve deployment options.
     num_replicas: int = Field(1, ge=1)
     max_ongoing_requests: int = Field(512, ge=1, description="Serve's default of 5 would throttle an LLM")
@@ -189,6 +193,8 @@ class ModelConfig(BaseModel):
         if self.speculative is not None and self.model_type != "lm":
             raise ValueError(f"'speculative' (or Bodega's 'draft_model_path' / 'num_draft_tokens') applies to model_type "
                              f"'lm', not '{self.model_type}': that engine does not speculate")
+        if self.kv_bits is not None and self.model_type != "lm":
+            raise ValueError(f"'kv_bits' applies to model_type 'lm', not '{self.model_type}'")
         try:
             self.engine_config()
         except InvalidRequestError as exc:  # surface engine limits at config time, not in the replica
@@ -229,6 +235,8 @@ class ModelConfig(BaseModel):
             prefix_cache_bytes=self.prefix_cache_bytes,
             dtype=self.dtype,
             speculative=self.speculative.engine_config() if self.speculative is not None else None,
+            kv_bits=self.kv_bits,
+            kv_group_size=self.kv_group_size,
         )
 
     def deployment_options(self) -> dict[str, Any]:

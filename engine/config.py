@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
+from engine.kv.quantized_kv import KV_BITS, KV_GROUP_SIZES, KVQuantization
 from engine.spec_decode.config import SpeculativeConfig
 
 MIN_PREFIX_CACHE_BYTES = 1 << 20
@@ -43,6 +44,9 @@ class EngineConfig:
     seed: int = 0
     # Speculative decoding (engine/spec_decode/); None: off.
     speculative: SpeculativeConfig | None = None
+    # Quantized KV cache (engine/kv/quantized_kv.py): 4 or 8 bits in groups of kv_group_size; None: the model's dtype.
+    kv_bits: int | None = None
+    kv_group_size: int = 64
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_prefill_seqs", "max_decode_seqs"):
@@ -69,6 +73,21 @@ class EngineConfig:
             raise InvalidRequestError("'prefill_warmup_seconds' must be >= 0", param="prefill_warmup_seconds")
         if self.queue_timeout is not None and self.queue_timeout <= 0:
             raise InvalidRequestError("'queue_timeout' must be > 0 seconds", param="queue_timeout")
+        self._check_kv_quantization()
+
+    def _check_kv_quantization(self) -> None:
+        if self.kv_bits is not None and self.kv_bits not in KV_BITS:
+            raise InvalidRequestError(f"'kv_bits' must be 4 or 8 (or null: unquantized), got {self.kv_bits}", param="kv_bits")
+        if self.kv_group_size not in KV_GROUP_SIZES:
+            raise InvalidRequestError(
+                f"'kv_group_size' must be 32, 64 or 128, got {self.kv_group_size}", param="kv_group_size")
+        if self.kv_bits is not None and self.speculative is not None:
+            # Verifying drafts trims rejected positions from the batch, which the quantized batch cannot do yet.
+            raise InvalidRequestError("'kv_bits' cannot be combined with 'speculative' decoding yet", param="kv_bits")
+
+    @property
+    def kv_quantization(self) -> KVQuantization | None:
+        return KVQuantization(self.kv_bits, self.kv_group_size) if self.kv_bits is not None else None
 
     @property
     def prefill_token_budget(self) -> int | None:

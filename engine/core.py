@@ -74,7 +74,7 @@ class EngineCore:
         self.context_length = config.context_length or loaded.context_length
         self.expected_step_s: float | None = None
         if config.prefill_step_tokens is None:  # from this device's measured speed, before anything sizes by it
-            budget = measure_prefill_budget(loaded.model, self.context_length)
+            budget = measure_prefill_budget(loaded.model, self.context_length, config.kv_quantization)
             config = replace(config, prefill_step_tokens=budget.step_tokens)
             self.expected_step_s = budget.expected_step_s
         self.config = config

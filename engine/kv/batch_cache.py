@@ -14,10 +14,14 @@ from typing import Any, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from engine.kv.quantized_kv import KVQuantization, new_quantized_request_cache
+
 LayerCaches = list[Any]
 
 
-def new_request_cache(model: Any) -> LayerCaches:
+def new_request_cache(model: Any, quantization: KVQuantization | None = None) -> LayerCaches:
+    if quantization is not None:
+        return new_quantized_request_cache(model, quantization)
     return make_prompt_cache(model)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engine.kv import plain_batch
+from engine.kv import plain_batch, quantized_kv
 from engine.kv.batch_cache import (
     LayerCaches,
     extend_batch_cache,
@@ -68,8 +68,8 @@ class DecodeBatch:
     sampler: BatchSampler | None = None
     # False while one sequence runs on its plain (unbatched) mlx-lm cache.
     is_batched: bool = False
-    # Rows' left padding, host-side, while the batch is built from plain KV caches (kv/plain_batch.py);
-    # None for other cache types, which go through mlx-lm's merge / extend / filter.
+    # Rows' left padding, host-side, while the batch is built from plain KV caches (kv/plain_batch.py) or quantized
+    # ones (kv/quantized_kv.py); None for other cache types, which go through mlx-lm's merge / extend / filter.
     padding: list[int] | None = None
 
     def __len__(self) -> int:
@@ -106,14 +106,18 @@ class DecodeBatch:
         if not self.is_batched:
             return self.caches
         if self.padding is not None:
-            return plain_batch.row_cache(self.caches, self.padding, row)
+            return self._rows_module().row_cache(self.caches, self.padding, row)
         return extract_request_cache(self.caches, row)
+
+    def _rows_module(self):
+        """The module that joins, filters and slices this batch's rows (padding is host-side)."""
+        return quantized_kv if quantized_kv.is_quantized_batch(self.caches) else plain_batch
 
     def _filter(self, keep_rows: list[int]) -> None:
         if not keep_rows:
             self.caches, self.padding, self.is_batched = [], None, False
         elif self.padding is not None:
-            self.caches, self.padding = plain_batch.filter_rows(self.caches, self.padding, keep_rows)
+            self.caches, self.padding = self._rows_module().filter_rows(self.caches, self.padding, keep_rows)
         else:
             self.caches = filter_batch_cache(self.caches, keep_rows)
 
@@ -130,7 +134,9 @@ class DecodeBatch:
                 caches, placed, self.caches, self.padding = [self.caches, *caches], [None, *placed], [], []
             elif not self.request_ids:
                 self.padding = []
-            if self.padding is not None and all(plain_batch.is_plain_request_cache(c) for c in caches):
+            if self.padding is not None and all(quantized_kv.is_quantized_request_cache(c) for c in caches):
+                self.caches, self.padding = quantized_kv.append_rows(self.caches, self.padding, caches)
+            elif self.padding is not None and all(plain_batch.is_plain_request_cache(c) for c in caches):
                 rows = [b or plain_batch.RowBlock.of_request(c) for b, c in zip(placed, caches)]
                 self.caches, self.padding = plain_batch.append_rows(self.caches, self.padding, plain_batch.merged_blocks(rows))
             else:

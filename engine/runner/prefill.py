@@ -21,6 +21,8 @@ import mlx.core as mx
 from engine.kv.batch_cache import LayerCaches, cache_arrays, eval_caches, extract_request_cache, merge_request_caches
 from engine.kv.block_store import prefix_cache_mode
 from engine.kv.plain_batch import RowBlock
+from engine.kv import quantized_kv
+from engine.kv.quantized_kv import is_quantized_request_cache
 from engine.runner.head_split import HeadSplit, logits_at
 from engine.runner.plain_prefill import cache_offset, plain_prefill, split_for_logits
 from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, bucket_length, group_rows, split_rows
@@ -77,6 +79,8 @@ def run_prefill(
     """With a padded-rows limit (plain KVCache models only), rows sharing a cache offset run as
     plain batches padded to a length bucket and a row bucket up to that limit; None: unpadded.
     With a head split (head_split.py), logits are computed at the completing positions only."""
+    if padded_rows_limit is None and len(chunks) > 1 and is_quantized_request_cache(caches[0]):
+        return _quantized_prefill(model, chunks, caches, vocab_size, split)
     if padded_rows_limit is None:
         return _prefill_rows(model, chunks, caches, split)
     results = []
@@ -127,6 +131,41 @@ def _padded_groups(
             completing = [chunks[i].completes_prefill for i in indices]
             groups += [[indices[j] for j in part] for part in split_for_logits(lengths, completing, vocab_size, split)]
     return groups
+
+
+def _quantized_prefill(
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int, split: HeadSplit | None
+) -> PrefillResult:
+    """Quantized KV (mlx-lm's QuantizedKVCache has no merge): rows sharing a cache offset run as one right-padded
+    forward on a BatchQuantizedKVCache, each row's cache then cut back to its real length; lone rows run alone."""
+    out_caches, results = list(caches), []
+    for group in _padded_groups(chunks, caches, vocab_size, split):
+        group_chunks, group_caches = [chunks[i] for i in group], [caches[i] for i in group]
+        if len(group) == 1:
+            result = _prefill_rows(model, group_chunks, group_caches, split)
+        else:
+            result = _quantized_forward(model, group_chunks, group_caches, split)
+        for i, cache in zip(group, result.caches):
+            out_caches[i] = cache
+        results.append(result)
+    return _combined(out_caches, results)
+
+
+def _quantized_forward(
+    model: Any, chunks: list[PrefillChunk], caches: list[LayerCaches], split: HeadSplit | None
+) -> PrefillResult:
+    lengths = [c.num_tokens for c in chunks]
+    offset, width = cache_offset(caches[0]), max(lengths)
+    batch = quantized_kv.stacked_rows(caches)
+    tokens = mx.array([list(c.token_ids) + [0] * (width - n) for c, n in zip(chunks, lengths)], mx.uint32)
+    completing = [i for i, c in enumerate(chunks) if c.completes_prefill]
+    logits = None
+    if completing:
+        logits = logits_at(model, split, tokens, batch, completing, [lengths[i] - 1 for i in completing])
+    else:
+        model(tokens, cache=batch)
+    cut = [quantized_kv.row_cut(batch, row, offset + n) for row, n in enumerate(lengths)]
+    return PrefillResult(cut, [chunks[i] for i in completing], logits)
 
 
 def _combined(out_caches: list[LayerCaches], results: list[PrefillResult]) -> PrefillResult:
@@ -234,8 +273,8 @@ def _merge_right_padded(
 __all__ = ["MAX_FORWARD_TOKENS", "PrefillResult", "SharedBatch", "run_prefill"]
 
 
-def resolve_pad_shapes(setting: bool | None, model) -> bool:
-    """Padding needs caches that take right padding and cut it off exactly: plain KV caches."""
-    if prefix_cache_mode(model) != "blocks":
+def resolve_pad_shapes(setting: bool | None, model, quantized_kv: bool = False) -> bool:
+    """Padding needs caches that take right padding and cut it off exactly: plain KV caches (not quantized)."""
+    if quantized_kv or prefix_cache_mode(model) != "blocks":
         return False
     return setting if setting is not None else mx.default_device().type == mx.gpu

@@ -21,6 +21,7 @@ from engine.kv.batch_cache import LayerCaches, cache_nbytes, new_request_cache
 from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes
 from engine.kv.cache_manager import PrefixCache
 from engine.kv.plain_batch import RowBlock
+from engine.kv.quantized_kv import check_quantizable
 from engine.runner.decode_batch import DecodeBatch, PendingStep, new_row_sampling
 from engine.runner.head_split import head_split
 from engine.runner.loader import LoadedModel
@@ -44,6 +45,10 @@ class ModelRunner:
     ) -> None:
         self.model = loaded.model
         self.config = config
+        # Quantized KV (config kv_bits): refused at load where the model's caches cannot be quantized and batched.
+        self.kv_quantization = config.kv_quantization
+        if self.kv_quantization is not None:
+            check_quantizable(self.model, self.kv_quantization, vision=isinstance(self.model, VisionLanguageModel))
         self.stream = mx.new_stream(mx.default_device())
         self._rng = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
         self.batch = DecodeBatch(vocab_size=loaded.vocab_size)
@@ -61,9 +66,9 @@ class ModelRunner:
         # otherwise pile up in MLX's buffer cache until device memory runs out.
         self._previous_cache_limit = mx.set_cache_limit(buffer_cache_limit_bytes())
         self.prefix_cache = prefix_cache
-        self._blocks = KVBlockStore(self.model, prefix_cache) if prefix_cache is not None else None
+        self._blocks = KVBlockStore(self.model, prefix_cache, self.kv_quantization) if prefix_cache is not None else None
         self._copies = PromptCopies(self._blocks) if self._blocks is not None else None
-        self.pad_prefill_shapes = resolve_pad_shapes(config.pad_prefill_shapes, self.model)
+        self.pad_prefill_shapes = resolve_pad_shapes(config.pad_prefill_shapes, self.model, self.kv_quantization is not None)
         # Vision-language models: prompts with images prefill from their embeddings (vision_prefill.py), kept
         # from a request's first chunk to its last; text after images sits at offset + delta (M-RoPE).
         self.vision = self.model if isinstance(self.model, VisionLanguageModel) else None
@@ -337,7 +342,8 @@ class ModelRunner:
         cache = self._prefill_caches.get(request_id)
         if cache is None:
             blocks = self._requests[request_id].cached_blocks
-            cache = new_request_cache(self.model) if self._blocks is None else self._blocks.request_cache(blocks)
+            store = self._blocks
+            cache = store.request_cache(blocks) if store is not None else new_request_cache(self.model, self.kv_quantization)
             self._prefill_caches[request_id] = cache
         return cache
 
@@ -365,7 +371,7 @@ class ModelRunner:
     def warmup(self) -> None:
         """Build kernels before the first request: one tiny forward, and every padded prefill shape."""
         with mx.stream(self.stream):
-            cache = new_request_cache(self.model)
+            cache = new_request_cache(self.model, self.kv_quantization)
             logits = self.model(mx.array([[0, 1]], mx.uint32), cache=cache)
             mx.eval(logits)
             if self.pad_prefill_shapes:

@@ -12,6 +12,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine.kv.batch_cache import new_request_cache
+from engine.kv.quantized_kv import KVQuantization
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +36,14 @@ class PrefillBudget:
         return self.step_tokens / self.tokens_per_s
 
 
-def measure_prefill_budget(model: Any, context_length: int) -> PrefillBudget:
-    """Time single-sequence forwards of growing length; the budget fills STEP_TARGET_S at the speed seen."""
+def measure_prefill_budget(model: Any, context_length: int, quantization: KVQuantization | None = None) -> PrefillBudget:
+    """Time single-sequence forwards of growing length (on the KV cache the engine will use: a quantized one
+    prefills slower on some backends); the budget fills STEP_TARGET_S at the speed seen."""
     started = time.monotonic()
     longest = min(MAX_PROBE_TOKENS, context_length - 1)
     tokens = min(FIRST_PROBE_TOKENS, longest)
     while True:
-        seconds = _probe(model, tokens)
+        seconds = _probe(model, tokens, quantization)
         if seconds >= MIN_PROBE_S or tokens * 4 > longest:
             break
         tokens *= 4
@@ -54,16 +56,16 @@ def measure_prefill_budget(model: Any, context_length: int) -> PrefillBudget:
     return budget
 
 
-def _probe(model: Any, num_tokens: int) -> float:
+def _probe(model: Any, num_tokens: int, quantization: KVQuantization | None = None) -> float:
     """Seconds of one forward of num_tokens. A GPU's first forward at a new length builds its kernels (6.6 s on
     the lent H200 at 16 tokens), so there one untimed forward comes first; a CPU builds none."""
     if mx.default_device() != mx.cpu:
-        _timed_forward(model, num_tokens)
-    return _timed_forward(model, num_tokens)
+        _timed_forward(model, num_tokens, quantization)
+    return _timed_forward(model, num_tokens, quantization)
 
 
-def _timed_forward(model: Any, num_tokens: int) -> float:
-    cache = new_request_cache(model)
+def _timed_forward(model: Any, num_tokens: int, quantization: KVQuantization | None) -> float:
+    cache = new_request_cache(model, quantization)
     started = time.perf_counter()
     mx.eval(model(mx.zeros((1, num_tokens), mx.uint32), cache=cache))
     return time.perf_counter() - started
