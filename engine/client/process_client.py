@@ -83,7 +83,7 @@ class ProcessEngineClient(EngineClientBase):
         )
         processor = await asyncio.to_thread(load_serving_processor, spec, ready.model_path)
         served = ServedModel(tokenizer, ready.context_length, Path(ready.model_path), in_own_process=True, processor=processor)
-        self._started(served, RequestLimits(ready.vocab_size, ready.context_length), ready.stats)
+        self._started(served, RequestLimits(ready.vocab_size, ready.context_length, ready.kv_budget), ready.stats)
 
     async def _abandon_start(self) -> int | None:
         """Stop the child of a failed start; its exit code."""
