@@ -26,9 +26,15 @@ def prompts() -> list[list[int]]:
 
 
 def sampling(index: int) -> SamplingParams:
+    """Greedy and seeded sampling; some with a frequency penalty (the counts of generated tokens must survive a
+    preemption: the resumed prefill's prompt holds them, but they are not prompt tokens)."""
+    penalty = 0.8 if index % 4 >= 2 else 0.0
     if index % 2 == 0:
-        return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.9, seed=500 + index, ignore_eos=True)
+        return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, frequency_penalty=penalty, ignore_eos=True)
+    return SamplingParams(
+        max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.9, seed=500 + index, frequency_penalty=penalty,
+        ignore_eos=True,
+    )
 
 
 def config(**fields) -> EngineConfig:
