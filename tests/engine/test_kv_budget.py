@@ -47,9 +47,10 @@ def run(core: EngineCore, budget: int | None) -> tuple[dict[str, Collected], int
     for i, prompt in enumerate(prompts()):
         core.add_request(core.limits.validate(Request(f"r{i}", prompt, sampling(i))))
     results: dict[str, Collected] = {}
+    admitted: list[str] = []
     peak = 0
     while core.has_unfinished_requests():
-        for output in core.step():
+        for output in core.step(on_admitted=lambda outputs: admitted.extend(o.request_id for o in outputs)):
             collected = results.setdefault(output.request_id, Collected())
             assert output.error is None, output.error
             if output.delta is not None:
@@ -58,6 +59,8 @@ def run(core: EngineCore, budget: int | None) -> tuple[dict[str, Collected], int
         peak = max(peak, core.runner.kv_cache_bytes())
         if budget is not None:
             assert core.scheduler.kv_planned_bytes <= budget
+    # A preempted request's stream only pauses: it is announced once, and never errs (above).
+    assert sorted(admitted) == sorted(results)
     return results, peak
 
 
