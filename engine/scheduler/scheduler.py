@@ -102,13 +102,14 @@ class Scheduler:
             self.kv_peak_planned_bytes = max(self.kv_peak_planned_bytes, plan.bytes)
         return output
 
-    def _draft_allowance(self, request: Request, ahead: int = 0) -> int:
-        """Drafts a row may verify this step: none past max_tokens (the scheduled token counts one); `ahead`: of
-        a row whose step is not counted yet."""
+    def _draft_allowance(self, request: Request, decode_steps: int | None = None) -> int:
+        """Drafts a row may verify this step: none past max_tokens (the scheduled token counts one); decode_steps:
+        the row's count with this step's token (the KV plan asks before it is counted)."""
         spec = self.config.speculative
         if spec is None or not request.speculative or request.guide is not None:
             return 0
-        return max(0, min(spec.num_draft_tokens, request.max_tokens - request.num_decode_steps - ahead))
+        steps = request.num_decode_steps if decode_steps is None else decode_steps
+        return max(0, min(spec.num_draft_tokens, request.max_tokens - steps))
 
     # ---- the KV budget -----------------------------------------------------
     def _plan(self, decoding: dict[str, Request]) -> KVPlan:
@@ -128,7 +129,7 @@ class Scheduler:
             if request.is_prefilling:
                 plan.prefills[request.request_id] = request.num_computed_tokens
             elif request.wants_more_decode_steps and len(plan.rows) < self.config.max_decode_seqs:
-                grown = request.num_computed_tokens + 1 + self._draft_allowance(request, ahead=1)
+                grown = request.num_computed_tokens + 1 + self._draft_allowance(request, request.num_decode_steps + 1)
                 plan.rows[request.request_id] = grown
         return plan
 
@@ -185,9 +186,10 @@ class Scheduler:
                 low = mid
             else:
                 high = mid - 1
-        completes = start + low == request.num_prefill_tokens
-        if completes and not plan.fits_with(rid, start + low + 1 + self._draft_allowance(request), as_row=True):
-            low -= 1
+        if start + low == request.num_prefill_tokens:  # its first decode step: sample 2 (after a resumption, more)
+            drafts = self._draft_allowance(request, request.num_recomputed_outputs + 2)
+            if not plan.fits_with(rid, start + low + 1 + drafts, as_row=True):
+                low -= 1
         return max(0, low)
 
     def accept_drafts(self, accepted: dict[str, int]) -> None:

@@ -12,6 +12,7 @@ from engine.request import Request, RequestStatus
 from engine.sampling.params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.scheduler.output import SchedulerOutput
+from engine.spec_decode.config import SpeculativeConfig
 
 
 class Driver:
@@ -160,3 +161,17 @@ def test_admission_waits_for_kv_and_a_chunked_prompt_reserves_its_kv_chunk_by_ch
         (2 * 31, []),
     ]
     assert [r.request_id for r in scheduler.running] == ["d", "long"] and scheduler.waiting[0].request_id == "late"
+
+
+def test_a_request_that_fills_the_budget_alone_completes_with_speculation_on():
+    """Its first decode row may verify only the drafts max_tokens leaves it: its prompt's last chunk fits."""
+    spec = SpeculativeConfig(num_draft_tokens=4, adaptive=False)
+    budget = KVBudget(12 + 4, 1, extra_positions=4)  # 12 tokens for one request
+    budget.check_fits_alone(10, 2)
+    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=0, speculative=spec), kv_budget=budget)
+    driver = Driver(scheduler)
+    request = driver.add("a", 10, 2)
+    assert [(c.num_tokens, c.completes_prefill) for c in driver.step().prefill_chunks] == [(10, True)]
+    assert [(r.request_id, r.max_draft_tokens) for r in driver.step().decode_rows] == [("a", 0)]
+    driver.step()
+    assert request.status == RequestStatus.FINISHED_LENGTH and scheduler.kv_peak_planned_bytes <= 16
