@@ -108,6 +108,10 @@ class ModelConfig(BaseModel):
     prefill_step_tokens: int | None = Field(None, ge=0)
     enable_prefix_cache: bool = True
     prefix_cache_bytes: int | None = Field(None, ge=0)
+    # The running requests' KV budget: kv_memory_fraction of the device's memory less what is loaded and the prefix
+    # cache's budget, or kv_budget_bytes itself; past it the newest requests are preempted (resumed by recompute).
+    kv_memory_fraction: float = Field(EngineConfig.kv_memory_fraction, gt=0, le=1)
+    kv_budget_bytes: int | None = Field(None, ge=1)
     # What a request that names no max_tokens may generate (null: up to the context length; one such reply ran for
     # over 10 minutes on a CPU). Cut to the room the prompt leaves.
     default_max_tokens: int | None = Field(4096, ge=1)
@@ -233,6 +237,8 @@ class ModelConfig(BaseModel):
             queue_timeout=self.queue_timeout,
             enable_prefix_cache=self.enable_prefix_cache,
             prefix_cache_bytes=self.prefix_cache_bytes,
+            kv_memory_fraction=self.kv_memory_fraction,
+            kv_budget_bytes=self.kv_budget_bytes,
             dtype=self.dtype,
             speculative=self.speculative.engine_config() if self.speculative is not None else None,
             kv_bits=self.kv_bits,

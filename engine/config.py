@@ -39,6 +39,11 @@ class EngineConfig:
     # Byte budget of cached prompt KV; None: a tenth of device memory (1 GiB where unknown).
     prefix_cache_bytes: int | None = None
     prefix_block_size: int = 32
+    # The running requests' KV budget: this fraction of device memory (the machine's RAM on the CPU), less what
+    # MLX holds at load (this model's weights, other models of the process) and the prefix cache's budget.
+    # kv_budget_bytes sets the budget itself instead (operators, tests).
+    kv_memory_fraction: float = 0.8
+    kv_budget_bytes: int | None = None
     # Run the model in this dtype ("float32", "bfloat16", "float16"); None keeps the weights'.
     dtype: str | None = None
     seed: int = 0
@@ -69,6 +74,12 @@ class EngineConfig:
             )
         if self.prefix_block_size < 1:
             raise InvalidRequestError("'prefix_block_size' must be >= 1", param="prefix_block_size")
+        if not 0 < self.kv_memory_fraction <= 1:
+            raise InvalidRequestError(
+                f"'kv_memory_fraction' must be in (0, 1], got {self.kv_memory_fraction}", param="kv_memory_fraction"
+            )
+        if self.kv_budget_bytes is not None and self.kv_budget_bytes < 1:
+            raise InvalidRequestError("'kv_budget_bytes' must be >= 1", param="kv_budget_bytes")
         if self.prefill_warmup_seconds < 0:
             raise InvalidRequestError("'prefill_warmup_seconds' must be >= 0", param="prefill_warmup_seconds")
         if self.queue_timeout is not None and self.queue_timeout <= 0:

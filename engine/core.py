@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -9,7 +10,9 @@ from typing import Callable
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.kv.block_store import new_prefix_cache
-from engine.kv.cache_manager import KVCacheManager, PrefixCacheStats
+from engine.kv.budget import KV_ALLOCATION_STEP, KVBudget
+from engine.kv.cache_manager import KVCacheManager, PrefixCache, PrefixCacheStats
+from engine.kv.kv_layout import default_kv_budget_bytes, kv_bytes_per_token
 from engine.output.detokenizer import text_source_factory
 from engine.output.request_output import RequestOutput, RequestOutputState
 from engine.request import Request, RequestLimits, RequestStatus
@@ -25,6 +28,8 @@ from engine.spec_decode.speculator import SpeculationStats
 from engine.runner.verify_step import new_speculative_decoder
 
 THROUGHPUT_WINDOW_S = 10.0
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,6 +70,13 @@ class EngineStats:
     speculation: SpeculationStats | None = None
     guide_compiles: GuideCompileStats | None = None
     step_phases: StepPhaseSeconds = field(default_factory=StepPhaseSeconds)
+    # The running requests' KV budget (bytes, and bytes per token), the KV the last step was planned to hold,
+    # preemptions so far and the preempted requests waiting to resume.
+    kv_budget_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    kv_planned_bytes: int = 0
+    num_preemptions: int = 0
+    num_preempted: int = 0
 
 
 class EngineCore:
@@ -78,14 +90,15 @@ class EngineCore:
             config = replace(config, prefill_step_tokens=budget.step_tokens)
             self.expected_step_s = budget.expected_step_s
         self.config = config
-        # What every request is checked against, by the engine client before it reaches this core.
-        self.limits = RequestLimits(loaded.vocab_size, self.context_length)
         prefix_cache = new_prefix_cache(
             loaded.model, config.enable_prefix_cache, config.prefix_block_size, config.prefix_cache_bytes
         )
+        self.kv_budget = _kv_budget(loaded, config, prefix_cache, draft)
+        # What every request is checked against, by the engine client before it reaches this core.
+        self.limits = RequestLimits(loaded.vocab_size, self.context_length, self.kv_budget)
         speculation = new_speculative_decoder(loaded, config.speculative, draft)
         self.runner = ModelRunner(loaded, config, prefix_cache, speculation)
-        self.scheduler = Scheduler(config, kv=KVCacheManager(prefix_cache))
+        self.scheduler = Scheduler(config, kv=KVCacheManager(prefix_cache), kv_budget=self.kv_budget)
         self._states: dict[str, RequestOutputState] = {}
         self._text_source = text_source_factory(loaded.tokenizer)
         self.guides = GuideCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
@@ -134,7 +147,7 @@ class EngineCore:
         if self.scheduler.uncached_prompts_may_be_hit():  # copied before admissions look for hits
             self.runner.cache_prefilled_prompts()
         scheduled = self.scheduler.schedule()
-        if on_admitted is not None and scheduled.new_requests:
+        if on_admitted is not None and any(not new.resumed for new in scheduled.new_requests):
             on_admitted(self._admissions(scheduled))
         scheduled_at, waited_before = time.perf_counter(), self.runner.read_wait_seconds
         sampled = self.runner.execute(scheduled, before_device_work)
@@ -183,7 +196,8 @@ class EngineCore:
 
     def _admissions(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
         """The requests taken in this step, with their prompt's prefix-cache hit (matched by the scheduler)."""
-        states = [self._states[new.request_id] for new in scheduled.new_requests]
+        # A resumed request was announced at its first admission.
+        states = [self._states[new.request_id] for new in scheduled.new_requests if not new.resumed]
         return [RequestOutput(state.request.request_id, admitted=state.admitted()) for state in states]
 
     def _expired_outputs(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
@@ -228,6 +242,11 @@ class EngineCore:
             speculation=self.runner.speculation_stats(),
             guide_compiles=self.guides.stats(),
             step_phases=replace(self._step_phases),
+            kv_budget_bytes=self.kv_budget.budget_bytes,
+            kv_bytes_per_token=self.kv_budget.bytes_per_token,
+            kv_planned_bytes=self.scheduler.kv_planned_bytes,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_preempted=self.scheduler.num_preempted,
         )
 
     def release_idle_buffers(self) -> None:
@@ -237,3 +256,19 @@ class EngineCore:
 
     def close(self) -> None:
         self.runner.close()
+
+
+def _kv_budget(loaded: LoadedModel, config: EngineConfig, prefix_cache: PrefixCache | None, draft: LoadedModel | None) -> KVBudget:
+    """The running requests' KV budget, reported at load: config.kv_budget_bytes, else kv_memory_fraction of the
+    device's memory less what MLX holds now (weights, other models) and the prefix cache's budget."""
+    per_token = kv_bytes_per_token(loaded.model) + (kv_bytes_per_token(draft.model) if draft is not None else 0)
+    budget = config.kv_budget_bytes
+    if budget is None:
+        budget = default_kv_budget_bytes(config.kv_memory_fraction, prefix_cache.capacity_bytes if prefix_cache else 0)
+    drafts = config.speculative.num_draft_tokens if config.speculative is not None else 0
+    kv_budget = KVBudget(budget, per_token, KV_ALLOCATION_STEP + drafts)
+    logger.info(
+        "KV budget of %s: %d bytes, %d bytes per token: at most %d tokens for one request",
+        loaded.path.name, budget, per_token, kv_budget.max_request_tokens,
+    )
+    return kv_budget

@@ -28,6 +28,12 @@ class ContextLengthExceededError(InvalidRequestError):
     code = "context_length_exceeded"
 
 
+class KVBudgetExceededError(InvalidRequestError):
+    """The request's KV (prompt + max_tokens) could never fit the model's KV budget, even running alone."""
+
+    code = "kv_budget_exceeded"
+
+
 class QueueFullError(OrchardError):
     """The engine holds as many requests as it may; retry later."""
 

@@ -10,6 +10,7 @@ from numbers import Integral
 from typing import TYPE_CHECKING, Sequence
 
 from engine.errors import ContextLengthExceededError, InvalidRequestError, OrchardError
+from engine.kv.budget import KVBudget
 from engine.sampling.guided_regex import guided_regex
 from engine.sampling.params import SamplingParams
 
@@ -84,6 +85,10 @@ class Request:
     # Draft tokens verified for this request, and how many of them it accepted (usage reports both).
     num_drafted_tokens: int = 0
     num_accepted_draft_tokens: int = 0
+    # Preemption (KV budget): times this request was preempted, and the generated tokens its resumed prefill
+    # recomputes after the prompt (its KV is rebuilt from prompt + those tokens).
+    num_preemptions: int = 0
+    num_recomputed_outputs: int = 0
     _output_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -118,7 +123,19 @@ class Request:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return self.num_prompt_tokens
+        return self.num_prompt_tokens + self.num_recomputed_outputs
+
+    def prefill_token_ids(self) -> tuple[int, ...]:
+        """What the prefill computes: the prompt, and after a preemption the tokens generated before it."""
+        if not self.num_recomputed_outputs:
+            return self.prompt_token_ids  # type: ignore[return-value]
+        return (*self.prompt_token_ids, *self._output_token_ids[: self.num_recomputed_outputs])
+
+    def prefill_cache_keys(self) -> tuple[int, ...]:
+        """The prefill's tokens as the prefix cache keys them."""
+        if not self.num_recomputed_outputs:
+            return self.cache_keys
+        return (*self.cache_keys, *self._output_token_ids[: self.num_recomputed_outputs])
 
     @property
     def is_prefilling(self) -> bool:
@@ -158,6 +175,8 @@ class Request:
 class RequestLimits:
     vocab_size: int
     context_length: int
+    # None: no KV budget (a request is refused only past the context length).
+    kv_budget: KVBudget | None = None
 
     def validate(self, request: Request) -> Request:
         """Check a request (any thread); returns it with max_tokens resolved against the context length."""
@@ -181,5 +200,10 @@ class RequestLimits:
                 param="max_tokens" if room >= 1 else "messages",
             )
         if max_tokens is None:
-            request.sampling = replace(request.sampling, max_tokens=room)
+            max_tokens = room
+            if self.kv_budget is not None:  # like the context, the budget bounds an unbounded request
+                max_tokens = max(1, min(room, self.kv_budget.max_request_tokens - num_prompt))
+            request.sampling = replace(request.sampling, max_tokens=max_tokens)
+        if self.kv_budget is not None:
+            self.kv_budget.check_fits_alone(num_prompt, max_tokens)
         return request

@@ -79,6 +79,13 @@ QUEUE_TIME = MetricSpec(
 RUNNING = MetricSpec("num_requests_running", GAUGE, "Requests in the engine's batch.")
 WAITING = MetricSpec("num_requests_waiting", GAUGE, "Requests waiting for a slot in the batch.")
 KV_CACHE_BYTES = MetricSpec("kv_cache_bytes", GAUGE, "Bytes of KV cache the running requests hold.")
+KV_BUDGET_BYTES = MetricSpec(
+    "kv_cache_budget_bytes", GAUGE, "The running requests' KV budget: past it the newest are preempted."
+)
+PREEMPTIONS = MetricSpec("num_preemptions_total", COUNTER, "Requests preempted for KV (each resumes by recompute).")
+PREEMPTED = MetricSpec(
+    "num_requests_preempted", GAUGE, "Preempted requests waiting to resume (num_requests_waiting counts them too)."
+)
 PREFIX_LOOKUPS = MetricSpec(
     "prefix_cache_lookups_total", COUNTER, "Prefix-cache lookups by result (hit, miss).", ("result",)
 )
@@ -102,6 +109,6 @@ MEMORY_BYTES = MetricSpec(
 
 ALL_SPECS = (
     REQUESTS, REQUEST_SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, TTFT, ITL, E2E, QUEUE_TIME, RUNNING, WAITING,
-    KV_CACHE_BYTES, PREFIX_LOOKUPS, PREFIX_HIT_TOKENS, PREFIX_CACHE_BYTES, SPEC_VERIFY_STEPS, SPEC_DRAFT_TOKENS,
+    KV_CACHE_BYTES, KV_BUDGET_BYTES, PREEMPTIONS, PREEMPTED, PREFIX_LOOKUPS, PREFIX_HIT_TOKENS, PREFIX_CACHE_BYTES, SPEC_VERIFY_STEPS, SPEC_DRAFT_TOKENS,
     SPEC_ACCEPTED_TOKENS, GUIDE_COMPILES, GUIDE_COMPILE_SECONDS, ENGINE_RESTARTS, MEMORY_BYTES,
 )

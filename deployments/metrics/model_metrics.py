@@ -91,6 +91,9 @@ class ModelMetrics:
         rec.set(families.RUNNING, stats.num_running)
         rec.set(families.WAITING, stats.num_waiting)
         rec.set(families.KV_CACHE_BYTES, stats.kv_cache_bytes)
+        rec.set(families.KV_BUDGET_BYTES, stats.kv_budget_bytes)
+        rec.set_total(families.PREEMPTIONS, stats.num_preemptions)
+        rec.set(families.PREEMPTED, stats.num_preempted)
         rec.set_total(families.ENGINE_RESTARTS, restarts)
         for kind, value in (("mlx_active", memory.mlx_active), ("mlx_cache", memory.mlx_cache),
                             ("mlx_peak", memory.mlx_peak), ("rss", memory.rss)):

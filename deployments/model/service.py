@@ -245,14 +245,16 @@ class ModelService:
 
     def _with_max_tokens(self, sampling: SamplingParams, num_prompt: int, clamp: bool) -> SamplingParams:
         """A request without max_tokens gets the model's default_max_tokens (cut to the room the prompt leaves:
-        a default must not turn a long prompt into an error); Anthropic's max_tokens is cut to that room too."""
+        a default must not turn a long prompt into an error; nor a KV budget smaller than the context: the room is
+        what either leaves); Anthropic's max_tokens is cut to that room too."""
         default = self.config.default_max_tokens
         if sampling.max_tokens is None and default is not None:
             return self._clamped(dataclasses.replace(sampling, max_tokens=default), num_prompt)
         return self._clamped(sampling, num_prompt) if clamp else sampling
 
     def _clamped(self, sampling: SamplingParams, num_prompt: int) -> SamplingParams:
-        room = self._engine.served.context_length - num_prompt
+        served = self._engine.served
+        room = min(served.context_length, served.max_request_tokens or served.context_length) - num_prompt
         if sampling.max_tokens is not None and room >= 1 and sampling.max_tokens > room:
             return dataclasses.replace(sampling, max_tokens=room)
         return sampling  # a prompt that leaves no room is refused by the engine, naming it

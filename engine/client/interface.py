@@ -32,6 +32,8 @@ class ServedModel:
     in_own_process: bool
     # A multimodal model's processor (mlx-vlm), loaded in the caller's process: images to model inputs.
     processor: Any = None
+    # The most tokens (prompt + generated) one request's KV may hold under the model's KV budget (None: no budget).
+    max_request_tokens: int | None = None
 
 
 class EngineStatus(str, Enum):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.errors import OrchardError
+from engine.kv.budget import KVBudget
 from engine.output.request_output import RequestOutput
 from engine.request import Request
 
@@ -45,6 +46,7 @@ class EngineReady:
     context_length: int
     vocab_size: int
     stats: "EngineStats"
+    kv_budget: KVBudget | None = None
 
 
 @dataclass

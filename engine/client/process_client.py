@@ -85,8 +85,11 @@ class ProcessEngineClient(EngineClientBase):
             chat_template_file=spec.chat_template_file, trust_remote_code=spec.trust_remote_code,
         )
         processor = await asyncio.to_thread(load_serving_processor, spec, ready.model_path)
-        served = ServedModel(tokenizer, ready.context_length, Path(ready.model_path), in_own_process=True, processor=processor)
-        self._started(served, RequestLimits(ready.vocab_size, ready.context_length), ready.stats)
+        served = ServedModel(
+            tokenizer, ready.context_length, Path(ready.model_path), in_own_process=True, processor=processor,
+            max_request_tokens=ready.kv_budget.max_request_tokens if ready.kv_budget is not None else None,
+        )
+        self._started(served, RequestLimits(ready.vocab_size, ready.context_length, ready.kv_budget), ready.stats)
 
     async def _abandon_start(self) -> int | None:
         """Stop the child of a failed start; its exit code."""

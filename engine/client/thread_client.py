@@ -49,7 +49,8 @@ class ThreadEngineClient(EngineClientBase):
         core = self._core
         processor = await asyncio.to_thread(self._load_processor, core.loaded.path) if self._load_processor else None
         served = ServedModel(
-            core.loaded.tokenizer, core.context_length, core.loaded.path, in_own_process=False, processor=processor
+            core.loaded.tokenizer, core.context_length, core.loaded.path, in_own_process=False, processor=processor,
+            max_request_tokens=core.kv_budget.max_request_tokens,
         )
         self._started(served, core.limits, self._stats)  # the stats read on the engine thread
 

@@ -254,10 +254,12 @@ class KVCacheManager:
         cache = self.prefix_cache
         if cache is None or request.num_computed_tokens:
             return
-        blocks = cache.match(request.cache_keys, max_tokens=request.num_prefill_tokens - 1)
+        blocks = cache.match(request.prefill_cache_keys(), max_tokens=request.num_prefill_tokens - 1)
         cache.lock(blocks)
         request.prefix_blocks = blocks
-        request.num_cached_tokens = request.num_computed_tokens = len(blocks) * cache.block_size
+        request.num_computed_tokens = len(blocks) * cache.block_size
+        if not request.num_preemptions:  # usage reports the prompt's hit at its first admission
+            request.num_cached_tokens = request.num_computed_tokens
 
     def release(self, request: Request) -> None:
         if self.prefix_cache is not None and request.prefix_blocks:
@@ -280,7 +282,7 @@ class KVCacheManager:
         if not self.cuts_blocks:
             return False
         size = self.prefix_cache.block_size
-        if len(request.prefix_blocks) >= request.num_prompt_tokens // size:
+        if len(request.prefix_blocks) >= request.num_prefill_tokens // size:
             return False
         self._uncached_first_blocks.add(request.cache_keys[:size])
         return True

@@ -86,6 +86,8 @@ class ModelRunner:
         with mx.stream(self.stream):
             for request_id in scheduled.freed_request_ids:
                 self._forget(request_id)
+            for request_id in scheduled.preempted_request_ids:
+                self._drop_kv(request_id)
             for request in scheduled.new_requests:
                 self._requests[request.request_id] = request
                 if self.speculation is not None:
@@ -168,10 +170,15 @@ class ModelRunner:
         return first
 
     def _forget(self, request_id: str) -> None:
+        self._drop_kv(request_id)
         self._requests.pop(request_id, None)
+        self._rows.pop(request_id, None)
+
+    def _drop_kv(self, request_id: str) -> None:
+        """A preempted request's KV and progress (its decode row leaves the batch with this step's rows); its
+        sampling row (seed, token history, guide state) stays for its resumption."""
         self._prefill_caches.pop(request_id, None)
         self._joiner_blocks.pop(request_id, None)
-        self._rows.pop(request_id, None)
         self._next_inputs.pop(request_id, None)
         self._embedded.pop(request_id, None)
         self._rope_deltas.pop(request_id, None)
@@ -269,7 +276,9 @@ class ModelRunner:
             return None
         request_ids = [chunk.request_id for chunk in result.completing]
         rows = [self._row_sampling(request_id) for request_id in request_ids]
-        sampled = BatchSampler(rows, self.batch.vocab_size).sample(result.last_logits, [0] * len(rows))
+        # A resumed request's first sample continues its sample count (its seeded noise as if never preempted).
+        steps = [self._requests[request_id].num_generated for request_id in request_ids]
+        sampled = BatchSampler(rows, self.batch.vocab_size).sample(result.last_logits, steps)
         mx.async_eval([*sampled.arrays(), *result.kv_arrays()])
         return PendingStep(request_ids, sampled, [r.params.top_logprobs for r in rows])
 

@@ -32,6 +32,10 @@ class NewRequest:
     prompt_cache_keys: tuple[int, ...] | None = None
     # False: the request asked not to speculate (its rows decode plainly beside speculating ones).
     speculative: bool = True
+    # A preempted request taken in again: its prompt_token_ids hold the prompt and the `num_generated` tokens it
+    # generated before (recomputed), and its completing chunk samples generated token number num_generated + 1.
+    resumed: bool = False
+    num_generated: int = 0
 
     @property
     def cache_keys(self) -> tuple[int, ...]:
@@ -89,6 +93,9 @@ class SchedulerOutput:
     # Rows leaving the decode batch whose KV goes to the prefix cache: id -> the tokens that KV holds.
     rows_to_cache: dict[str, tuple[int, ...]] = field(default_factory=dict)
     expired: list[ExpiredRequest] = field(default_factory=list)
+    # Requests preempted for KV this step: their KV is freed now (a decode row's goes to the prefix cache through
+    # rows_to_cache), their sampling state is kept for their resumption.
+    preempted_request_ids: list[str] = field(default_factory=list)
 
     @property
     def num_prefill_tokens(self) -> int:

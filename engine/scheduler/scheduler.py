@@ -4,6 +4,10 @@ Each step every decoding request computes one token, and prefilling requests
 share a per-step prefill token budget, each taking at most one chunk (chunked
 prefill), so a long prompt is spread over many steps and never freezes the
 streams already running, while a burst of short prompts starts in few steps.
+
+With a KV budget (kv/budget.py) every step's KV is planned before it runs: when the running requests' next step
+would not fit, the newest are preempted (their KV freed, a decode row's kept by the prefix cache) and re-queued
+at the front, to resume by recomputing prompt + generated tokens; prompts are admitted and chunked within it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Callable
 
 from engine.config import EngineConfig
 from engine.errors import QueueFullError, QueueTimeoutError
+from engine.kv.budget import ADMISSION_HEADROOM_TOKENS, KVBudget, KVPlan
 from engine.kv.cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.scheduler.output import DecodeRow, ExpiredRequest, NewRequest, PrefillChunk, SchedulerOutput
@@ -25,9 +30,16 @@ class Scheduler:
         config: EngineConfig,
         clock: Callable[[], float] = time.monotonic,
         kv: KVCacheManager | None = None,
+        kv_budget: KVBudget | None = None,
     ) -> None:
         self.config = config
         self.kv = kv or KVCacheManager()
+        # None: admission by count only.
+        self.kv_budget = kv_budget
+        self.num_preemptions = 0
+        # The KV the last scheduled step holds when it ends, as planned, and the most any step planned.
+        self.kv_planned_bytes = 0
+        self.kv_peak_planned_bytes = 0
         self._clock = clock
         self.waiting: deque[Request] = deque()
         # Admitted requests (prefilling or decoding), in admission order.
@@ -63,6 +75,8 @@ class Scheduler:
             self._freed_request_ids.append(request.request_id)
         elif request in self.waiting:
             self.waiting.remove(request)
+            if request.num_preemptions:  # the runner kept its sampling state for the resumption
+                self._freed_request_ids.append(request.request_id)
         self.kv.release(request)
         request.status = status
 
@@ -72,20 +86,111 @@ class Scheduler:
         output = SchedulerOutput(freed_request_ids=self._freed_request_ids)
         self._freed_request_ids = []
         output.expired = self._expire_waiting()
+        preempted = self._preempt_to_fit()
         decoding = self._schedule_decodes()
         output.decode_rows = [
             DecodeRow(r.request_id, r.num_decode_steps - 1, self._draft_allowance(r)) for r in decoding.values()
         ]
-        output.rows_to_cache = self._leaving_rows_to_cache(decoding)
-        output.prefill_chunks = self._schedule_prefills(output.new_requests)
+        output.rows_to_cache = self._leaving_rows_to_cache(decoding)  # a preempted row's KV too, at its length
+        for request in preempted:
+            request.num_computed_tokens = 0
+        output.preempted_request_ids = [r.request_id for r in preempted]
+        plan = self._plan(decoding) if self.kv_budget is not None else None
+        output.prefill_chunks = self._schedule_prefills(output.new_requests, plan)
+        if plan is not None:
+            self.kv_planned_bytes = plan.bytes
+            self.kv_peak_planned_bytes = max(self.kv_peak_planned_bytes, plan.bytes)
         return output
 
-    def _draft_allowance(self, request: Request) -> int:
-        """Drafts a row may verify this step: none past max_tokens (the scheduled token counts one)."""
+    def _draft_allowance(self, request: Request, decode_steps: int | None = None) -> int:
+        """Drafts a row may verify this step: none past max_tokens (the scheduled token counts one); decode_steps:
+        the row's count with this step's token (the KV plan asks before it is counted)."""
         spec = self.config.speculative
         if spec is None or not request.speculative or request.guide is not None:
             return 0
-        return max(0, min(spec.num_draft_tokens, request.max_tokens - request.num_decode_steps))
+        steps = request.num_decode_steps if decode_steps is None else decode_steps
+        return max(0, min(spec.num_draft_tokens, request.max_tokens - steps))
+
+    # ---- the KV budget -----------------------------------------------------
+    def _plan(self, decoding: dict[str, Request]) -> KVPlan:
+        """This step's KV before any prefill chunk: decode rows after their token (and drafts), prefills so far."""
+        plan = KVPlan(self.kv_budget)
+        for request in self.running:
+            if request.request_id in decoding:
+                plan.rows[request.request_id] = request.num_computed_tokens + self._draft_allowance(request)
+            elif request.is_prefilling:
+                plan.prefills[request.request_id] = request.num_computed_tokens
+        return plan
+
+    def _growth_plan(self) -> KVPlan:
+        """The KV the running requests would hold after this step if all decode rows ran and no prefill did."""
+        plan = KVPlan(self.kv_budget)
+        for request in self.running:
+            if request.is_prefilling:
+                plan.prefills[request.request_id] = request.num_computed_tokens
+            elif request.wants_more_decode_steps and len(plan.rows) < self.config.max_decode_seqs:
+                grown = request.num_computed_tokens + 1 + self._draft_allowance(request, request.num_decode_steps + 1)
+                plan.rows[request.request_id] = grown
+        return plan
+
+    def _preempt_to_fit(self) -> list[Request]:
+        """Preempt the newest requests holding KV until the next step fits (one alone always fits: checked at
+        submit)."""
+        if self.kv_budget is None:
+            return []
+        preempted: list[Request] = []
+        plan = self._growth_plan()
+        while not plan.fits():
+            holders = [r for r in self.running if plan.rows.get(r.request_id) or plan.prefills.get(r.request_id)]
+            if len(holders) <= 1:
+                break
+            victim = holders[-1]
+            self._preempt(victim)
+            plan.drop(victim.request_id)
+            preempted.append(victim)
+        return preempted
+
+    def _preempt(self, request: Request) -> None:
+        """Back to the front of the queue; its prefix-cache blocks stay cached, unlocked."""
+        self.running.remove(request)
+        self.kv.release(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _may_admit(self, request: Request, plan: KVPlan | None) -> bool:
+        """Whether the admitted requests and this one could all run ADMISSION_HEADROOM_TOKENS more tokens in one
+        batch (each capped at its final length). A lone request always may (it fits alone: checked at submit)."""
+        if plan is None or not self.running:
+            return True
+        lengths = [
+            self._headroom_length(r, max(r.num_computed_tokens, r.num_prefill_tokens))
+            for r in self.running if r.is_prefilling or r.wants_more_decode_steps
+        ]
+        lengths.append(self._headroom_length(request, request.num_prefill_tokens))
+        return plan.budget.bytes_of(lengths, []) <= plan.budget.budget_bytes
+
+    @staticmethod
+    def _headroom_length(request: Request, length: int) -> int:
+        return min(length + ADMISSION_HEADROOM_TOKENS, request.num_prompt_tokens + request.max_tokens)
+
+    def _chunk_that_fits(self, request: Request, start: int, size: int, plan: KVPlan) -> int:
+        """The longest chunk of at most `size` tokens from `start` whose KV fits the plan; a completing chunk must
+        also fit as a decode row next step (else it would be preempted as soon as it joined)."""
+        rid = request.request_id
+        low, high = 0, size
+        while low < high:  # bytes grow with the chunk: the longest that fits
+            mid = (low + high + 1) // 2
+            if plan.fits_with(rid, start + mid, as_row=False):
+                low = mid
+            else:
+                high = mid - 1
+        if start + low == request.num_prefill_tokens:  # its first decode step: sample 2 (after a resumption, more)
+            drafts = self._draft_allowance(request, request.num_recomputed_outputs + 2)
+            if not plan.fits_with(rid, start + low + 1 + drafts, as_row=True):
+                low -= 1
+        return max(0, low)
 
     def accept_drafts(self, accepted: dict[str, int]) -> None:
         """Rows of the last step that accepted drafts: those tokens are computed (in their KV) and sampled."""
@@ -105,7 +210,8 @@ class Scheduler:
         if timeout is None or not self.waiting:
             return []
         now = self._clock()
-        expired = [r for r in self.waiting if now - r.arrival_time > timeout]
+        # A preempted request was admitted once: it waits for KV, not for a slot.
+        expired = [r for r in self.waiting if now - r.arrival_time > timeout and r.status == RequestStatus.WAITING]
         for request in expired:
             request.error = QueueTimeoutError(
                 f"Request waited {now - request.arrival_time:.1f}s in the queue (queue_timeout={timeout}s)"
@@ -137,40 +243,66 @@ class Scheduler:
                 to_cache[request.request_id] = tokens
         return to_cache
 
-    def _schedule_prefills(self, new_requests: list[NewRequest]) -> list[PrefillChunk]:
+    def _schedule_prefills(self, new_requests: list[NewRequest], plan: KVPlan | None) -> list[PrefillChunk]:
         budget = self.config.prefill_token_budget
         chunks: list[PrefillChunk] = []
         candidates = [r for r in self.running if r.is_prefilling]
         for request in candidates:
             if len(chunks) == self.config.max_prefill_seqs or budget == 0:
                 return chunks
-            budget = self._add_chunk(request, budget, chunks)
+            scheduled = len(chunks)
+            budget = self._add_chunk(request, budget, chunks, plan)
+            if len(chunks) == scheduled:
+                return chunks  # out of KV: no newer request may take it first
         while self.waiting and len(self.running) < self.config.max_decode_seqs:
             if len(chunks) == self.config.max_prefill_seqs or budget == 0:
                 break
-            request = self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self.kv.reuse_cached_prefix(request)
-            new_requests.append(NewRequest(
-                request.request_id, request.prompt_token_ids, request.sampling, request.guide, tuple(request.prefix_blocks),
-                request.vision, request.prompt_cache_keys, request.speculative,
-            ))
+            request = self.waiting[0]
+            if request.num_output_tokens < request.num_decode_steps:
+                break  # preempted with its last token in flight: it resumes once that token is read
+            if not self._may_admit(request, plan):
+                break
+            self.waiting.popleft()
+            self._admit(request, new_requests)
             if request.is_prefilling:
-                budget = self._add_chunk(request, budget, chunks)
+                budget = self._add_chunk(request, budget, chunks, plan)
         return chunks
 
-    def _add_chunk(self, request: Request, budget: int | None, chunks: list[PrefillChunk]) -> int | None:
+    def _admit(self, request: Request, new_requests: list[NewRequest]) -> None:
+        """Into the running set; a preempted request's prefill recomputes what it generated so far."""
+        resumed = request.num_preemptions > 0
+        if resumed:
+            request.num_recomputed_outputs = request.num_output_tokens
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self.kv.reuse_cached_prefix(request)
+        keys = request.prefill_cache_keys() if request.prompt_cache_keys is not None else None
+        new_requests.append(NewRequest(
+            request.request_id, request.prefill_token_ids(), request.sampling, request.guide,
+            tuple(request.prefix_blocks), request.vision, keys, request.speculative,
+            resumed=resumed, num_generated=request.num_recomputed_outputs,
+        ))
+
+    def _add_chunk(
+        self, request: Request, budget: int | None, chunks: list[PrefillChunk], plan: KVPlan | None = None
+    ) -> int | None:
         start = request.num_computed_tokens
         remaining = self.kv.prefill_target(request) - start
         limits = [n for n in (budget, self.config.prefill_chunk_limit) if n is not None]
-        end = start + min([remaining, *limits])
+        size = min([remaining, *limits])
+        if plan is not None:
+            size = self._chunk_that_fits(request, start, size, plan)
+            if size == 0:
+                return budget
+            plan.prefills[request.request_id] = start + size
+        end = start + size
         request.num_computed_tokens = end
         completes = not request.is_prefilling
         if completes:
-            request.num_decode_steps = 1  # the completing chunk samples the first token
+            # The completing chunk samples the first token (after a preemption: the next one).
+            request.num_decode_steps = request.num_recomputed_outputs + 1
         chunks.append(PrefillChunk(
-            request.request_id, start, tuple(request.prompt_token_ids[start:end]), completes,
+            request.request_id, start, tuple(request.prefill_token_ids()[start:end]), completes,
             cache_prompt=completes and self.kv.should_cache_prompt(request),
             snapshot=self.kv.should_snapshot(request, end),
         ))
@@ -184,6 +316,11 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    @property
+    def num_preempted(self) -> int:
+        """Preempted requests waiting to resume."""
+        return sum(1 for r in self.waiting if r.status == RequestStatus.PREEMPTED)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)

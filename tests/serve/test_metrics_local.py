@@ -116,6 +116,10 @@ def _check_workload(scrape: Scrape, usages: list[dict]) -> None:
     assert 0 < scrape["orchard:inter_token_latency_seconds_count"] <= generated - 4
 
     assert scrape["orchard:num_requests_waiting"] == 0
+    # The KV budget as set at load (device memory less what is loaded): this light load preempts nobody.
+    assert scrape["orchard:kv_cache_budget_bytes"] > 0
+    assert scrape["orchard:num_preemptions_total"] == 0 and scrape["orchard:num_requests_preempted"] == 0
+    assert scrape.families["orchard:num_preemptions"].type == "counter"
     assert scrape["orchard:engine_restarts_total"] == 0
     assert scrape.get("orchard:memory_bytes", kind="rss") > 0
     # The 2nd and 3rd chat prompts read two 32-token blocks from the cache, as their usage says.

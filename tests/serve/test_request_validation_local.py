@@ -214,3 +214,36 @@ def test_the_unicode_check_names_the_path_and_survives_deep_nesting():
     assert info.value.param == "chat_template_kwargs.x" + ".0" * 50_000 + ".1.k"
     body = {"messages": [{"role": "user", "content": "é 日本 🙂"}]}  # valid non-ASCII passes untouched
     assert refuse_invalid_unicode(body) is body
+
+
+# ---- the KV budget ------------------------------------------------------------------------------------------
+KV_BYTES_PER_TOKEN = 512  # the tiny llama: 2 layers x 2 KV heads x 16 dims x 4 bytes (float32) x keys and values
+KV_BUDGET_TOKENS = 64  # past the cache's allocation step of 256 positions
+
+
+def test_a_request_whose_kv_cannot_fit_the_budget_is_400_naming_the_numbers(tiny_models):
+    budget = (256 + KV_BUDGET_TOKENS) * KV_BYTES_PER_TOKEN
+    config = ModelConfig(model_id=MODEL, model_path=str(tiny_models.alpha), context_length=512, kv_budget_bytes=budget)
+
+    async def scenario():
+        async with local_stack([config]) as stack:
+            too_big = await post(stack, "/v1/chat/completions", chat(max_tokens=KV_BUDGET_TOKENS))
+            long_prompt = {"role": "user", "content": " ".join(["t1"] * 80)}
+            anthropic_too_big = await post(stack, "/v1/messages", messages(messages=[long_prompt]))
+            # Without max_tokens (and Anthropic's) a request gets the room the budget leaves, like the context's.
+            unbounded = await post(stack, "/v1/chat/completions", chat(max_tokens=None, ignore_eos=True))
+            anthropic = await post(stack, "/v1/messages", messages(max_tokens=KV_BUDGET_TOKENS))
+            return too_big, anthropic_too_big, unbounded, anthropic
+
+    too_big, anthropic_too_big, unbounded, anthropic = asyncio.run(scenario())
+    assert too_big.status_code == 400, too_big.text
+    error = too_big.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "max_tokens"
+    assert error["code"] == "kv_budget_exceeded"
+    assert f"+ {KV_BUDGET_TOKENS} to generate) at {KV_BYTES_PER_TOKEN} bytes per token" in error["message"]
+    assert f"KV budget is {budget} bytes (at most {KV_BUDGET_TOKENS} tokens for one request)" in error["message"]
+    assert_anthropic_400(anthropic_too_big, "messages", "85 in the prompt", f"KV budget is {budget} bytes")
+    assert unbounded.status_code == 200 and anthropic.status_code == 200, (unbounded.text, anthropic.text)
+    usage = unbounded.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == KV_BUDGET_TOKENS
+    assert unbounded.json()["choices"][0]["finish_reason"] == "length"

@@ -1,0 +1,88 @@
+"""The KV budget in plain Python: what the running requests' KV occupies, and whether a request may fit.
+
+Counted as allocated, not as logical tokens. mlx-lm's KVCache and BatchKVCache grow their buffers 256 positions
+at a time, and a decode batch keeps its rows right-aligned at one shared index: a batch of R rows whose longest
+row holds L tokens allocates R x (L + at most 256) positions, padding included, whatever the other rows hold. A
+logical count with a margin would be wrong by up to 256 x R positions (most of the KV on a short-context batch);
+this bound is what the buffers really take (checked against the runner's arrays in tests/engine/test_kv_budget.py).
+Copies made while rows join or leave (one layer at a time) are not counted: kv_memory_fraction leaves room for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from engine.errors import KVBudgetExceededError
+
+# mlx-lm's KVCache.step / BatchKVCache.step: positions a cache buffer grows by.
+KV_ALLOCATION_STEP = 256
+# A request is admitted only if every admitted request could then compute this many more tokens together: fewer
+# admissions that are preempted again a few steps later (each preemption recomputes the request's KV).
+ADMISSION_HEADROOM_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """budget_bytes: what the running requests' KV may occupy; bytes_per_token: one position of every layer
+    (kv_layout.py); extra_positions: unused buffer room a cache may hold beyond its tokens (the
+    allocation step, plus the drafts a verify step writes and then drops)."""
+
+    budget_bytes: int
+    bytes_per_token: int
+    extra_positions: int = KV_ALLOCATION_STEP
+
+    @property
+    def max_request_tokens(self) -> int:
+        """The most tokens (prompt + generated + drafts) one request alone may hold."""
+        return max(0, self.budget_bytes // self.bytes_per_token - self.extra_positions)
+
+    def bytes_of(self, row_lengths: Iterable[int], prefill_lengths: Iterable[int]) -> int:
+        """Bytes allocated for decode rows of these KV lengths (one right-aligned batch) and prefilling requests'
+        own caches of these lengths."""
+        rows = [n for n in row_lengths]
+        positions = len(rows) * (max(rows) + self.extra_positions) if rows else 0
+        positions += sum(n + self.extra_positions for n in prefill_lengths if n > 0)
+        return positions * self.bytes_per_token
+
+    def check_fits_alone(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Raise KVBudgetExceededError (400) for a request whose KV could never fit, even running alone."""
+        needed = num_prompt_tokens + max_tokens
+        if needed <= self.max_request_tokens:
+            return
+        raise KVBudgetExceededError(
+            f"The request needs KV for {needed} tokens ({num_prompt_tokens} in the prompt + {max_tokens} to "
+            f"generate) at {self.bytes_per_token} bytes per token, {self.bytes_of([needed], [])} bytes with the "
+            f"cache's allocation step, but this model's KV budget is {self.budget_bytes} bytes (at most "
+            f"{self.max_request_tokens} tokens for one request)",
+            param="max_tokens" if num_prompt_tokens < self.max_request_tokens else "messages",
+        )
+
+
+@dataclass
+class KVPlan:
+    """The KV each admitted request holds at the end of the step being scheduled: decode rows (one batch) and
+    prefilling requests (their own caches), by request id."""
+
+    budget: KVBudget
+    rows: dict[str, int] = field(default_factory=dict)
+    prefills: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        return self.budget.bytes_of(self.rows.values(), self.prefills.values())
+
+    def fits(self) -> bool:
+        return self.bytes <= self.budget.budget_bytes
+
+    def fits_with(self, request_id: str, length: int, as_row: bool) -> bool:
+        """Whether the plan fits with this request holding `length` tokens (as a decode row or a prefill)."""
+        rows, prefills = dict(self.rows), dict(self.prefills)
+        rows.pop(request_id, None)
+        prefills.pop(request_id, None)
+        (rows if as_row else prefills)[request_id] = length
+        return self.budget.bytes_of(rows.values(), prefills.values()) <= self.budget.budget_bytes
+
+    def drop(self, request_id: str) -> None:
+        self.rows.pop(request_id, None)
+        self.prefills.pop(request_id, None)

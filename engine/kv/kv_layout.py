@@ -1,0 +1,45 @@
+"""How many bytes one token's KV takes in a model's caches, and the KV budget a model gets by default (MLX side)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from engine.kv.batch_cache import new_request_cache
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes one position takes across every layer's cache: layers x KV heads x head dim x dtype size x 2 (keys and
+    values), read from the caches the model really makes (its dtype, grouped-query heads, and any other cache type
+    with keys growing along the position axis, quantized ones included) after a one-token forward. Sliding-window
+    layers count as if they grew (an over-estimate past their window)."""
+    caches = new_request_cache(model)
+    mx.eval(model(mx.array([[0]], mx.uint32), cache=caches))
+    total = 0.0
+    for layer in (c for c in caches if hasattr(c, "keys")):  # recurrent layers (ArraysCache) do not grow
+        for array in (a for _, a in tree_flatten(layer.state) if isinstance(a, mx.array) and a.ndim == 4):
+            total += array.nbytes / array.shape[2]  # [batch, heads, positions, dim]: every position alike
+    return max(1, round(total))
+
+
+def device_memory_bytes() -> int:
+    """The memory MLX's device may use: Metal's recommended working set, a GPU's memory, else the machine's RAM
+    (the CPU backend's buffers live there)."""
+    try:
+        info = mx.device_info()
+    except (AttributeError, RuntimeError, ValueError):
+        info = {}
+    for key in ("max_recommended_working_set_size", "memory_size"):
+        if int(info.get(key, 0) or 0) > 0:
+            return int(info[key])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_kv_budget_bytes(memory_fraction: float, prefix_cache_bytes: int) -> int:
+    """`memory_fraction` of the device's memory, less what MLX holds now (call after the weights load: they and
+    other models of this process are in it) and the prefix cache's own budget; at least 0."""
+    usable = int(device_memory_bytes() * memory_fraction)
+    return max(0, usable - mx.get_active_memory() - prefix_cache_bytes)
