@@ -261,7 +261,8 @@ class EngineCore:
 def _kv_budget(loaded: LoadedModel, config: EngineConfig, prefix_cache: PrefixCache | None, draft: LoadedModel | None) -> KVBudget:
     """The running requests' KV budget, reported at load: config.kv_budget_bytes, else kv_memory_fraction of the
     device's memory less what MLX holds now (weights, other models) and the prefix cache's budget."""
-    per_token = kv_bytes_per_token(loaded.model) + (kv_bytes_per_token(draft.model) if draft is not None else 0)
+    per_token = kv_bytes_per_token(loaded.model, config.kv_quantization) + (
+        kv_bytes_per_token(draft.model) if draft is not None else 0)
     budget = config.kv_budget_bytes
     if budget is None:
         budget = default_kv_budget_bytes(config.kv_memory_fraction, prefix_cache.capacity_bytes if prefix_cache else 0)

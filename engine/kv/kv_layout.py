@@ -9,14 +9,15 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from engine.kv.batch_cache import new_request_cache
+from engine.kv.quantized_kv import KVQuantization
 
 
-def kv_bytes_per_token(model: Any) -> int:
+def kv_bytes_per_token(model: Any, quantization: KVQuantization | None = None) -> int:
     """Bytes one position takes across every layer's cache: layers x KV heads x head dim x dtype size x 2 (keys and
     values), read from the caches the model really makes (its dtype, grouped-query heads, and any other cache type
     with keys growing along the position axis, quantized ones included) after a one-token forward. Sliding-window
     layers count as if they grew (an over-estimate past their window)."""
-    caches = new_request_cache(model)
+    caches = new_request_cache(model, quantization)
     mx.eval(model(mx.array([[0]], mx.uint32), cache=caches))
     total = 0.0
     for layer in (c for c in caches if hasattr(c, "keys")):  # recurrent layers (ArraysCache) do not grow

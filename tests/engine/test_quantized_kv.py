@@ -248,3 +248,14 @@ def test_a_batch_grows_past_its_buffer_and_a_fresh_one_starts_empty():
         [mine] = quantized_kv.row_cut(fresh, row, 301)
         for ours, theirs in zip(mine.keys + mine.values, cache.keys + cache.values):
             assert mx.array_equal(ours, theirs[..., :301, :]).item()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_kv_budget_counts_quantized_bytes_per_token(tiny_llama, bits):
+    config = tiny_llama.config
+    layers, kv_heads = config["num_hidden_layers"], config["num_key_value_heads"]
+    scale_bytes = tiny_llama.model.layers[0].self_attn.q_proj.weight.dtype.size  # scales are in the activations' dtype
+    per_layer = KVQuantization(bits, 64).bytes_per_token(kv_heads, HEAD_DIM, scale_bytes)
+    unquantized = EngineCore(tiny_llama, EngineConfig(prefill_step_tokens=0)).stats().kv_bytes_per_token
+    stats = EngineCore(tiny_llama, EngineConfig(kv_bits=bits, prefill_step_tokens=0)).stats()
+    assert stats.kv_bytes_per_token == layers * per_layer < unquantized
