@@ -55,6 +55,7 @@ class ChildOutput:
     log_path: Path
     verbose: bool
     dashboard_url: str | None = None
+    ray_started: bool = False
     tail: list[str] = field(default_factory=list)
 
     def pump(self, stream) -> None:
@@ -63,6 +64,7 @@ class ChildOutput:
                 log.write(line)
                 log.flush()
                 self.tail = (self.tail + [line])[-40:]
+                self.ray_started = self.ray_started or "Started a local Ray instance" in line
                 found = DASHBOARD_LINE.search(ANSI.sub("", line))
                 if found and self.dashboard_url is None:
                     self.dashboard_url = found.group(1).rstrip(".")
@@ -148,7 +150,7 @@ def _wait_healthy(child: subprocess.Popen, target: ServeTarget, output: ChildOut
             print(f"orchard serve: serve run exited with {child.returncode} before the server was ready:\n"
                   + "".join(output.tail[-20:]), file=sys.stderr)
             return False
-        progress, healthy = _progress(target)
+        progress, healthy = _progress(target, output.ray_started)
         if healthy is not None:
             _print_banner(target, healthy, output.dashboard_url, time.monotonic() - started)
             return True
@@ -160,12 +162,12 @@ def _wait_healthy(child: subprocess.Popen, target: ServeTarget, output: ChildOut
     return False
 
 
-def _progress(target: ServeTarget) -> tuple[str, dict | None]:
+def _progress(target: ServeTarget, ray_started: bool) -> tuple[str, dict | None]:
     """What the server is doing, and /health's body once it is ok (or degraded: some model serves)."""
     try:
         health = server_health(target.url, timeout_s=2.0)
-    except ServerError:
-        return "starting Ray and Serve ...", None  # /health answers once Serve's proxy and the ingress run
+    except ServerError:  # /health answers once Serve's proxy and the ingress run
+        return ("Ray is up; Serve is deploying the applications ..." if ray_started else "starting Ray ..."), None
     if health.get("status") in ("ok", "degraded"):
         return "", health
     models = served_models(health)
