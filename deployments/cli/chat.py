@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -129,13 +130,17 @@ def _run_local(args: argparse.Namespace) -> int:
         return 2
     model_id = args.model or ("SmolLM2-135M-Instruct" if args.local == "default" else Path(args.local).name)
     print(f"loading {args.local} in this process ...", file=sys.stderr)
+    logging.getLogger("ray.serve.orchard").setLevel(logging.WARNING)  # the server's per-request lines
+    server = LocalServer([ModelConfig(model_id=model_id, model_path=args.local)])
     try:
-        server = LocalServer([ModelConfig(model_id=model_id, model_path=args.local)]).start()
+        server.start()
     except Exception as exc:  # noqa: BLE001 - whatever the load raised, the user gets one line
         print(f"orchard chat: cannot load {args.local}: {getattr(exc, 'message', None) or exc}", file=sys.stderr)
         return 1
-    with server:
+    try:
         return _chat(args, server.url)
+    finally:
+        server.stop()
 
 
 def _chat(args: argparse.Namespace, url: str) -> int:

@@ -163,14 +163,15 @@ def _wait_healthy(child: subprocess.Popen, target: ServeTarget, output: ChildOut
 
 
 def _progress(target: ServeTarget, ray_started: bool) -> tuple[str, dict | None]:
-    """What the server is doing, and /health's body once it is ok (or degraded: some model serves)."""
+    """What the server is doing, and /health's body once it is ok or degraded (some model serves) and no model is
+    still loading (one that failed shows in the banner)."""
     try:
         health = server_health(target.url, timeout_s=2.0)
     except ServerError:  # /health answers once Serve's proxy and the ingress run
         return ("Ray is up; Serve is deploying the applications ..." if ray_started else "starting Ray ..."), None
-    if health.get("status") in ("ok", "degraded"):
-        return "", health
     models = served_models(health)
+    if health.get("status") in ("ok", "degraded") and not any(m.status == "loading" for m in models):
+        return "", health
     states = ", ".join(f"{m.id} {m.status}" for m in models) or "no model yet"
     return f"loading models: {states}", None
 

@@ -109,6 +109,16 @@ def test_piped_tool_call_is_shown_and_a_refused_request_fails_the_run(server, tm
     assert refused.stderr.startswith("error: ") and "max_tokens" in refused.stderr and "(HTTP 400)" in refused.stderr
 
 
+def test_local_chat_runs_the_model_in_process_with_no_server(server, tiny_models):
+    result = orchard("chat", "--local", str(tiny_models.alpha), "--temperature", "0", "--max-tokens", "6",
+                     stdin="t1 t2\n/model\n")
+    assert result.returncode == 0, result.stderr
+    expected = direct_answer(server, "tiny/alpha", [{"role": "user", "content": "t1 t2"}], 6)  # the same weights
+    assert result.stdout.splitlines() == [expected["choices"][0]["message"]["content"], "[cut at --max-tokens]",
+                                          "* alpha (running)"]
+    assert result.stderr == f"loading {tiny_models.alpha} in this process ...\n"
+
+
 # ---- errors before the shell opens -------------------------------------------------------------
 def test_no_server_is_a_clear_message_and_exit_1():
     result = orchard("chat", "--url", "http://127.0.0.1:9", stdin="t1\n")
