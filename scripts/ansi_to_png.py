@@ -68,7 +68,9 @@ def render(text: str) -> Image.Image:
         runs, style = styled_runs(line, style)
         x = PADDING
         for text_run, run_style in runs:
-            colour = tuple(c // 2 + b // 2 for c, b in zip(run_style.colour, BACKGROUND)) if run_style.dim else run_style.colour
+            colour = run_style.colour
+            if run_style.dim:  # halfway to the background
+                colour = tuple(c // 2 + b // 2 for c, b in zip(colour, BACKGROUND))
             draw.text((x, PADDING + row * cell_h), text_run, font=bold_font if run_style.bold else font, fill=colour)
             x += len(text_run) * cell_w
     return image

@@ -170,7 +170,8 @@ def _open_session(args: argparse.Namespace, url: str) -> Session:
     if args.model is not None and args.model not in {m.id for m in models}:
         raise ServerError(f"no chat model '{args.model}' at {url}; available: {names}")
     if not models:
-        raise ServerError(f"no chat model is loaded at {url} (load one: POST /v1/admin/load-model, or serve_config.yaml)")
+        raise ServerError(f"no chat model is loaded at {url} (load one: POST /v1/admin/load-model, or in "
+                          "serve_config.yaml)")
     fields: dict = {"max_tokens": args.max_tokens}
     if args.temperature is not None:
         fields["temperature"] = args.temperature
@@ -196,7 +197,7 @@ def _loop(session: Session, http: httpx.Client, screen: Screen, read_line: Calla
         if not message.strip():
             continue
         if message.startswith("/"):
-            if _command(session, http, screen, message.strip()) == "exit":
+            if _command(session, screen, message.strip()) == "exit":
                 return 0
             continue
         _ask(session, http, screen, message)
@@ -235,7 +236,7 @@ def _assistant_turn(answer: Answer) -> list[dict]:
     return [{"role": "assistant", "content": answer.text or None, "tool_calls": calls}, *results]
 
 
-def _command(session: Session, http: httpx.Client, screen: Screen, line: str) -> str | None:
+def _command(session: Session, screen: Screen, line: str) -> str | None:
     name, _, argument = line.partition(" ")
     argument = argument.strip()
     if name in ("/exit", "/quit", "/bye"):

@@ -34,7 +34,8 @@ SHUTDOWN_TIMEOUT_S = 60.0
 def add_parser(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="run the server of serve_config.yaml (Ray Serve), Ctrl-C stops it")
     serve.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=f"Serve config (default: {DEFAULT_CONFIG})")
-    serve.add_argument("--verbose", action="store_true", help="show Ray's log in the terminal, not only in the log file")
+    serve.add_argument("--verbose", action="store_true",
+                       help="show Ray's log in the terminal, not only in the log file")
     serve.add_argument("--address", default="local", help="Ray to use (default: a new local Ray, stopped with the "
                        "server; `auto`: a running cluster, left running)")
     serve.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for /health before giving up")
@@ -88,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     output = ChildOutput(_log_path(), args.verbose)
     child = subprocess.Popen(
-        [sys.executable, "-m", "ray.serve.scripts", "run", "--address", args.address, str(target.config_path)], env=_child_env(),
+        [sys.executable, "-m", "ray.serve.scripts", "run", "--address", args.address, str(target.config_path)],
+        env=_child_env(),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         start_new_session=True,  # Ctrl-C reaches us only; we hand it to serve run, which then shuts Serve down
     )

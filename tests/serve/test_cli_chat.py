@@ -81,7 +81,8 @@ def test_piped_chat_answers_as_the_server_does_with_history_stats_and_a_multilin
 
 
 def test_piped_commands_switch_model_set_system_and_clear(server):
-    script = "/model\n/model tiny/nope\n/model tiny/tools\n/system Be brief.\n/system\nt1\n/clear\n/system off\n/exit\nt2\n"
+    script = ("/model\n/model tiny/nope\n/model tiny/tools\n/system Be brief.\n/system\nt1\n/clear\n/system off\n"
+              "/exit\nt2\n")
     result = orchard("chat", "--url", server.url, "--temperature", "0", "--max-tokens", "4", stdin=script)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -103,7 +104,8 @@ def test_piped_tool_call_is_shown_and_a_refused_request_fails_the_run(server, tm
                      "--tool-choice", "required", "--max-tokens", "60", stdin="weather in Paris?\n")
     assert result.returncode == 0, result.stderr
     call = re.fullmatch(r"\[tool call\] get_weather\((.*)\)", result.stdout.splitlines()[0])
-    assert call and call[1].replace(" ", "").startswith('{"city":"'), result.stdout  # a random model's city may run long
+    # the arguments as far as written: a random model's city may run past --max-tokens
+    assert call and call[1].replace(" ", "").startswith('{"city":"'), result.stdout
     refused = orchard("chat", "--url", server.url, "--max-tokens", "0", stdin="t1\n")
     assert refused.returncode == 1 and refused.stdout == ""
     assert refused.stderr.startswith("error: ") and "max_tokens" in refused.stderr and "(HTTP 400)" in refused.stderr
