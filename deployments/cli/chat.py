@@ -145,7 +145,7 @@ def _run_local(args: argparse.Namespace) -> int:
 
 def _chat(args: argparse.Namespace, url: str) -> int:
     try:
-        session = _open_session(args, url.rstrip("/"))
+        session = _open_session(args, url.rstrip("/").removesuffix("/v1"))  # OpenAI clients' base URL works too
     except ServerError as exc:
         print(f"orchard chat: {exc}", file=sys.stderr)
         return 1

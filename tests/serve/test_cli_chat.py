@@ -83,7 +83,7 @@ def test_piped_chat_answers_as_the_server_does_with_history_stats_and_a_multilin
 def test_piped_commands_switch_model_set_system_and_clear(server):
     script = ("/model\n/model tiny/nope\n/model tiny/tools\n/system Be brief.\n/system\nt1\n/clear\n/system off\n"
               "/exit\nt2\n")
-    result = orchard("chat", "--url", server.url, "--temperature", "0", "--max-tokens", "4", stdin=script)
+    result = orchard("chat", "--url", f"{server.url}/v1", "--temperature", "0", "--max-tokens", "4", stdin=script)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[:7] == [
