@@ -10,7 +10,9 @@ import importlib
 from engine.cli import ENGINE_COMMANDS, add_engine_commands, run_engine_command
 
 # Subcommand name -> module under deployments.cli; imported only when used, so `orchard ls` stays fast.
-SERVER_COMMANDS: dict[str, str] = {"top": "top", "bench": "bench"}
+SERVER_COMMANDS: dict[str, str] = {
+    "serve": "serve", "chat": "chat", "top": "top", "bench": "bench", "doctor": "doctor",
+}
 
 
 def _parser() -> argparse.ArgumentParser:

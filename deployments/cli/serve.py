@@ -1,0 +1,206 @@
+"""`orchard serve [serve_config.yaml]`: Ray's own `serve run` in a child process, with Ray kept on loopback, a
+banner once /health is ok, progress while it waits, and a clean Ctrl-C.
+
+Loopback: Ray picks its node address (and with it where GCS, raylet, workers, agents and metrics listen) at
+`import ray`, from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER (ray/_private/ray_constants.py; services.get_node_ip_address
+answers 127.0.0.1 when it is 0, the host's address otherwise on Linux). We set it to 0 for the child, so every Ray
+socket is on loopback (each replica's gRPC server through deployments/ray_loopback.py) and no network namespace is
+needed: a client in another terminal reaches the server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from deployments.cli.server_client import ServerError, served_models, server_health
+
+DEFAULT_CONFIG = "serve_config.yaml"
+DASHBOARD_LINE = re.compile(r"View the dashboard at (\S+)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SHUTDOWN_TIMEOUT_S = 60.0
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser("serve", help="run the server of serve_config.yaml (Ray Serve), Ctrl-C stops it")
+    serve.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=f"Serve config (default: {DEFAULT_CONFIG})")
+    serve.add_argument("--verbose", action="store_true",
+                       help="show Ray's log in the terminal, not only in the log file")
+    serve.add_argument("--address", default="local", help="Ray to use (default: a new local Ray, stopped with the "
+                       "server; `auto`: a running cluster, left running)")
+    serve.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for /health before giving up")
+
+
+@dataclass
+class ServeTarget:
+    config_path: Path
+    host: str
+    port: int
+    url: str
+
+
+@dataclass
+class ChildOutput:
+    """serve run's output, copied to the log file (and the terminal with --verbose) by a reader thread."""
+
+    log_path: Path
+    verbose: bool
+    dashboard_url: str | None = None
+    ray_started: bool = False
+    tail: list[str] = field(default_factory=list)
+
+    def pump(self, stream) -> None:
+        with open(self.log_path, "w") as log:
+            for line in iter(stream.readline, ""):
+                log.write(line)
+                log.flush()
+                self.tail = (self.tail + [line])[-40:]
+                self.ray_started = self.ray_started or "Started a local Ray instance" in line
+                found = DASHBOARD_LINE.search(ANSI.sub("", line))
+                if found and self.dashboard_url is None:
+                    self.dashboard_url = found.group(1).rstrip(".")
+                if self.verbose:
+                    sys.stderr.write(line)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    # Started in the background of a script, SIGINT arrives ignored; `kill` (SIGTERM) stops it as cleanly as Ctrl-C.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        target = _read_target(Path(args.config))
+        _check_port_free(target)
+    except ServerError as exc:
+        print(f"orchard serve: {exc}", file=sys.stderr)
+        return 1
+    output = ChildOutput(_log_path(), args.verbose)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ray.serve.scripts", "run", "--address", args.address, str(target.config_path)],
+        env=_child_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        start_new_session=True,  # Ctrl-C reaches us only; we hand it to serve run, which then shuts Serve down
+    )
+    threading.Thread(target=output.pump, args=(child.stdout,), daemon=True).start()
+    print(f"starting Ray Serve with {target.config_path} (Ray's log: {output.log_path}) ...", flush=True)
+    try:
+        if not _wait_healthy(child, target, output, args.timeout):
+            _stop(child)
+            return 1
+        child.wait()  # until Ctrl-C
+        print(f"orchard serve: serve run exited with {child.returncode}; its log: {output.log_path}", file=sys.stderr)
+        print("".join(output.tail[-20:]), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping: shutting Serve and the Ray it started down ...", flush=True)
+        return 0 if _stop(child) else 1
+
+
+def _read_target(config_path: Path) -> ServeTarget:
+    if not config_path.is_file():
+        raise ServerError(f"no config file {config_path} (run from the repository's root, or name one)")
+    try:
+        config = yaml.safe_load(config_path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ServerError(f"{config_path} is not valid YAML: {exc}") from exc
+    http = config.get("http_options") or {}
+    host, port = str(http.get("host", "127.0.0.1")), int(http.get("port", 8000))
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return ServeTarget(config_path.resolve(), host, port, f"http://{shown}:{port}")
+
+
+def _check_port_free(target: ServeTarget) -> None:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        if probe.connect_ex(("127.0.0.1" if target.host in ("0.0.0.0", "::") else target.host, target.port)) == 0:
+            raise ServerError(f"{target.host}:{target.port} is in use: is a server already running? "
+                              f"(stop it, or set http_options.port in {target.config_path.name})")
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopback (module docstring)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env["PYTHONUNBUFFERED"] = "1"  # the dashboard line and errors arrive as they happen
+    return env
+
+
+def _log_path() -> Path:
+    home = os.environ.get("ORCHARD_HOME")
+    folder = (Path(home) if home else Path.home() / ".cache" / "orchard") / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / "serve.log"
+
+
+def _wait_healthy(child: subprocess.Popen, target: ServeTarget, output: ChildOutput, timeout_s: float) -> bool:
+    started, said = time.monotonic(), ""
+    while time.monotonic() - started < timeout_s:
+        if child.poll() is not None:
+            print(f"orchard serve: serve run exited with {child.returncode} before the server was ready:\n"
+                  + "".join(output.tail[-20:]), file=sys.stderr)
+            return False
+        progress, healthy = _progress(target, output.ray_started)
+        if healthy is not None:
+            _print_banner(target, healthy, output.dashboard_url, time.monotonic() - started)
+            return True
+        if progress != said:
+            print(f"  [{time.monotonic() - started:4.0f} s] {progress}", flush=True)
+            said = progress
+        time.sleep(1.0)
+    print(f"orchard serve: not healthy after {timeout_s:.0f} s; Ray's log: {output.log_path}", file=sys.stderr)
+    return False
+
+
+def _progress(target: ServeTarget, ray_started: bool) -> tuple[str, dict | None]:
+    """What the server is doing, and /health's body once it is ok or degraded (some model serves) and no model is
+    still loading (one that failed shows in the banner)."""
+    try:
+        health = server_health(target.url, timeout_s=2.0)
+    except ServerError:  # /health answers once Serve's proxy and the ingress run
+        return ("Ray is up; Serve is deploying the applications ..." if ray_started else "starting Ray ..."), None
+    models = served_models(health)
+    if health.get("status") in ("ok", "degraded") and not any(m.status == "loading" for m in models):
+        return "", health
+    states = ", ".join(f"{m.id} {m.status}" for m in models) or "no model yet"
+    return f"loading models: {states}", None
+
+
+def _print_banner(target: ServeTarget, health: dict, dashboard_url: str | None, waited_s: float) -> None:
+    models = "\n".join(f"               {m.id} ({m.type}, {m.status})" for m in served_models(health)).lstrip()
+    print(f"""
+  Orchard is ready after {waited_s:.0f} s ({health['status']}).
+    API:       {target.url}/v1  (OpenAI and Anthropic routes; /health, /docs)
+    models:    {models}
+    dashboard: {dashboard_url or "not running (install ray[default] for it)"}
+    chat:      orchard chat           (in another terminal)
+    status:    RAY_AUTH_MODE=token serve status   (Ray 2.60 CLIs need the token mode; the token is ~/.ray/auth_token)
+  Ctrl-C stops it.
+""", flush=True)
+
+
+def _stop(child: subprocess.Popen) -> bool:
+    """SIGINT is `serve run`'s graceful path (serve.shutdown, then the Ray it started exits with it)."""
+    if child.poll() is None:
+        child.send_signal(signal.SIGINT)
+    try:
+        child.wait(timeout=SHUTDOWN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        print(f"serve run did not stop within {SHUTDOWN_TIMEOUT_S:.0f} s: terminating it", file=sys.stderr)
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(timeout=10)
+        return False
+    print("stopped.", flush=True)
+    return True
