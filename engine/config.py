@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequestError
-from engine.kv.quantized_kv import KV_BITS, KV_GROUP_SIZES, KVQuantization
+from engine.kv.quantization import KV_BITS, KV_GROUP_SIZES, KVQuantization
 from engine.spec_decode.config import SpeculativeConfig
 
 MIN_PREFIX_CACHE_BYTES = 1 << 20

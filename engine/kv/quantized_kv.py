@@ -14,7 +14,6 @@ recurrent and vision models are refused at load.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import mlx.core as mx
@@ -23,26 +22,11 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from engine.errors import InvalidRequestError
+from engine.kv.quantization import KV_BITS, KV_GROUP_SIZES, KVQuantization  # noqa: F401  (also this module's API)
 
 LayerCaches = list[Any]
 # (packed uint32 values, scales, biases), each [rows, heads, positions, ...]
 Quantized = tuple[mx.array, mx.array, mx.array]
-
-KV_BITS = (4, 8)
-KV_GROUP_SIZES = (32, 64, 128)
-
-
-@dataclass(frozen=True)
-class KVQuantization:
-    bits: int
-    group_size: int
-
-    def bytes_per_token(self, num_kv_heads: int, head_dim: int, scale_bytes: int = 2) -> int:
-        """Bytes one layer holds per token: keys and values of every KV head, packed at `bits`, plus a scale and
-        a bias (in the activations' dtype, `scale_bytes` each) per group of `group_size`."""
-        per_vector = head_dim * self.bits // 8 + 2 * scale_bytes * (head_dim // self.group_size)
-        return 2 * num_kv_heads * per_vector
-
 
 def new_quantized_request_cache(model: Any, quantization: KVQuantization) -> LayerCaches:
     check_quantizable(model, quantization)
