@@ -38,6 +38,12 @@ def check_quantizable(model: Any, quantization: KVQuantization, vision: bool = F
     do not divide."""
     if vision:
         raise InvalidRequestError("'kv_bits' is not supported for vision-language models yet", param="kv_bits")
+    if mx.cuda.is_available() and mx.default_device().type == mx.DeviceType.gpu:
+        # Measured on an H100 (MLX 0.32.4): mlx-lm's quantized attention broadcasts the keys over query heads, and
+        # CUDA's quantized_matmul has no kernel for that ("No implementation for problem shape: 16x16x128x16").
+        raise InvalidRequestError(
+            "'kv_bits' needs quantized attention, which MLX's CUDA backend cannot run yet; it works on Apple "
+            "silicon (Metal) and on the CPU", param="kv_bits")
     layers = make_prompt_cache(model)
     kinds = sorted({type(layer).__name__ for layer in layers if type(layer) is not KVCache})
     if not layers or kinds:
