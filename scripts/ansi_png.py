@@ -1,8 +1,11 @@
 """A terminal's screen as PNG, for the screenshots under docs/screenshots: reads what `tmux capture-pane -p -e`
-printed (text with ANSI colours) and draws it cell by cell in DejaVu Sans Mono on a dark theme.
+printed (text with ANSI escapes) and draws it cell by cell in DejaVu Sans Mono on a dark theme.
 
     tmux capture-pane -p -e -t SESSION > screen.ansi
     python scripts/ansi_png.py screen.ansi docs/screenshots/top.png
+
+Regenerate the committed ones from their captures:
+    for n in chat top bench; do python scripts/ansi_png.py docs/screenshots/$n.ansi docs/screenshots/$n.png; done
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
 
 
 def render(ansi: str, out: Path, theme: TerminalTheme = MONOKAI, font_size: int = 15, pad: int = 14) -> None:
-    lines = ansi.rstrip().split("\n")
-    texts = [Text.from_ansi(line) for line in lines]
+    # decoded as one text: tmux writes a style only where it changes, so a style may carry over a line break
+    texts = Text.from_ansi(ansi).split("\n", allow_blank=True)
+    while texts and not texts[-1].plain.strip():
+        texts.pop()
     regular = ImageFont.truetype(str(FONT_DIR / "DejaVuSansMono.ttf"), font_size)
     bold = ImageFont.truetype(str(FONT_DIR / "DejaVuSansMono-Bold.ttf"), font_size)
     cell_w, cell_h = regular.getlength("M"), round(font_size * 1.4)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from deployments.cli.server_url import DEFAULT_URL
+from deployments.cli.server_client import DEFAULT_URL
 
 WORKLOAD_NAMES = ("chat", "same", "long", "burst")  # bench_run.WORKLOADS maps them to bench/serving's
 

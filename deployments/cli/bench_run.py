@@ -35,7 +35,7 @@ from bench.serving.load import (
 from bench.serving.tables import Table, burst_table, long_table, show, sweep_table
 from bench.serving.workloads import SWEEP_WORKLOADS, LoadSettings
 from deployments.cli.bench import WORKLOAD_NAMES
-from deployments.cli.server_url import (
+from deployments.cli.server_client import (
     auth_headers,
     base_url,
     is_loopback,

@@ -20,7 +20,7 @@ from deployments.cli.chat_stream import Answer, AnswerError, AnswerStats, stream
 from deployments.cli.server_client import (
     ServedModel,
     ServerError,
-    api_key_headers,
+    auth_headers,
     default_url,
     served_models,
     server_health,
@@ -155,7 +155,7 @@ def _chat(args: argparse.Namespace, url: str) -> int:
     read_line = _terminal_reader(screen) if interactive else _pipe_reader
     if interactive:
         screen.note(f"orchard chat: {session.model} at {session.url}. /help for commands, Ctrl-D to quit.")
-    with httpx.Client(headers=api_key_headers(args.api_key), timeout=httpx.Timeout(600, connect=5)) as http:
+    with httpx.Client(headers=auth_headers(args.api_key), timeout=httpx.Timeout(600, connect=5)) as http:
         try:
             status = _loop(session, http, screen, read_line)
             return 1 if status == 0 and session.failed_answers and not interactive else status

@@ -134,6 +134,8 @@ def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopback (module docstring)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray starts workers, and so each model's engine process, at nice 15; unprivileged, they cannot come back down
+    env.setdefault("RAY_worker_niceness", "0")
     env["PYTHONUNBUFFERED"] = "1"  # the dashboard line and errors arrive as they happen
     return env
 

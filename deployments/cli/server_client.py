@@ -1,17 +1,27 @@
-"""A small HTTP client for the `orchard` commands that talk to a running server: /health and its models."""
+"""How the `orchard` commands reach a running server: its base URL, whether it is this machine, its key, and
+reads of /health and its models."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+# The client's key for servers started with api_keys / ORCHARD_API_KEYS (the server's variable holds a list).
+API_KEY_ENV = "ORCHARD_API_KEY"
 
 
 class ServerError(Exception):
     """Something the user can act on, said in one message (no traceback)."""
+
+
+class ServerUnreachable(Exception):
+    """Nothing answers at the URL (refused, timed out, not HTTP)."""
 
 
 @dataclass(frozen=True)
@@ -29,8 +39,35 @@ def default_url() -> str:
     return os.environ.get("ORCHARD_URL", DEFAULT_URL)
 
 
-def api_key_headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def base_url(url: str) -> str:
+    """`http://host:port` without a trailing slash or a trailing /v1 (OpenAI clients' habit)."""
+    url = url.strip().rstrip("/")
+    url = url.removesuffix("/v1")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return url
+
+
+def is_loopback(url: str) -> bool:
+    """True when every address the URL's host resolves to is a loopback one (127.0.0.0/8, ::1)."""
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    addresses = {info[4][0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The key given, else $ORCHARD_API_KEY's; none when both are empty."""
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def not_running_message(url: str) -> str:
+    return f"no Orchard server answers at {url}: start one with `orchard serve` (or `serve run serve_config.yaml`)"
 
 
 def unreachable_message(url: str, exc: httpx.HTTPError) -> str:
@@ -41,7 +78,8 @@ def unreachable_message(url: str, exc: httpx.HTTPError) -> str:
 def server_health(url: str, api_key: str | None = None, timeout_s: float = 5.0) -> dict:
     """The body of GET /health (200 ok/degraded or 503 unhealthy both carry it); ServerError if nothing answers."""
     try:
-        response = httpx.get(f"{url}/health", headers=api_key_headers(api_key), timeout=timeout_s)
+        # /health is open to callers without a key, so $ORCHARD_API_KEY's going along changes nothing there
+        response = httpx.get(f"{url}/health", headers=auth_headers(api_key), timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise ServerError(unreachable_message(url, exc)) from exc
     if response.status_code not in (200, 503):

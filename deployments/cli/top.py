@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from deployments.cli.server_url import (
+from deployments.cli.server_client import (
     DEFAULT_URL,
     ServerUnreachable,
     auth_headers,

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from deployments.cli.server_url import ServerUnreachable, not_running_message
+from deployments.cli.server_client import ServerUnreachable, not_running_message
 from deployments.metrics.families import (
     ENGINE_RESTARTS,
     GENERATION_TOKENS,

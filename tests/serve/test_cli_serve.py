@@ -94,6 +94,17 @@ def alive(pids) -> list[int]:
     return [pid for pid in pids if Path(f"/proc/{pid}").exists() and "(Z)" not in _state(pid)]
 
 
+def niceness(pids) -> dict[int, int]:
+    """pid -> nice value (field 19 of /proc/<pid>/stat) of those still there."""
+    nice = {}
+    for pid in pids:
+        try:
+            nice[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+        except OSError:
+            continue
+    return nice
+
+
 def _state(pid: int) -> str:
     try:
         return "(" + Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] + ")"
@@ -106,7 +117,8 @@ def test_serve_prints_its_banner_once_healthy_and_stops_cleanly_on_ctrl_c(tiny_m
     config = write_config(tmp_path, port, tiny_models.alpha)
     home = tmp_path / "home"
     env = {**os.environ, **TEST_RAY_ENV, "ORCHARD_HOME": str(home)}
-    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # orchard serve sets it for its Ray
+    for variable in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_worker_niceness"):  # orchard serve sets them
+        env.pop(variable, None)
     child = subprocess.Popen([*ORCHARD, "serve", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, cwd=REPO, env=env)
     output = Lines(child.stdout)
@@ -123,6 +135,10 @@ def test_serve_prints_its_banner_once_healthy_and_stops_cleanly_on_ctrl_c(tiny_m
         assert health.status_code == 200 and health.json()["status"] == "ok"
         started = descendants(child.pid)
         assert any("gcs_server" in command for command in started.values()), started  # its own Ray
+        workers = [pid for pid, command in started.items() if command.startswith("ray::")]  # Ray's process titles
+        assert any("ServeReplica:tiny" in started[pid] for pid in workers), started
+        # Ray's default would be our niceness + 15; RAY_worker_niceness=0 leaves the workers at ours
+        assert set(niceness(workers).values()) == {os.getpriority(os.PRIO_PROCESS, 0)}, niceness(workers)
         child.send_signal(signal.SIGINT)
         assert child.wait(timeout=120) == 0
     finally:
