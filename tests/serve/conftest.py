@@ -1,4 +1,5 @@
-"""Fixtures for the serving tests: tiny model folders, an in-process stack, one Ray Serve cluster per session."""
+"""Fixtures for the serving tests: tiny model folders, an in-process stack, one Ray Serve cluster per session and the
+Ray graph most graph modules share."""
 
 from __future__ import annotations
 
@@ -99,6 +100,9 @@ def deploy_graph(schema) -> None:
 @dataclass
 class ServeCluster:
     port: int
+    # The shared graph's Serve config once it is deployed (tests/serve/shared_graph.py): a module that restarts
+    # Serve deploys it again.
+    shared_schema: dict | None = None
 
     @property
     def base_url(self) -> str:
@@ -158,3 +162,15 @@ def serve_cluster():
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shared_graph(serve_cluster, tiny_models, tmp_path_factory):
+    """The graph most graph modules share (tests/serve/shared_graph.py), started at its first use."""
+    from tests.serve.shared_graph import SharedGraph, deploy_shared_graph, shared_graph_config
+
+    root = tmp_path_factory.mktemp("shared-graph")
+    schema = shared_graph_config(tiny_models, root)
+    deploy_shared_graph(schema, serve_cluster.base_url)
+    serve_cluster.shared_schema = schema
+    return SharedGraph(serve_cluster, root / "state", schema)
