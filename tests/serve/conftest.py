@@ -139,11 +139,15 @@ def start_ray_serve() -> int:
 # - Ray starts its workers (Serve's proxy, the ingress, model replicas and so their engine processes) at nice 15:
 #   beside any busy process of normal priority they got a sliver of the CPU, and the graph tests took 25 minutes;
 # - Serve kills a proxy that is not ready within 5 s (then 10, 15, ...) or misses a 10 s health check, which a busy
-#   2-core machine exceeded, failing serve.start.
+#   2-core machine exceeded, failing serve.start;
+# - Serve starts a replica whose constructor raised 3 times before it calls the deployment failed; the tests that
+#   deploy one on purpose (a broken model, an ingress refusing to start) waited through 2 more starts of ~4 s.
+#   No replica here fails its constructor by chance: nothing in one times out.
 TEST_RAY_ENV = {
     "RAY_worker_niceness": "0",
     "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
     "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT": "1",
 }
 
 
@@ -162,6 +166,23 @@ def serve_cluster():
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+RESTARTS_SERVE = "restarts_serve"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{RESTARTS_SERVE}: restarts Ray Serve with only the applications it needs "
+                                       "(not the whole shared graph); runs after every test of the shared graph")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked restarts_serve move to just after the last test that uses the shared graph."""
+    restarting = [item for item in items if item.get_closest_marker(RESTARTS_SERVE)]
+    rest = [item for item in items if not item.get_closest_marker(RESTARTS_SERVE)]
+    users = [i for i, item in enumerate(rest) if "shared_graph" in getattr(item, "fixturenames", ())]
+    at = users[-1] + 1 if users else len(rest)
+    items[:] = rest[:at] + restarting + rest[at:]
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,9 @@ LIMIT = 64 * 1024
 def _ingress_schema(state_dir, **args):
     from ray.serve.schema import ServeDeploySchema
 
+    # rag: null: no RAG deployment to start beside the ingress (nor to keep documents in ~/.cache).
     ingress = {"name": "orchard", "route_prefix": "/", "import_path": "deployments.app:build_app",
-               "args": {"state_dir": str(state_dir), "status_poll_interval_s": 0.5, **args}}
+               "args": {"state_dir": str(state_dir), "status_poll_interval_s": 0.5, "rag": None, **args}}
     return ServeDeploySchema.model_validate({"applications": [ingress]})
 
 
