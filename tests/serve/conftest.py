@@ -141,7 +141,7 @@ def start_ray_serve() -> int:
 # - Serve kills a proxy that is not ready within 5 s (then 10, 15, ...) or misses a 10 s health check, which a busy
 #   2-core machine exceeded, failing serve.start;
 # - Serve starts a replica whose constructor raised 3 times before it calls the deployment failed; the tests that
-#   deploy one on purpose (a broken model, an ingress refusing to start) waited through 2 more starts of ~4 s.
+#   deploy one on purpose (a broken model, an ingress refusing to start) waited through 2 more failing starts.
 #   No replica here fails its constructor by chance: nothing in one times out.
 TEST_RAY_ENV = {
     "RAY_worker_niceness": "0",
