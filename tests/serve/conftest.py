@@ -1,4 +1,5 @@
-"""Fixtures for the serving tests: tiny model folders, an in-process stack, one Ray Serve cluster per session."""
+"""Fixtures for the serving tests: tiny model folders, an in-process stack, one Ray Serve cluster per session and the
+Ray graph most graph modules share."""
 
 from __future__ import annotations
 
@@ -99,6 +100,9 @@ def deploy_graph(schema) -> None:
 @dataclass
 class ServeCluster:
     port: int
+    # The shared graph's Serve config once it is deployed (tests/serve/shared_graph.py): a module that restarts
+    # Serve deploys it again.
+    shared_schema: dict | None = None
 
     @property
     def base_url(self) -> str:
@@ -135,11 +139,15 @@ def start_ray_serve() -> int:
 # - Ray starts its workers (Serve's proxy, the ingress, model replicas and so their engine processes) at nice 15:
 #   beside any busy process of normal priority they got a sliver of the CPU, and the graph tests took 25 minutes;
 # - Serve kills a proxy that is not ready within 5 s (then 10, 15, ...) or misses a 10 s health check, which a busy
-#   2-core machine exceeded, failing serve.start.
+#   2-core machine exceeded, failing serve.start;
+# - Serve starts a replica whose constructor raised 3 times before it calls the deployment failed; the tests that
+#   deploy one on purpose (a broken model, an ingress refusing to start) waited through 2 more failing starts.
+#   No replica here fails its constructor by chance: nothing in one times out.
 TEST_RAY_ENV = {
     "RAY_worker_niceness": "0",
     "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
     "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT": "1",
 }
 
 
@@ -158,3 +166,32 @@ def serve_cluster():
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+RESTARTS_SERVE = "restarts_serve"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{RESTARTS_SERVE}: restarts Ray Serve with only the applications it needs "
+                                       "(not the whole shared graph); runs after every test of the shared graph")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked restarts_serve move to just after the last test that uses the shared graph."""
+    restarting = [item for item in items if item.get_closest_marker(RESTARTS_SERVE)]
+    rest = [item for item in items if not item.get_closest_marker(RESTARTS_SERVE)]
+    users = [i for i, item in enumerate(rest) if "shared_graph" in getattr(item, "fixturenames", ())]
+    at = users[-1] + 1 if users else len(rest)
+    items[:] = rest[:at] + restarting + rest[at:]
+
+
+@pytest.fixture(scope="session")
+def shared_graph(serve_cluster, tiny_models, tmp_path_factory):
+    """The graph most graph modules share (tests/serve/shared_graph.py), started at its first use."""
+    from tests.serve.shared_graph import SharedGraph, deploy_shared_graph, shared_graph_config
+
+    root = tmp_path_factory.mktemp("shared-graph")
+    schema = shared_graph_config(tiny_models, root)
+    deploy_shared_graph(schema, serve_cluster.base_url)
+    serve_cluster.shared_schema = schema
+    return SharedGraph(serve_cluster, root / "state", schema)

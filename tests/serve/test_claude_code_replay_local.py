@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 
 from deployments.config import ModelConfig
 from tests.serve.local_stack import local_stack
-from tests.support.tiny_models import write_smollm2_tokenizer_model
+from tests.support.tiny_models import NARROW_ATTENTION, write_smollm2_tokenizer_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agents" / "claude_code"
 CAPTURED = sorted(FIXTURES.glob("*/*.json"))
@@ -31,7 +31,8 @@ EVENTS = TypeAdapter(RawMessageStreamEvent)
 
 
 def tiny_model(tmp_path_factory, template: Path | None = None) -> ModelConfig:
-    folder = write_smollm2_tokenizer_model(tmp_path_factory.mktemp("claude-code"), seed=2, scale=3.0)
+    folder = write_smollm2_tokenizer_model(tmp_path_factory.mktemp("claude-code"), NARROW_ATTENTION, seed=2,
+                                           scale=3.0)
     return ModelConfig(model_id=MODEL, model_path=str(folder), context_length=32768,
                        chat_template_file=None if template is None else str(template))
 

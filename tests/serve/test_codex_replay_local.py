@@ -15,7 +15,7 @@ import pytest
 from deployments.config import ModelConfig
 from tests.serve.local_stack import local_stack
 from tests.serve.test_responses_local import follows_the_grammar, named_events
-from tests.support.tiny_models import write_smollm2_tokenizer_model
+from tests.support.tiny_models import NARROW_ATTENTION, write_smollm2_tokenizer_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agents" / "codex"
 CAPTURED = sorted(FIXTURES.glob("*/*.json"))
@@ -28,7 +28,7 @@ DROPPED_HEADERS = {"host", "content-length", "connection", "accept-encoding", "a
 
 @pytest.fixture(scope="module")
 def chatml(tmp_path_factory) -> ModelConfig:
-    folder = write_smollm2_tokenizer_model(tmp_path_factory.mktemp("codex"), seed=2, scale=3.0)
+    folder = write_smollm2_tokenizer_model(tmp_path_factory.mktemp("codex"), NARROW_ATTENTION, seed=2, scale=3.0)
     return ModelConfig(model_id=MODEL, model_path=str(folder), context_length=32768,
                        default_max_tokens=DEFAULT_MAX_TOKENS)
 

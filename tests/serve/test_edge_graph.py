@@ -3,7 +3,8 @@ controller and refuses to start beyond loopback with the admin API on and no adm
 act through Serve's HTTP proxy.
 
 Serve is restarted on 0.0.0.0 for this module (inside the loopback-only namespace that is still loopback only),
-then put back on 127.0.0.1 for the rest of the session.
+then put back on 127.0.0.1 for the rest of the session, with the shared graph (tests/serve/shared_graph.py) deployed
+again if it was running.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from tests.serve.conftest import GRAPH_START_S, ServeCluster, deploy_graph, wait_until
+from tests.serve.shared_graph import deploy_shared_graph
 
 ADMIN = "sk-graph-admin"
 INFERENCE = "sk-graph-inference"
@@ -24,8 +26,9 @@ LIMIT = 64 * 1024
 def _ingress_schema(state_dir, **args):
     from ray.serve.schema import ServeDeploySchema
 
+    # rag: null: no RAG deployment to start beside the ingress (nor to keep documents in ~/.cache).
     ingress = {"name": "orchard", "route_prefix": "/", "import_path": "deployments.app:build_app",
-               "args": {"state_dir": str(state_dir), "status_poll_interval_s": 0.5, **args}}
+               "args": {"state_dir": str(state_dir), "status_poll_interval_s": 0.5, "rag": None, **args}}
     return ServeDeploySchema.model_validate({"applications": [ingress]})
 
 
@@ -40,6 +43,8 @@ def serve_on_all_interfaces(serve_cluster) -> ServeCluster:
     finally:
         serve.shutdown()
         serve.start(http_options={"host": "127.0.0.1", "port": serve_cluster.port})
+        if serve_cluster.shared_schema is not None:
+            deploy_shared_graph(serve_cluster.shared_schema, serve_cluster.base_url)
 
 
 def test_beyond_loopback_admin_without_its_key_refuses_to_start(serve_on_all_interfaces, tmp_path):

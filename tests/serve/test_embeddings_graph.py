@@ -1,41 +1,28 @@
-"""Embeddings through the real graph (serve_config.yaml's ingress and embedder on Ray Serve): the embedded
-all-MiniLM-L6-v2 as its own application (model_path: default-embedding): the openai client's embeddings.create over HTTP, the model's type
-in loaded-models, a chat request refused, and concurrent requests batched (fewer encode calls, same vectors)."""
+"""Embeddings through the real graph (serve_config.yaml's ingress and embedder on Ray Serve, in the session's shared
+graph): the embedded all-MiniLM-L6-v2 as its own application (model_path: default-embedding): the openai client's
+embeddings.create over HTTP, the model's type in loaded-models, a chat request refused, and concurrent requests
+batched (fewer encode calls, same vectors)."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import numpy as np
 import openai
 import pytest
-import yaml
 
 pytest.importorskip("sentence_transformers", reason="the 'embeddings' extra is not installed")
 
-from deployments.config import serve_app_name  # noqa: E402
-from tests.serve.conftest import GRAPH_START_S, deploy_graph, model_running, wait_until  # noqa: E402
+from tests.serve.shared_graph import EMBEDDER as MODEL  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = "all-MiniLM-L6-v2"
 CONCURRENT_REQUESTS = 256
 
 
 @pytest.fixture(scope="module")
-def base_url(serve_cluster, tmp_path_factory) -> str:
-    from ray.serve.schema import ServeDeploySchema
-
-    root = tmp_path_factory.mktemp("embeddings-graph")
-    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    ingress, _, embedder = config["applications"]  # the chat model (SmolLM2) is left out: not needed here
-    ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5)
-    assert embedder["name"] == serve_app_name(MODEL) and embedder["args"]["model_path"] == "default-embedding"
-    deploy_graph(ServeDeploySchema.model_validate({"applications": [ingress, embedder]}))
-    with httpx.Client(base_url=serve_cluster.base_url, timeout=60) as http:
-        wait_until(lambda: model_running(http, MODEL, "embedding"), GRAPH_START_S, what=f"{MODEL} running")
-    return serve_cluster.base_url
+def base_url(shared_graph) -> str:
+    """The shared graph, whose embedder is serve_config.yaml's own entry (model_path: default-embedding)."""
+    return shared_graph.url
 
 
 def test_openai_embeddings_in_every_input_form(base_url):

@@ -1,78 +1,44 @@
-"""RAG through the real graph (serve_config.yaml on Ray Serve): the RAG deployment beside the ingress reaches the
-embedded all-MiniLM-L6-v2 and a tiny chat model through their Serve handles. Uploads, answers streamed and not,
-parallel uploads and queries, a 200 MB upload refused before it is read, and a restart of the whole graph that
-leaves the documents and the answers as they were, and brings back a model loaded through the admin API."""
+"""RAG through the real graph (serve_config.yaml on Ray Serve, the session's shared graph): the RAG deployment beside
+the ingress reaches the embedded all-MiniLM-L6-v2 and a tiny chat model through their Serve handles. Uploads, answers
+streamed and not, parallel uploads and queries, a 200 MB upload refused before it is read, and a restart of Serve (the
+last test of the shared graph) that leaves the documents and the answers as they were, and brings back a model loaded
+through the admin API."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 pytest.importorskip("sentence_transformers", reason="the 'embeddings' extra is not installed")
 
 from deployments.config import serve_app_name  # noqa: E402
 from tests.rag.town_guide import town_guide_pdf  # noqa: E402
 from tests.serve.conftest import GRAPH_START_S, deploy_graph, model_running, wait_until  # noqa: E402
+from tests.serve.shared_graph import ALPHA as CHAT_MODEL  # noqa: E402
+from tests.serve.shared_graph import EMBEDDER, INGRESS_APP, SharedGraph  # noqa: E402
 from tests.support.pdfs import make_pdf  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-EMBEDDER = "all-MiniLM-L6-v2"
-CHAT_MODEL = "tiny/alpha"
 LOADED_MODEL = "tiny/gamma"  # loaded through the admin API: the ingress restores it after a restart
 TWO_HUNDRED_MB = 200 * 1024 * 1024
 PARALLEL_UPLOADS = 10
 QUESTION = "Which platform does the night train leave from?"
 
 
-@dataclass
-class RagGraph:
-    base_url: str
-    port: int
-    schema: dict
-
-
-def rag_graph_config(tiny_models, root: Path) -> dict:
-    """serve_config.yaml's ingress (its RAG deployment on a temporary folder) and embedder, and its model entry
-    copied onto a tiny chat model."""
-    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    ingress, model_template, embedder = config["applications"]
-    # Admin loads take folders under model_roots only: the tiny models' folder.
-    ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5,
-                           rag={"storage_dir": str(root / "rag")}, model_roots=[str(tiny_models.alpha.parent)])
-    chat = copy.deepcopy(model_template)
-    chat["name"] = serve_app_name(CHAT_MODEL)
-    chat["args"].update(model_id=CHAT_MODEL, model_path=str(tiny_models.alpha), context_length=4096)
-    return {"applications": [ingress, chat, embedder]}
-
-
-def start(schema: dict, base_url: str) -> None:
-    from ray.serve.schema import ServeDeploySchema
-
-    deploy_graph(ServeDeploySchema.model_validate(schema))
-    with httpx.Client(base_url=base_url, timeout=60) as http:
-        wait_until(lambda: model_running(http, EMBEDDER, "embedding") and model_running(http, CHAT_MODEL),
-                   GRAPH_START_S, what="the embedder and the chat model running")
-
-
 @pytest.fixture(scope="module")
-def rag_graph(serve_cluster, tiny_models, tmp_path_factory) -> RagGraph:
-    schema = rag_graph_config(tiny_models, tmp_path_factory.mktemp("rag-graph"))
-    start(schema, serve_cluster.base_url)
-    return RagGraph(serve_cluster.base_url, serve_cluster.port, schema)
+def rag_graph(shared_graph) -> SharedGraph:
+    """The shared graph: its ingress's RAG deployment keeps documents in a temporary folder and answers with
+    tiny/alpha (context 4096); admin loads take folders under the tiny models' folder."""
+    return shared_graph
 
 
-def http_client(graph: RagGraph) -> httpx.Client:
-    return httpx.Client(base_url=graph.base_url, timeout=300)
+def http_client(graph: SharedGraph) -> httpx.Client:
+    return httpx.Client(base_url=graph.url, timeout=300)
 
 
 def upload(http: httpx.Client, filename: str, data: bytes) -> httpx.Response:
@@ -172,10 +138,19 @@ def loaded_model_status(http: httpx.Client) -> dict | None:
     return next((m for m in data if m["id"] == LOADED_MODEL), None)
 
 
+def rag_applications(schema: dict) -> dict:
+    """The shared graph's applications RAG needs: the ingress (with its RAG deployment), the chat model, the embedder."""
+    needed = {INGRESS_APP, serve_app_name(CHAT_MODEL), serve_app_name(EMBEDDER)}
+    return {"applications": [app for app in schema["applications"] if app["name"] in needed]}
+
+
+@pytest.mark.restarts_serve
 def test_restart_keeps_documents_answers_and_loaded_models(rag_graph, tiny_models):
-    """Runs last in this module: it tears the graph down and deploys the same configuration again. Run-time apps
-    vanish when Serve restarts: the ingress restores the one loaded through the admin API from its state_dir."""
+    """Tears the shared graph down and deploys its ingress, chat model and embedder again (what RAG needs: the
+    others would only add to the start), so it runs after every other test of the shared graph. Run-time apps vanish
+    when Serve restarts: the ingress restores the one loaded through the admin API from its state_dir."""
     from ray import serve
+    from ray.serve.schema import ServeDeploySchema
 
     with http_client(rag_graph) as http:
         accepted = http.post("/v1/admin/load-model", json={"model_id": LOADED_MODEL, "model_path": str(tiny_models.gamma)})
@@ -188,9 +163,12 @@ def test_restart_keeps_documents_answers_and_loaded_models(rag_graph, tiny_model
     serve.shutdown()
     assert serve.status().applications == {}
     serve.start(http_options={"host": "127.0.0.1", "port": rag_graph.port})
-    assert LOADED_MODEL not in {app["args"].get("model_id") for app in rag_graph.schema["applications"]}
-    start(rag_graph.schema, rag_graph.base_url)
+    restarted = rag_applications(rag_graph.schema)
+    assert LOADED_MODEL not in {app["args"].get("model_id") for app in restarted["applications"]}
+    deploy_graph(ServeDeploySchema.model_validate(restarted))
     with http_client(rag_graph) as http:
+        wait_until(lambda: model_running(http, EMBEDDER, "embedding") and model_running(http, CHAT_MODEL),
+                   GRAPH_START_S, what="the embedder and the chat model running")
         documents_after = http.get("/v1/rag/documents").json()
         whole_after, streamed_after = answer_pair(http, file_id)
         wait_until(lambda: model_running(http, LOADED_MODEL), GRAPH_START_S, what=f"{LOADED_MODEL} restored")

@@ -1,4 +1,5 @@
-"""The real graph: serve_config.yaml's applications (with tiny models) on Ray Serve, driven by the openai client.
+"""The real graph: serve_config.yaml's applications (with tiny models) on Ray Serve, driven by the openai client; the
+session's shared graph (tests/serve/shared_graph.py), whose other models these tests leave alone.
 
 Run inside a loopback-only network namespace (scripts/loopback.sh): Ray binds the host interface
 otherwise. Everything here talks to 127.0.0.1 only; one Ray instance serves the whole session.
@@ -8,96 +9,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import httpx
 import openai
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.config import MODEL_SERVER_DEPLOYMENT, serve_app_name
-from tests.serve.conftest import GRAPH_START_S, ServeCluster, TinyModels, deploy_graph, wait_until
+from tests.serve.conftest import GRAPH_START_S, wait_until
+from tests.serve.shared_graph import ALPHA, ALPHA_CONTEXT, BETA, INGRESS_APP
+from tests.serve.shared_graph import SharedGraph as Graph
 from tests.support.sockets import listening_sockets
 
-REPO = Path(__file__).resolve().parents[2]
-ALPHA = "tiny/alpha"  # an id with "/" on purpose
-BETA = "tiny-beta"
 GAMMA = "tiny/gamma"
 BROKEN = "tiny-broken"
-INGRESS_APP = "orchard"  # serve_config.yaml's name for the ingress application
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 CHAT = [{"role": "user", "content": "t1 t2 t3"}]
-ALPHA_CONTEXT = 4096
 LONG = 60000  # max_tokens of streams the tests hold open (never reached)
 
 
-@dataclass
-class Graph:
-    cluster: ServeCluster
-    state_dir: Path
-
-    @property
-    def url(self) -> str:
-        return self.cluster.base_url
-
-    def openai(self) -> openai.OpenAI:
-        # max_retries=0: the client would otherwise retry 429/503 itself and hide them.
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
-
-    def async_openai(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=60)
-
-
-def serve_config_for_tests(models: TinyModels, state_dir: Path) -> dict:
-    """serve_config.yaml itself, its model entry copied onto two tiny models (same builder, same fields)."""
-    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    ingress, model_template, *_ = config["applications"]
-    # Admin loads take folders under model_roots only: the tiny models' folder.
-    ingress["args"].update(state_dir=str(state_dir), status_poll_interval_s=0.5, model_roots=[str(models.alpha.parent)])
-
-    def model_app(name: str, path: Path, advanced: dict | None = None, **overrides) -> dict:
-        app = copy.deepcopy(model_template)
-        app["name"] = serve_app_name(name)
-        app["args"].update(model_id=name, model_path=str(path), **overrides)
-        app["args"].setdefault("advanced", {}).update(advanced or {})
-        return app
-
-    # alpha's context is cut to 4096 tokens; beta holds at most 2 requests, so a third is refused with 429.
-    # alpha streams over its stream channel (the default), beta through Ray's handle.
-    alpha = model_app(ALPHA, models.alpha, context_length=ALPHA_CONTEXT)
-    beta = model_app(BETA, models.beta, max_num_seqs=2, advanced={"stream_channel": False})
-    return {"applications": [ingress, alpha, beta]}
-
-
 @pytest.fixture(scope="module")
-def graph(serve_cluster, tiny_models, tmp_path_factory) -> Graph:
-    from ray.serve.schema import ServeDeploySchema
-
-    state_dir = tmp_path_factory.mktemp("orchard-state")
-    schema = ServeDeploySchema.model_validate(serve_config_for_tests(tiny_models, state_dir))
-    deploy_graph(schema)
-    graph = Graph(serve_cluster, state_dir)
-    with graph.http() as http:
-        wait_until(lambda: _all_running(http, {ALPHA, BETA}), GRAPH_START_S, what="both models running")
-    return graph
-
-
-def _all_running(http: httpx.Client, model_ids: set[str]) -> bool:
-    response = http.get("/v1/admin/loaded-models")
-    running = {m["id"] for m in response.json()["data"] if m["status"] == "running"}
-    return response.status_code == 200 and model_ids <= running
+def graph(shared_graph) -> Graph:
+    """The shared graph: alpha (context cut to 4096, streams over its stream channel) and beta (at most 2 requests,
+    streams through Ray's handle) among its models."""
+    return shared_graph
 
 
 def _queue_row(http: httpx.Client, model_id: str) -> dict:

@@ -1,13 +1,12 @@
 """Tools, reasoning and the Anthropic Messages API end to end: serve_config's graph on Ray Serve with a
 tiny model speaking SmolLM2's real tokenizer and a Qwen3 tool template, driven by the official
-`openai` and `anthropic` clients, and the Responses API's Codex-style tool loop on the same graph. Forced calls
-(tool_choice required / any) rely on the engine's structured-output masks: a random model writes a valid call only
-through them.
+`openai` and `anthropic` clients, and the Responses API's Codex-style tool loop on the same graph (the session's
+shared graph, tests/serve/shared_graph.py). Forced calls (tool_choice required / any) rely on the engine's
+structured-output masks: a random model writes a valid call only through them.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,18 +16,13 @@ import httpx
 import jsonschema
 import openai
 import pytest
-import yaml
 from pydantic import TypeAdapter
 
-from deployments.config import serve_app_name
-from tests.serve.conftest import GRAPH_START_S, ServeCluster, deploy_graph, model_running, wait_until
-from tests.support.tiny_models import write_smollm2_tokenizer_model
+from tests.serve.shared_graph import TOOLS as MODEL
+from tests.serve.shared_graph import TOOLS_CONTEXT as CONTEXT
+from tests.serve.shared_graph import SharedGraph
 
-REPO = Path(__file__).resolve().parents[2]
-TEMPLATE = REPO / "tests" / "support" / "qwen3_tools.jinja"
 CLAUDE_CODE_REQUEST = Path(__file__).parent / "data" / "claude_code_request.json"
-MODEL = "tiny/tools"
-CONTEXT = 1536
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "enum": ["Paris", "Berlin", "Tokyo"]},
@@ -47,37 +41,11 @@ ANSWER = {"type": "object", "properties": {"sky": {"type": "string", "enum": ["s
           "required": ["sky"], "additionalProperties": False}
 
 
-@dataclass
-class ToolsGraph:
-    cluster: ServeCluster
-
-    def openai(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.cluster.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
-
-    def anthropic(self) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=self.cluster.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
 @pytest.fixture(scope="module")
-def tools_graph(serve_cluster, tmp_path_factory) -> ToolsGraph:
-    from ray.serve.schema import ServeDeploySchema
-
-    root = tmp_path_factory.mktemp("tools-graph")
-    model_path = write_smollm2_tokenizer_model(root / "model", {"max_position_embeddings": 4096}, seed=1, scale=3.0)
-    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    ingress, model_app, *_ = config["applications"]  # the chat model's entry is the template
-    ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5, responses_store_size=10,
-                           responses_store_ttl_s=600)
-    model_app = copy.deepcopy(model_app)
-    model_app["name"] = serve_app_name(MODEL)
-    # No parser names: qwen3's tool-call and <think> parsers are inferred from the template.
-    model_app["args"].update(model_id=MODEL, model_path=str(model_path), context_length=CONTEXT,
-                             chat_template_file=str(TEMPLATE))
-    schema = ServeDeploySchema.model_validate({"applications": [ingress, model_app]})
-    deploy_graph(schema)
-    with httpx.Client(base_url=serve_cluster.base_url, timeout=60) as http:
-        wait_until(lambda: model_running(http, MODEL), GRAPH_START_S, what=f"{MODEL} running")
-    return ToolsGraph(serve_cluster)
+def tools_graph(shared_graph) -> SharedGraph:
+    """The shared graph, whose tiny/tools model (context 1536) has the Qwen3 tool template and no parser names:
+    qwen3's tool-call and <think> parsers are inferred from the template. Its ingress stores 10 Responses."""
+    return shared_graph
 
 
 def _no_markup(text: str | None) -> bool:
@@ -238,7 +206,7 @@ def test_claude_code_request_is_accepted_and_answered(tools_graph):
     body["model"] = MODEL
     headers = {"anthropic-version": "2023-06-01", "x-api-key": "unused", "user-agent": "claude-cli/2.0.1 (external, cli)",
                "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14"}
-    with httpx.Client(base_url=tools_graph.cluster.base_url, timeout=60) as http:
+    with httpx.Client(base_url=tools_graph.url, timeout=60) as http:
         response = http.post("/v1/messages?beta=true", json=body, headers=headers)
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")

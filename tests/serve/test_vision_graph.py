@@ -1,45 +1,26 @@
-"""Images through the real graph (serve_config.yaml on Ray Serve): a tiny Qwen2.5-VL, loaded as model_type multimodal,
-answers the official `openai` and `anthropic` clients, streamed and not, with the image's tokens counted; the model
-runs in its own replica and engine process, so the images cross the ingress -> replica -> engine boundaries."""
+"""Images through the real graph (serve_config.yaml on Ray Serve, the session's shared graph): a tiny Qwen2.5-VL,
+loaded as model_type multimodal, answers the official `openai` and `anthropic` clients, streamed and not, with the
+image's tokens counted; the model runs in its own replica and engine process, so the images cross the ingress ->
+replica -> engine boundaries."""
 
 from __future__ import annotations
 
 import base64
-import copy
-from pathlib import Path
 
 import anthropic
-import httpx
 import openai
 import pytest
-import yaml
 
-from deployments.config import serve_app_name
-from tests.serve.conftest import GRAPH_START_S, deploy_graph, model_running, wait_until
-from tests.support.tiny_vlms import write_qwen25_vl
+from tests.serve.shared_graph import VISION as MODEL
 from tests.support.vlm_images import jpeg_bytes, png_bytes
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = "tiny-vl"
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
 
 @pytest.fixture(scope="module")
-def base_url(serve_cluster, tmp_path_factory) -> str:
-    from ray.serve.schema import ServeDeploySchema
-
-    root = tmp_path_factory.mktemp("vision-graph")
-    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    ingress, model_app, *_ = config["applications"]  # the chat model's entry is the template
-    ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5)
-    model_app = copy.deepcopy(model_app)
-    model_app["name"] = serve_app_name(MODEL)
-    model_app["args"].update(model_id=MODEL, model_path=str(write_qwen25_vl(root / "model")), model_type="multimodal",
-                             context_length=2048)
-    deploy_graph(ServeDeploySchema.model_validate({"applications": [ingress, model_app]}))
-    with httpx.Client(base_url=serve_cluster.base_url, timeout=60) as http:
-        wait_until(lambda: model_running(http, MODEL, "multimodal"), GRAPH_START_S, what=f"{MODEL} running")
-    return serve_cluster.base_url
+def base_url(shared_graph) -> str:
+    """The shared graph, whose tiny-vl (a tiny Qwen2.5-VL, context 2048) is loaded as model_type multimodal."""
+    return shared_graph.url
 
 
 def _b64(data: bytes) -> str:
