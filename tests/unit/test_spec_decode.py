@@ -125,6 +125,20 @@ def test_measured_step_costs_replace_the_prior():
     assert costs.current().sync_cost < 0.1 and best_length(0.7, 4, costs.current(4)) > 0
 
 
+def test_the_load_time_calibration_prices_the_pipeline_and_what_the_wider_forward_cost():
+    from engine.spec_decode.step_costs import StepCosts
+
+    def calibrated(one_s: float, many_s: float) -> tuple[float, float]:
+        costs = StepCosts(DraftCosts(sync_cost=0.1, token_cost=0.03))
+        costs.calibrate(one_s, many_s, width=3)
+        return round(costs.current().sync_cost, 9), round(costs.current().token_cost, 9)
+
+    # A 3-position forward 1.5x a single one: 0.5 plain steps built per shape, plus the pipeline given up.
+    assert calibrated(0.010, 0.015) == (0.6, 0.03)
+    # Faster than one position (timing noise on a tiny CPU model): the pipeline's price stands, no credit.
+    assert calibrated(0.010, 0.008) == (0.1, 0.03)
+
+
 def test_the_cost_per_extra_position_is_fitted_from_steps_of_several_widths():
     from engine.spec_decode.step_costs import StepCosts
 
