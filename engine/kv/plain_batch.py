@@ -74,7 +74,7 @@ def append_rows(
     keep_width = index == old_index and old_width > index
     width = old_width if keep_width else -(-(index + 1) // BatchKVCache.step) * BatchKVCache.step
     new_padding = [p + index - old_index for p in padding] + [index - b.length for b in joiners for _ in range(b.num_rows)]
-    offsets, lefts = _row_arrays(new_padding, index)
+    offsets, lefts = row_arrays(new_padding, index)
     caches = batch or [BatchKVCache([]) for _ in joiners[0].caches]
     for layer, cache in enumerate(caches):
         parts = []
@@ -82,9 +82,9 @@ def append_rows(
             rows = []
             if batch:
                 old = cache.state[which]
-                rows.append(old if keep_width else _placed(old[..., :old_index, :], index - old_index, width - index))
+                rows.append(old if keep_width else placed(old[..., :old_index, :], index - old_index, width - index))
             for run, n in _equal_length_runs(joiners, layer, which):
-                rows.append(_placed(run, index - n, width - index))
+                rows.append(placed(run, index - n, width - index))
             parts.append(concat_rows(rows))
         cache.state = (parts[0], parts[1], offsets, lefts, index)
     return caches, new_padding
@@ -97,7 +97,7 @@ def filter_rows(batch: LayerCaches, padding: list[int], keep_rows: list[int]) ->
     shift = min(padding[i] for i in keep_rows)
     new_padding = [padding[i] - shift for i in keep_rows]
     index = _index(batch) - shift
-    offsets, lefts = _row_arrays(new_padding, index)
+    offsets, lefts = row_arrays(new_padding, index)
     gather = None if keep_rows == list(range(len(padding))) else mx.array(keep_rows, mx.int32)
     for cache in batch:
         keys, values = cache.state[:2]
@@ -125,7 +125,7 @@ def _index(batch: LayerCaches) -> int:
     return batch[0].state[4] if batch else 0
 
 
-def _placed(x: mx.array, left: int, right: int) -> mx.array:
+def placed(x: mx.array, left: int, right: int) -> mx.array:
     return mx.pad(x, [(0, 0), (0, 0), (left, right), (0, 0)]) if left or right else x
 
 
@@ -150,7 +150,7 @@ def _equal_length_runs(blocks: Sequence[RowBlock], layer: int, which: int):
         start = end + 1
 
 
-def _row_arrays(padding: list[int], index: int) -> tuple[mx.array, mx.array]:
+def row_arrays(padding: list[int], index: int) -> tuple[mx.array, mx.array]:
     """(offset, left padding) arrays of the rows, one pair shared by every layer: creating small
     arrays per layer costs more than the step's bookkeeping, and nothing here mutates them in place
     (BatchKVCache's update rebinds its offset)."""
@@ -169,7 +169,7 @@ def drop_row_tails(batch: LayerCaches, padding: list[int], drops: list[int]) -> 
     shifts = [d - shared for d in drops]
     index = _index(batch) - shared
     new_padding = [p + s for p, s in zip(padding, shifts)]
-    offsets, lefts = _row_arrays(new_padding, index)
+    offsets, lefts = row_arrays(new_padding, index)
     rows = _shifted_vectors(batch[0].state[0].shape, shifts) if any(shifts) else None
     for cache in batch:
         keys, values = cache.state[:2]

@@ -22,6 +22,7 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from engine.errors import InvalidRequestError
+from engine.kv.plain_batch import concat_rows, placed, row_arrays
 from engine.kv.quantization import KV_BITS, KV_GROUP_SIZES, KVQuantization  # noqa: F401  (also this module's API)
 
 LayerCaches = list[Any]
@@ -112,7 +113,7 @@ class BatchQuantizedKVCache:
                 self.keys, self.values = self._zeros(keys, width), self._zeros(values, width)
             else:
                 self.keys, self.values = tree_map(
-                    lambda x: _placed(x[..., :prev, :], 0, width - prev), (self.keys, self.values))
+                    lambda x: placed(x[..., :prev, :], 0, width - prev), (self.keys, self.values))
         self._idx += num_steps
         self.offset = self.offset + num_steps
         new_keys = mx.quantize(keys, group_size=self.group_size, bits=self.bits)
@@ -168,7 +169,7 @@ def append_rows(batch: LayerCaches, padding: list[int], joiners: Sequence[LayerC
     keep_width = index == old_index and old_width > index
     width = old_width if keep_width else -(-(index + 1) // BatchQuantizedKVCache.step) * BatchQuantizedKVCache.step
     new_padding = [p + index - old_index for p in padding] + [index - n for n in lengths]
-    offsets, lefts = _row_arrays(new_padding, index)
+    offsets, lefts = row_arrays(new_padding, index)
     first = joiners[0][0]
     caches = batch or [BatchQuantizedKVCache(first.group_size, first.bits) for _ in joiners[0]]
     for layer, cache in enumerate(caches):
@@ -177,11 +178,11 @@ def append_rows(batch: LayerCaches, padding: list[int], joiners: Sequence[LayerC
             rows = []
             if batch:
                 old = getattr(cache, which)
-                rows.append(old if keep_width else tuple(_placed(a[..., :old_index, :], index - old_index, width - index) for a in old))
+                rows.append(old if keep_width else tuple(placed(a[..., :old_index, :], index - old_index, width - index) for a in old))
             for joiner, n in zip(joiners, lengths):
                 mine = positions(getattr(joiner[layer], which), 0, n)
-                rows.append(tuple(_placed(a, index - n, width - index) for a in mine))
-            parts.append(tuple(_concat_rows([row[i] for row in rows]) for i in range(3)))
+                rows.append(tuple(placed(a, index - n, width - index) for a in mine))
+            parts.append(tuple(concat_rows([row[i] for row in rows]) for i in range(3)))
         cache.state = (parts[0], parts[1], offsets, lefts, index)
     return caches, new_padding
 
@@ -193,7 +194,7 @@ def filter_rows(batch: LayerCaches, padding: list[int], keep_rows: list[int]) ->
     shift = min(padding[i] for i in keep_rows)
     new_padding = [padding[i] - shift for i in keep_rows]
     index = batch[0].size() - shift
-    offsets, lefts = _row_arrays(new_padding, index)
+    offsets, lefts = row_arrays(new_padding, index)
     gather = None if keep_rows == list(range(len(padding))) else mx.array(keep_rows, mx.int32)
 
     def kept(x: mx.array) -> mx.array:
@@ -239,15 +240,3 @@ def row_cut(batch: LayerCaches, row: int, length: int) -> LayerCaches:
                              length)
         for layer in batch
     ]
-
-
-def _placed(x: mx.array, left: int, right: int) -> mx.array:
-    return mx.pad(x, [(0, 0), (0, 0), (left, right), (0, 0)]) if left or right else x
-
-
-def _concat_rows(arrays: list[mx.array]) -> mx.array:
-    return arrays[0] if len(arrays) == 1 else mx.concatenate(arrays, axis=0)
-
-
-def _row_arrays(padding: list[int], index: int) -> tuple[mx.array, mx.array]:
-    return mx.array([index - p for p in padding]), mx.array(padding)
