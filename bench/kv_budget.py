@@ -21,14 +21,12 @@ import mlx.core as mx
 from bench.engine_throughput import engine_core, greedy_request, load_orchard_model, warm_up
 from bench.random_model import make_random_model
 
-KV_ALLOCATION_STEP = 256  # mlx-lm grows KV buffers this many positions at a time (engine/kv/budget.py counts it)
-
-
 def run(loaded, args: argparse.Namespace) -> dict:
     probe = engine_core(loaded, kv_budget_bytes=1 << 40)
-    per_token = probe.stats().kv_bytes_per_token
+    # What one request's KV takes as the engine counts it (its bytes per token and allocation step).
+    per_token = probe.kv_budget.bytes_per_token
+    budget = args.fits * probe.kv_budget.bytes_of([args.prompt_tokens + args.gen_tokens], [])
     probe.close()
-    budget = args.fits * (args.prompt_tokens + args.gen_tokens + KV_ALLOCATION_STEP) * per_token
     core = engine_core(loaded, max_num_seqs=args.streams, max_decode_seqs=args.streams, kv_budget_bytes=budget,
                        enable_prefix_cache=not args.no_prefix_cache, queue_size=None)
     warm_up(core)
