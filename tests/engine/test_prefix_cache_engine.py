@@ -8,7 +8,7 @@ import pytest
 
 from engine import EngineConfig, EngineCore, Request, SamplingParams
 from tests.engine.test_batching import assert_same_stream
-from tests.support.drive import Arrival, run_core
+from tests.support.drive import Arrival, Collected, run_core
 
 BLOCK = 8
 
@@ -56,7 +56,15 @@ def test_multi_turn_chat_reuses_the_generated_tokens_too(tiny_llama):
 def test_a_row_leaving_a_padded_batch_caches_its_own_generated_tokens(tiny_llama):
     # Turn 1 decodes beside a longer and a shorter neighbour (so its batch row is left-padded)
     # and leaves first; its prompt + generated KV, cut from the batch, must serve turn 2 exactly.
-    core = cached_core(tiny_llama)
+    turn2_prompt, turn2 = second_turn_after_leaving_a_padded_batch(cached_core(tiny_llama))
+    # The KV held 30 + 17 - 1 tokens (the last sampled one is never fed): 5 full blocks.
+    assert turn2.finish.usage.cached_tokens == 40
+    assert_same_stream(uncached(tiny_llama, turn2_prompt, greedy()), turn2)
+
+
+def second_turn_after_leaving_a_padded_batch(core: EngineCore) -> tuple[list[int], Collected]:
+    """Turn 1 (30 prompt + 17 generated tokens) beside a longer and a shorter neighbour, then turn 2 extending it on
+    the same core: (turn 2's prompt, its result)."""
     turn1_prompt = words(30, seed=8)
     arrivals = [
         Arrival(0, Request("long", words(61, seed=9), greedy(30))),
@@ -65,10 +73,7 @@ def test_a_row_leaving_a_padded_batch_caches_its_own_generated_tokens(tiny_llama
     ]
     turn1 = run_core(core, arrivals)["t1"]
     turn2_prompt = turn1_prompt + turn1.token_ids + [11, 12, 13]
-    turn2 = run_core(core, [Arrival(0, Request("t2", turn2_prompt, greedy()))])["t2"]
-    # The KV held 30 + 17 - 1 tokens (the last sampled one is never fed): 5 full blocks.
-    assert turn2.finish.usage.cached_tokens == 40
-    assert_same_stream(uncached(tiny_llama, turn2_prompt, greedy()), turn2)
+    return turn2_prompt, run_core(core, [Arrival(0, Request("t2", turn2_prompt, greedy()))])["t2"]
 
 
 def test_conversations_sharing_a_prefix_never_see_each_others_tokens(tiny_llama):

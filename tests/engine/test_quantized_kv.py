@@ -15,7 +15,7 @@ from engine.kv.quantized_kv import BatchQuantizedKVCache, KVQuantization
 from engine.runner.loader import load_model
 from engine.spec_decode.config import SpeculativeConfig
 from tests.engine.test_batching import assert_same_stream, params, random_prompts, run_alone
-from tests.engine.test_prefix_cache_engine import greedy, words
+from tests.engine.test_prefix_cache_engine import greedy, second_turn_after_leaving_a_padded_batch, words
 from tests.support.drive import Arrival, run_core
 from tests.engine.test_architectures import GEMMA3_SLIDING
 from tests.support.tiny_models import LLAMA, write_model
@@ -82,15 +82,7 @@ def test_prefix_cache_holds_quantized_blocks_and_a_hit_equals_no_cache(tiny_llam
 
 def test_a_row_leaving_a_quantized_batch_caches_its_generated_tokens(tiny_llama):
     core = EngineCore(tiny_llama, EngineConfig(prefix_block_size=8, kv_bits=8))
-    turn1_prompt = words(30, seed=8)
-    arrivals = [
-        Arrival(0, Request("long", words(61, seed=9), greedy(30))),
-        Arrival(1, Request("t1", turn1_prompt, greedy(17))),
-        Arrival(2, Request("short", words(5, seed=10), greedy(30))),
-    ]
-    turn1 = run_core(core, arrivals)["t1"]
-    turn2_prompt = turn1_prompt + turn1.token_ids + [11, 12, 13]
-    turn2 = run_core(core, [Arrival(0, Request("t2", turn2_prompt, greedy()))])["t2"]
+    turn2_prompt, turn2 = second_turn_after_leaving_a_padded_batch(core)
     assert turn2.finish.usage.cached_tokens == 40
     assert_same_stream(run_alone(tiny_llama, "u", turn2_prompt, greedy(), kv_bits=8, enable_prefix_cache=False), turn2)
 
