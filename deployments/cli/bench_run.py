@@ -135,7 +135,7 @@ def resolve_targets(args: argparse.Namespace) -> list[BenchTarget]:
         if not args.allow_remote and not is_loopback(url):
             raise BenchRefused(f"{url} is not on this machine: load tests run against loopback servers only; pass "
                                "--allow-remote if the server is yours")
-        served = served_models(url, args.api_key)
+        served = listed_model_ids(url, args.api_key)
         model = wanted[index] or (args.model if index and args.model in served else None) or served[0]
         if model not in served:
             raise BenchRefused(f"unknown model {model!r} at {url}; it serves: {', '.join(served)}")
@@ -143,7 +143,8 @@ def resolve_targets(args: argparse.Namespace) -> list[BenchTarget]:
     return targets
 
 
-def served_models(url: str, api_key: str | None) -> list[str]:
+def listed_model_ids(url: str, api_key: str | None) -> list[str]:
+    """The ids /v1/models lists (any OpenAI-compatible server; /health is ours only)."""
     try:
         reply = httpx.get(f"{url}/v1/models", headers=auth_headers(api_key), timeout=10.0)
     except httpx.ConnectError:
