@@ -13,6 +13,7 @@ from engine.kv.block_store import new_prefix_cache
 from engine.kv.budget import KV_ALLOCATION_STEP, KVBudget
 from engine.kv.cache_manager import KVCacheManager, PrefixCache, PrefixCacheStats
 from engine.kv.kv_layout import default_kv_budget_bytes, kv_bytes_per_token
+from engine.kv.quantized_kv import check_quantizable
 from engine.output.detokenizer import text_source_factory
 from engine.output.request_output import RequestOutput, RequestOutputState
 from engine.request import Request, RequestLimits, RequestStatus
@@ -24,6 +25,7 @@ from engine.runner_output import RunnerOutput
 from engine.sampling.structured import GuideCompileStats, GuideCompiler
 from engine.scheduler.output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
+from engine.vision.model import VisionLanguageModel
 from engine.spec_decode.speculator import SpeculationStats
 from engine.runner.verify_step import new_speculative_decoder
 
@@ -85,6 +87,8 @@ class EngineCore:
         config = config or EngineConfig()
         self.context_length = config.context_length or loaded.context_length
         self.expected_step_s: float | None = None
+        if config.kv_quantization is not None:  # refused at load, before anything builds a quantized cache
+            check_quantizable(loaded.model, config.kv_quantization, vision=isinstance(loaded.model, VisionLanguageModel))
         if config.prefill_step_tokens is None:  # from this device's measured speed, before anything sizes by it
             budget = measure_prefill_budget(loaded.model, self.context_length, config.kv_quantization)
             config = replace(config, prefill_step_tokens=budget.step_tokens)

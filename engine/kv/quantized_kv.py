@@ -30,7 +30,7 @@ LayerCaches = list[Any]
 Quantized = tuple[mx.array, mx.array, mx.array]
 
 def new_quantized_request_cache(model: Any, quantization: KVQuantization) -> LayerCaches:
-    check_quantizable(model, quantization)
+    """Per-request quantized caches (the model was checked once, at load: check_quantizable)."""
     return [QuantizedKVCache(quantization.group_size, quantization.bits) for _ in make_prompt_cache(model)]
 
 

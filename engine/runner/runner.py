@@ -21,7 +21,6 @@ from engine.kv.batch_cache import LayerCaches, cache_nbytes, new_request_cache
 from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes
 from engine.kv.cache_manager import PrefixCache
 from engine.kv.plain_batch import RowBlock
-from engine.kv.quantized_kv import check_quantizable
 from engine.runner.decode_batch import DecodeBatch, PendingStep, new_row_sampling
 from engine.runner.head_split import head_split
 from engine.runner.loader import LoadedModel
@@ -45,10 +44,7 @@ class ModelRunner:
     ) -> None:
         self.model = loaded.model
         self.config = config
-        # Quantized KV (config kv_bits): refused at load where the model's caches cannot be quantized and batched.
-        self.kv_quantization = config.kv_quantization
-        if self.kv_quantization is not None:
-            check_quantizable(self.model, self.kv_quantization, vision=isinstance(self.model, VisionLanguageModel))
+        self.kv_quantization = config.kv_quantization  # quantized KV (config kv_bits), checked by EngineCore
         self.stream = mx.new_stream(mx.default_device())
         self._rng = random.Random(config.seed) if config.seed is not None else random.SystemRandom()
         self.batch = DecodeBatch(vocab_size=loaded.vocab_size)
