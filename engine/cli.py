@@ -11,9 +11,6 @@ import time
 from engine.hub_cli import add_hub_commands, run_hub_command
 
 
-ENGINE_COMMANDS = ("generate", "default-model-path", "import-gguf", "pull", "ls", "rm")
-
-
 def add_engine_commands(commands: argparse._SubParsersAction) -> None:
     """The commands that need no server: they run the engine or the hub cache in this process."""
     generate = commands.add_parser("generate", help="answer one chat message with a local model")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from engine.cli import ENGINE_COMMANDS, add_engine_commands, run_engine_command
+from engine.cli import add_engine_commands, run_engine_command
 
 # Subcommand name -> module under deployments.cli; imported only when used, so `orchard ls` stays fast.
 SERVER_COMMANDS: dict[str, str] = {
@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in ENGINE_COMMANDS:
+    if args.command not in SERVER_COMMANDS:
         return run_engine_command(args)
     return importlib.import_module(f"deployments.cli.{SERVER_COMMANDS[args.command]}").run(args)
 
