@@ -20,7 +20,9 @@ class EngineConfig:
     prompt tokens one request prefills per step (0: whole prompts in one step), as
     mlx-lm's prefill step size; prefill_step_tokens bounds all prefilling requests
     together per step (0: only chunks x max_prefill_seqs; None: what this device
-    prefills in about half a second, measured by EngineCore at load).
+    prefills in about half a second, measured by EngineCore at load, cut so that a
+    padded step's activations fit the memory left beside the weights, the KV budget
+    and the prefix cache).
     """
 
     max_num_seqs: int = 256

@@ -12,7 +12,7 @@ from engine.errors import InvalidRequestError
 from engine.kv.block_store import new_prefix_cache
 from engine.kv.budget import KV_ALLOCATION_STEP, KVBudget
 from engine.kv.cache_manager import KVCacheManager, PrefixCache, PrefixCacheStats
-from engine.kv.kv_layout import default_kv_budget_bytes, kv_bytes_per_token
+from engine.kv.kv_layout import default_kv_budget_bytes, kv_bytes_per_token, prefill_memory_allowance_bytes
 from engine.kv.quantized_kv import check_quantizable
 from engine.output.detokenizer import text_source_factory
 from engine.output.request_output import RequestOutput, RequestOutputState
@@ -89,15 +89,17 @@ class EngineCore:
         self.expected_step_s: float | None = None
         if config.kv_quantization is not None:  # refused at load, before anything builds a quantized cache
             check_quantizable(loaded.model, config.kv_quantization, vision=isinstance(loaded.model, VisionLanguageModel))
-        if config.prefill_step_tokens is None:  # from this device's measured speed, before anything sizes by it
-            budget = measure_prefill_budget(loaded.model, self.context_length, config.kv_quantization)
-            config = replace(config, prefill_step_tokens=budget.step_tokens)
-            self.expected_step_s = budget.expected_step_s
-        self.config = config
         prefix_cache = new_prefix_cache(
             loaded.model, config.enable_prefix_cache, config.prefix_block_size, config.prefix_cache_bytes
         )
         self.kv_budget = _kv_budget(loaded, config, prefix_cache, draft)
+        if config.prefill_step_tokens is None:  # from this device's speed and memory, before anything sizes by it
+            allowance = prefill_memory_allowance_bytes(
+                self.kv_budget.budget_bytes, prefix_cache.capacity_bytes if prefix_cache else 0)
+            budget = measure_prefill_budget(loaded.model, self.context_length, config.kv_quantization, allowance)
+            config = replace(config, prefill_step_tokens=budget.step_tokens)
+            self.expected_step_s = budget.expected_step_s
+        self.config = config
         # What every request is checked against, by the engine client before it reaches this core.
         self.limits = RequestLimits(loaded.vocab_size, self.context_length, self.kv_budget)
         speculation = new_speculative_decoder(loaded, config.speculative, draft)

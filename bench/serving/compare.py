@@ -74,7 +74,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         "e.g. advanced.prefill_warmup_seconds=15 (repeatable)")
     p.add_argument("--mlx-prompt-concurrency", type=int, default=16, help="mlx_lm.server --prompt-concurrency")
     p.add_argument("--efficiency-rounds", type=int, default=0,
-                   help=f"ours: after the sweep, K alternating rounds of uniform c={EFFICIENCY_LEVEL} over HTTP and in process")
+                   help="ours: after the sweep, K alternating rounds of uniform load over HTTP and in process")
+    p.add_argument("--efficiency-level", type=int, default=EFFICIENCY_LEVEL,
+                   help=f"the alternating rounds' concurrency (default {EFFICIENCY_LEVEL}; 1: the lone stream of issue 32)")
     add_load_arguments(p)
     return p.parse_args(argv)
 
@@ -384,10 +386,11 @@ def efficiency_reserve_s(rounds: int) -> float:
 def run_efficiency_rounds(run: Run, target: Any, model_path: str, settings: LoadSettings, deadline: float) -> None:
     json_path = run.json_path.parent / f".{run.json_path.stem}_efficiency_engine.json"
     argv = engine_baseline_argv(run.args, model_path, settings) + ["--json", str(json_path)]
-    run.event(f"efficiency: {run.args.efficiency_rounds} alternating rounds at c={EFFICIENCY_LEVEL}")
+    level = run.args.efficiency_level
+    run.event(f"efficiency: {run.args.efficiency_rounds} alternating rounds at c={level}")
     engine = EngineChild(argv, REPO, run.log_dir / "efficiency_engine.log")
     try:
-        result = run_async(alternate(target, engine, settings, EFFICIENCY_LEVEL, run.args.efficiency_rounds, deadline))
+        result = run_async(alternate(target, engine, settings, level, run.args.efficiency_rounds, deadline))
         run.report["efficiency"] = result.to_json()
     except Exception as exc:  # the sweep's figures stand without it
         run.report["efficiency"] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}

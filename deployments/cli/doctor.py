@@ -53,19 +53,14 @@ def check_mlx() -> list[Check]:
         return [Check("mlx", "FAIL", "not installed", "bash scripts/install.sh (or pip install -e .)")]
     import mlx.core as mx
 
+    from engine.device_memory import device_memory_bytes
+
     device = mx.default_device()
-    memory_gib = _memory_bytes(mx) / 2**30
+    memory_gib = device_memory_bytes() / 2**30
     detail = f"MLX {mx.__version__}, device {device.type.name}, {memory_gib:.1f} GiB memory"
     if memory_gib < MIN_MEMORY_GIB:
         return [Check("mlx", "FAIL", detail, f"serving needs at least {MIN_MEMORY_GIB} GiB")]
     return [Check("mlx", "ok", detail)]
-
-
-def _memory_bytes(mx) -> int:
-    info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
-    if info.get("memory_size"):
-        return int(info["memory_size"])
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def check_ray() -> list[Check]:

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from engine.device_memory import accelerator_memory_bytes
 from engine.kv.batch_cache import LayerCaches, new_request_cache
 from engine.kv.plain_batch import is_plain_request_cache
 from engine.kv.cache_manager import CachedBlock, PrefixCache
@@ -46,22 +47,15 @@ def new_prefix_cache(model: Any, enabled: bool, block_size: int, budget_bytes: i
     return PrefixCache(block_size, budget, snapshot_only=mode == "snapshots")
 
 
-def _device_memory_bytes() -> int:
-    try:
-        return int(mx.device_info().get("memory_size", 0))
-    except (AttributeError, RuntimeError, ValueError):
-        return 0
-
-
 def default_budget_bytes() -> int:
     """A tenth of the device's memory (unified memory on Apple silicon), else 1 GiB."""
-    memory = _device_memory_bytes()
+    memory = accelerator_memory_bytes()
     return int(memory * DEVICE_MEMORY_FRACTION) if memory else FALLBACK_BUDGET_BYTES
 
 
 def buffer_cache_limit_bytes() -> int:
     """Cap on MLX's cache of freed buffers: a twentieth of the device's memory, at least 1 GiB."""
-    return max(FALLBACK_BUDGET_BYTES, int(_device_memory_bytes() * BUFFER_CACHE_FRACTION))
+    return max(FALLBACK_BUDGET_BYTES, int(accelerator_memory_bytes() * BUFFER_CACHE_FRACTION))
 
 
 class KVBlockStore:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from engine.device_memory import device_memory_bytes
 from engine.kv.batch_cache import new_request_cache
 from engine.kv.quantized_kv import KVQuantization
 
@@ -26,21 +26,14 @@ def kv_bytes_per_token(model: Any, quantization: KVQuantization | None = None) -
     return max(1, round(total))
 
 
-def device_memory_bytes() -> int:
-    """The memory MLX's device may use: Metal's recommended working set, a GPU's memory, else the machine's RAM
-    (the CPU backend's buffers live there)."""
-    try:
-        info = mx.device_info()
-    except (AttributeError, RuntimeError, ValueError):
-        info = {}
-    for key in ("max_recommended_working_set_size", "memory_size"):
-        if int(info.get(key, 0) or 0) > 0:
-            return int(info[key])
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def default_kv_budget_bytes(memory_fraction: float, prefix_cache_bytes: int) -> int:
     """`memory_fraction` of the device's memory, less what MLX holds now (call after the weights load: they and
     other models of this process are in it) and the prefix cache's own budget; at least 0."""
     usable = int(device_memory_bytes() * memory_fraction)
     return max(0, usable - mx.get_active_memory() - prefix_cache_bytes)
+
+
+def prefill_memory_allowance_bytes(kv_budget_bytes: int, prefix_cache_bytes: int) -> int:
+    """What a prefill forward may hold: the device's memory less what MLX holds now (the weights), the running
+    requests' KV budget and the prefix cache's budget; at least 0."""
+    return max(0, device_memory_bytes() - mx.get_active_memory() - kv_budget_bytes - prefix_cache_bytes)

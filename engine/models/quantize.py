@@ -136,14 +136,12 @@ def memory_budget_bytes() -> int:
     (unified memory, and the CPU backend, share it with every other process)."""
     import mlx.core as mx
 
+    from engine.device_memory import accelerator_memory_bytes
+
     limits = []
-    try:
-        info = mx.device_info()
-        device = info.get("max_recommended_working_set_size") or info.get("memory_size")
-        if device:
-            limits.append(int(device) - int(mx.get_active_memory()))
-    except (AttributeError, RuntimeError, ValueError):
-        pass
+    device = accelerator_memory_bytes()
+    if device:
+        limits.append(device - int(mx.get_active_memory()))
     available = _system_available_bytes()
     if available is not None:
         limits.append(available)

@@ -102,6 +102,12 @@ class WarmupShape:
     completing: bool
 
 
+# A padded forward computes at most this multiple of its step's real-token budget (or of a single chunk's, or of
+# SMALL_FORWARD_TOKENS, when larger): up to 2.48x in warmup_shapes' shapes (a test sweeps them). step_budget.py
+# sizes the step so that this many tokens' activations fit beside the KV budget.
+MAX_PADDED_TOKENS_FACTOR = 2.5
+
+
 def warmup_shapes(
     max_rows: int, step_tokens: int | None, chunk_tokens: int | None, head_split: bool = False
 ) -> list[WarmupShape]:

@@ -8,6 +8,7 @@ from hypothesis import given, strategies as st
 
 from engine.runner.prefill_shapes import (
     LENGTH_BUCKETS,
+    MAX_PADDED_TOKENS_FACTOR,
     MAX_PADDING_FACTOR,
     MAX_ROW_PADDING,
     SMALL_FORWARD_TOKENS,
@@ -51,6 +52,15 @@ def test_warmup_shapes_stay_within_the_step_budget_smallest_first():
     assert all(s.rows == 1 or s.rows * shortest[s.length] <= 8192 for s in shapes)  # up to 8 rows: no row padding
     got = {(s.rows, s.length, s.completing) for s in shapes}
     assert {(1, 2048, True), (1, 2048, False), (8, 1024, True), (4, 512, False)} <= got
+
+
+def test_no_warmup_shape_exceeds_the_padded_tokens_factor_the_step_budget_is_sized_by():
+    # step_budget.py fits MAX_PADDED_TOKENS_FACTOR x the step's tokens of activations beside the KV budget.
+    for chunk in (512, 2048):
+        for max_rows in (8, 32, 64):
+            for step in range(32, 16385, 211):
+                largest = max(s.rows * s.length for s in warmup_shapes(max_rows, step, chunk))
+                assert largest <= MAX_PADDED_TOKENS_FACTOR * max(step, SMALL_FORWARD_TOKENS, bucket_length(chunk))
 
 
 def test_split_for_logits_keeps_full_logits_under_budget():

@@ -1,0 +1,29 @@
+"""How much memory MLX's device has: the one reading every memory-sized default uses (the KV budget, the prefix
+cache, the prefill step, quantize auto, `orchard doctor`)."""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+
+# mx.device_info() names it by backend: Metal's recommended working set (a share of unified memory), a CUDA
+# card's own memory (there the machine's RAM is not the GPU's), Metal's whole unified memory.
+ACCELERATOR_MEMORY_KEYS = ("max_recommended_working_set_size", "total_memory", "memory_size")
+
+
+def accelerator_memory_bytes() -> int:
+    """The GPU's memory as MLX reports it; 0 on the CPU backend (or where MLX reports none)."""
+    try:
+        info = mx.device_info()
+    except (AttributeError, RuntimeError, ValueError):
+        return 0
+    for key in ACCELERATOR_MEMORY_KEYS:
+        if int(info.get(key, 0) or 0) > 0:
+            return int(info[key])
+    return 0
+
+
+def device_memory_bytes() -> int:
+    """The memory MLX's device may use: the GPU's, else the machine's RAM (the CPU backend's buffers live there)."""
+    return accelerator_memory_bytes() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
