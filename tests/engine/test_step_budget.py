@@ -5,7 +5,8 @@ from __future__ import annotations
 from engine import EngineConfig, EngineCore
 from engine.device_memory import device_memory_bytes
 from engine.runner.step_budget import (
-    MAX_PADDED_TOKENS_FACTOR, MAX_STEP_TOKENS, MIN_STEP_TOKENS, STEP_TARGET_S, measure_prefill_budget,
+    MASKED_FORWARD_MARGIN, MAX_PADDED_TOKENS_FACTOR, MAX_STEP_TOKENS, MIN_STEP_TOKENS, STEP_TARGET_S,
+    measure_prefill_budget,
 )
 
 
@@ -30,7 +31,7 @@ def test_the_step_budget_is_cut_to_what_a_padded_forward_may_hold(tiny_llama):
     allowance = 5_000_000
     bounded = measure_prefill_budget(tiny_llama.model, 4096, memory_allowance_bytes=allowance)
     per_token = bounded.transient_bytes_per_token
-    assert bounded.step_tokens == max(MIN_STEP_TOKENS, int(allowance / (per_token * MAX_PADDED_TOKENS_FACTOR)))
+    assert bounded.step_tokens == max(MIN_STEP_TOKENS, int(allowance / (per_token * MAX_PADDED_TOKENS_FACTOR * MASKED_FORWARD_MARGIN)))
     assert bounded.step_tokens < free.step_tokens
 
 
