@@ -1,12 +1,14 @@
 """Memory-bound serving in process: N streams whose KV together is far over the engine's KV budget (issue 31).
 
     python -m bench.kv_budget --random-shape llama-3.1-8b --weight-bits 4 --streams 64 --prompt-tokens 8192 \
-        --gen-tokens 128 --fits 16 [--json out.json]
+        --gen-tokens 128 --fits 16 [--kv-bits none,8] [--json out.json]
 
 The budget (`kv_budget_bytes`) holds `--fits` requests of this size at the engine's own bytes per token and
-allocation step; all N greedy requests are submitted at once and run to completion. Reports whether every one
-finished with all its tokens, the errors (none expected: preempted requests resume), the engine's preemptions,
-its peak planned KV and the runner's peak measured KV against the budget, MLX's peak memory, and throughput.
+allocation step with unquantized KV; all N greedy requests are submitted at once and run to completion, once per
+`--kv-bits` setting against that same budget. Reports whether every one finished with all its tokens, the errors
+(none expected: preempted requests resume), the engine's preemptions, the most requests running at once, its peak
+planned KV and the runner's peak measured KV against the budget, MLX's peak memory, and throughput. A quantized
+KV cache (Apple silicon, CPU) holds more requests in the same budget.
 """
 
 from __future__ import annotations
@@ -21,14 +23,17 @@ import mlx.core as mx
 from bench.engine_throughput import engine_core, greedy_request, load_orchard_model, warm_up
 from bench.random_model import make_random_model
 
-def run(loaded, args: argparse.Namespace) -> dict:
+def budget_for(loaded, args: argparse.Namespace) -> int:
+    """What `--fits` requests' KV takes as the engine counts it (unquantized bytes per token, allocation step)."""
     probe = engine_core(loaded, kv_budget_bytes=1 << 40)
-    # What one request's KV takes as the engine counts it (its bytes per token and allocation step).
-    per_token = probe.kv_budget.bytes_per_token
     budget = args.fits * probe.kv_budget.bytes_of([args.prompt_tokens + args.gen_tokens], [])
     probe.close()
+    return budget
+
+
+def run(loaded, args: argparse.Namespace, budget: int, kv_bits: int | None = None) -> dict:
     core = engine_core(loaded, max_num_seqs=args.streams, max_decode_seqs=args.streams, kv_budget_bytes=budget,
-                       enable_prefix_cache=not args.no_prefix_cache, queue_size=None)
+                       enable_prefix_cache=not args.no_prefix_cache, queue_size=None, kv_bits=kv_bits)
     warm_up(core)
     rng = random.Random(0)
     for i in range(args.streams):
@@ -36,20 +41,22 @@ def run(loaded, args: argparse.Namespace) -> dict:
         core.add_request(core.limits.validate(greedy_request(f"r{i}", prompt, args.gen_tokens)))
     mx.reset_peak_memory()
     tokens: dict[str, int] = {}
-    errors, peak_kv, started = [], 0, time.perf_counter()
+    errors, peak_kv, most_running, started = [], 0, 0, time.perf_counter()
     while core.has_unfinished_requests():
         for output in core.step():
             tokens[output.request_id] = tokens.get(output.request_id, 0) + len(output.new_token_ids)
             if output.error is not None:
                 errors.append(repr(output.error)[:200])
         peak_kv = max(peak_kv, core.runner.kv_cache_bytes())
+        most_running = max(most_running, len(core.scheduler.running))
     wall = time.perf_counter() - started
     stats = core.stats()
+    core.close()
     return {
-        "streams": args.streams, "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
-        "fits": args.fits, "kv_bytes_per_token": per_token, "kv_budget_bytes": budget,
+        "kv_bits": kv_bits, "streams": args.streams, "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+        "fits": args.fits, "kv_bytes_per_token": stats.kv_bytes_per_token, "kv_budget_bytes": budget,
         "complete": len(tokens) == args.streams and all(n == args.gen_tokens for n in tokens.values()),
-        "errors": errors, "preemptions": stats.num_preemptions,
+        "errors": errors, "preemptions": stats.num_preemptions, "most_running_at_once": most_running,
         "peak_measured_kv_bytes": peak_kv, "peak_planned_kv_bytes": core.scheduler.kv_peak_planned_bytes,
         "mlx_peak_memory_bytes": mx.get_peak_memory(), "wall_s": round(wall, 2),
         "generated_tok_s": round(sum(tokens.values()) / wall, 1),
@@ -67,15 +74,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--fits", type=int, default=16, help="the budget holds this many requests at once")
     parser.add_argument("--no-prefix-cache", action="store_true")
+    parser.add_argument("--kv-bits", default="none", help="comma-separated: none, 8, 4 (each run against the same budget)")
     parser.add_argument("--out", default="/tmp/kv_budget_model")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     path = args.model or make_random_model(args.out, args.random_shape, "bfloat16", args.weight_bits, 0)
-    result = run(load_orchard_model(str(path)), args)
-    print(json.dumps(result, indent=1), flush=True)
+    loaded = load_orchard_model(str(path))
+    budget = budget_for(loaded, args)
+    results = []
+    for setting in args.kv_bits.split(","):
+        results.append(run(loaded, args, budget, None if setting == "none" else int(setting)))
+        print(json.dumps(results[-1], indent=1), flush=True)
+    if len(results) > 1:
+        first = results[0]["most_running_at_once"]
+        for result in results[1:]:
+            print(f"kv_bits {result['kv_bits']}: {result['most_running_at_once']} requests at once against "
+                  f"{first} ({result['most_running_at_once'] / first:.2f}x) in the same budget", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump(results[0] if len(results) == 1 else results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,9 @@ SHAPES: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 4096,
     },
 }
+# Small enough for the CPU, with the 64-wide heads a quantized KV cache needs (kv_group_size 64).
+SHAPES["small-hd64"] = {**SHAPES["tiny"], "hidden_size": 256, "num_hidden_layers": 4, "head_dim": 64,
+                        "intermediate_size": 512}
 
 QUANT_GROUP_SIZE = 64
 
