@@ -96,7 +96,10 @@ class EngineCore:
         if config.prefill_step_tokens is None:  # from this device's speed and memory, before anything sizes by it
             allowance = prefill_memory_allowance_bytes(
                 self.kv_budget.budget_bytes, prefix_cache.capacity_bytes if prefix_cache else 0)
-            budget = measure_prefill_budget(loaded.model, self.context_length, config.kv_quantization, allowance)
+            budget = measure_prefill_budget(
+                loaded.model, self.context_length, config.kv_quantization, allowance, config.max_prefill_seqs,
+                config.prefill_chunk_limit,
+            )
             config = replace(config, prefill_step_tokens=budget.step_tokens)
             self.expected_step_s = budget.expected_step_s
         self.config = config

@@ -102,12 +102,6 @@ class WarmupShape:
     completing: bool
 
 
-# A padded forward computes at most this multiple of its step's real-token budget (or of a single chunk's, or of
-# SMALL_FORWARD_TOKENS, when larger): up to 2.48x in warmup_shapes' shapes (a test sweeps them). step_budget.py
-# sizes the step so that this many tokens' activations fit beside the KV budget.
-MAX_PADDED_TOKENS_FACTOR = 2.5
-
-
 def warmup_shapes(
     max_rows: int, step_tokens: int | None, chunk_tokens: int | None, head_split: bool = False
 ) -> list[WarmupShape]:
@@ -138,3 +132,22 @@ def _fewest_rows_padded_to(padded_rows: int, length: int, max_rows: int) -> int:
     """The fewest rows whose first forward split_rows runs at `padded_rows` rows."""
     return next(n for n in range(1, padded_rows + 1) if split_rows(n, length, max_rows)[0].padded_rows == padded_rows)
 
+
+
+def largest_forward_tokens(max_rows: int, step_tokens: int, chunk_tokens: int | None) -> int:
+    """The most tokens, padding included, one prefill forward computes in a step of step_tokens real tokens."""
+    return max(shape.rows * shape.length for shape in warmup_shapes(max_rows, step_tokens, chunk_tokens))
+
+
+def largest_step_within(forward_tokens: float, max_rows: int, chunk_tokens: int | None, lowest: int, highest: int) -> int:
+    """The largest step budget in lowest..highest whose padded forwards compute at most forward_tokens tokens each
+    (lowest when none does). largest_forward_tokens grows with the budget, so a bisection finds it."""
+    if largest_forward_tokens(max_rows, lowest, chunk_tokens) > forward_tokens:
+        return lowest
+    while lowest < highest:
+        middle = (lowest + highest + 1) // 2
+        if largest_forward_tokens(max_rows, middle, chunk_tokens) <= forward_tokens:
+            lowest = middle
+        else:
+            highest = middle - 1
+    return lowest

@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from engine.kv.batch_cache import new_request_cache
 from engine.kv.quantized_kv import KVQuantization
-from engine.runner.prefill_shapes import MAX_PADDED_TOKENS_FACTOR
+from engine.runner.prefill_shapes import largest_step_within
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class PrefillBudget:
     tokens_per_s: float  # measured prefill speed of one sequence
     # What a forward held beyond what was allocated before it, per prompt token (activations, logits).
     transient_bytes_per_token: float = 0.0
+    speed_step_tokens: int = 0  # the budget by speed alone, before the memory bound
 
     @property
     def expected_step_s(self) -> float:
@@ -46,10 +47,12 @@ class PrefillBudget:
 
 def measure_prefill_budget(
     model: Any, context_length: int, quantization: KVQuantization | None = None, memory_allowance_bytes: int | None = None,
+    max_rows: int = 32, chunk_tokens: int | None = None,
 ) -> PrefillBudget:
     """Time single-sequence forwards of growing length (on the KV cache the engine will use: a quantized one
-    prefills slower on some backends); the budget fills STEP_TARGET_S at the speed seen, cut so that a padded step
-    holds at most memory_allowance_bytes (None: unbounded) at the memory per token seen."""
+    prefills slower on some backends); the budget fills STEP_TARGET_S at the speed seen, cut so that each padded
+    forward of a step (max_rows rows, chunks of chunk_tokens) holds at most memory_allowance_bytes (None: unbounded)
+    at the memory per token seen."""
     started = time.monotonic()
     longest = min(MAX_PROBE_TOKENS, context_length - 1)
     tokens = min(FIRST_PROBE_TOKENS, longest)
@@ -60,17 +63,16 @@ def measure_prefill_budget(
         tokens *= 4
     speed = tokens / max(probe.seconds, 1e-6)
     per_token = probe.transient_bytes / tokens
-    by_speed = speed * STEP_TARGET_S
-    by_memory = float("inf")
+    by_speed = int(min(MAX_STEP_TOKENS, max(MIN_STEP_TOKENS, speed * STEP_TARGET_S)))
+    step_tokens = by_speed
     if memory_allowance_bytes is not None and per_token > 0:
-        by_memory = memory_allowance_bytes / (per_token * MAX_PADDED_TOKENS_FACTOR * MASKED_FORWARD_MARGIN)
-    step_tokens = int(min(MAX_STEP_TOKENS, max(MIN_STEP_TOKENS, min(by_speed, by_memory))))
-    budget = PrefillBudget(step_tokens, speed, per_token)
+        forward_tokens = memory_allowance_bytes / (per_token * MASKED_FORWARD_MARGIN)
+        step_tokens = largest_step_within(forward_tokens, max_rows, chunk_tokens, MIN_STEP_TOKENS, by_speed)
+    budget = PrefillBudget(step_tokens, speed, per_token, by_speed)
     log.info(
         "prefill: %.0f tokens/s and %.2f MB held per token, measured in %.1f s; step budget %d tokens (~%.2f s a "
-        "step; %.0f by speed, %.0f by the %.1f GB beside the KV budget)", speed, per_token / 1e6,
-        time.monotonic() - started, budget.step_tokens, budget.expected_step_s, by_speed, by_memory,
-        (memory_allowance_bytes or 0) / 1e9,
+        "step; %d by speed; %.1f GB beside the KV budget)", speed, per_token / 1e6, time.monotonic() - started,
+        budget.step_tokens, budget.expected_step_s, by_speed, (memory_allowance_bytes or 0) / 1e9,
     )
     return budget
 

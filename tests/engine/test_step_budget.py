@@ -5,9 +5,9 @@ from __future__ import annotations
 from engine import EngineConfig, EngineCore
 from engine.device_memory import device_memory_bytes
 from engine.runner.step_budget import (
-    MASKED_FORWARD_MARGIN, MAX_PADDED_TOKENS_FACTOR, MAX_STEP_TOKENS, MIN_STEP_TOKENS, STEP_TARGET_S,
-    measure_prefill_budget,
+    MASKED_FORWARD_MARGIN, MAX_STEP_TOKENS, MIN_STEP_TOKENS, STEP_TARGET_S, measure_prefill_budget,
 )
+from engine.runner.prefill_shapes import largest_forward_tokens, largest_step_within
 
 
 def test_an_unset_step_budget_is_what_this_device_prefills_in_the_target_time(tiny_llama):
@@ -25,14 +25,18 @@ def test_a_given_step_budget_is_kept_and_not_measured(tiny_llama):
     assert core.config.prefill_step_tokens == 48 and core.expected_step_s is None
 
 
-def test_the_step_budget_is_cut_to_what_a_padded_forward_may_hold(tiny_llama):
-    free = measure_prefill_budget(tiny_llama.model, 4096)
-    assert free.transient_bytes_per_token > 0  # the probe forward's activations and logits
-    allowance = 5_000_000
-    bounded = measure_prefill_budget(tiny_llama.model, 4096, memory_allowance_bytes=allowance)
-    per_token = bounded.transient_bytes_per_token
-    assert bounded.step_tokens == max(MIN_STEP_TOKENS, int(allowance / (per_token * MAX_PADDED_TOKENS_FACTOR * MASKED_FORWARD_MARGIN)))
-    assert bounded.step_tokens < free.step_tokens
+def test_the_step_budget_is_cut_so_that_each_padded_forward_fits_the_memory_allowance(tiny_llama):
+    free = measure_prefill_budget(tiny_llama.model, 4096, max_rows=32, chunk_tokens=512)
+    per_token = free.transient_bytes_per_token
+    assert per_token > 0  # the probe forward's activations and logits
+    # Room for the padded forwards of a 1,500-token step: the bound must land at or above it, below the speed's.
+    allowance = int(largest_forward_tokens(32, 1500, 512) * per_token * MASKED_FORWARD_MARGIN)
+    bounded = measure_prefill_budget(tiny_llama.model, 4096, memory_allowance_bytes=allowance, max_rows=32, chunk_tokens=512)
+    held = bounded.transient_bytes_per_token * MASKED_FORWARD_MARGIN
+    assert bounded.step_tokens == largest_step_within(
+        allowance / held, 32, 512, MIN_STEP_TOKENS, bounded.speed_step_tokens)
+    assert largest_forward_tokens(32, bounded.step_tokens, 512) * held <= allowance
+    assert bounded.step_tokens < bounded.speed_step_tokens or bounded.speed_step_tokens <= 1500
 
 
 def test_a_kv_budget_that_takes_the_whole_device_leaves_prefill_the_smallest_step(tiny_llama):

@@ -8,13 +8,14 @@ from hypothesis import given, strategies as st
 
 from engine.runner.prefill_shapes import (
     LENGTH_BUCKETS,
-    MAX_PADDED_TOKENS_FACTOR,
     MAX_PADDING_FACTOR,
     MAX_ROW_PADDING,
     SMALL_FORWARD_TOKENS,
     RowSlice,
     bucket_length,
     group_rows,
+    largest_forward_tokens,
+    largest_step_within,
     row_buckets,
     split_rows,
     warmup_shapes,
@@ -54,13 +55,15 @@ def test_warmup_shapes_stay_within_the_step_budget_smallest_first():
     assert {(1, 2048, True), (1, 2048, False), (8, 1024, True), (4, 512, False)} <= got
 
 
-def test_no_warmup_shape_exceeds_the_padded_tokens_factor_the_step_budget_is_sized_by():
-    # step_budget.py fits MAX_PADDED_TOKENS_FACTOR x the step's tokens of activations beside the KV budget.
+def test_the_largest_forward_grows_with_the_step_budget_so_a_bisection_finds_the_step_that_fits():
     for chunk in (512, 2048):
-        for max_rows in (8, 32, 64):
-            for step in range(32, 16385, 211):
-                largest = max(s.rows * s.length for s in warmup_shapes(max_rows, step, chunk))
-                assert largest <= MAX_PADDED_TOKENS_FACTOR * max(step, SMALL_FORWARD_TOKENS, bucket_length(chunk))
+        sizes = [largest_forward_tokens(32, step, chunk) for step in range(32, 16385, 211)]
+        assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
+    fits = largest_forward_tokens(32, 3000, 2048)
+    step = largest_step_within(fits, 32, 2048, 32, 16384)
+    assert step >= 3000 and largest_forward_tokens(32, step, 2048) <= fits < largest_forward_tokens(32, step + 1, 2048)
+    assert largest_step_within(10, 32, 2048, 32, 16384) == 32  # not even the smallest step fits: the smallest
+    assert largest_step_within(1e9, 32, 2048, 32, 16384) == 16384
 
 
 def test_split_for_logits_keeps_full_logits_under_budget():
