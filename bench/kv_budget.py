@@ -20,8 +20,8 @@ import time
 
 import mlx.core as mx
 
-from bench.engine_throughput import engine_core, greedy_request, load_orchard_model, warm_up
-from bench.random_model import make_random_model
+from bench.engine_throughput import engine_core, greedy_request, warm_up
+from bench.kv_quant import add_model_arguments, kv_bits_settings, load_bench_model
 
 def budget_for(loaded, args: argparse.Namespace) -> int:
     """What `--fits` requests' KV takes as the engine counts it (unquantized bytes per token, allocation step)."""
@@ -66,24 +66,20 @@ def run(loaded, args: argparse.Namespace, budget: int, kv_bits: int | None = Non
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="an mlx-lm model folder (else a random --random-shape one)")
-    parser.add_argument("--random-shape", default="qwen3-0.6b", help="bench.random_model's shapes")
-    parser.add_argument("--weight-bits", type=int, default=None)
+    add_model_arguments(parser, "/tmp/kv_budget_model", "bench.random_model's shapes")
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=8192)
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--fits", type=int, default=16, help="the budget holds this many requests at once")
     parser.add_argument("--no-prefix-cache", action="store_true")
     parser.add_argument("--kv-bits", default="none", help="comma-separated: none, 8, 4 (each run against the same budget)")
-    parser.add_argument("--out", default="/tmp/kv_budget_model")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    path = args.model or make_random_model(args.out, args.random_shape, "bfloat16", args.weight_bits, 0)
-    loaded = load_orchard_model(str(path))
+    loaded = load_bench_model(args)
     budget = budget_for(loaded, args)
     results = []
-    for setting in args.kv_bits.split(","):
-        results.append(run(loaded, args, budget, None if setting == "none" else int(setting)))
+    for kv_bits in kv_bits_settings(args.kv_bits):
+        results.append(run(loaded, args, budget, kv_bits))
         print(json.dumps(results[-1], indent=1), flush=True)
     if len(results) > 1:
         first = results[0]["most_running_at_once"]

@@ -19,6 +19,24 @@ from bench.engine_throughput import engine_core, greedy_request, load_orchard_mo
 from bench.random_model import make_random_model
 
 
+def add_model_arguments(parser: argparse.ArgumentParser, out: str, shape_help: str) -> None:
+    """The model a KV bench runs (kv_quant, kv_budget): a folder, else a random one of --random-shape."""
+    parser.add_argument("--model", default=None, help="an mlx-lm model folder (else a random --random-shape one)")
+    parser.add_argument("--random-shape", default="qwen3-0.6b", help=shape_help)
+    parser.add_argument("--weight-bits", type=int, default=None)
+    parser.add_argument("--out", default=out, help="where the random model is written")
+
+
+def load_bench_model(args: argparse.Namespace):
+    path = args.model or make_random_model(args.out, args.random_shape, "bfloat16", args.weight_bits, 0)
+    return load_orchard_model(str(path))
+
+
+def kv_bits_settings(text: str) -> list[int | None]:
+    """--kv-bits "none,8,4" as engine kv_bits values (None: unquantized)."""
+    return [None if setting == "none" else int(setting) for setting in text.split(",")]
+
+
 def run_setting(loaded, kv_bits: int | None, prompts: list[list[int]], gen_tokens: int) -> dict:
     core = engine_core(loaded, max_decode_seqs=len(prompts), max_num_seqs=len(prompts), enable_prefix_cache=False,
                        kv_bits=kv_bits, queue_size=None)
@@ -47,23 +65,19 @@ def run_setting(loaded, kv_bits: int | None, prompts: list[list[int]], gen_token
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="an mlx-lm model folder (else a random --random-shape one)")
-    parser.add_argument("--random-shape", default="qwen3-0.6b", help="bench.random_model's shapes (head_dim >= 32)")
-    parser.add_argument("--weight-bits", type=int, default=None)
+    add_model_arguments(parser, "/tmp/kv_quant_model", "bench.random_model's shapes (head_dim >= 32)")
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--kv-bits", default="none,8,4")
-    parser.add_argument("--out", default="/tmp/kv_quant_model")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    path = args.model or make_random_model(args.out, args.random_shape, "bfloat16", args.weight_bits, 0)
-    loaded = load_orchard_model(str(path))
+    loaded = load_bench_model(args)
     rng = random.Random(0)
     prompts = [[rng.randrange(100, loaded.vocab_size - 3) for _ in range(args.prompt_tokens)] for _ in range(args.streams)]
     results = []
-    for setting in args.kv_bits.split(","):
-        result = run_setting(loaded, None if setting == "none" else int(setting), prompts, args.gen_tokens)
+    for kv_bits in kv_bits_settings(args.kv_bits):
+        result = run_setting(loaded, kv_bits, prompts, args.gen_tokens)
         if results:
             base = results[0]["tokens"]
             same = sum(a == b for x, y in zip(base, result["tokens"]) for a, b in zip(x, y))
