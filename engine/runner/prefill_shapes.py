@@ -142,6 +142,8 @@ def largest_forward_tokens(max_rows: int, step_tokens: int, chunk_tokens: int | 
 def largest_step_within(forward_tokens: float, max_rows: int, chunk_tokens: int | None, lowest: int, highest: int) -> int:
     """The largest step budget in lowest..highest whose padded forwards compute at most forward_tokens tokens each
     (lowest when none does). largest_forward_tokens grows with the budget, so a bisection finds it."""
+    if largest_forward_tokens(max_rows, highest, chunk_tokens) <= forward_tokens:
+        return highest  # the usual case (memory to spare): one look instead of a bisection at every engine start
     if largest_forward_tokens(max_rows, lowest, chunk_tokens) > forward_tokens:
         return lowest
     while lowest < highest:
