@@ -14,8 +14,13 @@ Every speculative run's tokens are compared with the reference (`mismatched`: re
 speculation is exact, so only device numerics can make them differ: kernels of other shapes round differently,
 and in bf16 that flips near-tied greedy choices of a random model, after which the reference no longer predicts
 the text). Plain and speculative runs alternate, --repeat times, each repeat on new prompts of new lengths;
-ratios are of median tokens/s within this run. `overhead`: what the engine measured a verifying step to cost
-beyond a plain decode step (in plain steps), which its adaptive draft lengths weigh.
+each speculative run sits between two plain runs, and its ratio is to their mean (the lent machines drift by up to
+30 % between minutes); the table gives the median ratio over the repeats. `full batch`: the same ratio over the
+time every stream was still running (until the first request finished): all requests start together with the same
+length, so plain decoding finishes them in one step while speculation finishes them unevenly, and the last few then
+decode in a small batch; N concurrent users of a server, whose requests come and go, see the full-batch figure.
+`overhead`: what the engine measured a verifying step to cost beyond a plain decode step (in plain steps), which
+its adaptive draft lengths weigh.
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ class Case:
     label: str
     target_acceptance: Optional[float]
     tokens_per_s: list[float] = field(default_factory=list)
+    # Each run's tokens/s over its two neighbouring plain runs' mean, whole run and while every stream ran.
+    ratios: list[float] = field(default_factory=list)
+    full_batch_ratios: list[float] = field(default_factory=list)
     drafted: int = 0
     accepted: int = 0
     mismatched: int = 0
@@ -76,16 +84,40 @@ class Level:
     cases: list[Case] = field(default_factory=list)
 
 
-def timed_run(core, prompts: dict[str, list[int]], max_tokens: int) -> tuple[float, dict[str, list[int]]]:
-    """Submit every prompt at once and step to the end: (seconds, each request's tokens)."""
+@dataclass(frozen=True)
+class Run:
+    """One timed run: all prompts submitted at once, stepped to the end."""
+
+    seconds: float
+    outputs: dict[str, list[int]]
+    # Until the first request finished (every stream still running): seconds and tokens written by then.
+    full_batch_seconds: float
+    full_batch_tokens: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(map(len, self.outputs.values())) / self.seconds
+
+    @property
+    def full_batch_tokens_per_s(self) -> float:
+        return self.full_batch_tokens / self.full_batch_seconds
+
+
+def timed_run(core, prompts: dict[str, list[int]], max_tokens: int) -> Run:
+    """Submit every prompt at once and step to the end."""
     outputs: dict[str, list[int]] = {rid: [] for rid in prompts}
     for rid, prompt in prompts.items():
         core.add_request(greedy_request(rid, prompt, max_tokens))
     start = time.perf_counter()
+    full_batch = None
     while core.has_unfinished_requests():
         for out in core.step():
             outputs[out.request_id] += out.new_token_ids
-    return time.perf_counter() - start, outputs
+            if out.is_last and full_batch is None:
+                full_batch = (time.perf_counter() - start, sum(map(len, outputs.values())))
+    seconds = time.perf_counter() - start
+    full_batch = full_batch or (seconds, sum(map(len, outputs.values())))
+    return Run(seconds, outputs, *full_batch)
 
 
 def oracle(reference: dict[str, list[int]], prompt_lengths: dict[str, int], q: float, vocab: int, seed: int) -> Drafter:
@@ -100,15 +132,23 @@ def oracle(reference: dict[str, list[int]], prompt_lengths: dict[str, int], q: f
     return draft
 
 
-def measure(case: Case, core, prompts, reference, max_tokens: int) -> None:
+def measure(case: Case, core, prompts, reference, max_tokens: int) -> Run:
     drafted, accepted = speculation_counts(core)
-    seconds, outputs = timed_run(core, prompts, max_tokens)
+    run = timed_run(core, prompts, max_tokens)
     after = speculation_counts(core)
     case.drafted += after[0] - drafted
     case.accepted += after[1] - accepted
-    case.mismatched += sum(outputs[rid] != reference[rid] for rid in prompts)
-    case.tokens_per_s.append(sum(map(len, outputs.values())) / seconds)
+    case.mismatched += sum(run.outputs[rid] != reference[rid] for rid in prompts)
+    case.tokens_per_s.append(run.tokens_per_s)
     case.verify_overhead = speculation_overhead(core)
+    return run
+
+
+def add_ratios(case: Case, run: Run, plain_before: Run, plain_after: Run) -> None:
+    """The run against the mean of the plain runs on either side of it."""
+    case.ratios.append(2 * run.tokens_per_s / (plain_before.tokens_per_s + plain_after.tokens_per_s))
+    plain_full = plain_before.full_batch_tokens_per_s + plain_after.full_batch_tokens_per_s
+    case.full_batch_ratios.append(2 * run.full_batch_tokens_per_s / plain_full)
 
 
 def repeat_prompts(streams: int, repeat: int, vocab: int, length: int) -> dict[str, list[int]]:
@@ -121,9 +161,13 @@ def repeat_prompts(streams: int, repeat: int, vocab: int, length: int) -> dict[s
 def bench_streams(streams: int, loaded, draft, args) -> Level:
     vocab = loaded.vocab_size
     common = dict(max_decode_seqs=streams, pad_prefill_shapes=False, enable_prefix_cache=False)
+    cases = [Case(streams, f"q={q:g}", q) for q in args.acceptance] + [Case(streams, "ngram", None)]
+    cases += [Case(streams, "draft", None)] if draft is not None else []
+    # One engine per case: each learns its own workload's acceptance over the repeats (a new request starts from
+    # what the model's recent requests met), as a server whose workload stays the same does.
     plain = engine_core(loaded, **common)
-    spec = engine_core(loaded, speculative=speculative_config(method="ngram", num_draft_tokens=args.draft_tokens), **common)
-    cores = {"spec": spec}
+    ngram_config = speculative_config(method="ngram", num_draft_tokens=args.draft_tokens)
+    cores = {case.label: engine_core(loaded, speculative=ngram_config, **common) for case in cases if case.label != "draft"}
     if draft is not None:
         spec_config = speculative_config(method="draft", num_draft_tokens=args.draft_tokens, draft_model_path=str(draft.path))
         cores["draft"] = engine_core(loaded, draft=draft, speculative=spec_config, **common)
@@ -135,20 +179,22 @@ def bench_streams(streams: int, loaded, draft, args) -> Level:
         for size in range(streams, 0, -1):
             timed_run(core, {f"{rid}-b{size}": p for rid, p in list(warm.items())[:size]}, 16)
     level = Level(streams)
-    cases = [Case(streams, f"q={q:g}", q) for q in args.acceptance] + [Case(streams, "ngram", None)]
-    cases += [Case(streams, "draft", None)] if draft is not None else []
     for repeat in range(args.repeat):
         prompts = repeat_prompts(streams, repeat, vocab, args.prompt_tokens)
         lengths = {rid: len(p) for rid, p in prompts.items()}
         timed_run(plain, prompts, 1)  # prefill shapes of the new lengths built once, for every core (not timed)
-        seconds, reference = timed_run(plain, prompts, args.new_tokens)
-        level.plain_tokens_per_s.append(sum(map(len, reference.values())) / seconds)
+        plain_run = timed_run(plain, prompts, args.new_tokens)
+        reference = plain_run.outputs
+        level.plain_tokens_per_s.append(plain_run.tokens_per_s)
         for case in cases:
-            core = cores["draft"] if case.label == "draft" else spec
-            if case.label != "draft":
-                q = case.target_acceptance
-                set_host_drafter(spec, None if q is None else oracle(reference, lengths, q, vocab, repeat))
-            measure(case, core, prompts, reference, args.new_tokens)
+            core = cores[case.label]
+            if case.target_acceptance is not None:
+                set_host_drafter(core, oracle(reference, lengths, case.target_acceptance, vocab, repeat))
+            run = measure(case, core, prompts, reference, args.new_tokens)
+            next_plain = timed_run(plain, prompts, args.new_tokens)
+            level.plain_tokens_per_s.append(next_plain.tokens_per_s)
+            add_ratios(case, run, plain_run, next_plain)
+            plain_run = next_plain
         print(f"streams {streams} repeat {repeat + 1}/{args.repeat} done", flush=True)
     level.cases = cases
     for core in (plain, *cores.values()):
@@ -158,17 +204,25 @@ def bench_streams(streams: int, loaded, draft, args) -> Level:
 
 
 def table(levels: list[Level]) -> str:
-    rows = [["streams", "case", "acceptance", "plain tok/s", "spec tok/s", "ratio", "mismatched", "overhead"]]
+    rows = [["streams", "case", "acceptance", "plain tok/s", "spec tok/s", "ratio", "full batch", "mismatched", "overhead"]]
     for level in levels:
         plain = statistics.median(level.plain_tokens_per_s)
         for case in level.cases:
             spec = statistics.median(case.tokens_per_s)
             acceptance = f"{case.acceptance:.1%}" if case.acceptance is not None else "-"
             overhead = f"{case.verify_overhead:.2f}" if case.verify_overhead is not None else "-"
-            rows.append([str(level.streams), case.label, acceptance, f"{plain:.1f}", f"{spec:.1f}", f"{spec / plain:.2f}x",
-                         str(case.mismatched), overhead])
+            full = f"{statistics.median(case.full_batch_ratios):.2f}x" if case.full_batch_ratios else "-"
+            rows.append([str(level.streams), case.label, acceptance, f"{plain:.1f}", f"{spec:.1f}",
+                         f"{case_ratio(case, level):.2f}x", full, str(case.mismatched), overhead])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def case_ratio(case: Case, level: Level) -> float:
+    """The median of the paired ratios (reports written before pairing: of the medians)."""
+    if case.ratios:
+        return statistics.median(case.ratios)
+    return statistics.median(case.tokens_per_s) / statistics.median(level.plain_tokens_per_s)
 
 
 def plot(levels: list[Level], path: Path, title: str) -> None:
@@ -179,9 +233,8 @@ def plot(levels: list[Level], path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for level in levels:
-        plain = statistics.median(level.plain_tokens_per_s)
         points = sorted(
-            (c.acceptance, statistics.median(c.tokens_per_s) / plain) for c in level.cases
+            (c.acceptance, case_ratio(c, level)) for c in level.cases
             if c.target_acceptance is not None and c.acceptance is not None
         )
         ax.plot([a * 100 for a, _ in points], [r for _, r in points], marker="o", label=f"{level.streams} stream(s)")

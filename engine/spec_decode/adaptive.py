@@ -8,6 +8,7 @@ pipeline a verifying step gives up (its drafts need the previous token on the ho
 verified position (and, for a draft model, one more draft forward) adds. A row that stopped drafting probes
 again after a back-off (doubling while probes keep failing), so a text that turns repetitive is found; a probe
 makes the whole batch verify, so the wait also grows with the batch and with what a verifying step costs.
+A new row starts from the acceptance the model's recent rows met (AcceptanceHistory), once there is one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from dataclasses import dataclass
 DECAY = 0.9
 PRIOR_ACCEPTED, PRIOR_REJECTED = 2.0, 1.0
 FIRST_PROBE_AFTER, MAX_PROBE_AFTER = 8, 256
+# The model's acceptance over its rows' recent verifications (~50), and how many (decayed: about four) it takes
+# before a new row starts from it rather than from the fixed prior.
+HISTORY_DECAY, HISTORY_TRUSTED_AFTER = 0.98, 3.5
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,32 @@ class RowDraftPolicy:
             self.probe_after = min(self.probe_after * 2, MAX_PROBE_AFTER)
         elif accepted == drafted:  # every draft taken: the text may have turned predictable, look again soon
             self.probe_after = FIRST_PROBE_AFTER
+
+
+@dataclass
+class AcceptanceHistory:
+    """Decayed counts over every row's verifications, in a row policy's units (accepted drafts, rejections): a
+    workload that never accepts (a draft model that disagrees) starts its next requests off instead of paying
+    full-length drafts until each request has learnt it; one that accepts well starts them drafting."""
+
+    accepted: float = 0.0
+    rejected: float = 0.0
+    verifications: float = 0.0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.accepted = HISTORY_DECAY * self.accepted + accepted
+        self.rejected = HISTORY_DECAY * self.rejected + (1 if accepted < drafted else 0)
+        self.verifications = HISTORY_DECAY * self.verifications + 1
+
+    def prior(self) -> tuple[float, float]:
+        """A new row's (accepted, rejected) counts: the fixed prior's weight at the model's recent acceptance."""
+        if self.verifications < HISTORY_TRUSTED_AFTER:
+            return PRIOR_ACCEPTED, PRIOR_REJECTED
+        share = self.accepted / (self.accepted + self.rejected)
+        weight = PRIOR_ACCEPTED + PRIOR_REJECTED
+        return weight * share, weight * (1.0 - share)
 
 
 def expected_tokens(alpha: float, length: int) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.spec_decode.adaptive import DraftCosts, RowDraftPolicy, expected_tokens, fit_lengths
+from engine.spec_decode.adaptive import AcceptanceHistory, DraftCosts, RowDraftPolicy, expected_tokens, fit_lengths
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.ngram import NgramIndex
 from engine.spec_decode.step_costs import StepCosts
@@ -42,6 +42,7 @@ class Speculator:
     max_verify_tokens: int
     costs: StepCosts = field(default_factory=StepCosts)
     rows: dict[str, SpecRow] = field(default_factory=dict)
+    history: AcceptanceHistory = field(default_factory=AcceptanceHistory)  # where a new row's acceptance starts
     # Where host drafts come from: prompt lookup, unless replaced by a drafter of known agreement (bench/
     # speculative.py measures speed against acceptance with one): (request id, known text, length) -> drafts.
     host_drafter: Callable[[str, list[int], int], list[int]] | None = None
@@ -54,7 +55,8 @@ class Speculator:
         return self.config.method == "ngram"
 
     def add(self, request_id: str, prompt_token_ids: tuple[int, ...]) -> None:
-        policy = RowDraftPolicy(self.config.num_draft_tokens)
+        accepted, rejected = self.history.prior()
+        policy = RowDraftPolicy(self.config.num_draft_tokens, accepted, rejected)
         row = SpecRow(list(prompt_token_ids), policy)
         if self.uses_ngram:
             row.index = NgramIndex(self.config.min_match, self.config.max_match)
@@ -134,6 +136,7 @@ class Speculator:
         row = self.rows.get(request_id)
         if row is not None:
             row.policy.record(drafted, accepted)
+        self.history.record(drafted, accepted)
         if drafted:
             self.stats.drafted_tokens += drafted
             self.stats.accepted_tokens += accepted

@@ -200,3 +200,26 @@ def test_rows_probe_together_and_never_where_no_draft_could_pay():
     assert policy.length(4, DraftCosts(sync_cost=6.0, token_cost=0.03)) == 1  # the probe due now still runs
     policy.record(1, 0)
     assert policy.steps_to_probe >= 256
+
+
+def test_a_new_row_starts_from_the_acceptance_the_models_recent_rows_met():
+    speculator = Speculator(SpeculativeConfig(method="ngram", num_draft_tokens=4), max_verify_tokens=64)
+    speculator.costs.observe_plain(1, 0.010)
+    speculator.add("first", (1, 2, 3, 1, 2))
+    assert speculator.plan({"first": 4}, batch_size=1) == {"first": 4}  # nothing measured yet: the fixed prior
+    for _ in range(3):
+        speculator.record_verification("first", 4, 0)
+    speculator.add("second", (1, 2, 3, 1, 2))
+    assert speculator.rows["second"].policy.acceptance == 2 / 3  # three verifications are not enough to go by
+    speculator.record_verification("first", 4, 0)
+    speculator.forget("first")
+    # The model's drafts have all been rejected: a new request probes with one draft instead of four.
+    speculator.add("third", (1, 2, 3, 1, 2))
+    assert speculator.rows["third"].policy.acceptance == 0.0
+    assert speculator.plan({"third": 4}, batch_size=1) == {"third": 1}
+    # Drafts that are all taken again (a workload that turned repetitive) start the next requests at full length.
+    for _ in range(200):
+        speculator.record_verification("third", 4, 4)
+    speculator.add("fourth", (1, 2, 3, 1, 2))
+    assert speculator.rows["fourth"].policy.acceptance > 0.95
+    assert speculator.plan({"fourth": 4}, batch_size=1)["fourth"] == 4
