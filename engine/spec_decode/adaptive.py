@@ -46,6 +46,9 @@ class RowDraftPolicy:
     probe_cost: float = 1.0
     # The length just given is a probe (drafting does not pay by the estimate; the estimate is being checked).
     is_probing: bool = False
+    # Drafting paid by the estimate when the row last asked (a new row counts as paying): a row whose estimate
+    # turns against drafting waits a back-off before its first probe, as after a failed probe.
+    paying: bool = True
 
     @property
     def acceptance(self) -> float:
@@ -59,9 +62,13 @@ class RowDraftPolicy:
             return 0
         best = best_length(self.acceptance, limit, costs)
         if best > 0:
+            self.paying = True
             return best
         if best_length(1.0, limit, costs) == 0:  # not even drafts that are always taken would pay: wait longest
             self.probe_after = MAX_PROBE_AFTER
+        if self.paying:
+            self.paying = False
+            self._back_off(batch_rows * (1.0 + costs.sync_cost))
         if self.steps_to_probe > 0:
             self.steps_to_probe -= 1
             return 0
@@ -82,11 +89,17 @@ class RowDraftPolicy:
         self.accepted_total += accepted
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (1 if accepted < drafted else 0)
-        if accepted == 0 and self.steps_to_probe == 0:
-            self.steps_to_probe = math.ceil(self.probe_after * max(self.probe_cost, 1.0))
-            self.probe_after = min(self.probe_after * 2, MAX_PROBE_AFTER)
+        if accepted == 0 and self.is_probing:  # a failed probe: the next one waits twice as long
+            self._back_off(self.probe_cost)
         elif accepted == drafted:  # every draft taken: the text may have turned predictable, look again soon
             self.probe_after = FIRST_PROBE_AFTER
+
+    def _back_off(self, probe_cost: float) -> None:
+        """Plain steps before the next probe: the back-off times what a probe costs the batch; then it doubles.
+        Only probes (and a row turning against drafting) back off: a drafting row whose drafts all miss once
+        just drafts less while its acceptance says so."""
+        self.steps_to_probe = math.ceil(self.probe_after * max(probe_cost, 1.0))
+        self.probe_after = min(self.probe_after * 2, MAX_PROBE_AFTER)
 
 
 @dataclass

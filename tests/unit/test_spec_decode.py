@@ -79,8 +79,24 @@ def test_probes_wait_longer_in_bigger_batches_and_where_verifying_costs_more():
     policy = RowDraftPolicy(max_length=4)
     lengths = drafts_over(policy, 600, accepted_share=0.0, costs=DraftCosts(1.0, 0.03), rows=4)
     probes = [i for i, n in enumerate(lengths) if n]
-    # The first wait follows a plain draft (not a probe); then 16 and 32 steps, each times 4 x (1 + 1).
-    assert [b - a - 1 for a, b in zip(probes, probes[1:])] == [8, 16 * 8, 32 * 8]
+    # The first wait follows the draft after which drafting stopped paying; then each failed probe doubles it:
+    # 8, 16 and 32 steps, each times 4 x (1 + 1).
+    assert [b - a - 1 for a, b in zip(probes, probes[1:])] == [8 * 8, 16 * 8, 32 * 8]
+
+
+def test_a_drafting_row_whose_drafts_all_miss_once_does_not_back_off():
+    # Drafts taken 70 % of the time miss whole about a third of the steps: the row keeps drafting after each such
+    # miss (its acceptance estimate moves), without the probe back-off that would turn it off for long stretches.
+    policy = RowDraftPolicy(max_length=4)
+    costs = DraftCosts(0.1, 0.03)
+    misses = 0
+    for step in range(60):
+        length = policy.length(4, costs)
+        assert length > 0, f"step {step}: a row at ~70 % acceptance stopped drafting"
+        accepted = 0 if step % 3 == 0 else min(length, 2)
+        misses += accepted == 0
+        policy.record(length, accepted)
+    assert misses == 20 and policy.steps_to_probe == 0 and policy.probe_after == 8
 
 
 def test_the_verify_budget_caps_every_rows_drafts():
@@ -193,10 +209,11 @@ def test_rows_probe_together_and_never_where_no_draft_could_pay():
         speculator.add(name, (1, 2, 3, 1, 2))
         policy = speculator.rows[name].policy
         policy.accepted, policy.rejected, policy.steps_to_probe = 0.0, 5.0, wait  # alpha 0: off
+        policy.paying = False  # and already waiting for its probe
     # One row's probe is due: the others draft one token in the same verifying step.
     assert speculator.plan({"due": 4, "later": 4, "much-later": 4}, batch_size=3) == {"due": 1, "later": 1, "much-later": 1}
     # A device where a verifying step costs more than any draft could return: probes wait the longest back-off.
-    policy = RowDraftPolicy(max_length=4, accepted=0.0, rejected=5.0)
+    policy = RowDraftPolicy(max_length=4, accepted=0.0, rejected=5.0, paying=False)
     assert policy.length(4, DraftCosts(sync_cost=6.0, token_cost=0.03)) == 1  # the probe due now still runs
     policy.record(1, 0)
     assert policy.steps_to_probe >= 256
@@ -213,10 +230,12 @@ def test_a_new_row_starts_from_the_acceptance_the_models_recent_rows_met():
     assert speculator.rows["second"].policy.acceptance == 2 / 3  # three verifications are not enough to go by
     speculator.record_verification("first", 4, 0)
     speculator.forget("first")
-    # The model's drafts have all been rejected: a new request probes with one draft instead of four.
+    # The model's drafts have all been rejected: a new request does not draft, and probes (one draft) only after
+    # the back-off a failed probe would have started (8 steps x (1 + the prior's 0.1 sync cost)).
     speculator.add("third", (1, 2, 3, 1, 2))
     assert speculator.rows["third"].policy.acceptance == 0.0
-    assert speculator.plan({"third": 4}, batch_size=1) == {"third": 1}
+    lengths = [speculator.plan({"third": 4}, batch_size=1)["third"] for _ in range(10)]
+    assert lengths == [0] * 9 + [1]  # ceil(8 x 1.1) = 9
     # Drafts that are all taken again (a workload that turned repetitive) start the next requests at full length.
     for _ in range(200):
         speculator.record_verification("third", 4, 4)
