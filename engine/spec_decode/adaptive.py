@@ -46,9 +46,11 @@ class RowDraftPolicy:
     probe_cost: float = 1.0
     # The length just given is a probe (drafting does not pay by the estimate; the estimate is being checked).
     is_probing: bool = False
-    # Drafting paid by the estimate when the row last asked (a new row counts as paying): a row whose estimate
-    # turns against drafting waits a back-off before its first probe, as after a failed probe.
-    paying: bool = True
+    # Drafting paid by the estimate when the row last asked: a row whose estimate turns against drafting waits a
+    # back-off before its first probe, as after a failed probe. A new row counts as paying when its prior is the
+    # model's measured history (which says no for a reason); on the fixed prior it probes at once (nothing else
+    # would ever measure what verifying costs, nor this row's acceptance).
+    paying: bool = False
 
     @property
     def acceptance(self) -> float:
@@ -119,9 +121,18 @@ class AcceptanceHistory:
         self.rejected = HISTORY_DECAY * self.rejected + (1 if accepted < drafted else 0)
         self.verifications = HISTORY_DECAY * self.verifications + 1
 
+    @property
+    def trusted(self) -> bool:
+        return self.verifications >= HISTORY_TRUSTED_AFTER
+
+    def new_row_policy(self, max_length: int) -> RowDraftPolicy:
+        """A new row's policy: the fixed prior's weight at the model's recent acceptance, once that is known."""
+        accepted, rejected = self.prior()
+        return RowDraftPolicy(max_length, accepted, rejected, paying=self.trusted)
+
     def prior(self) -> tuple[float, float]:
-        """A new row's (accepted, rejected) counts: the fixed prior's weight at the model's recent acceptance."""
-        if self.verifications < HISTORY_TRUSTED_AFTER:
+        """A new row's (accepted, rejected) counts."""
+        if not self.trusted:
             return PRIOR_ACCEPTED, PRIOR_REJECTED
         share = self.accepted / (self.accepted + self.rejected)
         weight = PRIOR_ACCEPTED + PRIOR_REJECTED

@@ -55,8 +55,7 @@ class Speculator:
         return self.config.method == "ngram"
 
     def add(self, request_id: str, prompt_token_ids: tuple[int, ...]) -> None:
-        accepted, rejected = self.history.prior()
-        policy = RowDraftPolicy(self.config.num_draft_tokens, accepted, rejected)
+        policy = self.history.new_row_policy(self.config.num_draft_tokens)
         row = SpecRow(list(prompt_token_ids), policy)
         if self.uses_ngram:
             row.index = NgramIndex(self.config.min_match, self.config.max_match)

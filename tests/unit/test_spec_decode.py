@@ -209,11 +209,10 @@ def test_rows_probe_together_and_never_where_no_draft_could_pay():
         speculator.add(name, (1, 2, 3, 1, 2))
         policy = speculator.rows[name].policy
         policy.accepted, policy.rejected, policy.steps_to_probe = 0.0, 5.0, wait  # alpha 0: off
-        policy.paying = False  # and already waiting for its probe
     # One row's probe is due: the others draft one token in the same verifying step.
     assert speculator.plan({"due": 4, "later": 4, "much-later": 4}, batch_size=3) == {"due": 1, "later": 1, "much-later": 1}
     # A device where a verifying step costs more than any draft could return: probes wait the longest back-off.
-    policy = RowDraftPolicy(max_length=4, accepted=0.0, rejected=5.0, paying=False)
+    policy = RowDraftPolicy(max_length=4, accepted=0.0, rejected=5.0)
     assert policy.length(4, DraftCosts(sync_cost=6.0, token_cost=0.03)) == 1  # the probe due now still runs
     policy.record(1, 0)
     assert policy.steps_to_probe >= 256
