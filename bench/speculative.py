@@ -214,8 +214,25 @@ def table(levels: list[Level]) -> str:
             full = f"{statistics.median(case.full_batch_ratios):.2f}x" if case.full_batch_ratios else "-"
             rows.append([str(level.streams), case.label, acceptance, f"{plain:.1f}", f"{spec:.1f}",
                          f"{case_ratio(case, level):.2f}x", full, str(case.mismatched), overhead])
+        null = null_ratios(level)
+        if len(null) >= 5:  # the measurement's own spread: plain against plain, paired the same way
+            deciles = statistics.quantiles(null, n=10)
+            rows.append([str(level.streams), "plain (null)", "-", f"{plain:.1f}", "-",
+                         f"{statistics.median(null):.2f}x", f"p10-p90 {deciles[0]:.2f}-{deciles[-1]:.2f}", "-", "-"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def null_ratios(level: Level) -> list[float]:
+    """Each plain run between two others against their mean: what the pairing gives where nothing differs (the
+    measurement's own spread; plain runs sit at both ends of every case, len(cases) + 1 per repeat)."""
+    per_repeat = len(level.cases) + 1
+    runs = level.plain_tokens_per_s
+    ratios = []
+    for start in range(0, len(runs) - per_repeat + 1, per_repeat):
+        chunk = runs[start : start + per_repeat]
+        ratios += [2 * chunk[i] / (chunk[i - 1] + chunk[i + 1]) for i in range(1, per_repeat - 1)]
+    return ratios
 
 
 def case_ratio(case: Case, level: Level) -> float:
