@@ -133,7 +133,6 @@ def _fewest_rows_padded_to(padded_rows: int, length: int, max_rows: int) -> int:
     return next(n for n in range(1, padded_rows + 1) if split_rows(n, length, max_rows)[0].padded_rows == padded_rows)
 
 
-
 def largest_forward_tokens(max_rows: int, step_tokens: int, chunk_tokens: int | None) -> int:
     """The most tokens, padding included, one prefill forward computes in a step of step_tokens real tokens."""
     return max(shape.rows * shape.length for shape in warmup_shapes(max_rows, step_tokens, chunk_tokens))

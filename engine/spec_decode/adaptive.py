@@ -70,18 +70,18 @@ class RowDraftPolicy:
             self.probe_after = MAX_PROBE_AFTER
         if self.paying:
             self.paying = False
-            self._back_off(batch_rows * (1.0 + costs.sync_cost))
+            self._back_off(probe_cost(costs, batch_rows))
         if self.steps_to_probe > 0:
             self.steps_to_probe -= 1
             return 0
-        self.probe_cost = batch_rows * (1.0 + costs.sync_cost)
+        self.probe_cost = probe_cost(costs, batch_rows)
         self.is_probing = True
         return 1  # a probe: one draft, so that the estimate can recover
 
     def ride_along(self, costs: DraftCosts, batch_rows: int) -> int:
         """Another row probes, so the batch verifies anyway: one draft of this row's costs next to nothing."""
         self.steps_to_probe, self.is_probing = 0, True
-        self.probe_cost = batch_rows * (1.0 + costs.sync_cost)
+        self.probe_cost = probe_cost(costs, batch_rows)
         return 1
 
     def record(self, drafted: int, accepted: int) -> None:
@@ -137,6 +137,11 @@ class AcceptanceHistory:
         share = self.accepted / (self.accepted + self.rejected)
         weight = PRIOR_ACCEPTED + PRIOR_REJECTED
         return weight * share, weight * (1.0 - share)
+
+
+def probe_cost(costs: DraftCosts, batch_rows: int) -> float:
+    """What one probe costs the batch in plain steps of a row's own: every row verifies (rows x (1 + sync cost))."""
+    return batch_rows * (1.0 + costs.sync_cost)
 
 
 def expected_tokens(alpha: float, length: int) -> float:
