@@ -19,6 +19,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,9 @@ from typing import Optional
 import mlx.core as mx
 import numpy as np
 
-ENGINES = ("mlx_step", "mlx_batch", "orchard")
+# mlx_forward: mlx-lm's model in a bare decode loop (argmax fed back, one step queued ahead): what running that
+# forward once per token costs at best, with no sampling, scheduling or outputs.
+ENGINES = ("mlx_step", "mlx_batch", "mlx_forward", "orchard")
 
 
 @dataclass
@@ -250,6 +253,36 @@ class MlxStepRunner(Runner):
         return trace
 
 
+class MlxForwardRunner(Runner):
+    """mlx-lm's model alone: prefill all prompts in one forward, then a decode loop that feeds the argmax back
+    with step N+1 queued before step N's tokens are read (as generate_step does); BatchKVCache for N > 1."""
+
+    name = "mlx_forward"
+
+    def __init__(self, model):
+        self.model = model
+
+    def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
+        from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+        if len({len(p) for p in prompts}) != 1:
+            raise ValueError("mlx_forward takes prompts of one length (no padding)")
+        trace = Trace(start=time.perf_counter())
+        batched = len(prompts) > 1
+        cache = [BatchKVCache([0] * len(prompts)) for _ in self.model.layers] if batched else make_prompt_cache(self.model)
+        tokens = mx.argmax(self.model(mx.array(prompts), cache=cache)[:, -1], axis=-1)
+        for _ in range(gen_tokens):
+            following = mx.argmax(self.model(tokens[:, None], cache=cache)[:, -1], axis=-1)
+            mx.async_eval(following)
+            tokens.tolist()
+            now = time.perf_counter()
+            for i in range(len(prompts)):
+                trace.add(str(i), 1, now)
+            tokens = following
+        trace.end = time.perf_counter()
+        return trace
+
+
 class MlxBatchRunner(Runner):
     """mlx-lm ``BatchGenerator`` with completion batch = concurrency and no stop tokens."""
 
@@ -357,7 +390,7 @@ def orchard_importable() -> bool:
 
 def build_runners(names: list[str], model_path: str, args) -> list[Runner]:
     runners: list[Runner] = []
-    if "mlx_step" in names or "mlx_batch" in names:
+    if {"mlx_step", "mlx_batch", "mlx_forward"} & set(names):
         import mlx_lm
 
         model, _tokenizer = mlx_lm.load(model_path)
@@ -365,6 +398,8 @@ def build_runners(names: list[str], model_path: str, args) -> list[Runner]:
             runners.append(MlxStepRunner(model))
         if "mlx_batch" in names:
             runners.append(MlxBatchRunner(model, args.prefill_batch_size))
+        if "mlx_forward" in names:
+            runners.append(MlxForwardRunner(model))
     if "orchard" in names and orchard_importable():
         try:
             runners.append(OrchardRunner(model_path, args.prefill_batch_size, args.prefill_chunk_tokens, args.prefix_cache == "on"))
@@ -438,6 +473,15 @@ def _ratio(num: Optional[RunResult], den: Optional[RunResult]) -> str:
     return f"{num.tok_per_s / den.tok_per_s:.2f}x"
 
 
+def paired_ratio(results: list[RunResult], engine: str, other: str, concurrency: int, rate: str = "tok_per_s") -> str:
+    """The median over repetitions of engine / other, each pair from the same repetition (engines alternate
+    inside it): the lent machines drift by up to 30% within minutes, which a ratio of medians would keep."""
+    ours = [getattr(r, rate) for r in results if r.engine == engine and r.concurrency == concurrency]
+    theirs = [getattr(r, rate) for r in results if r.engine == other and r.concurrency == concurrency]
+    ratios = [a / b for a, b in zip(ours, theirs) if b > 0]
+    return f"{statistics.median(ratios):.2f}x" if ratios and len(ours) == len(theirs) else "-"
+
+
 def median_results(results: list[RunResult]) -> dict[tuple[str, int], RunResult]:
     """With --repeat, the run of median throughput stands for each (engine, concurrency)."""
     groups: dict[tuple[str, int], list[RunResult]] = {}
@@ -450,8 +494,13 @@ def format_tables(results: list[RunResult], levels: list[int], engines: list[str
     by_key = median_results(results)
     step_at_1 = by_key.get(("mlx_step", 1))
     header = ["concurrency"] + [f"{e} tok/s" for e in engines]
+    # Against BatchGenerator the system rate (prefill included); against the bare forward, which prefills every
+    # prompt in one forward, the decode rate.
+    paired = [(e, rate) for e, rate in (("mlx_batch", "tok_per_s"), ("mlx_forward", "decode_tok_per_s")) if e in engines]
+    paired = paired if "orchard" in engines else []
     if "orchard" in engines:
         header += ["orchard/mlx_batch", "orchard/mlx_step"]
+        header += [f"orchard/{e} paired" + (" decode" if rate != "tok_per_s" else "") for e, rate in paired]
     rows = [header]
     for c in levels:
         row = [str(c)]
@@ -461,6 +510,7 @@ def format_tables(results: list[RunResult], levels: list[int], engines: list[str
         if "orchard" in engines:
             ours = by_key.get(("orchard", c))
             row += [_ratio(ours, by_key.get(("mlx_batch", c))), _ratio(ours, step_at_1) if c == 1 else "-"]
+            row += [paired_ratio(results, "orchard", e, c, rate) for e, rate in paired]
         rows.append(row)
     detail = [["engine", "conc", "wall s", "tok/s", "to last 1st tok s", "decode tok/s", "ttft mean ms", "ttft max ms", "complete"]]
     for r in results:
@@ -550,7 +600,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--bits", type=int, default=None, help="quantize the random model (group 64)")
     p.add_argument("--dtype", default="bfloat16", help="dtype of the random model")
     p.add_argument("--concurrency", default="1,8,32,64,128", help="comma-separated levels")
-    p.add_argument("--engines", default=",".join(ENGINES), help=f"subset of {','.join(ENGINES)}")
+    p.add_argument("--engines", default="mlx_step,mlx_batch,orchard", help=f"subset of {','.join(ENGINES)}")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--warmup-tokens", type=int, default=16, help="new tokens in each warm-up run")

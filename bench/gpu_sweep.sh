@@ -10,11 +10,12 @@
 #   in-process rounds at 64 streams. Writes $OUT/serving_<shape>_<bf16|Nbit>.{json,txt} and server logs under
 #   $OUT/logs_<tag>/. BUDGET: seconds for the whole compare run, model build included (default 540 of the
 #   call's 600). EXTRA: more compare flags (e.g. "--workloads mixed,uniform,burst,long").
-# engine: bench.engine_throughput (Orchard vs mlx-lm generate_step / BatchGenerator, random bf16 Qwen3-0.6B
-#   shape, 128-token prompts, 128 new tokens, REPEAT runs per level (default 5), engines alternating; medians) at
-#   LEVELS (default 1,8,32,64,128); then bench.prefix_cache ttft (2,048-token shared prefix + 16-token suffix,
-#   hit vs miss) on the Qwen3-0.6B shape and, unless SKIP_8B=1, the Llama-3.1-8B shape. Writes
-#   $OUT/engine_throughput.{json,txt}, $OUT/prefix_ttft_<shape>.json and $OUT/prefix_ttft.txt.
+# engine: bench.engine_throughput (Orchard vs mlx-lm generate_step / BatchGenerator / mlx_forward, mlx-lm's bare
+#   forward loop; random bf16 Qwen3-0.6B shape, 128-token prompts, 128 new tokens, REPEAT runs per level (default
+#   5), engines alternating; medians and paired ratios) at LEVELS (default 1,8,32,64,128); then bench.prefix_cache
+#   ttft (2,048-token shared prefix + 16-token suffix, hit vs miss) on the Qwen3-0.6B shape and, unless SKIP_8B=1,
+#   the Llama-3.1-8B shape. Writes $OUT/engine_throughput.{json,txt}, $OUT/prefix_ttft_<shape>.json and
+#   $OUT/prefix_ttft.txt.
 # vision [SHAPE]: bench.serving.vision_compare on a random bf16 VLM (default qwen2.5-vl-3b): levels LEVELS (default
 #   1,8,32), each request one IMAGE_SIZE (default 672x672) JPEG + a 64-token question, 128 new tokens, streamed;
 #   ours, then mlx_vlm.server; then ours at 32 streams, MIX_ROUNDS (default 2) alternating rounds of text-only vs
@@ -47,7 +48,7 @@ case "$MODE" in
   engine)
     set +e  # the prefix-cache runs still go if engine_throughput fails
     python3 -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency "${LEVELS:-1,8,32,64,128}" \
-      --repeat "${REPEAT:-5}" --json "$OUT/engine_throughput.json" 2>&1 | tail -n 40 > "$OUT/engine_throughput.txt"
+      --engines mlx_step,mlx_batch,mlx_forward,orchard --repeat "${REPEAT:-5}" --json "$OUT/engine_throughput.json" 2>&1 | tail -n 40 > "$OUT/engine_throughput.txt"
     shapes="qwen3-0.6b"
     [ -z "${SKIP_8B:-}" ] && shapes="$shapes llama-3.1-8b"
     for shape in $shapes; do
