@@ -271,9 +271,11 @@ class MlxForwardRunner(Runner):
         batched = len(prompts) > 1
         cache = [BatchKVCache([0] * len(prompts)) for _ in self.model.layers] if batched else make_prompt_cache(self.model)
         tokens = mx.argmax(self.model(mx.array(prompts), cache=cache)[:, -1], axis=-1)
-        for _ in range(gen_tokens):
-            following = mx.argmax(self.model(tokens[:, None], cache=cache)[:, -1], axis=-1)
-            mx.async_eval(following)
+        for produced in range(1, gen_tokens + 1):
+            following = None
+            if produced < gen_tokens:  # the last token is read with no step behind it
+                following = mx.argmax(self.model(tokens[:, None], cache=cache)[:, -1], axis=-1)
+                mx.async_eval(following)
             tokens.tolist()
             now = time.perf_counter()
             for i in range(len(prompts)):
