@@ -48,7 +48,8 @@ case "$MODE" in
   engine)
     set +e  # the prefix-cache runs still go if engine_throughput fails
     python3 -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency "${LEVELS:-1,8,32,64,128}" \
-      --engines mlx_step,mlx_batch,mlx_forward,orchard --repeat "${REPEAT:-5}" --json "$OUT/engine_throughput.json" 2>&1 | tail -n 40 > "$OUT/engine_throughput.txt"
+      --engines mlx_step,mlx_batch,mlx_forward,orchard --repeat "${REPEAT:-5}" --json "$OUT/engine_throughput.json" \
+      2>&1 | tail -n 40 > "$OUT/engine_throughput.txt"
     shapes="qwen3-0.6b"
     [ -z "${SKIP_8B:-}" ] && shapes="$shapes llama-3.1-8b"
     for shape in $shapes; do
