@@ -12,6 +12,14 @@ settings.register_profile("orchard", deadline=None)
 settings.load_profile("orchard")
 
 
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """Three tiny llamas and a broken folder (tests/support/serving.py), for the serving and graph tests."""
+    from tests.support.serving import write_tiny_models
+
+    return write_tiny_models(tmp_path_factory.mktemp("serve-models"))
+
+
 @pytest.fixture
 def hub():
     """The Hugging Face Hub stand-in on loopback (tests/support/fake_hub.py)."""

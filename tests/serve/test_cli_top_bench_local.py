@@ -15,7 +15,7 @@ import uvicorn
 from deployments.cli.main import main
 from deployments.cli.top_stats import Histogram, model_rows, scrape
 from deployments.config import ModelConfig
-from tests.serve.conftest import free_port
+from tests.support.serving import free_port
 from tests.serve.local_stack import local_stack, wait_for
 
 MODEL = "alpha"

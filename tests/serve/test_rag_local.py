@@ -16,7 +16,7 @@ pytest.importorskip("sentence_transformers", reason="the 'embeddings' extra is n
 
 from deployments.config import ModelConfig, RagConfig  # noqa: E402
 from deployments.rag.pipeline import SYSTEM_PROMPT  # noqa: E402
-from tests.rag.town_guide import town_guide_pdf  # noqa: E402
+from tests.support.town_guide import town_guide_pdf  # noqa: E402
 from tests.serve.local_stack import LocalStack, local_stack  # noqa: E402
 from tests.support.pdfs import encrypt_pdf, make_pdf  # noqa: E402
 

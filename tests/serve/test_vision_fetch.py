@@ -17,7 +17,7 @@ from deployments.config import MediaLimits, ModelConfig
 from deployments.ingress.media_fetch import ImageLoader
 from deployments.model_calls import ChatPrompt, ImageInput
 from engine.errors import InvalidRequestError
-from tests.serve.conftest import free_port
+from tests.support.serving import free_port
 from tests.serve.local_stack import local_stack
 from tests.support.images import png
 

@@ -1,5 +1,5 @@
 """EmbedCalls: which jobs ride which handle call. The send here is a plain coroutine that records its calls and
-answers when the test lets it (the handle's part is covered through Ray by tests/serve/test_embeddings_graph.py)."""
+answers when the test lets it (the handle's part is covered through Ray by tests/graph/test_embeddings_graph.py)."""
 
 from __future__ import annotations
 

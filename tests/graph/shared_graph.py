@@ -19,7 +19,8 @@ import openai
 import yaml
 
 from deployments.config import serve_app_name
-from tests.serve.conftest import GRAPH_START_S, ServeCluster, TinyModels, deploy_graph, wait_until
+from tests.graph.conftest import GRAPH_START_S, ServeCluster, deploy_graph
+from tests.support.serving import TinyModels, wait_until
 from tests.support.tiny_models import write_smollm2_tokenizer_model
 from tests.support.tiny_vlms import write_qwen25_vl
 

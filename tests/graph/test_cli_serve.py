@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.serve.conftest import GRAPH_START_S, TEST_RAY_ENV, free_port
+from tests.graph.conftest import GRAPH_START_S, TEST_RAY_ENV
+from tests.support.serving import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ORCHARD = [sys.executable, "-m", "deployments.cli.main"]

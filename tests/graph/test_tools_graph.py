@@ -1,7 +1,7 @@
 """Tools, reasoning and the Anthropic Messages API end to end: serve_config's graph on Ray Serve with a
 tiny model speaking SmolLM2's real tokenizer and a Qwen3 tool template, driven by the official
 `openai` and `anthropic` clients, and the Responses API's Codex-style tool loop on the same graph (the session's
-shared graph, tests/serve/shared_graph.py). Forced calls (tool_choice required / any) rely on the engine's
+shared graph, tests/graph/shared_graph.py). Forced calls (tool_choice required / any) rely on the engine's
 structured-output masks: a random model writes a valid call only through them.
 """
 
@@ -18,11 +18,11 @@ import openai
 import pytest
 from pydantic import TypeAdapter
 
-from tests.serve.shared_graph import TOOLS as MODEL
-from tests.serve.shared_graph import TOOLS_CONTEXT as CONTEXT
-from tests.serve.shared_graph import SharedGraph
+from tests.graph.shared_graph import TOOLS as MODEL
+from tests.graph.shared_graph import TOOLS_CONTEXT as CONTEXT
+from tests.graph.shared_graph import SharedGraph
 
-CLAUDE_CODE_REQUEST = Path(__file__).parent / "data" / "claude_code_request.json"
+CLAUDE_CODE_REQUEST = Path(__file__).parents[1] / "serve" / "data" / "claude_code_request.json"
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "enum": ["Paris", "Berlin", "Tokyo"]},

@@ -1,5 +1,5 @@
 """The real graph: serve_config.yaml's applications (with tiny models) on Ray Serve, driven by the openai client; the
-session's shared graph (tests/serve/shared_graph.py), whose other models these tests leave alone.
+session's shared graph (tests/graph/shared_graph.py), whose other models these tests leave alone.
 
 Run inside a loopback-only network namespace (scripts/loopback.sh): Ray binds the host interface
 otherwise. Everything here talks to 127.0.0.1 only; one Ray instance serves the whole session.
@@ -23,9 +23,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.config import MODEL_SERVER_DEPLOYMENT, serve_app_name
-from tests.serve.conftest import GRAPH_START_S, wait_until
-from tests.serve.shared_graph import ALPHA, ALPHA_CONTEXT, BETA, INGRESS_APP
-from tests.serve.shared_graph import SharedGraph as Graph
+from tests.graph.conftest import GRAPH_START_S
+from tests.support.serving import wait_until
+from tests.graph.shared_graph import ALPHA, ALPHA_CONTEXT, BETA, INGRESS_APP
+from tests.graph.shared_graph import SharedGraph as Graph
 from tests.support.sockets import listening_sockets
 
 GAMMA = "tiny/gamma"

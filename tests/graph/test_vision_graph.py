@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.serve.shared_graph import VISION as MODEL
+from tests.graph.shared_graph import VISION as MODEL
 from tests.support.vlm_images import jpeg_bytes, png_bytes
 
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}

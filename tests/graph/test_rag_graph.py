@@ -18,10 +18,11 @@ import pytest
 pytest.importorskip("sentence_transformers", reason="the 'embeddings' extra is not installed")
 
 from deployments.config import serve_app_name  # noqa: E402
-from tests.rag.town_guide import town_guide_pdf  # noqa: E402
-from tests.serve.conftest import GRAPH_START_S, deploy_graph, model_running, wait_until  # noqa: E402
-from tests.serve.shared_graph import ALPHA as CHAT_MODEL  # noqa: E402
-from tests.serve.shared_graph import EMBEDDER, INGRESS_APP, SharedGraph  # noqa: E402
+from tests.support.town_guide import town_guide_pdf  # noqa: E402
+from tests.graph.conftest import GRAPH_START_S, deploy_graph, model_running  # noqa: E402
+from tests.support.serving import wait_until  # noqa: E402
+from tests.graph.shared_graph import ALPHA as CHAT_MODEL  # noqa: E402
+from tests.graph.shared_graph import EMBEDDER, INGRESS_APP, SharedGraph  # noqa: E402
 from tests.support.pdfs import make_pdf  # noqa: E402
 
 LOADED_MODEL = "tiny/gamma"  # loaded through the admin API: the ingress restores it after a restart

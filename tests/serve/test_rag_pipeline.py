@@ -20,7 +20,7 @@ from engine.errors import (
     InvalidRequestError,
     MalformedDocumentError,
 )
-from tests.rag.town_guide import QUESTIONS, town_guide_pdf
+from tests.support.town_guide import QUESTIONS, town_guide_pdf
 from tests.support.pdfs import make_pdf
 
 # Small chunks, so a page holds several and retrieval must pick the right one.

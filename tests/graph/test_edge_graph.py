@@ -3,7 +3,7 @@ controller and refuses to start beyond loopback with the admin API on and no adm
 act through Serve's HTTP proxy.
 
 Serve is restarted on 0.0.0.0 for this module (inside the loopback-only namespace that is still loopback only),
-then put back on 127.0.0.1 for the rest of the session, with the shared graph (tests/serve/shared_graph.py) deployed
+then put back on 127.0.0.1 for the rest of the session, with the shared graph (tests/graph/shared_graph.py) deployed
 again if it was running.
 """
 
@@ -15,8 +15,9 @@ import time
 import httpx
 import pytest
 
-from tests.serve.conftest import GRAPH_START_S, ServeCluster, deploy_graph, wait_until
-from tests.serve.shared_graph import deploy_shared_graph
+from tests.graph.conftest import GRAPH_START_S, ServeCluster, deploy_graph
+from tests.support.serving import wait_until
+from tests.graph.shared_graph import deploy_shared_graph
 
 ADMIN = "sk-graph-admin"
 INFERENCE = "sk-graph-inference"

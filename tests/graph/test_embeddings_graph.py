@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("sentence_transformers", reason="the 'embeddings' extra is not installed")
 
-from tests.serve.shared_graph import EMBEDDER as MODEL  # noqa: E402
+from tests.graph.shared_graph import EMBEDDER as MODEL  # noqa: E402
 
 CONCURRENT_REQUESTS = 256
 
