@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-from engine.client.interface import Pending, merged
 from engine.errors import EngineDeadError, ModelUnloadedError
+from engine.mailbox import Pending, merged
 from deployments.model_calls import GenerateJob, StreamChunk
 from deployments.transport.errors import model_process_died
 

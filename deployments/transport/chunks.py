@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from typing import AsyncIterator, Awaitable, Callable
 
-from engine.client.interface import Pending
+from engine.mailbox import Pending
 from deployments.model_calls import StreamChunk
 
 Hold = Callable[[float | None], Awaitable[None]]

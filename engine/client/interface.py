@@ -13,10 +13,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Generic, Protocol, TypeVar
+from typing import Any, AsyncIterator, Callable
 
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
+from engine.mailbox import Pending
 from engine.output.request_output import Admitted, Finish, Queued, RequestOutput, TextDelta
 from engine.request import Request, RequestLimits
 
@@ -183,63 +184,7 @@ class EngineClientBase(ABC):
 EngineClient = EngineClientBase
 
 
-# ---- the caller's side of the streams -------------------------------------------------------------------
-# One Pending slot per request, filled a step at a time. Pending is the one merge helper for streamed items (here
-# the engine's RequestOutputs; on the serving side StreamChunks): while the consumer is behind, what arrives merges
-# into one item, so a slow consumer wakes once for many steps instead of once per token.
-class Mergeable(Protocol):
-    @property
-    def is_last(self) -> bool: ...
-
-    def merge(self, later: "Mergeable") -> None: ...
-
-
-T = TypeVar("T", bound=Mergeable)
-
-
-def merged(current: T | None, later: T) -> T:
-    """`later` appended to `current` (which is changed in place), or `later` where there is nothing yet."""
-    if current is None:
-        return later
-    current.merge(later)
-    return current
-
-
-class Pending(Generic[T]):
-    """What arrived since the consumer last took, merged into one item."""
-
-    def __init__(self) -> None:
-        self._item: T | None = None
-        self.ready = asyncio.Event()
-        self._ended = asyncio.Event()
-
-    def add(self, item: T) -> None:
-        self._item = merged(self._item, item)
-        self.ready.set()
-        if item.is_last:
-            self._ended.set()
-
-    @property
-    def ended(self) -> bool:
-        """The last item has arrived (taken or not)."""
-        return self._ended.is_set()
-
-    def take(self) -> T:
-        item, self._item = self._item, None
-        self.ready.clear()
-        assert item is not None
-        return item
-
-    async def wait_end(self, timeout_s: float | None) -> None:
-        """Return when the last item has arrived, or after timeout_s (None: no limit)."""
-        if self.ended:
-            return
-        try:
-            await asyncio.wait_for(self._ended.wait(), timeout_s)
-        except TimeoutError:
-            pass
-
-
+# ---- the caller's side of the streams: one Pending slot (engine/mailbox.py) per request ---------------------
 StreamEvent = Queued | Admitted | TextDelta | Finish
 
 
