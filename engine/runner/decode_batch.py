@@ -5,8 +5,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-import mlx.core as mx
-
 from engine.kv import plain_batch, quantized_kv
 from engine.kv.batch_cache import (
     LayerCaches,
@@ -15,39 +13,10 @@ from engine.kv.batch_cache import (
     filter_batch_cache,
     merge_request_caches,
 )
-from engine.runner_output import SampledToken, TopLogprob
 from engine.sampling.params import seed_to_uint32
-from engine.sampling.sampler import BatchSampler, RowSampling, SampledBatch
+from engine.sampling.sampler import BatchSampler, RowSampling
 from engine.sampling.structured import GuideState
 from engine.scheduler.output import NewRequest
-
-
-@dataclass
-class PendingStep:
-    """A dispatched decode step whose tokens have not been read back yet."""
-
-    request_ids: list[str]
-    sampled: SampledBatch
-    top_logprob_counts: list[int]
-
-    def read(self) -> list[SampledToken]:
-        mx.eval(self.sampled.arrays())
-        token_ids = self.sampled.token_ids.tolist()
-        logprobs = self.sampled.token_logprobs.tolist() if self.sampled.token_logprobs is not None else None
-        tops = self._read_top_logprobs()
-        return [
-            SampledToken(rid, token_ids[i], logprobs[i] if logprobs else None, tops[i] if tops else ())
-            for i, rid in enumerate(self.request_ids)
-        ]
-
-    def _read_top_logprobs(self) -> list[tuple[TopLogprob, ...]] | None:
-        if self.sampled.top_ids is None:
-            return None
-        ids, values = self.sampled.top_ids.tolist(), self.sampled.top_logprobs.tolist()
-        return [
-            tuple(TopLogprob(t, v) for t, v in zip(ids[i][:n], values[i][:n]))
-            for i, n in enumerate(self.top_logprob_counts)
-        ]
 
 
 def new_row_sampling(request: NewRequest, rng: random.Random) -> RowSampling:
@@ -164,4 +133,4 @@ class DecodeBatch:
         return [self.rows[rid].params.top_logprobs for rid in self.request_ids]
 
 
-__all__ = ["DecodeBatch", "PendingStep", "new_row_sampling"]
+__all__ = ["DecodeBatch", "new_row_sampling"]

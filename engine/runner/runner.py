@@ -21,7 +21,7 @@ from engine.kv.batch_cache import LayerCaches, cache_nbytes, new_request_cache
 from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes
 from engine.kv.cache_manager import PrefixCache
 from engine.kv.plain_batch import RowBlock
-from engine.runner.decode_batch import DecodeBatch, PendingStep, new_row_sampling
+from engine.runner.decode_batch import DecodeBatch, new_row_sampling
 from engine.runner.head_split import head_split
 from engine.runner.loader import LoadedModel
 from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
@@ -32,6 +32,7 @@ from engine.spec_decode.speculator import SpeculationStats
 from engine.runner.vision_prefill import run_vision_prefill
 from engine.runner.warmup import warm_prefill_shapes
 from engine.runner_output import RunnerOutput, SampledToken
+from engine.sampling.pending_step import PendingStep
 from engine.sampling.sampler import BatchSampler, RowSampling
 from engine.scheduler.output import DecodeRow, NewRequest, PrefillChunk, SchedulerOutput
 from engine.vision.model import EmbeddedPrompt, VisionLanguageModel

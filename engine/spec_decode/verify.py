@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 
 import mlx.core as mx
 
-from engine.runner.decode_batch import PendingStep
 from engine.runner_output import SampledToken
+from engine.sampling.pending_step import PendingStep
 from engine.sampling.sampler import BatchSampler, RowSampling, SampledBatch
 
 
