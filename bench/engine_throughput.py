@@ -121,14 +121,14 @@ def check_engine_api() -> None:
     then run under the same settings as ours."""
     from engine import EngineConfig, EngineCore, Request, SamplingParams  # noqa: F401
     from engine.mlx_settings import apply_mlx_settings
-    from engine.runner.loader import load_model  # noqa: F401
+    from engine.models.loader import load_model  # noqa: F401
 
     apply_mlx_settings()
 
 
 def load_orchard_model(model_path: str):
     """The engine's loaded model (weights, tokenizer, vocab_size) from an mlx-lm model folder."""
-    from engine.runner.loader import load_model
+    from engine.models.loader import load_model
 
     return load_model(model_path)
 

@@ -17,7 +17,7 @@ from engine.kv.quantized_kv import check_quantizable
 from engine.output.detokenizer import text_source_factory
 from engine.output.request_output import RequestOutput, RequestOutputState
 from engine.request import Request, RequestLimits, RequestStatus
-from engine.runner.loader import LoadedModel
+from engine.models.loader import LoadedModel
 from engine.runner.memory import EngineMemory, read_engine_memory
 from engine.runner.runner import ModelRunner
 from engine.runner.step_budget import measure_prefill_budget

@@ -36,7 +36,7 @@ from engine.client.spec import EngineSpec, load_serving_processor
 from engine.errors import EngineDeadError
 from engine.mlx_settings import MLX_SETTINGS
 from engine.request import Request, RequestLimits
-from engine.runner.loader import load_tokenizer_only
+from engine.models.loader import load_tokenizer_only
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0

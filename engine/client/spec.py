@@ -34,7 +34,7 @@ class EngineSpec:
 
 def build_engine_core(spec: EngineSpec) -> "EngineCore":
     from engine.core import EngineCore
-    from engine.runner.loader import load_model
+    from engine.models.loader import load_model
 
     path = spec.model_path
     if spec.uses_default_model:
@@ -59,7 +59,7 @@ def _load_draft(spec: EngineSpec):
     speculative = spec.engine_config.speculative if spec.engine_config is not None else None
     if speculative is None or speculative.draft_model_path is None:
         return None
-    from engine.runner.loader import load_model
+    from engine.models.loader import load_model
 
     return load_model(speculative.draft_model_path, dtype=spec.dtype, trust_remote_code=spec.trust_remote_code)
 
@@ -71,7 +71,7 @@ def _quantized_path(spec: EngineSpec, path: str) -> str:
 
     from engine.models.default_model import models_root
     from engine.models.quantize import plan_quantization, quantized_folder
-    from engine.runner.loader import context_length_of
+    from engine.models.loader import context_length_of
 
     folder = Path(path).expanduser().resolve()
     context_length = (spec.engine_config and spec.engine_config.context_length) or context_length_of(

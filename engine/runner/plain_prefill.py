@@ -18,7 +18,7 @@ from mlx_lm.models.cache import KVCache
 
 from engine.kv.batch_cache import LayerCaches, cache_arrays
 from engine.kv.plain_batch import concat_rows
-from engine.runner.head_split import HeadSplit, logits_at
+from engine.models.head_split import HeadSplit, logits_at
 from engine.runner.prefill_shapes import bucket_length
 from engine.scheduler.output import PrefillChunk
 

@@ -23,7 +23,7 @@ from engine.kv.block_store import prefix_cache_mode
 from engine.kv.plain_batch import RowBlock
 from engine.kv import quantized_kv
 from engine.kv.quantized_kv import is_quantized_request_cache
-from engine.runner.head_split import HeadSplit, logits_at
+from engine.models.head_split import HeadSplit, logits_at
 from engine.runner.plain_prefill import cache_offset, plain_prefill, split_for_logits
 from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, bucket_length, group_rows, split_rows
 from engine.scheduler.output import PrefillChunk

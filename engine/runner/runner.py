@@ -22,8 +22,8 @@ from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes
 from engine.kv.cache_manager import PrefixCache
 from engine.kv.plain_batch import RowBlock
 from engine.runner.decode_batch import DecodeBatch, new_row_sampling
-from engine.runner.head_split import head_split
-from engine.runner.loader import LoadedModel
+from engine.models.head_split import head_split
+from engine.models.loader import LoadedModel
 from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, cache_arrays
-from engine.runner.head_split import HeadSplit
+from engine.models.head_split import HeadSplit
 from engine.runner.prefill import run_prefill
 from engine.runner.prefill_shapes import WarmupShape
 from engine.scheduler.output import PrefillChunk

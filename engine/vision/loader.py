@@ -12,7 +12,7 @@ from typing import Any
 
 from engine.errors import ModelLoadError
 from engine.mlx_settings import apply_mlx_settings
-from engine.runner.loader import LoadedModel, cast_model, load_tokenizer_only
+from engine.models.loader import LoadedModel, cast_model, load_tokenizer_only
 
 
 def load_vision_model(

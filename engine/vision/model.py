@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.errors import ModelLoadError
-from engine.runner.head_split import HeadSplit, agrees
+from engine.models.head_split import HeadSplit, agrees
 from engine.vision.inputs import VisionInputs
 
 PROBE_TOKENS = (1, 2, 3, 4, 5)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.runner.loader import LoadedModel, load_model
+from engine.models.loader import LoadedModel, load_model
 from tests.support.tiny_models import LLAMA, write_model, write_wordlevel_tokenizer
 
 

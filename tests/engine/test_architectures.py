@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import EngineConfig, EngineCore, Request
-from engine.runner.loader import load_model
+from engine.models.loader import load_model
 from tests.engine.test_batching import assert_same_stream, params, random_prompts, run_alone
 from tests.support.drive import Arrival, run_core
 from tests.support.tiny_models import write_model

@@ -468,7 +468,7 @@ def test_smollm_perplexity(smollm) -> None:
 @pytest.mark.slow
 def test_smollm_greedy_chat_answer_through_the_engine(smollm_folder: Path) -> None:
     from engine import EngineConfig, EngineCore, Request, SamplingParams
-    from engine.runner.loader import load_model
+    from engine.models.loader import load_model
 
     loaded = load_model(smollm_folder)
     prompt = loaded.tokenizer.apply_chat_template(

@@ -6,7 +6,7 @@ import mlx.core as mx
 from mlx_lm.utils import _get_classes
 
 from engine.kv.batch_cache import new_request_cache
-from engine.runner.head_split import HeadSplit, agrees, head_split, logits_at
+from engine.models.head_split import HeadSplit, agrees, head_split, logits_at
 
 
 def test_split_logits_equal_the_model_call_at_the_chosen_positions(tiny_llama):

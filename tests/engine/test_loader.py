@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from engine.errors import ModelLoadError
-from engine.runner.loader import load_model
+from engine.models.loader import load_model
 from tests.support.tiny_models import model_dtype
 
 

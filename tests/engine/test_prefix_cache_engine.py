@@ -143,7 +143,7 @@ def test_byte_budget_holds_over_many_distinct_prompts(tiny_llama):
 
 @pytest.fixture(scope="module", params=["gemma3_sliding", "qwen3_next_hybrid"])
 def uncuttable_model(request, tmp_path_factory, wordlevel_tokenizer_dir):
-    from engine.runner.loader import load_model
+    from engine.models.loader import load_model
     from tests.engine.test_architectures import GEMMA3_SLIDING, QWEN3_NEXT_HYBRID
     from tests.support.tiny_models import write_model
 

@@ -12,7 +12,7 @@ from engine.errors import InvalidRequestError
 from engine.kv import quantized_kv
 from engine.kv.batch_cache import new_request_cache
 from engine.kv.quantized_kv import BatchQuantizedKVCache, KVQuantization
-from engine.runner.loader import load_model
+from engine.models.loader import load_model
 from engine.spec_decode.config import SpeculativeConfig
 from tests.engine.test_batching import assert_same_stream, params, random_prompts, run_alone
 from tests.engine.test_prefix_cache_engine import greedy, second_turn_after_leaving_a_padded_batch, words

@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 
 from engine import EngineConfig, EngineCore, Request, SamplingParams
-from engine.runner.loader import load_model
+from engine.models.loader import load_model
 from engine.sampling.guided import GuidedDecoding
 from engine.spec_decode.config import SpeculativeConfig
 from tests.engine.test_batching import assert_same_stream

@@ -259,7 +259,7 @@ def test_a_request_aborted_while_its_schema_compiles_never_runs(tiny_bpe_llama, 
 @pytest.fixture(scope="module")
 def smollm2():
     from engine.models.default_model import default_model_path
-    from engine.runner.loader import load_model
+    from engine.models.loader import load_model
 
     return load_model(default_model_path())
 

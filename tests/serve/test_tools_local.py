@@ -28,7 +28,7 @@ from deployments.chat.prompts import PromptEncoder
 from deployments.config import ModelConfig
 from deployments.model_calls import ChatPrompt
 from engine.errors import InvalidRequestError
-from engine.runner.loader import load_tokenizer_only
+from engine.models.loader import load_tokenizer_only
 from tests.serve.local_stack import local_stack
 from tests.support.tiny_models import write_smollm2_tokenizer_model
 from tests.unit.test_generic_tools import LONG_TOOL

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import mlx.core as mx
-
-from engine.kv.batch_cache import new_request_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 # mlx-lm model modules whose Model.__call__ is `head(self.model(inputs, cache, ...))`, nothing more
 # (gemma2's softcap, granite's logit scaling and cohere's logit scale are not, and stay whole).
@@ -53,8 +52,8 @@ def agrees(model: Any, split: HeadSplit) -> bool:
     """The split's logits equal the model call's on a probe forward (same shapes, so same kernels)."""
     tokens = mx.array([PROBE_TOKENS], mx.uint32)
     try:
-        whole = model(tokens, cache=new_request_cache(model))
-        parts = split.head(split.backbone(tokens, cache=new_request_cache(model)))
+        whole = model(tokens, cache=make_prompt_cache(model))
+        parts = split.head(split.backbone(tokens, cache=make_prompt_cache(model)))
         return whole.shape == parts.shape and bool(mx.array_equal(whole, parts).item())
     except Exception:  # an unexpected signature or structure: keep the model whole
         return False
