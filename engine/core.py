@@ -16,7 +16,8 @@ from engine.kv.kv_layout import default_kv_budget_bytes, kv_bytes_per_token, pre
 from engine.kv.quantized_kv import check_quantizable
 from engine.output.detokenizer import text_source_factory
 from engine.output.request_output import RequestOutput, RequestOutputState
-from engine.request import Request, RequestLimits, RequestStatus
+from engine.request import Request, RequestStatus
+from engine.request_limits import RequestLimits
 from engine.models.loader import LoadedModel
 from engine.runner.memory import EngineMemory, read_engine_memory
 from engine.runner.runner import ModelRunner

@@ -1,17 +1,14 @@
-"""Per-request state shared by the scheduler and the engine core, and RequestLimits: the checks of a request
-against the model's limits, made once, by the engine client at submit (and by callers that drive a core directly)."""
+"""Per-request state shared by the scheduler and the engine core (its checks against the model's limits are in
+request_limits.py)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from numbers import Integral
 from typing import TYPE_CHECKING, Sequence
 
-from engine.errors import ContextLengthExceededError, InvalidRequestError, OrchardError
-from engine.kv.budget import KVBudget
-from engine.sampling.guided_regex import guided_regex
+from engine.errors import OrchardError
 from engine.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -169,41 +166,3 @@ class Request:
 
     def all_cache_keys(self) -> list[int]:
         return [*self.cache_keys, *self._output_token_ids]
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    vocab_size: int
-    context_length: int
-    # None: no KV budget (a request is refused only past the context length).
-    kv_budget: KVBudget | None = None
-
-    def validate(self, request: Request) -> Request:
-        """Check a request (any thread); returns it with max_tokens resolved against the context length."""
-        num_prompt = request.num_prompt_tokens
-        if num_prompt == 0:
-            raise InvalidRequestError("The prompt is empty", param="prompt")
-        if any(not isinstance(t, Integral) or not 0 <= t < self.vocab_size for t in request.prompt_token_ids):
-            raise InvalidRequestError(
-                f"The prompt holds token ids outside the vocabulary (0..{self.vocab_size - 1})", param="prompt"
-            )
-        request.sampling.validate(self.vocab_size)
-        if request.sampling.guided is not None:
-            guided_regex(request.sampling.guided)  # raises InvalidRequestError for a spec it cannot express
-        max_tokens = request.sampling.max_tokens
-        room = self.context_length - num_prompt
-        if room < 1 or (max_tokens is not None and max_tokens > room):
-            wanted = num_prompt + (max_tokens or 1)
-            raise ContextLengthExceededError(
-                f"This model's maximum context length is {self.context_length} tokens, but the request "
-                f"needs {wanted} ({num_prompt} in the prompt + {max_tokens or 1} to generate)",
-                param="max_tokens" if room >= 1 else "messages",
-            )
-        if max_tokens is None:
-            max_tokens = room
-            if self.kv_budget is not None:  # like the context, the budget bounds an unbounded request
-                max_tokens = max(1, min(room, self.kv_budget.max_request_tokens - num_prompt))
-            request.sampling = replace(request.sampling, max_tokens=max_tokens)
-        if self.kv_budget is not None:
-            self.kv_budget.check_fits_alone(num_prompt, max_tokens)
-        return request

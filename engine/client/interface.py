@@ -19,7 +19,8 @@ from engine.core import EngineStats
 from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
 from engine.mailbox import Pending
 from engine.output.request_output import Admitted, Finish, Queued, RequestOutput, TextDelta
-from engine.request import Request, RequestLimits
+from engine.request import Request
+from engine.request_limits import RequestLimits
 
 
 @dataclass(frozen=True)

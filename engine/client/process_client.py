@@ -35,7 +35,8 @@ from engine.client.process_settings import engine_thread_env
 from engine.client.spec import EngineSpec, load_serving_processor
 from engine.errors import EngineDeadError
 from engine.mlx_settings import MLX_SETTINGS
-from engine.request import Request, RequestLimits
+from engine.request import Request
+from engine.request_limits import RequestLimits
 from engine.models.loader import load_tokenizer_only
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,8 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
-from engine.request import Request, RequestLimits
+from engine.request import Request
+from engine.request_limits import RequestLimits
 from engine.sampling.params import INT32_MAX, SamplingParams, make_logit_bias
 
 
