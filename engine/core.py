@@ -23,8 +23,9 @@ from engine.runner.memory import EngineMemory, read_engine_memory
 from engine.runner.runner import ModelRunner
 from engine.runner.step_budget import measure_prefill_budget
 from engine.runner_output import RunnerOutput
+from engine.sampling.held_guides import HeldGuides
 from engine.sampling.structured import GuideCompileStats, GuideCompiler
-from engine.scheduler.output import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
 from engine.vision.model import VisionLanguageModel
 from engine.spec_decode.speculator import SpeculationStats
@@ -107,8 +108,9 @@ class EngineCore:
         # What every request is checked against, by the engine client before it reaches this core.
         self.limits = RequestLimits(loaded.vocab_size, self.context_length, self.kv_budget)
         speculation = new_speculative_decoder(loaded, config.speculative, draft)
-        self.runner = ModelRunner(loaded, config, prefix_cache, speculation)
-        self.scheduler = Scheduler(config, kv=KVCacheManager(prefix_cache), kv_budget=self.kv_budget)
+        guides = HeldGuides()  # compiled guides by key: held by the scheduler, resolved by the runner
+        self.runner = ModelRunner(loaded, config, guides, prefix_cache, speculation)
+        self.scheduler = Scheduler(config, kv=KVCacheManager(prefix_cache), kv_budget=self.kv_budget, guides=guides)
         self._states: dict[str, RequestOutputState] = {}
         self._text_source = text_source_factory(loaded.tokenizer)
         self.guides = GuideCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)

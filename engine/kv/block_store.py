@@ -17,7 +17,7 @@ import mlx.core as mx
 from engine.device_memory import accelerator_memory_bytes
 from engine.kv.batch_cache import LayerCaches, new_request_cache
 from engine.kv.plain_batch import is_plain_request_cache
-from engine.kv.cache_manager import CachedBlock, PrefixCache
+from engine.kv.cache_manager import PrefixCache
 from engine.kv.quantized_kv import (
     KVQuantization, concat_positions, copied_positions, filled_request_cache, positions, quantized_nbytes,
 )
@@ -74,8 +74,10 @@ class KVBlockStore:
             mx.async_eval(self._unevaluated)
             self._unevaluated = []
 
-    def request_cache(self, blocks: Sequence[CachedBlock]) -> LayerCaches:
-        """A fresh per-request cache, pre-filled with the KV of the matched blocks."""
+    def request_cache(self, block_hashes: Sequence[int]) -> LayerCaches:
+        """A fresh per-request cache, pre-filled with the KV of the matched blocks (by hash: locked in the cache
+        while their request runs)."""
+        blocks = [self.cache.block(block_hash) for block_hash in block_hashes]
         if blocks and self.cache.snapshot_only:
             return copy.deepcopy(blocks[-1].payload)
         caches = new_request_cache(self.model, self.quantization)

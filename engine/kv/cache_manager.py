@@ -113,6 +113,10 @@ class PrefixCache:
             self.stats.misses += 1
         return matched
 
+    def block(self, block_hash: int) -> CachedBlock:
+        """The cached block of this hash (a locked block stays until its request unlocks it)."""
+        return self._blocks[block_hash]
+
     def lock(self, blocks: Sequence[CachedBlock]) -> None:
         for block in blocks:
             block.ref_count += 1

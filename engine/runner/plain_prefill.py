@@ -20,7 +20,7 @@ from engine.kv.batch_cache import LayerCaches, cache_arrays
 from engine.kv.plain_batch import concat_rows
 from engine.models.head_split import HeadSplit, logits_at
 from engine.runner.prefill_shapes import bucket_length
-from engine.scheduler.output import PrefillChunk
+from engine.scheduler_output import PrefillChunk
 
 # A forward whose rows complete their prompts at different lengths computes full logits and keeps
 # each row's last position; rows are split so those logits stay under this many elements (2 GiB bf16).

@@ -26,7 +26,7 @@ from engine.kv.quantized_kv import is_quantized_request_cache
 from engine.models.head_split import HeadSplit, logits_at
 from engine.runner.plain_prefill import cache_offset, plain_prefill, split_for_logits
 from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, bucket_length, group_rows, split_rows
-from engine.scheduler.output import PrefillChunk
+from engine.scheduler_output import PrefillChunk
 
 # Largest number of prompt tokens per row in one forward call (bounds activation memory).
 MAX_FORWARD_TOKENS = 2048

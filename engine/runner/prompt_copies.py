@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from engine.kv.block_store import KVBlockStore
 from engine.runner.prefill import PrefillResult
-from engine.scheduler.output import PrefillChunk
+from engine.scheduler_output import PrefillChunk
 
 
 # ---- copies of completed prompts into the prefix cache ------------------------------------------------------

@@ -32,15 +32,16 @@ from engine.spec_decode.speculator import SpeculationStats
 from engine.runner.vision_prefill import run_vision_prefill
 from engine.runner.warmup import warm_prefill_shapes
 from engine.runner_output import RunnerOutput, SampledToken
+from engine.sampling.held_guides import HeldGuides
 from engine.sampling.pending_step import PendingStep
 from engine.sampling.sampler import BatchSampler, RowSampling
-from engine.scheduler.output import DecodeRow, NewRequest, PrefillChunk, SchedulerOutput
+from engine.scheduler_output import DecodeRow, NewRequest, PrefillChunk, SchedulerOutput
 from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
 
 
 class ModelRunner:
     def __init__(
-        self, loaded: LoadedModel, config: EngineConfig, prefix_cache: PrefixCache | None = None,
+        self, loaded: LoadedModel, config: EngineConfig, guides: HeldGuides, prefix_cache: PrefixCache | None = None,
         speculation: SpeculativeDecoder | None = None,
     ) -> None:
         self.model = loaded.model
@@ -51,6 +52,8 @@ class ModelRunner:
         self.batch = DecodeBatch(vocab_size=loaded.vocab_size)
         # What the runner keeps of each scheduled request (from its NewRequest) until it is freed.
         self._requests: dict[str, NewRequest] = {}
+        # Structured-output guides by a NewRequest's guide_key, held by the scheduler while their requests live.
+        self._guides = guides
         self._prefill_caches: dict[str, LayerCaches] = {}
         # Where a completed prompt's KV sits in its padded forward's batch (joins decode with its neighbours).
         self._joiner_blocks: dict[str, RowBlock] = {}
@@ -335,7 +338,9 @@ class ModelRunner:
         """A request's sampling row, made once: its seed and token history follow it into decode."""
         row = self._rows.get(request_id)
         if row is None:
-            row = self._rows[request_id] = new_row_sampling(self._requests[request_id], self._rng)
+            request = self._requests[request_id]
+            guide = self._guides.resolve(request.guide_key)
+            row = self._rows[request_id] = new_row_sampling(request, guide, self._rng)
         return row
 
     def _maybe_snapshot(self, chunk: PrefillChunk, cache: LayerCaches) -> None:
@@ -347,9 +352,9 @@ class ModelRunner:
         """The request's cache, made at its first chunk from its cached prefix blocks (if any)."""
         cache = self._prefill_caches.get(request_id)
         if cache is None:
-            blocks = self._requests[request_id].cached_blocks
+            hashes = self._requests[request_id].cached_block_hashes
             store = self._blocks
-            cache = store.request_cache(blocks) if store is not None else new_request_cache(self.model, self.kv_quantization)
+            cache = store.request_cache(hashes) if store is not None else new_request_cache(self.model, self.kv_quantization)
             self._prefill_caches[request_id] = cache
         return cache
 

@@ -22,7 +22,7 @@ from engine.kv.whole_buffer import builds_attention_per_shape, forward_caches
 from engine.runner.decode_batch import DecodeBatch
 from engine.runner_output import SampledToken
 from engine.sampling.sampler import RowSampling
-from engine.scheduler.output import DecodeRow, NewRequest
+from engine.scheduler_output import DecodeRow, NewRequest
 from engine.spec_decode.adaptive import default_max_verify_tokens, fit_lengths
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.draft_model import DraftModel
@@ -46,7 +46,7 @@ class SpeculativeDecoder:
 
     # ---- rows ------------------------------------------------------------
     def add(self, request: NewRequest) -> None:
-        if request.speculative and request.guide is None:
+        if request.speculative and request.guide_key is None:
             self.speculator.add(request.request_id, request.prompt_token_ids)
 
     def forget(self, request_id: str) -> None:

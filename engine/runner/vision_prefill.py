@@ -11,7 +11,7 @@ import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, eval_caches
 from engine.runner.prefill import MAX_FORWARD_TOKENS, PrefillResult
-from engine.scheduler.output import PrefillChunk
+from engine.scheduler_output import PrefillChunk
 from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
 
 

@@ -12,7 +12,7 @@ from engine.kv.batch_cache import LayerCaches, cache_arrays
 from engine.models.head_split import HeadSplit
 from engine.runner.prefill import run_prefill
 from engine.runner.prefill_shapes import WarmupShape
-from engine.scheduler.output import PrefillChunk
+from engine.scheduler_output import PrefillChunk
 
 log = logging.getLogger(__name__)
 

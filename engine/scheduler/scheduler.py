@@ -21,7 +21,8 @@ from engine.errors import QueueFullError, QueueTimeoutError
 from engine.kv.budget import ADMISSION_HEADROOM_TOKENS, KVBudget, KVPlan
 from engine.kv.cache_manager import KVCacheManager
 from engine.request import Request, RequestStatus
-from engine.scheduler.output import DecodeRow, ExpiredRequest, NewRequest, PrefillChunk, SchedulerOutput
+from engine.sampling.held_guides import HeldGuides
+from engine.scheduler_output import DecodeRow, ExpiredRequest, NewRequest, PrefillChunk, SchedulerOutput
 
 
 class Scheduler:
@@ -31,9 +32,12 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         kv: KVCacheManager | None = None,
         kv_budget: KVBudget | None = None,
+        guides: HeldGuides | None = None,
     ) -> None:
         self.config = config
         self.kv = kv or KVCacheManager()
+        # The requests' compiled guides, held from add_request until they finish (the runner resolves them).
+        self.guides = guides if guides is not None else HeldGuides()
         # None: admission by count only.
         self.kv_budget = kv_budget
         self.num_preemptions = 0
@@ -60,6 +64,8 @@ class Scheduler:
             raise QueueFullError(f"The request queue is full (queue_size={self.config.queue_size})")
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
+        if request.guide is not None:
+            self.guides.hold(request.sampling.guided, request.guide)
 
     def _num_queued_beyond_free_slots(self) -> int:
         free_slots = self.config.max_decode_seqs - len(self.running)
@@ -78,6 +84,8 @@ class Scheduler:
             if request.num_preemptions:  # the runner kept its sampling state for the resumption
                 self._freed_request_ids.append(request.request_id)
         self.kv.release(request)
+        if request.guide is not None:
+            self.guides.release(request.sampling.guided)
         request.status = status
 
     # ---- scheduling ------------------------------------------------------
@@ -278,8 +286,8 @@ class Scheduler:
         self.kv.reuse_cached_prefix(request)
         keys = request.prefill_cache_keys() if request.prompt_cache_keys is not None else None
         new_requests.append(NewRequest(
-            request.request_id, request.prefill_token_ids(), request.sampling, request.guide,
-            tuple(request.prefix_blocks), request.vision, keys, request.speculative,
+            request.request_id, request.prefill_token_ids(), request.sampling,
+            tuple(block.block_hash for block in request.prefix_blocks), request.vision, keys, request.speculative,
             resumed=resumed, num_generated=request.num_recomputed_outputs,
         ))
 

@@ -11,7 +11,7 @@ from engine.kv.budget import KVBudget
 from engine.request import Request, RequestStatus
 from engine.sampling.params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.scheduler.output import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 from engine.spec_decode.config import SpeculativeConfig
 
 

@@ -8,7 +8,9 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.errors import QueueFullError, QueueTimeoutError
+from engine.kv.cache_manager import KVCacheManager, PrefixCache
 from engine.request import Request, RequestStatus
+from engine.sampling.guided import GuidedDecoding
 from engine.sampling.params import SamplingParams
 from engine.scheduler import Scheduler
 
@@ -204,3 +206,31 @@ def test_a_request_as_submitted_keeps_its_inputs_and_drops_its_progress():
     copy = request.as_submitted()
     assert (copy.prompt_token_ids, copy.prompt_cache_keys, copy.speculative, copy.sampling) == ((1, 2, 3), (7, 8, 9), False, request.sampling)
     assert (copy.num_computed_tokens, copy.num_decode_steps, copy.output_token_ids) == (0, 0, ())
+
+
+def test_a_prefix_hit_reaches_the_runner_as_block_hashes_of_blocks_locked_until_the_request_ends():
+    cache = PrefixCache(block_size=4, capacity_bytes=100)
+    cache.insert(list(range(8)), lambda index: (("kv", index), 1))
+    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=0), kv=KVCacheManager(cache))
+    request = make_request("a", prompt_len=10)
+    scheduler.add_request(request)
+    (new,) = scheduler.schedule().new_requests
+    blocks = [cache.block(block_hash) for block_hash in new.cached_block_hashes]
+    assert [b.payload for b in blocks] == [("kv", 0), ("kv", 1)] and all(b.ref_count == 1 for b in blocks)
+    scheduler.finish_request(request, RequestStatus.FINISHED_ABORTED)
+    assert all(b.ref_count == 0 for b in blocks)
+
+
+def test_a_guided_request_names_its_guide_by_key_held_from_arrival_until_it_finishes():
+    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=0))
+    guided = GuidedDecoding("regex", "[ab]+")
+    compiled = object()  # a CompiledGuide to the scheduler: held, never looked into
+    sampling = SamplingParams(max_tokens=4, guided=guided)
+    requests = [Request(rid, [1, 2, 3], sampling, guide=compiled) for rid in ("a", "b")]
+    for request in requests:
+        scheduler.add_request(request)
+    assert [new.guide_key for new in scheduler.schedule().new_requests] == [guided, guided]
+    scheduler.finish_request(requests[0], RequestStatus.FINISHED_ABORTED)
+    assert scheduler.guides.resolve(guided) is compiled  # the other request still holds it
+    scheduler.finish_request(requests[1], RequestStatus.FINISHED_STOPPED)
+    assert len(scheduler.guides) == 0

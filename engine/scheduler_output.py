@@ -1,7 +1,10 @@
 """The contract between the scheduler and the runner: what to compute this step, as plain data.
 
 The runner never sees a scheduler `Request`: a request's first schedule sends a `NewRequest` (what the
-runner keeps per request), later steps only ids, token slices and the prefix cache's decisions.
+runner keeps per request), later steps only ids, token slices and the prefix cache's decisions. Live objects
+travel by key: a prefix-cache hit as its blocks' hashes (the runner rebuilds the cache from the blocks the prefix
+cache holds, locked by the scheduler until the request finishes or is preempted), a structured-output guide as its
+spec (resolved in the engine's HeldGuides, held from the request's arrival until it finishes).
 """
 
 from __future__ import annotations
@@ -13,20 +16,19 @@ from engine.errors import OrchardError
 from engine.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.kv.cache_manager import CachedBlock
-    from engine.sampling.structured import CompiledGuide
+    from engine.sampling.guided import GuidedDecoding
     from engine.vision.inputs import VisionInputs
 
 
 @dataclass(frozen=True)
 class NewRequest:
-    """A request scheduled for the first time: its cache starts from `cached_blocks` (a prefix-cache hit)."""
+    """A request scheduled for the first time: its cache starts from the prefix-cache blocks of
+    `cached_block_hashes` (a hit; kv/cache_manager.py's chain hashes, the blocks' keys in the PrefixCache)."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
-    guide: "CompiledGuide | None" = None
-    cached_blocks: tuple["CachedBlock", ...] = ()
+    cached_block_hashes: tuple[int, ...] = ()
     # A multimodal prompt's images, and the keys its KV is cached under (None: the prompt's ids).
     vision: "VisionInputs | None" = None
     prompt_cache_keys: tuple[int, ...] | None = None
@@ -40,6 +42,11 @@ class NewRequest:
     @property
     def cache_keys(self) -> tuple[int, ...]:
         return self.prompt_token_ids if self.prompt_cache_keys is None else self.prompt_cache_keys
+
+    @property
+    def guide_key(self) -> "GuidedDecoding | None":
+        """Structured output: the key its compiled guide is held under (sampling/held_guides.py); None: unguided."""
+        return self.sampling.guided
 
 
 @dataclass(frozen=True)
@@ -104,11 +111,3 @@ class SchedulerOutput:
     @property
     def num_decode_tokens(self) -> int:
         return len(self.decode_rows)
-
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.prefill_chunks or self.decode_rows)
