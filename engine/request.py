@@ -161,8 +161,5 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self._output_token_ids.append(token_id)
 
-    def all_token_ids(self) -> list[int]:
-        return [*self.prompt_token_ids, *self._output_token_ids]
-
     def all_cache_keys(self) -> list[int]:
         return [*self.cache_keys, *self._output_token_ids]

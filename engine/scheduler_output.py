@@ -107,7 +107,3 @@ class SchedulerOutput:
     @property
     def num_prefill_tokens(self) -> int:
         return sum(chunk.num_tokens for chunk in self.prefill_chunks)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return len(self.decode_rows)

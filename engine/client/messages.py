@@ -36,9 +36,6 @@ class Shutdown:
     pass
 
 
-EngineCommand = AddRequest | AbortRequest | Shutdown
-
-
 # ---- from the engine process ----------------------------------------------------------------------
 @dataclass
 class EngineReady:

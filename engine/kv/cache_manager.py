@@ -45,7 +45,6 @@ class CachedBlock:
     nbytes: int
     ref_count: int = 0
     num_children: int = 0
-    last_used: int = 0
 
     @property
     def parent_hash(self) -> int:
@@ -82,7 +81,6 @@ class PrefixCache:
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     # In least- to most-recently-used order; a chain is touched leaf first so parents stay behind leaves.
     _blocks: OrderedDict[int, CachedBlock] = field(default_factory=OrderedDict)
-    _clock: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.capacity_bytes < 0:
@@ -218,9 +216,7 @@ class PrefixCache:
             pass
 
     def _touch(self, blocks: Sequence[CachedBlock]) -> None:
-        self._clock += 1
         for block in reversed(blocks):
-            block.last_used = self._clock
             self._blocks.move_to_end(block.block_hash)
 
     # ---- invariants ---------------------------------------------------------

@@ -73,10 +73,6 @@ class SamplingParams:
         """Penalties and guides read the tokens generated so far, so they need them before the next step."""
         return self.has_penalties or self.guided is not None
 
-    @property
-    def needs_top_k_filter(self) -> bool:
-        return self.top_k > 0
-
     def validate(self, vocab_size: int) -> None:
         """Refuse what the sampler cannot represent or the model cannot index (each error names its field)."""
         self._validate_lengths(vocab_size)

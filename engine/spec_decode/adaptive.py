@@ -40,8 +40,6 @@ class RowDraftPolicy:
     # Plain steps left before an idle row probes again, and the back-off to use after a failed probe.
     steps_to_probe: int = 0
     probe_after: int = FIRST_PROBE_AFTER
-    drafted_total: int = 0
-    accepted_total: int = 0
     # What the last probe cost the batch, in plain steps of this row's own (rows x (1 + sync cost)).
     probe_cost: float = 1.0
     # The length just given is a probe (drafting does not pay by the estimate; the estimate is being checked).
@@ -87,8 +85,6 @@ class RowDraftPolicy:
     def record(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
-        self.drafted_total += drafted
-        self.accepted_total += accepted
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (1 if accepted < drafted else 0)
         if accepted == 0 and self.is_probing:  # a failed probe: the next one waits twice as long
