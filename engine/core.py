@@ -14,22 +14,22 @@ from engine.kv.budget import KV_ALLOCATION_STEP, KVBudget
 from engine.kv.cache_manager import KVCacheManager, PrefixCache, PrefixCacheStats
 from engine.kv.kv_layout import default_kv_budget_bytes, kv_bytes_per_token, prefill_memory_allowance_bytes
 from engine.kv.quantized_kv import check_quantizable
+from engine.models.loader import LoadedModel
 from engine.output.detokenizer import text_source_factory
 from engine.output.request_output import RequestOutput, RequestOutputState
 from engine.request import Request, RequestStatus
 from engine.request_limits import RequestLimits
-from engine.models.loader import LoadedModel
 from engine.runner.memory import EngineMemory, read_engine_memory
 from engine.runner.runner import ModelRunner
 from engine.runner.step_budget import measure_prefill_budget
+from engine.runner.verify_step import new_speculative_decoder
 from engine.runner_output import RunnerOutput
 from engine.sampling.held_guides import HeldGuides
 from engine.sampling.structured import GuideCompileStats, GuideCompiler
-from engine.scheduler_output import SchedulerOutput
 from engine.scheduler.scheduler import Scheduler
-from engine.vision.model import VisionLanguageModel
+from engine.scheduler_output import SchedulerOutput
 from engine.spec_decode.speculator import SpeculationStats
-from engine.runner.verify_step import new_speculative_decoder
+from engine.vision.model import VisionLanguageModel
 
 THROUGHPUT_WINDOW_S = 10.0
 

@@ -35,9 +35,9 @@ from engine.client.process_settings import engine_thread_env
 from engine.client.spec import EngineSpec, load_serving_processor
 from engine.errors import EngineDeadError
 from engine.mlx_settings import MLX_SETTINGS
+from engine.models.loader import load_tokenizer_only
 from engine.request import Request
 from engine.request_limits import RequestLimits
-from engine.models.loader import load_tokenizer_only
 
 logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0

@@ -16,8 +16,8 @@ import mlx.core as mx
 
 from engine.device_memory import accelerator_memory_bytes
 from engine.kv.batch_cache import LayerCaches, new_request_cache
-from engine.kv.plain_batch import is_plain_request_cache
 from engine.kv.cache_manager import PrefixCache
+from engine.kv.plain_batch import is_plain_request_cache
 from engine.kv.quantized_kv import (
     KVQuantization, concat_positions, copied_positions, filled_request_cache, positions, quantized_nbytes,
 )

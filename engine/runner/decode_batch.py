@@ -13,18 +13,20 @@ from engine.kv.batch_cache import (
     filter_batch_cache,
     merge_request_caches,
 )
+from engine.sampling.held_guides import HeldGuides
 from engine.sampling.params import seed_to_uint32
 from engine.sampling.sampler import BatchSampler, RowSampling
-from engine.sampling.structured import CompiledGuide, GuideState
+from engine.sampling.structured import GuideState
 from engine.scheduler_output import NewRequest
 
 
-def new_row_sampling(request: NewRequest, guide: CompiledGuide | None, rng: random.Random) -> RowSampling:
-    """A request's sampling row, made with its first token: its seed and token history follow it; `guide`: its
-    compiled structured-output guide, if any."""
+def new_row_sampling(request: NewRequest, guides: HeldGuides, rng: random.Random) -> RowSampling:
+    """A request's sampling row, made with its first token: its seed and token history follow it, and its
+    structured-output guide, resolved by key where it has one."""
     params = request.sampling
     seed = params.seed if params.seed is not None else rng.getrandbits(32)
     prompt_set = frozenset(request.prompt_token_ids) if params.repetition_penalty != 1.0 else frozenset()
+    guide = guides.resolve(request.guide_key)
     state = GuideState(guide) if guide is not None else None
     return RowSampling(params=params, seed=seed_to_uint32(seed), prompt_token_set=prompt_set, guide=state)
 

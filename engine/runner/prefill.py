@@ -18,10 +18,10 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.kv import quantized_kv
 from engine.kv.batch_cache import LayerCaches, cache_arrays, eval_caches, extract_request_cache, merge_request_caches
 from engine.kv.block_store import prefix_cache_mode
 from engine.kv.plain_batch import RowBlock
-from engine.kv import quantized_kv
 from engine.kv.quantized_kv import is_quantized_request_cache
 from engine.models.head_split import HeadSplit, logits_at
 from engine.runner.plain_prefill import cache_offset, plain_prefill, split_for_logits

@@ -21,14 +21,13 @@ from engine.kv.batch_cache import LayerCaches, cache_nbytes, new_request_cache
 from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes
 from engine.kv.cache_manager import PrefixCache
 from engine.kv.plain_batch import RowBlock
-from engine.runner.decode_batch import DecodeBatch, new_row_sampling
 from engine.models.head_split import head_split
 from engine.models.loader import LoadedModel
+from engine.runner.decode_batch import DecodeBatch, new_row_sampling
 from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
 from engine.runner.verify_step import SpeculativeDecoder
-from engine.spec_decode.speculator import SpeculationStats
 from engine.runner.vision_prefill import run_vision_prefill
 from engine.runner.warmup import warm_prefill_shapes
 from engine.runner_output import RunnerOutput, SampledToken
@@ -36,6 +35,7 @@ from engine.sampling.held_guides import HeldGuides
 from engine.sampling.pending_step import PendingStep
 from engine.sampling.sampler import BatchSampler, RowSampling
 from engine.scheduler_output import DecodeRow, NewRequest, PrefillChunk, SchedulerOutput
+from engine.spec_decode.speculator import SpeculationStats
 from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
 
 
@@ -338,9 +338,7 @@ class ModelRunner:
         """A request's sampling row, made once: its seed and token history follow it into decode."""
         row = self._rows.get(request_id)
         if row is None:
-            request = self._requests[request_id]
-            guide = self._guides.resolve(request.guide_key)
-            row = self._rows[request_id] = new_row_sampling(request, guide, self._rng)
+            row = self._rows[request_id] = new_row_sampling(self._requests[request_id], self._guides, self._rng)
         return row
 
     def _maybe_snapshot(self, chunk: PrefillChunk, cache: LayerCaches) -> None:
