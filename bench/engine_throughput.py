@@ -628,7 +628,7 @@ def main(argv: Optional[list[str]] = None) -> list[RunResult]:
     with tempfile.TemporaryDirectory(prefix="orchard-bench-") as tmp:
         model_path = args.model
         if args.random_shape:
-            from bench.random_model import make_random_model
+            from tests.support.random_model import make_random_model
 
             start = time.perf_counter()
             model_path = str(make_random_model(Path(tmp) / "model", args.random_shape, args.dtype, args.bits, args.seed))

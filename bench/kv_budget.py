@@ -66,7 +66,7 @@ def run(loaded, args: argparse.Namespace, budget: int, kv_bits: int | None = Non
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_model_arguments(parser, "/tmp/kv_budget_model", "bench.random_model's shapes")
+    add_model_arguments(parser, "/tmp/kv_budget_model", "tests.support.random_model's shapes")
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=8192)
     parser.add_argument("--gen-tokens", type=int, default=128)

@@ -16,7 +16,7 @@ import random
 import time
 
 from bench.engine_throughput import engine_core, greedy_request, load_orchard_model, warm_up
-from bench.random_model import make_random_model
+from tests.support.random_model import make_random_model
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, out: str, shape_help: str) -> None:
@@ -65,7 +65,7 @@ def run_setting(loaded, kv_bits: int | None, prompts: list[list[int]], gen_token
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_model_arguments(parser, "/tmp/kv_quant_model", "bench.random_model's shapes (head_dim >= 32)")
+    add_model_arguments(parser, "/tmp/kv_quant_model", "tests.support.random_model's shapes (head_dim >= 32)")
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--gen-tokens", type=int, default=128)

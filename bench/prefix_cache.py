@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 import mlx.core as mx
 
 from bench.engine_throughput import engine_core, git_commit, greedy_request, load_orchard_model, machine_info
-from bench.random_model import make_random_model
+from tests.support.random_model import make_random_model
 
 
 @dataclass

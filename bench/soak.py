@@ -36,7 +36,6 @@ import aiohttp
 import numpy as np
 
 from bench.serving.answers import Answer, Cut, Shape, send
-from bench.serving.client import random_words
 from bench.serving.compare import (
     OrchardKnobs,
     ServerProcess,
@@ -45,14 +44,15 @@ from bench.serving.compare import (
     git_commit,
     orchard_spec,
 )
-from bench.serving.load import run_async, write_json
-from bench.serving.soak_report import summarize, table, verdict
-from bench.serving.tables import show
+from bench.serving.reports import summarize, table, verdict
+from deployments.cli.loadgen.client import random_words
+from deployments.cli.loadgen.load import run_async, write_json
+from deployments.cli.loadgen.tables import show
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_ID = "soak-tiny"
 SMOL_ID = "SmolLM2-135M-Instruct"  # serve_config.yaml's embedded default model
-TINY_VOCAB = 512  # bench.random_model's tiny shape
+TINY_VOCAB = 512  # tests.support.random_model's tiny shape
 SMOL_PROMPTS = ("Name a color.", "What is {a} plus {b}?", "Say hello to {name}.", "Count to {a}.",
                 "Give one word for the number {a}.", "Is {a} bigger than {b}? Answer yes or no.")
 NAMES = ("Ada", "Grace", "Alan", "Edsger", "Barbara")

@@ -279,7 +279,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="mlx-lm model folder")
-    src.add_argument("--random-shape", help="build a random bf16 model of this shape (bench/random_model.py)")
+    src.add_argument("--random-shape", help="build a random bf16 model of this shape (tests/support/random_model.py)")
     src.add_argument("--from-json", type=Path, help="only redraw --plot (and print the table) from an earlier --json")
     p.add_argument("--draft-shape", help="also speculate with a random draft model of this shape (same vocabulary)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
@@ -299,7 +299,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 def build_models(args, workdir: Path) -> tuple[str, Optional[str]]:
-    from bench.random_model import make_random_model
+    from tests.support.random_model import make_random_model
 
     model_path = args.model or str(make_random_model(workdir / "target", args.random_shape, args.dtype))
     draft_path = str(make_random_model(workdir / "draft", args.draft_shape, args.dtype, seed=1)) if args.draft_shape else None

@@ -8,7 +8,7 @@
    TTFT, the same schema's TTFT once cached, a free request's TTFT, and the other streams'
    inter-token gaps while the schema compiled (against the gaps just before).
 
-Random models need a tokenizer whose tokens spell real bytes: the WordLevel one of bench/random_model.py
+Random models need a tokenizer whose tokens spell real bytes: the WordLevel one of tests/support/random_model.py
 is replaced by its synthetic byte-level BPE of the model's full vocabulary (write_byte_level_tokenizer).
 
     python -m bench.structured_output --random-shape qwen3-0.6b --json $OUT/structured.json
@@ -301,7 +301,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="orchard-structured-") as tmp:
         model_path = args.model
         if args.random_shape:
-            from bench.random_model import make_random_model, write_byte_level_tokenizer
+            from tests.support.random_model import make_random_model, write_byte_level_tokenizer
 
             model_path = str(make_random_model(Path(tmp) / "model", args.random_shape, args.dtype, args.bits, args.seed))
             vocab_size = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]

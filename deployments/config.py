@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
-from engine.models.hub_paths import check_revision
+from deployments.hub.paths import check_revision
 from engine.models.names import DEFAULT_MODEL_ID
 from deployments.bodega import from_bodega
 from deployments.chat.images import DEFAULT_MAX_IMAGE_PIXELS

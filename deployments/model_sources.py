@@ -13,8 +13,8 @@ from typing import Any
 
 from deployments.config import ModelConfig
 from engine.errors import InvalidRequestError
-from engine.models.hub_paths import check_repo_id as _check_repo_id
-from engine.models.hub_paths import hub_cache_dir as hf_hub_cache
+from deployments.hub.paths import check_repo_id as _check_repo_id
+from deployments.hub.paths import hub_cache_dir as hf_hub_cache
 
 
 def check_model_folder(
@@ -110,7 +110,7 @@ def operator_hub_model(config: ModelConfig) -> Path:
     source = cached_hub_source(config)
     if source is not None or config.auto_download is False:
         return source if source is not None else hub_source(config)
-    from engine.models.hub import DownloadManager
+    from deployments.hub.downloads import DownloadManager
 
     download = DownloadManager().download(config.model_path, config.revision, files=hub_files(config))
     snapshot = Path(download.snapshot_path)
@@ -214,7 +214,7 @@ def hub_files(config: ModelConfig) -> list[str] | None:
 
 def cached_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
     """A repo's complete snapshot folder (of `revision`, else `main`) in the local hub cache, else None."""
-    from engine.models.hub_cache import find_cached_model
+    from deployments.hub.cache import find_cached_model
 
     _check_repo_id(repo_id)
     cached = find_cached_model(repo_id, hf_hub_cache(), revision)

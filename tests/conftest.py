@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import settings
 
-from engine.models.hub import DownloadManager
+from deployments.hub.downloads import DownloadManager
 from tests.support.fake_hub import FakeHub
 
 # No per-example deadline: a loaded 2-core machine can slow any example past Hypothesis's 200 ms default,

@@ -19,13 +19,13 @@ from typing import Any
 
 import aiohttp
 
-from bench.serving.client import SSEReader
+from deployments.cli.loadgen.client import SSEReader
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "messages": "/v1/messages"}
 OPENAI_FINISH = ("stop", "length")
 ANTHROPIC_STOP = ("end_turn", "max_tokens", "stop_sequence")
 BODY_KEEP_CHARS = 2000
-# Random benchmark models (bench.random_model) spell token N as "tN": such text shows its token count.
+# Random benchmark models (tests.support.random_model) spell token N as "tN": such text shows its token count.
 WORD_TOKEN = re.compile(r"t\d+")
 WORD_TOKEN_TEXT = re.compile(r"(?:t\d+)+")
 ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},

@@ -5,7 +5,7 @@
         --time-budget-s 480
 
 Builds (or takes, --model) a model folder; for each server: start it as a child process (ours:
-bench.serving.orchard_server), wait until it answers, run bench.serving.load's workloads, stop it;
+bench.serving.orchard_server), wait until it answers, run deployments.cli.loadgen.load's workloads, stop it;
 then (--engine-baseline) measure bench.engine_throughput's orchard rate at the same levels and uniform
 prompt/gen sizes in a child process (bench.serving.engine_baseline). --efficiency-rounds K also
 alternates, right after our server's sweep, K rounds of the uniform 64-stream level over HTTP and in a
@@ -32,12 +32,13 @@ from typing import Any, Optional
 
 import httpx
 
-from bench.serving.client import Target
 from bench.serving.engine_baseline import EngineChild, alternate
-from bench.serving.load import add_load_arguments, run_async, run_suite, settings_from_args, suite_tables, to_jsonable, write_json
 from bench.serving.orchard_server import config_applications, mlx_backend_env
-from bench.serving.tables import acceptance_checks, comparison_tables, show
-from bench.serving.workloads import LoadSettings
+from bench.serving.reports import acceptance_checks, comparison_tables
+from deployments.cli.loadgen.client import Target
+from deployments.cli.loadgen.load import add_load_arguments, run_async, run_suite, settings_from_args, suite_tables, to_jsonable, write_json
+from deployments.cli.loadgen.tables import show
+from deployments.cli.loadgen.workloads import LoadSettings
 
 REPO = Path(__file__).resolve().parents[2]
 SERVERS = ("orchard", "mlx_lm")
@@ -267,7 +268,7 @@ def model_facts(model_path: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_model(args: argparse.Namespace, folder: Path, timeout_s: float) -> str:
-    argv = [sys.executable, "-m", "bench.random_model", str(folder), "--shape", args.random_shape, "--dtype", args.dtype]
+    argv = [sys.executable, "-m", "tests.support.random_model", str(folder), "--shape", args.random_shape, "--dtype", args.dtype]
     if args.bits:
         argv += ["--bits", str(args.bits)]
     started = time.perf_counter()

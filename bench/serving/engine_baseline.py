@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from bench.serving.load import run_suite
-from bench.serving.workloads import LoadSettings
+from deployments.cli.loadgen.load import run_suite
+from deployments.cli.loadgen.workloads import LoadSettings
 
 READY_LINE = "ENGINE READY"
 ROUND_PREFIX = "ROUND "

@@ -3,13 +3,13 @@
     python -m bench.serving.vision_compare --random-shape qwen2.5-vl-3b --levels 1,8,32 \
         --json $OUT/vision.json --time-budget-s 540
 
-Builds (bench.random_vlm, in a child process) or takes (--model) a Qwen2.5-VL-style folder. Then, one server at
+Builds (tests.support.random_vlm, in a child process) or takes (--model) a Qwen2.5-VL-style folder. Then, one server at
 a time (--servers, in that order): start it as a child process (ours: bench.serving.orchard_server with
 `model_type: multimodal`; mlx-vlm's own `python -m mlx_vlm.server --model FOLDER`), wait until it answers, run
 the `image` sweep (closed loop at each level: every request one new synthetic --image-size picture and a
 --question-tokens question, --gen-tokens new tokens, streamed), then, for --mix-servers, --mix-rounds
 alternating rounds at --mix-level of `text_only` (prompts of about an image request's tokens) and `image_mix`
-(half the requests with an image); stop it. Tables, acceptance checks (bench.serving.vision_report) and the
+(half the requests with an image); stop it. Tables, acceptance checks (bench.serving.reports) and the
 JSON, rewritten after every level. MLX and Ray stay out of this process. Linux dev machines: run it under
 scripts/loopback.sh.
 """
@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from bench.serving.client import StreamClient, Target
 from bench.serving.compare import (
     REPO,
     STOP_RESERVE_S,
@@ -41,8 +40,11 @@ from bench.serving.compare import (
     orchard_spec,
     save_ray_log_tails,
 )
-from bench.serving.images import image_data_url, parse_size
-from bench.serving.load import (
+from bench.serving.orchard_server import mlx_backend_env
+from bench.serving.reports import vision_checks, vision_tables
+from deployments.cli.loadgen.client import StreamClient, Target
+from deployments.cli.loadgen.images import image_data_url, parse_size
+from deployments.cli.loadgen.load import (
     add_load_arguments,
     run_async,
     run_suite,
@@ -51,11 +53,9 @@ from bench.serving.load import (
     to_jsonable,
     write_json,
 )
-from bench.serving.orchard_server import mlx_backend_env
-from bench.serving.stats import LevelResult
-from bench.serving.tables import show
-from bench.serving.vision_report import vision_checks, vision_tables
-from bench.serving.workloads import LoadSettings, run_sweep_level, warm_up
+from deployments.cli.loadgen.stats import LevelResult
+from deployments.cli.loadgen.tables import show
+from deployments.cli.loadgen.workloads import LoadSettings, run_sweep_level, warm_up
 
 SERVERS = ("orchard", "mlx_vlm")
 PHASE_WEIGHTS = {"orchard": 1.8, "mlx_vlm": 1.0}  # ours holds Ray's start and the prefill-shape warm-up
@@ -68,7 +68,7 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="a Qwen2.5-VL-style folder (bench.random_vlm's give exact token counts)")
+    src.add_argument("--model", help="a Qwen2.5-VL-style folder (tests.support.random_vlm's give exact token counts)")
     src.add_argument("--random-shape", help="build one: qwen2.5-vl-3b, tiny-vl")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--vision-dtype", default=None, help="the random model's vision tower (default: --dtype)")
@@ -231,7 +231,7 @@ def run_server_phase(run: VisionRun, name: str, model_path: str, settings: LoadS
 
 
 def build_model(args: argparse.Namespace, folder: Path, timeout_s: float) -> str:
-    argv = [sys.executable, "-m", "bench.random_vlm", str(folder), "--shape", args.random_shape, "--dtype", args.dtype]
+    argv = [sys.executable, "-m", "tests.support.random_vlm", str(folder), "--shape", args.random_shape, "--dtype", args.dtype]
     if args.vision_dtype:
         argv += ["--vision-dtype", args.vision_dtype]
     started = time.perf_counter()

@@ -9,19 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import (
-    CachedModelInUseError,
-    CachedModelNotFoundError,
     ContextLengthExceededError,
-    DiskFullError,
-    DocumentNotFoundError,
-    DocumentTooLargeError,
-    DownloadCancelledError,
-    DownloadFailedError,
-    DownloadInProgressError,
-    DownloadNotFoundError,
     EngineDeadError,
     EngineRestartingError,
-    GatedRepoError,
     InvalidRequestError,
     ModelExistsError,
     ModelLoadError,
@@ -31,10 +21,20 @@ from engine.errors import (
     OrchardError,
     QueueFullError,
     QueueTimeoutError,
-    RagUnavailableError,
-    RepoNotFoundError,
     RetryLaterError,
 )
+from deployments.hub.errors import (
+    CachedModelInUseError,
+    CachedModelNotFoundError,
+    DiskFullError,
+    DownloadCancelledError,
+    DownloadFailedError,
+    DownloadInProgressError,
+    DownloadNotFoundError,
+    GatedRepoError,
+    RepoNotFoundError,
+)
+from deployments.rag.errors import DocumentNotFoundError, DocumentTooLargeError, RagUnavailableError
 
 QUEUE_RETRY_AFTER_S = 1
 ANTHROPIC_PATHS = "/v1/messages"  # these routes answer errors in Anthropic's shape

@@ -9,9 +9,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.api.errors import wire_error
-from engine.models.hub import DownloadJob
-from engine.models.hub_cache import CachedModel, HubVerification
-from engine.models.hub_events import (
+from deployments.hub.cache import CachedModel, HubVerification
+from deployments.hub.downloads import DownloadJob
+from deployments.hub.events import (
     DownloadCompleted,
     DownloadEvent,
     DownloadFailed,

@@ -1,9 +1,9 @@
 """`orchard bench`: the serving benchmark for users, against a running server and optionally a second
 OpenAI-compatible one (`--against`): side-by-side tables of tok/s, TTFT and ITL, and JSON + PNG plots in --out.
 
-The load itself is bench/serving's (one implementation): closed-loop sweeps at each concurrency level, the long-prompt
-and burst scenarios. Every run is bounded by --duration and --requests-per-stream, and only loopback servers are
-loaded unless --allow-remote says the servers are yours."""
+The load itself is the serving benchmarks' load generator (one implementation, deployments/cli/loadgen): closed-loop
+sweeps at each concurrency level, the long-prompt and burst scenarios. Every run is bounded by --duration and
+--requests-per-stream, and only loopback servers are loaded unless --allow-remote says the servers are yours."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import argparse
 
 from deployments.cli.server_client import DEFAULT_URL
 
-WORKLOAD_NAMES = ("chat", "same", "long", "burst")  # bench_run.WORKLOADS maps them to bench/serving's
+# The user's names -> the load generator's workloads: `chat` is its `mixed` sweep (log-uniform prompt lengths).
+WORKLOADS = {"chat": "mixed", "same": "same", "long": "long", "burst": "burst"}
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                    "else the first it lists)")
     p.add_argument("--names", default="orchard,other", help="labels of the two servers (default orchard,other)")
     p.add_argument("--concurrency", default="1,8,32", help="concurrent streams per level (default 1,8,32)")
-    p.add_argument("--workload", default="chat", help=f"comma-separated, of {','.join(WORKLOAD_NAMES)} (default "
+    p.add_argument("--workload", default="chat", help=f"comma-separated, of {','.join(WORKLOADS)} (default "
                    "chat; tables and plots call it by bench/'s name, mixed)")
     p.add_argument("--requests-per-stream", type=int, default=2,
                    help="requests each stream sends back to back per level (default 2)")
@@ -42,4 +43,4 @@ def run(args: argparse.Namespace) -> int:
     # `orchard` command would pay while its parser is built.
     from deployments.cli.bench_run import run_bench
 
-    return run_bench(args)
+    return run_bench(args, WORKLOADS)

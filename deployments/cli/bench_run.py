@@ -22,9 +22,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from bench.plots import plot_metric
-from bench.serving.client import Target
-from bench.serving.load import (
+from deployments.cli.loadgen.client import Target
+from deployments.cli.loadgen.load import (
     SuiteResult,
     plan_units,
     run_async,
@@ -32,9 +31,9 @@ from bench.serving.load import (
     to_jsonable,
     write_json,
 )
-from bench.serving.tables import Table, burst_table, long_table, show, sweep_table
-from bench.serving.workloads import SWEEP_WORKLOADS, LoadSettings
-from deployments.cli.bench import WORKLOAD_NAMES
+from deployments.cli.loadgen.plots import plot_metric
+from deployments.cli.loadgen.tables import Table, burst_table, long_table, show, sweep_table
+from deployments.cli.loadgen.workloads import SWEEP_WORKLOADS, LoadSettings
 from deployments.cli.server_client import (
     auth_headers,
     base_url,
@@ -42,8 +41,6 @@ from deployments.cli.server_client import (
     not_running_message,
 )
 
-# The user's names -> bench/serving's: `chat` is its `mixed` sweep (log-uniform prompt lengths).
-WORKLOADS = dict(zip(WORKLOAD_NAMES, ("mixed", "same", "long", "burst"), strict=True))
 # Prompt words are "t0" .. "t483": one token each in bench's random models, a few in a real tokenizer.
 PROMPT_VOCAB = 500
 PLOTS = (("system_tok_s", "system tokens/s (all streams)", "throughput", 1.0),
@@ -62,10 +59,11 @@ class BenchRefused(Exception):
     """The run cannot start: a bad argument, a server that does not answer, a model it does not serve."""
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run_bench(args: argparse.Namespace, workloads: dict[str, str]) -> int:
+    """`workloads`: the user's names for the load generator's workloads (bench.py's WORKLOADS)."""
     console = Console()
     try:
-        settings = load_settings(args)
+        settings = load_settings(args, workloads)
         targets = resolve_targets(args)
     except BenchRefused as exc:
         console.print(f"[red]orchard bench:[/] {exc}")
@@ -80,7 +78,7 @@ def run_bench(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("orchard bench: interrupted; nothing written")
         return 130
-    report = bench_report(targets, settings, suites)
+    report = bench_report(targets, settings, suites, workloads)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "bench.json", report)
     show(result_tables(report, suites))
@@ -92,11 +90,11 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_settings(args: argparse.Namespace) -> LoadSettings:
+def load_settings(args: argparse.Namespace, workloads: dict[str, str]) -> LoadSettings:
     names = [w.strip() for w in args.workload.split(",") if w.strip()]
-    unknown = [w for w in names if w not in WORKLOADS]
+    unknown = [w for w in names if w not in workloads]
     if unknown or not names:
-        raise BenchRefused(f"--workload: unknown {unknown or names}; choose from {', '.join(WORKLOADS)}")
+        raise BenchRefused(f"--workload: unknown {unknown or names}; choose from {', '.join(workloads)}")
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:
@@ -112,7 +110,7 @@ def load_settings(args: argparse.Namespace) -> LoadSettings:
     # Prompt sizes in words ("t123" is 3-4 tokens in a real tokenizer), sized for a laptop or a CPU: bench/'s
     # defaults (1k-word chat prompts, an 8k-word long prompt) are for GPUs and take minutes per request on a CPU.
     return LoadSettings(
-        levels=levels, workloads=[WORKLOADS[w] for w in names], vocab_size=PROMPT_VOCAB, gen_tokens=args.gen_tokens,
+        levels=levels, workloads=[workloads[w] for w in names], vocab_size=PROMPT_VOCAB, gen_tokens=args.gen_tokens,
         mixed_min_tokens=16, mixed_max_tokens=256, prompt_tokens=64, same_prompt_tokens=128, long_prompt_tokens=1024,
         long_background=min(top, 16), burst_size=top, burst_prompt_tokens=128,
         burst_gen_tokens=min(32, args.gen_tokens),
@@ -182,12 +180,13 @@ def run_targets(console: Console, targets: list[BenchTarget], settings: LoadSett
     return suites
 
 
-def bench_report(targets: list[BenchTarget], settings: LoadSettings, suites: list[SuiteResult]) -> dict:
-    """bench.serving.compare's report shape (servers -> suite), so bench/'s tables and plots read it."""
+def bench_report(targets: list[BenchTarget], settings: LoadSettings, suites: list[SuiteResult],
+                 workloads: dict[str, str]) -> dict:
+    """bench.serving.compare's report shape (servers -> suite), so the load generator's tables and plots read it."""
     return to_jsonable({
         "kind": "orchard_bench",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "workload_names": {v: k for k, v in WORKLOADS.items()},
+        "workload_names": {v: k for k, v in workloads.items()},
         "targets": {t.name: {"url": t.url, "model": t.model} for t in targets},
         "model": {"model_type": targets[0].model},  # the plots' title names the first server's model
         "git_commit": orchard_version(),

@@ -40,7 +40,7 @@ class LocalServer:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *_exc_info) -> None:
         self.stop()
 
     async def _serve(self) -> None:

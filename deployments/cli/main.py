@@ -1,34 +1,36 @@
-"""`orchard`: the command line. Engine commands (generate, pull/ls/rm, import-gguf) come from engine/cli.py; the
-commands about a server (serve, chat, top, bench, doctor) are modules of this package, each with
-`add_parser(commands)` and `run(args) -> int`."""
+"""`orchard`: the command line. Each command is a module of this package with `add_parser(commands)` and
+`run(args) -> int`; a module may own several commands (`run` then reads `args.command`)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 
-from engine.cli import add_engine_commands, run_engine_command
-
-# Subcommand name -> module under deployments.cli; imported only when used, so `orchard ls` stays fast.
-SERVER_COMMANDS: dict[str, str] = {
+# Every `orchard` command -> its module under deployments.cli, in the order `orchard --help` lists them. The modules
+# import what their command runs (MLX, the engine, the load generator) only when it runs, so `orchard ls` stays fast.
+COMMANDS: dict[str, str] = {
+    "generate": "generate",
+    "default-model-path": "model_files", "import-gguf": "model_files",
+    "pull": "hub_cache", "ls": "hub_cache", "rm": "hub_cache",
     "serve": "serve", "chat": "chat", "top": "top", "bench": "bench", "doctor": "doctor",
 }
+
+
+def _module(name: str):
+    return importlib.import_module(f"deployments.cli.{name}")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchard", description="Orchard: MLX continuous-batching inference")
     commands = parser.add_subparsers(dest="command", required=True)
-    add_engine_commands(commands)
-    for module_name in SERVER_COMMANDS.values():
-        importlib.import_module(f"deployments.cli.{module_name}").add_parser(commands)
+    for module_name in dict.fromkeys(COMMANDS.values()):
+        _module(module_name).add_parser(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command not in SERVER_COMMANDS:
-        return run_engine_command(args)
-    return importlib.import_module(f"deployments.cli.{SERVER_COMMANDS[args.command]}").run(args)
+    return _module(COMMANDS[args.command]).run(args)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ class ChildOutput:
                     sys.stderr.write(line)
 
 
-def _interrupt(signum, frame) -> None:
+def _interrupt(_signum, _frame) -> None:
     raise KeyboardInterrupt
 
 

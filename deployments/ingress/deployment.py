@@ -18,7 +18,7 @@ from deployments.ingress.model_store import ModelStore
 from deployments.ingress.responses_store import ResponseStore
 from deployments.ingress.routes import create_app
 from deployments.ingress.serve_models import ServeBackend
-from engine.models.hub import DownloadManager
+from deployments.hub.downloads import DownloadManager
 from deployments.transport.rag_client import ServeRagClient
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
 

@@ -1,4 +1,4 @@
-"""Bodega's model-management routes over the server's DownloadManager (engine/models/hub.py): downloads from the
+"""Bodega's model-management routes over the server's DownloadManager (deployments/hub/downloads.py): downloads from the
 Hugging Face Hub (plain or as SSE progress), the list of downloads and their cancel, deleting a cached repo; and the
 local cache's entries that GET /v1/models adds to the loaded models.
 
@@ -35,11 +35,12 @@ from deployments.api.openapi_errors import (
     error_responses,
 )
 from deployments.api.sse import SSE_HEADERS, SSE_KEEPALIVE
+from deployments.hub.cache import CachedModel, HubVerification, list_cached_models
+from deployments.hub.downloads import DownloadJob, DownloadManager
+from deployments.hub.errors import CachedModelInUseError, DownloadNotFoundError
 from deployments.ingress.generation import KEEPALIVE_S
 from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
-from engine.errors import CachedModelInUseError, DownloadNotFoundError, OrchardError
-from engine.models.hub import DownloadJob, DownloadManager
-from engine.models.hub_cache import CachedModel, HubVerification, list_cached_models
+from engine.errors import OrchardError
 
 logger = logging.getLogger("ray.serve.orchard")
 CANCEL_WAIT_S = 5.0  # a cancel takes effect at the next chunk received: wait that long to answer its final state

@@ -15,8 +15,8 @@ from enum import Enum
 from typing import Protocol
 
 from engine.client.interface import EngineStatus
-from engine.models.hub import DownloadManager
-from engine.models.hub_events import DownloadFailed
+from deployments.hub.downloads import DownloadManager
+from deployments.hub.events import DownloadFailed
 from engine.errors import (
     EngineDeadError,
     InvalidRequestError,

@@ -31,7 +31,8 @@ from deployments.ingress.model_registry import Registry
 from deployments.metrics.ingress_metrics import Api, IngressMetrics
 from deployments.model_calls import GenerateJob, StreamChunk
 from deployments.rag.calls import AnswerJob, RagClient, RetrievalJob, RetrievalResult, UploadJob
-from engine.errors import DocumentNotFoundError, InvalidRequestError
+from engine.errors import InvalidRequestError
+from deployments.rag.errors import DocumentNotFoundError
 
 logger = logging.getLogger("ray.serve.orchard")
 UPLOAD_ROUTE = "/v1/rag/upload"

@@ -17,7 +17,8 @@ from deployments.rag.calls import (
 )
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
 from deployments.transport.model_client import ServeModelClient
-from engine.errors import EngineDeadError, ModelNotFoundError, OrchardError, RagUnavailableError
+from engine.errors import EngineDeadError, ModelNotFoundError, OrchardError
+from deployments.rag.errors import RagUnavailableError
 
 logger = logging.getLogger("ray.serve.orchard")
 RAG_SERVER_DEPLOYMENT = "RagServer"

@@ -9,7 +9,7 @@ from pathlib import PurePath
 
 from pypdf import PdfReader
 
-from engine.errors import (
+from deployments.rag.errors import (
     DocumentTooLargeError,
     EmptyDocumentError,
     EncryptedDocumentError,

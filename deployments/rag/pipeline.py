@@ -10,7 +10,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from engine.errors import DocumentNotFoundError, InvalidRequestError
+from engine.errors import InvalidRequestError
+from deployments.rag.errors import DocumentNotFoundError
 
 from .chunking import Chunk, ChunkParams, chunk_pages, distinct_words
 from .extract import ExtractLimits, Page, extract_pages

@@ -13,7 +13,8 @@ import numpy as np
 
 from deployments.config import RagConfig
 from deployments.model_calls import ChatPrompt, EmbedJob, ModelClient, StreamChunk, TextTokensJob
-from engine.errors import ModelNotFoundError, OrchardError, RagUnavailableError
+from engine.errors import ModelNotFoundError, OrchardError
+from deployments.rag.errors import RagUnavailableError
 
 from .calls import (
     AnswerJob, DeleteOutcome, DocumentList, RetrievalJob, RetrievalResult, UploadJob, UploadOutcome,

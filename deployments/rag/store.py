@@ -19,7 +19,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from engine.errors import DocumentNotFoundError, InvalidRequestError
+from engine.errors import InvalidRequestError
+from deployments.rag.errors import DocumentNotFoundError
 
 from .calls import DocumentInfo, SearchHit
 from .chunking import Chunk

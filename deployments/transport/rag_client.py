@@ -11,7 +11,8 @@ from deployments.model_calls import StreamChunk
 from deployments.rag.calls import (
     AnswerJob, DeleteOutcome, DocumentList, RetrievalJob, RetrievalResult, UploadJob, UploadOutcome,
 )
-from engine.errors import OrchardError, RagUnavailableError
+from engine.errors import OrchardError
+from deployments.rag.errors import RagUnavailableError
 
 
 def rag_call_failure(exc: BaseException) -> OrchardError:

@@ -21,7 +21,7 @@ from deployments.ingress.local_models import LocalBackend
 from deployments.model.service import EngineClientFactory, thread_engine_client
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.model_store import ModelStore
-from engine.models.hub import DownloadManager
+from deployments.hub.downloads import DownloadManager
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from deployments.api.errors import wire_error
-from engine.errors import DiskFullError
+from deployments.hub.errors import DiskFullError
 from tests.support.fake_hub import random_bytes
 
 MIB = 1024 * 1024
@@ -22,8 +22,8 @@ MIB = 1024 * 1024
 DISK_FULL_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from engine.models.hub import DownloadManager
-    from engine.models.hub_cache import list_cached_models
+    from deployments.hub.downloads import DownloadManager
+    from deployments.hub.cache import list_cached_models
     disk, endpoint = Path(sys.argv[1]), sys.argv[2]
     manager = DownloadManager(cache_dir=disk / "hub", endpoint=endpoint)
 

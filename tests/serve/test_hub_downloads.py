@@ -10,25 +10,25 @@ from pathlib import Path
 import pytest
 
 from deployments.api.errors import wire_error
-from engine.errors import (
+from deployments.hub.cache import find_cached_model, list_cached_models
+from deployments.hub.downloads import DownloadManager
+from deployments.hub.errors import (
     CachedModelNotFoundError,
     DownloadCancelledError,
     DownloadFailedError,
     DownloadInProgressError,
     GatedRepoError,
-    InvalidRequestError,
     RepoNotFoundError,
     RevisionNotFoundError,
 )
-from engine.models.hub import DownloadManager
-from engine.models.hub_cache import find_cached_model, list_cached_models
-from engine.models.hub_events import (
+from deployments.hub.events import (
     DownloadCompleted,
     DownloadFailed,
     DownloadProgress,
     DownloadStatus,
     Subscription,
 )
+from engine.errors import InvalidRequestError
 from tests.support.fake_hub import random_bytes
 
 MIB = 1024 * 1024
@@ -342,7 +342,7 @@ def test_xet_progress_reaches_the_events_once(manager):
         XetDownloadProgressReporter,
     )
 
-    from engine.models.hub import DownloadJob
+    from deployments.hub.downloads import DownloadJob
 
     job = DownloadJob("dl-xet", "org/xet", "main", manager, token=None, allow_patterns=tuple(manager.allow_patterns))  # not started: only its bar is driven
     report = SimpleNamespace(total_bytes_completed=600, total_transfer_bytes_completed=450, total_bytes=1000,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from deployments.config import ModelConfig
+from deployments.hub.downloads import DownloadManager
 from deployments.model_sources import check_model_sources
 from engine.errors import InvalidRequestError
-from engine.models.hub import DownloadManager
 from tests.serve.local_stack import local_stack, wait_for
 from tests.support.fake_hub import FakeHub
 from tests.support.tiny_models import LLAMA, write_model, write_wordlevel_tokenizer

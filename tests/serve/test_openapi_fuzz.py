@@ -31,7 +31,7 @@ from deployments.ingress.auth import ApiKeys
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.routes import create_app
 from deployments.rag.calls import RagClient
-from engine.models.hub import DownloadManager
+from deployments.hub.downloads import DownloadManager
 from tests.serve.local_stack import LocalStack, local_stack
 
 MODEL = "tiny/alpha"

@@ -15,11 +15,8 @@ from deployments.rag.pipeline import (
     build_prompt,
 )
 from deployments.rag.store import DocumentStore, SearchHit
-from engine.errors import (
-    DocumentNotFoundError,
-    InvalidRequestError,
-    MalformedDocumentError,
-)
+from engine.errors import InvalidRequestError
+from deployments.rag.errors import DocumentNotFoundError, MalformedDocumentError
 from tests.support.town_guide import QUESTIONS, town_guide_pdf
 from tests.support.pdfs import make_pdf
 

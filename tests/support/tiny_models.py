@@ -56,7 +56,7 @@ def write_model(out_dir: Path, config: dict[str, Any], tokenizer_dir: Path, seed
 
 def write_wordlevel_tokenizer(out_dir: Path, vocab_size: int) -> Path:
     """The benchmarks' whole-vocabulary tokenizer ("t0", "t1", ... plus ChatML specials at the top)."""
-    from bench.random_model import write_tokenizer
+    from tests.support.random_model import write_tokenizer
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

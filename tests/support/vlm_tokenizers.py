@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 # The real Qwen2.5-VL special tokens and chat template, as the benchmarks' random model writes them.
-from bench.random_vlm import QWEN2_5_VL_CHAT_TEMPLATE, QWEN_VL_SPECIAL_TOKENS
+from tests.support.random_vlm import QWEN2_5_VL_CHAT_TEMPLATE, QWEN_VL_SPECIAL_TOKENS
 
 QWEN25_VL_SPECIAL_TOKENS = QWEN_VL_SPECIAL_TOKENS
 # Tool-call and FIM markers are plain added tokens in Qwen's tokenizer, not "special" (they are not skipped).
@@ -170,7 +170,7 @@ def _write_byte_level_tokenizer(out: Path, vocab_size: int, special_tokens: dict
         pre_tokenizers,
     )
 
-    from bench.random_model import _pieces
+    from tests.support.random_model import _pieces
     from engine.token_bytes import bytes_to_unicode
 
     to_unicode = bytes_to_unicode()
@@ -202,7 +202,7 @@ def _write_sentencepiece_tokenizer(out: Path, vocab_size: int, special_tokens: d
         processors,
     )
 
-    from bench.random_model import _pieces
+    from tests.support.random_model import _pieces
 
     free_ids = [i for i in range(vocab_size) if i not in special_tokens]
     pieces = [f"<0x{b:02X}>" for b in range(256)] + ["▁", "\n", "\t"] + [chr(c) for c in range(33, 127)]

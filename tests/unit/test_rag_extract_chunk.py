@@ -7,13 +7,13 @@ import pytest
 from deployments.api.errors import wire_error
 from deployments.rag.chunking import Chunk, ChunkParams, chunk_pages
 from deployments.rag.extract import ExtractLimits, Page, extract_pages, split_by_size
-from engine.errors import (
+from engine.errors import InvalidRequestError
+from deployments.rag.errors import (
     DocumentNotFoundError,
     DocumentTooLargeError,
     EmptyDocumentError,
     EncryptedDocumentError,
     ImageOnlyDocumentError,
-    InvalidRequestError,
     MalformedDocumentError,
     UnsupportedDocumentTypeError,
 )

@@ -17,7 +17,8 @@ from deployments.rag.store import (
     DocumentStore,
     default_root,
 )
-from engine.errors import DocumentNotFoundError, InvalidRequestError
+from engine.errors import InvalidRequestError
+from deployments.rag.errors import DocumentNotFoundError
 
 DIM = 8
 

@@ -1,5 +1,4 @@
-"""The `orchard` commands that need no server (deployments/cli/main.py adds the server ones): generate with the
-engine in process; pull / ls / rm models of the local Hugging Face cache (engine/hub_cli.py)."""
+"""`orchard generate PROMPT`: one chat answer from a local model, the engine on a thread of this process (no server)."""
 
 from __future__ import annotations
 
@@ -8,11 +7,8 @@ import asyncio
 import sys
 import time
 
-from engine.hub_cli import add_hub_commands, run_hub_command
 
-
-def add_engine_commands(commands: argparse._SubParsersAction) -> None:
-    """The commands that need no server: they run the engine or the hub cache in this process."""
+def add_parser(commands: argparse._SubParsersAction) -> None:
     generate = commands.add_parser("generate", help="answer one chat message with a local model")
     generate.add_argument("prompt", help="the user message")
     generate.add_argument("--model", default=None, help="local model folder (default: the embedded SmolLM2-135M-Instruct)")
@@ -21,15 +17,9 @@ def add_engine_commands(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--dtype", default=None, help="run the weights in this dtype (float32, bfloat16, float16)")
     generate.add_argument("--system", default=None, help="an optional system message")
-    commands.add_parser("default-model-path", help="print the embedded default model's folder (converting it once)")
-    convert = commands.add_parser("import-gguf", help="convert a llama-family GGUF file into an MLX model folder")
-    convert.add_argument("gguf", help="path of the .gguf file")
-    convert.add_argument("out_dir", help="new folder to write (must not exist)")
-    convert.add_argument("--dtype", default="bfloat16", help="dtype of the dequantized weights")
-    add_hub_commands(commands)
 
 
-def _generate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     return asyncio.run(_stream_answer(args))
 
 
@@ -66,20 +56,4 @@ async def _stream_answer(args: argparse.Namespace) -> int:
         await client.close()
     sys.stdout.write("\n")
     print(f"[{num_tokens} tokens in {elapsed:.1f}s, {num_tokens / elapsed:.1f} tok/s]", file=sys.stderr)
-    return 0
-
-
-def run_engine_command(args: argparse.Namespace) -> int:
-    if args.command == "generate":
-        return _generate(args)
-    if args.command in ("pull", "ls", "rm"):
-        return run_hub_command(args)
-    if args.command == "import-gguf":
-        from engine.models.gguf_import import convert_gguf
-
-        print(convert_gguf(args.gguf, args.out_dir, dtype=args.dtype))
-        return 0
-    from engine.models.default_model import default_model_path
-
-    print(default_model_path())
     return 0

@@ -67,7 +67,7 @@ class DownloadFailed:
     repo_id: str
     revision: str
     status: DownloadStatus  # FAILED or CANCELLED
-    error: OrchardError  # a HubError subclass (engine/errors.py) or InvalidRequestError
+    error: OrchardError  # a HubError subclass (deployments/hub/errors.py) or InvalidRequestError
     bytes_done: int
     bytes_total: int
     final = True

@@ -3,7 +3,7 @@
 Throughput does not depend on weight values, so benchmarks on machines without
 the Hugging Face Hub build a model of the right shape in place (seconds on a GPU).
 
-    python -m bench.random_model OUT --shape qwen3-0.6b [--bits 4] [--dtype bfloat16] [--byte-tokenizer]
+    python -m tests.support.random_model OUT --shape qwen3-0.6b [--bits 4] [--dtype bfloat16] [--byte-tokenizer]
 
 Two tokenizers cover the whole vocabulary, with the ChatML specials at the top three ids:
 - `write_tokenizer` (the default): WordLevel, word "tN" is token N, so a K-word prompt is K tokens and

@@ -14,7 +14,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from bench.serving.client import EngineCounters, RequestRecord
+from deployments.cli.loadgen.client import EngineCounters, RequestRecord
 
 MAX_ERROR_SAMPLES = 5
 SLOW_CONNECT_S = 0.5

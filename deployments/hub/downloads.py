@@ -18,19 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from engine.errors import (
-    DiskFullError,
-    DownloadCancelledError,
-    DownloadInProgressError,
-    OrchardError,
-)
-from engine.models.hub_cache import (
+from deployments.hub.cache import (
     HubVerification,
     delete_cached_model,
     verify_with_hub,
 )
-from engine.models.hub_errors import typed_hub_error
-from engine.models.hub_events import (
+from deployments.hub.errors import DiskFullError, DownloadCancelledError, DownloadInProgressError, typed_hub_error
+from deployments.hub.events import (
     DownloadCompleted,
     DownloadEvent,
     DownloadFailed,
@@ -39,13 +33,14 @@ from engine.models.hub_events import (
     SpeedMeter,
     Subscription,
 )
-from engine.models.hub_paths import (
+from deployments.hub.paths import (
     MLX_ALLOW_PATTERNS,
     check_repo_id,
     check_revision,
     hub_cache_dir,
     hub_endpoint,
 )
+from engine.errors import OrchardError
 
 PROGRESS_INTERVAL_S = 0.05  # at most ~20 byte events a second; file starts and ends and the final event always go out
 FINISHED_KEPT = 100  # finished downloads listed for late readers before the oldest are forgotten

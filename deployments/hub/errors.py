@@ -1,19 +1,76 @@
-"""huggingface_hub's and the OS's errors as Orchard's typed errors (engine/errors.py), with messages that say what
-to do; deployments/api/errors.py maps those to HTTP."""
+"""Getting a model from the Hugging Face Hub or its local cache: the typed errors (subclasses of the engine's
+OrchardError, so deployments/api/errors.py maps them to HTTP with the rest), and huggingface_hub's and the OS's errors
+as those, with messages that say what to do."""
 
 from __future__ import annotations
 
 import errno
 from pathlib import Path
 
-from engine.errors import (
-    DiskFullError,
-    DownloadFailedError,
-    GatedRepoError,
-    OrchardError,
-    RepoNotFoundError,
-    RevisionNotFoundError,
-)
+from engine.errors import OrchardError
+
+
+class HubError(OrchardError):
+    """Getting a model from the Hugging Face Hub (or its local cache) failed; the subclasses say why."""
+
+    code = "hub_error"
+
+
+class RepoNotFoundError(HubError):
+    """The Hub has no such repo, or hides a private one from this token (404)."""
+
+    code = "repo_not_found"
+
+
+class RevisionNotFoundError(RepoNotFoundError):
+    code = "revision_not_found"
+
+
+class GatedRepoError(HubError):
+    """A gated repo this server's token (HF_TOKEN or the one given) may not download (403: not the caller's key)."""
+
+    code = "gated_repo"
+
+
+class DownloadFailedError(HubError):
+    """The transfer itself failed: network, Hub error, cache not writable (502)."""
+
+    code = "download_failed"
+
+
+class DiskFullError(DownloadFailedError):
+    """The cache's disk is full or over quota (507)."""
+
+    code = "insufficient_storage"
+
+
+class DownloadCancelledError(HubError):
+    code = "download_cancelled"
+
+
+class DownloadInProgressError(HubError):
+    """The repo is downloading: it cannot be deleted until the download ends or is cancelled (409)."""
+
+    code = "download_in_progress"
+
+
+class CachedModelNotFoundError(HubError):
+    """The local Hugging Face cache holds no such repo (404)."""
+
+    code = "cached_model_not_found"
+
+
+class DownloadNotFoundError(HubError):
+    """No download of this server has that id (never started, or finished long enough ago to be forgotten) (404)."""
+
+    code = "download_not_found"
+
+
+class CachedModelInUseError(HubError):
+    """A cached repo a loaded model serves from: it cannot be deleted until the model is unloaded (409)."""
+
+    code = "model_in_use"
+
 
 _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 

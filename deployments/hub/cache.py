@@ -7,9 +7,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import CachedModelNotFoundError
-from engine.models.hub_errors import typed_hub_error
-from engine.models.hub_paths import (
+from deployments.hub.errors import CachedModelNotFoundError, typed_hub_error
+from deployments.hub.paths import (
     MLX_ALLOW_PATTERNS,
     check_repo_id,
     check_revision,

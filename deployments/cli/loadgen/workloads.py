@@ -14,9 +14,9 @@ from typing import Awaitable, Callable, Optional
 
 import numpy as np
 
-from bench.serving.client import RequestRecord, RequestSpec, StreamClient, make_spec
-from bench.serving.images import image_data_url, image_tokens
-from bench.serving.stats import (
+from deployments.cli.loadgen.client import RequestRecord, RequestSpec, StreamClient, make_spec
+from deployments.cli.loadgen.images import image_data_url, image_tokens
+from deployments.cli.loadgen.stats import (
     BurstResult,
     LevelResult,
     LongPromptResult,

@@ -1,7 +1,7 @@
 """Tables of serving results (rich when it is installed, plain text otherwise: the GPU image has no rich).
 
-One server's suite (bench.serving.load), then bench.serving.compare's side-by-side tables and
-acceptance checks, which read its report as plain dicts (as in its JSON).
+One server's suite (load.py), then several servers side by side from a report read as plain dicts (as in its
+JSON): `orchard bench`'s and bench.serving.compare's (bench/serving/reports.py adds compare's acceptance checks).
 """
 
 from __future__ import annotations
@@ -11,14 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from bench.serving.stats import BurstResult, LongPromptResult
-
-REFERENCE = "mlx_lm"
+REFERENCE = "mlx_lm"  # side-by-side tables add ours/reference ratios when both servers are in a report
 OURS = "orchard"
-HTTP_EFFICIENCY_BOUND = 0.85  # HTTP / in-process engine at 64 streams (the issue's first acceptance point)
-# A lone stream's decode rate over HTTP: against the in-process engine's and mlx_lm.server's (issue 32).
-LONE_STREAM_ENGINE_BOUND = 0.9
-LONE_STREAM_REFERENCE_BOUND = 1.5
 
 
 @dataclass
@@ -118,13 +112,14 @@ def burst_table(results: dict[str, Any]) -> Table:
     return Table("burst of simultaneous requests vs a lone request", header, rows)
 
 
-# ---- bench.serving.compare: side by side, acceptance checks
-def _levels(report: dict, server: str, workload: str) -> dict[int, dict]:
+# ---- several servers side by side, from a report
+def workload_levels(report: dict, server: str, workload: str) -> dict[int, dict]:
     suite = (report.get("servers") or {}).get(server) or {}
     return {l["concurrency"]: l for l in suite.get("levels") or [] if l["workload"] == workload}
 
 
-def _num(value: Any) -> float:
+def number(value: Any) -> float:
+    """A report's value as a float; NaN for a missing one (null in the JSON)."""
     return float("nan") if value is None else float(value)
 
 
@@ -135,7 +130,7 @@ def engine_rates(report: dict) -> dict[int, float]:
 
 def sweep_table(report: dict, workload: str) -> Optional[Table]:
     servers = list((report.get("servers") or {}).keys())
-    per_server = {s: _levels(report, s, workload) for s in servers}
+    per_server = {s: workload_levels(report, s, workload) for s in servers}
     levels = sorted({c for rows in per_server.values() for c in rows})
     if not levels:
         return None
@@ -148,7 +143,7 @@ def sweep_table(report: dict, workload: str) -> Optional[Table]:
     header += ["engine tok/s", "orchard http/engine"] if engine else []
     rows = []
     for c in levels:
-        get = lambda s, key: _num(per_server.get(s, {}).get(c, {}).get(key))  # noqa: E731  (a server that failed: n/a)
+        get = lambda s, key: number(per_server.get(s, {}).get(c, {}).get(key))  # noqa: E731  (a server that failed: n/a)
         row = [str(c)] + [fmt(get(s, "system_tok_s")) for s in servers]
         row += [ratio(get(OURS, "system_tok_s"), get(REFERENCE, "system_tok_s"))] if pair else []
         row += [fmt(get(s, "ttft_p95_s") * 1e3) for s in servers]
@@ -159,94 +154,3 @@ def sweep_table(report: dict, workload: str) -> Optional[Table]:
             row += [fmt(rate), ratio(get(OURS, "system_tok_s"), rate, "")]
         rows.append(row)
     return Table(f"{workload}: system tok/s, TTFT P95, ITL P50 per concurrency level", header, rows)
-
-
-def _scenario(report: dict, key: str, cls: type) -> dict[str, Any]:
-    out = {}
-    for server, suite in (report.get("servers") or {}).items():
-        data = (suite or {}).get(key)
-        if data:
-            out[server] = cls(**{k: (float("nan") if v is None else v) for k, v in data.items()})
-    return out
-
-
-def comparison_tables(report: dict) -> list[Table]:
-    tables = [t for w in ("mixed", "uniform", "same") if (t := sweep_table(report, w)) is not None]
-    longs = _scenario(report, "long", LongPromptResult)
-    if longs:
-        tables.append(long_table(longs))
-    bursts = _scenario(report, "burst", BurstResult)
-    if bursts:
-        tables.append(burst_table(bursts))
-    checks = acceptance_checks(report)
-    if checks:
-        rows = [[c["check"], c["value"], c["limit"], c["verdict"]] for c in checks]
-        tables.append(Table("issue acceptance (this run)", ["check", "measured", "needs", "verdict"], rows))
-    return tables
-
-
-def _check(name: str, value: float, limit: str, passed: Optional[bool]) -> dict[str, str]:
-    verdict = "n/a" if passed is None else ("PASS" if passed else "FAIL")
-    return {"check": name, "value": fmt(value, 3), "limit": limit, "verdict": verdict}
-
-
-def _lone_stream_checks(report: dict) -> list[dict[str, str]]:
-    """One stream's decode rate (tokens after its first / the time after it): over HTTP against the in-process
-    engine's (uniform workload, c=1) and against mlx_lm.server's over HTTP."""
-    ours = _levels(report, OURS, "uniform").get(1, {}).get("req_tok_s_p50")
-    if ours is None:
-        return []
-    engine = next((r.get("decode_tok_per_s") for r in (report.get("engine") or {}).get("results") or []
-                   if r["concurrency"] == 1), None)
-    reference = _levels(report, REFERENCE, "uniform").get(1, {}).get("req_tok_s_p50")
-    checks = []
-    for name, other, bound in (("in-process engine", engine, LONE_STREAM_ENGINE_BOUND),
-                               (f"{REFERENCE} over HTTP", reference, LONE_STREAM_REFERENCE_BOUND)):
-        value = _num(ours) / _num(other) if other else float("nan")
-        checks.append(_check(f"{OURS} lone stream decode tok/s over HTTP / {name}, uniform, c=1", value,
-                             f">= {bound}", None if value != value else value >= bound))
-    return checks
-
-
-def _efficiency_check(report: dict) -> list[dict[str, str]]:
-    """The same ratio from alternating rounds (compare --efficiency-rounds), where the run made them."""
-    efficiency = report.get("efficiency") or {}
-    rounds = efficiency.get("rounds") or []
-    if not rounds:
-        return []
-    value = _num(efficiency.get("median_ratio"))
-    each = ", ".join(fmt(r["ratio"], 3) for r in rounds)
-    name = f"{OURS} HTTP / in-process engine, uniform, c={efficiency['level']}, median of {len(rounds)} alternating rounds ({each})"
-    bound = LONE_STREAM_ENGINE_BOUND if efficiency["level"] == 1 else HTTP_EFFICIENCY_BOUND
-    return [_check(name, value, f">= {bound}", None if value != value else value >= bound)]
-
-
-def acceptance_checks(report: dict, throughput_workload: str = "mixed") -> list[dict[str, str]]:
-    """The issue's acceptance figures as measured in this run (n/a where a side is missing)."""
-    checks = []
-    engine = engine_rates(report)
-    uniform = _levels(report, OURS, "uniform")
-    for c in sorted(set(uniform) & set(engine)):
-        if c == 64 or c == max(set(uniform) & set(engine)):
-            value = _num(uniform[c].get("system_tok_s")) / engine[c] if engine[c] else float("nan")
-            checks.append(_check(f"{OURS} HTTP / in-process engine, uniform, c={c}", value,
-                                 f">= {HTTP_EFFICIENCY_BOUND}", value >= HTTP_EFFICIENCY_BOUND))
-    checks += _efficiency_check(report)
-    checks += _lone_stream_checks(report)
-    ours, ref = _levels(report, OURS, throughput_workload), _levels(report, REFERENCE, throughput_workload)
-    for c in sorted(set(ours) & set(ref)):
-        if c in (8, 32, 64) or c == max(set(ours) & set(ref)):
-            a, b = _num(ours[c].get("system_tok_s")), _num(ref[c].get("system_tok_s"))
-            value = a / b if b else float("nan")
-            checks.append(_check(f"orchard / mlx_lm system tok/s, {throughput_workload}, c={c}", value, ">= 1.0", value >= 1.0))
-    bursts = _scenario(report, "burst", BurstResult)
-    for server, b in bursts.items():
-        checks.append(_check(f"{server} burst {b.burst_size} TTFT P95 / lone TTFT", b.p95_over_lone, "<= 3",
-                             None if b.p95_over_lone != b.p95_over_lone else b.p95_over_lone <= 3))
-    for server, l in _scenario(report, "long", LongPromptResult).items():
-        # ITL P99 inside the prefill window vs the decode-only median (whole-window P99 as a hint).
-        for label, value in (("during prefill / decode-only P50", l.during_p99_over_p50), ("whole window", l.p99_over_p50)):
-            checks.append(_check(f"{server} ITL P99 / P50 of {l.background_streams} streams, "
-                                 f"{l.long_prompt_words}-token prompt, {label}", value, "< 4",
-                                 None if value != value else value < 4))
-    return checks

@@ -1,4 +1,4 @@
-"""`orchard pull | ls | rm`: the local Hugging Face cache from the command line (engine/models/hub.py underneath).
+"""`orchard pull | ls | rm`: the local Hugging Face cache from the command line (deployments/hub underneath).
 
 `ls` and `rm` read only the disk; `pull` talks to HF_ENDPOINT (the Hub by default) with HF_TOKEN, into HF_HUB_CACHE.
 """
@@ -9,18 +9,18 @@ import argparse
 import sys
 from typing import TextIO
 
-from engine.errors import OrchardError
-from engine.models.hub_events import (
+from deployments.hub.events import (
     DownloadCompleted,
     DownloadEvent,
     DownloadFailed,
     DownloadProgress,
 )
+from engine.errors import OrchardError
 
 BAR_WIDTH = 24
 
 
-def add_hub_commands(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction) -> None:
     pull = commands.add_parser("pull", help="download a Hugging Face model repo (MLX files) into the local cache")
     pull.add_argument("repo_id", help="owner/name on the Hub")
     pull.add_argument("--revision", default=None, help="branch, tag or commit (default: main)")
@@ -29,7 +29,7 @@ def add_hub_commands(commands: argparse._SubParsersAction) -> None:
     remove.add_argument("repo_id", help="owner/name")
 
 
-def run_hub_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     try:
         if args.command == "pull":
             return _pull(args.repo_id, args.revision)
@@ -42,7 +42,7 @@ def run_hub_command(args: argparse.Namespace) -> int:
 
 
 def _pull(repo_id: str, revision: str | None) -> int:
-    from engine.models.hub import DownloadManager
+    from deployments.hub.downloads import DownloadManager
 
     job = DownloadManager().start(repo_id, revision)
     bar = ProgressBar(sys.stderr)
@@ -65,7 +65,7 @@ def _pull(repo_id: str, revision: str | None) -> int:
 
 
 def _list() -> int:
-    from engine.models.hub_cache import list_cached_models
+    from deployments.hub.cache import list_cached_models
 
     models = list_cached_models()
     if not models:
@@ -82,7 +82,7 @@ def _list() -> int:
 
 
 def _remove(repo_id: str) -> int:
-    from engine.models.hub_cache import delete_cached_model
+    from deployments.hub.cache import delete_cached_model
 
     freed = delete_cached_model(repo_id)
     print(f"deleted {repo_id} ({_size(freed)} freed)")

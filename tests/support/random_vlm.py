@@ -1,7 +1,7 @@
 """Random-weight vision-language model folders of real shapes, loadable with ``mlx_vlm.load`` (and Orchard's
 ``model_type: multimodal``).
 
-    python -m bench.random_vlm OUT --shape qwen2.5-vl-3b [--dtype bfloat16] [--vision-dtype float32] [--check]
+    python -m tests.support.random_vlm OUT --shape qwen2.5-vl-3b [--dtype bfloat16] [--vision-dtype float32] [--check]
 
 The folder holds what a converted Qwen2.5-VL checkpoint holds: config.json (the real model's fields), bf16
 safetensors built in place by mlx-vlm's own model class (random weights: throughput does not depend on their
@@ -245,7 +245,7 @@ def check_folder(path: str | Path, image_size: int = 224, max_tokens: int = 8) -
     from mlx_vlm.prompt_utils import apply_chat_template
     from mlx_vlm.utils import load
 
-    from bench.serving.images import synthetic_image
+    from deployments.cli.loadgen.images import synthetic_image
 
     model, processor = load(str(path))
     prompt = apply_chat_template(processor, model.config, "t1 t2 t3 t4", num_images=1)

@@ -1,6 +1,6 @@
 """Serving benchmark: an async OpenAI-streaming load generator against one running server (loopback only).
 
-    python -m bench.serving.load --base-url http://127.0.0.1:8000 --model ID --vocab-size 151936 \
+    python -m deployments.cli.loadgen.load --base-url http://127.0.0.1:8000 --model ID --vocab-size 151936 \
         --workloads mixed,uniform,same,long,burst --levels 1,4,8,16,32,64,128 --gen-tokens 128 --json out.json
 
 Workloads (bench/README.md): closed-loop sweeps `mixed` (log-uniform 64-1024-token prompts),
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from bench.serving.client import StreamClient, Target
-from bench.serving.stats import BurstResult, LevelResult, LongPromptResult
-from bench.serving.tables import burst_table, level_note, level_table, long_table, show
-from bench.serving.workloads import (
+from deployments.cli.loadgen.client import StreamClient, Target
+from deployments.cli.loadgen.stats import BurstResult, LevelResult, LongPromptResult
+from deployments.cli.loadgen.tables import burst_table, level_note, level_table, long_table, show
+from deployments.cli.loadgen.workloads import (
     SWEEP_WORKLOADS,
     WORKLOADS,
     LoadSettings,
@@ -154,7 +154,7 @@ def write_json(path: Path, payload: Any) -> None:
     tmp.replace(path)  # a reader (or a kill) never sees half a file
 
 
-# ---- CLI (shared with bench.serving.compare)
+# ---- CLI (shared with bench.serving.compare and vision_compare)
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
     d = LoadSettings(levels=[], workloads=[], vocab_size=0)
     p.add_argument("--levels", default="1,4,8,16,32,64,128", help="comma-separated concurrency levels")
@@ -198,7 +198,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (ours, vLLM; not mlx_lm.server)")
     p.add_argument("--vocab-size", type=int, default=500,
-                   help="prompt words are t0 .. t<vocab-17> (one token each in bench.random_model tokenizers)")
+                   help="prompt words are t0 .. t<vocab-17> (one token each in tests.support.random_model tokenizers)")
     p.add_argument("--time-budget-s", type=float, default=600.0)
     p.add_argument("--json", help="write results here")
     add_load_arguments(p)
