@@ -40,7 +40,7 @@ install_agents() {
 
 # ---- inside the namespace: start the server, check, stop ------------------------------------------------------
 serve_and_check() {
-  # The engines at normal priority (README: Ray starts them at nice 15, which a busy CI machine starves).
+  # The engines at normal priority (docs/operations.md: Ray starts them at nice 15, which a busy CI machine starves).
   export ORCHARD_HOME="$CACHE/orchard-home" RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_worker_niceness=0
   local serve log="$CACHE/transcripts/server.log"
   serve="$(dirname "$PYTHON")/serve"
