@@ -12,7 +12,7 @@ from ray.serve.exceptions import RayServeException
 
 from deployments.config import RagConfig, serve_app_name
 from deployments.model_calls import StreamChunk
-from deployments.rag.calls import (
+from deployments.rag_calls import (
     AnswerJob, DeleteOutcome, DocumentList, RetrievalJob, RetrievalResult, UploadJob, UploadOutcome,
 )
 from deployments.ray_loopback import keep_replica_grpc_on_loopback

@@ -13,11 +13,11 @@ import numpy as np
 
 from deployments.config import RagConfig
 from deployments.model_calls import ChatPrompt, EmbedJob, ModelClient, StreamChunk, TextTokensJob
-from engine.errors import ModelNotFoundError, OrchardError, RagUnavailableError
-
-from .calls import (
+from deployments.rag_calls import (
     AnswerJob, DeleteOutcome, DocumentList, RetrievalJob, RetrievalResult, UploadJob, UploadOutcome,
 )
+from engine.errors import ModelNotFoundError, OrchardError, RagUnavailableError
+
 from .chunking import ChunkParams
 from .extract import ExtractLimits
 from .pipeline import RagPipeline, build_prompt

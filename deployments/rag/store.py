@@ -19,9 +19,9 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from deployments.rag_calls import DocumentInfo, SearchHit
 from engine.errors import DocumentNotFoundError, InvalidRequestError
 
-from .calls import DocumentInfo, SearchHit
 from .chunking import Chunk
 
 logger = logging.getLogger(__name__)

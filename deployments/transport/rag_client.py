@@ -8,7 +8,7 @@ from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
 from deployments.model_calls import StreamChunk
-from deployments.rag.calls import (
+from deployments.rag_calls import (
     AnswerJob, DeleteOutcome, DocumentList, RetrievalJob, RetrievalResult, UploadJob, UploadOutcome,
 )
 from engine.errors import OrchardError, RagUnavailableError

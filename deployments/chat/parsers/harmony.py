@@ -13,7 +13,7 @@ import re
 from enum import Enum
 from typing import Callable
 
-from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
+from deployments.output_deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
 from deployments.chat.parsers.lexer import Marker, MarkerLexer
 from deployments.chat.parsers.tool_parser import new_call_id
 

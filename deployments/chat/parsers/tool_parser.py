@@ -12,7 +12,7 @@ import logging
 import uuid
 from typing import Callable
 
-from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ToolCallDelta
+from deployments.output_deltas import ContentDelta, ParsedEvent, ToolCallDelta
 from deployments.chat.parsers.lexer import Marker, MarkerLexer
 from deployments.chat.parsers.tool_formats import MalformedCall, ParamTypes, ToolFormat
 from deployments.chat.parsers.trim import EdgeTrim

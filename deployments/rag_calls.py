@@ -1,5 +1,6 @@
 """What crosses between the ingress and the RAG deployment (a Ray handle or an in-process call): plain dataclasses,
-no numpy or FAISS, so the ingress imports them without the `embeddings` extra. Errors travel as values."""
+no numpy or FAISS, so the ingress imports them without the `embeddings` extra. Errors travel as values.
+A contract module: the ingress's side (ingress/, api/, transport/) and the RAG deployment (rag/) import it."""
 
 from __future__ import annotations
 
