@@ -117,7 +117,3 @@ class HarmonyParser:
         event = ToolCallDelta(self._num_calls, arguments, self._new_id(), self._call_name, unfinished)
         self._num_calls += 1
         return [event]
-
-    @property
-    def num_calls(self) -> int:
-        return self._num_calls

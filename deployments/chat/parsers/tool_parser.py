@@ -95,7 +95,3 @@ class ToolCallParser:
             events.append(ToolCallDelta(self._num_calls, call.arguments, self._new_id(), call.name, call.unfinished))
             self._num_calls += 1
         return events
-
-    @property
-    def num_calls(self) -> int:
-        return self._num_calls
