@@ -28,8 +28,17 @@ UNSUPPORTED = {
 }
 # Bodega's speculative-decoding fields, mapped onto our `speculative:` (deployments/speculative.py).
 DRAFT_FIELDS = ("draft_model_path", "num_draft_tokens")
-# Bodega's model types Orchard does not serve yet (it serves all of them: `lm`, `multimodal`, `embedding`).
-UNSUPPORTED_MODEL_TYPES: tuple[str, ...] = ()
+DEFAULT_MAX_CONCURRENCY = 1  # sequential mode's sequences at once
+# Bodega's fields that are none of ours, and what each becomes (docs/configuration.md lists them).
+BODEGA_ONLY_FIELDS = {
+    "continuous_batching": "false: sequential mode, at most max_concurrency sequences at once (sets max_prefill_seqs "
+                           "and max_decode_seqs; default true)",
+    "max_concurrency": f"the sequences sequential mode runs at once (default {DEFAULT_MAX_CONCURRENCY}; ignored with "
+                       "continuous batching)",
+    "draft_model_path": "a draft model: speculative with method draft and this draft_model_path",
+    "num_draft_tokens": "with draft_model_path, speculative.num_draft_tokens; alone, n-gram prompt lookup with that "
+                        "many drafts",
+}
 
 
 def from_bodega(fields: Any) -> Any:
@@ -37,8 +46,6 @@ def from_bodega(fields: Any) -> Any:
     if not isinstance(fields, dict):
         return fields  # pydantic reports the type
     fields = dict(fields)
-    if fields.get("model_type") in UNSUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type '{fields['model_type']}' is not supported yet (only 'lm', 'multimodal' and 'embedding')")
     for name, why in UNSUPPORTED.items():
         if fields.get(name) is not None:
             raise ValueError(why)
@@ -74,7 +81,7 @@ def _apply_draft_fields(fields: dict[str, Any]) -> None:
 def _apply_sequential_mode(fields: dict[str, Any]) -> None:
     """`continuous_batching: false` runs at most `max_concurrency` (default 1) sequences at once."""
     batching = fields.pop("continuous_batching", True)
-    concurrency = fields.pop("max_concurrency", 1)
+    concurrency = fields.pop("max_concurrency", DEFAULT_MAX_CONCURRENCY)
     if not isinstance(batching, bool):
         raise ValueError("'continuous_batching' must be true or false")
     if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:

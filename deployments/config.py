@@ -1,4 +1,8 @@
-"""serve_config.yaml / admin load-model fields, validated with pydantic (unknown fields refused by name)."""
+"""serve_config.yaml / admin load-model fields, validated with pydantic (unknown fields refused by name).
+
+A model's engine fields come from the engine's own declarations (engine_fields.py); every field has a description,
+from which scripts/config_table.py writes docs/configuration.md.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from engine.models.names import DEFAULT_MODEL_ID
 from deployments.bodega import from_bodega
 from deployments.chat.images import DEFAULT_MAX_IMAGE_PIXELS
 from deployments.chat.parsers.selection import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
+from deployments.engine_fields import ADVANCED_KNOBS, MODEL_KNOBS, AdvancedEngineKnobs, EngineKnobs
 from deployments.speculative import SpeculativeOptions
 
 # `model_path: default` means the embedded SmolLM2 model, converted on first use by the model's replica.
@@ -43,10 +48,10 @@ class RayActorOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    num_cpus: float = Field(0.1, ge=0)
-    num_gpus: float = Field(0.0, ge=0)
+    num_cpus: float = Field(0.1, ge=0, description="CPUs Ray reserves for the replica (a scheduling token)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves for the replica")
     memory: int | None = Field(None, ge=0, description="bytes Ray reserves for the replica")
-    resources: dict[str, float] = Field(default_factory=dict)
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources the replica needs")
 
     def to_ray(self) -> dict[str, Any]:
         options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
@@ -57,97 +62,90 @@ class RayActorOptions(BaseModel):
         return options
 
 
-class AdvancedOptions(BaseModel):
+class AdvancedOptions(AdvancedEngineKnobs):
     """Internal knobs with measured defaults (docs/architecture.md says why each): change them to measure."""
 
     model_config = ConfigDict(extra="forbid")
 
-    # Pad prefill forwards to a few shapes, warmed at load for up to prefill_warmup_seconds (null: on with a
-    # GPU); the warm-up keeps a burst's first forwards from building kernels.
-    pad_prefill_shapes: bool | None = None
-    prefill_warmup_seconds: float = Field(EngineConfig.prefill_warmup_seconds, ge=0)
-    # Stream chunks per second for all of this model's streams together (each stream's window grows with the
-    # number of streams, 20-250 ms): every chunk costs CPU across replica, ingress and proxy.
-    stream_chunks_per_s: float = Field(250.0, gt=0)
-    # The model processes' GIL switch interval (null: Python's 5 ms): the engine thread waited up to 5 ms for
-    # the GIL after each device wait behind Ray's threads.
-    gil_switch_interval_ms: float | None = Field(0.5, gt=0)
-    # An ingress on the replica's node streams over a Unix socket (transport/channel.py) instead of one Ray
-    # handle stream per request (false: always the handle; several replicas use the handle anyway).
-    stream_channel: bool = True
-    # On unload, open streams get this long to finish before they end with model_unloaded.
-    unload_drain_s: float = Field(10.0, ge=0)
-    # An embedding model encodes the texts of concurrent requests together: a batch closes after this wait or at
-    # this many texts (one forward of many short texts costs little more than one of a single text).
-    embed_batch_wait_ms: float = Field(5.0, ge=0)
-    embed_batch_size: int = Field(256, ge=1)
+    # Each stream's window grows with the number of streams (20-250 ms): every chunk costs CPU across replica,
+    # ingress and proxy.
+    stream_chunks_per_s: float = Field(
+        250.0, gt=0, description="stream chunks per second for all of this model's streams together")
+    # The engine thread waited up to 5 ms for the GIL after each device wait behind Ray's threads.
+    gil_switch_interval_ms: float | None = Field(
+        0.5, gt=0, description="the model processes' GIL switch interval (null: Python's 5 ms)")
+    stream_channel: bool = Field(
+        True, description="an ingress on the replica's node streams over a Unix socket (transport/channel.py) "
+        "instead of a Ray handle stream per request (false: always the handle; several replicas use the handle)")
+    unload_drain_s: float = Field(
+        10.0, ge=0, description="on unload, seconds open streams get to finish before they end with model_unloaded")
+    # One forward of many short texts costs little more than one of a single text.
+    embed_batch_wait_ms: float = Field(
+        5.0, ge=0, description="an embedding model encodes concurrent requests' texts together: a batch closes "
+        "after this wait (or at embed_batch_size texts)")
+    embed_batch_size: int = Field(
+        256, ge=1, description="an embedding batch closes at this many texts (or after embed_batch_wait_ms)")
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(EngineKnobs):
     """One model: a serve_config.yaml application's `args`, or the body of POST /v1/admin/load-model.
 
-    Bodega's field names are accepted too (deployments/bodega.py); unknown fields are refused by name.
+    The engine's knobs (EngineKnobs, AdvancedOptions) are declared by engine/config.py; Bodega's field names are
+    accepted too (deployments/bodega.py); unknown fields are refused by name.
     """
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    model_path: str = Field(min_length=1)
-    model_id: str | None = None
-    # "lm": a text model (mlx-lm); "multimodal": a vision-language model (mlx-vlm), which takes images and text;
-    # "embedding": a sentence-transformers model for /v1/embeddings (the `embeddings` install extra).
-    # Unset: "embedding" for model_path default-embedding, else "lm".
-    model_type: Literal["lm", "multimodal", "embedding"] = "lm"
-    context_length: int | None = Field(None, ge=2)
-    # Run the weights in this dtype (null: as stored).
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    max_num_seqs: int = Field(EngineConfig.max_num_seqs, ge=1)
-    max_prefill_seqs: int = Field(EngineConfig.max_prefill_seqs, ge=1)
-    max_decode_seqs: int = Field(EngineConfig.max_decode_seqs, ge=1)
-    prefill_chunk_tokens: int = Field(EngineConfig.prefill_chunk_tokens, ge=0)
-    # null: what this machine prefills in ~0.5 s (measured at load; a GPU-sized constant stalls a CPU for minutes)
-    prefill_step_tokens: int | None = Field(None, ge=0)
-    enable_prefix_cache: bool = True
-    prefix_cache_bytes: int | None = Field(None, ge=0)
-    # The running requests' KV budget: kv_memory_fraction of the device's memory less what is loaded and the prefix
-    # cache's budget, or kv_budget_bytes itself; past it the newest requests are preempted (resumed by recompute).
-    kv_memory_fraction: float = Field(EngineConfig.kv_memory_fraction, gt=0, le=1)
-    kv_budget_bytes: int | None = Field(None, ge=1)
-    # What a request that names no max_tokens may generate (null: up to the context length; one such reply ran for
-    # over 10 minutes on a CPU). Cut to the room the prompt leaves.
-    default_max_tokens: int | None = Field(4096, ge=1)
-    queue_size: int | None = Field(100, ge=0)
-    queue_timeout: float | None = Field(300.0, gt=0)
-    chat_template_file: str | None = None
-    # A multimodal model refuses images with more pixels than this (decoding one costs 3 bytes a pixel).
-    max_image_pixels: int = Field(DEFAULT_MAX_IMAGE_PIXELS, ge=1)
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    trust_remote_code: bool = False
-    # Load the weights quantized (mlx-lm's converter, once, into the model cache): 4 or 8 bits, or "auto": as
-    # stored if the weights and one full-context request's KV cache fit in memory_budget_bytes, else the widest of
-    # 8 and 4 bits that fits; a model that fits at none is refused with the numbers.
-    # A Hugging Face repo id as model_path that is not in the local cache: downloaded first (null: yes in
-    # serve_config.yaml, no over the admin API, where a client would make the server fetch gigabytes).
-    auto_download: bool | None = None
-    # With a repo id: the branch, tag or commit to load (null: main).
-    revision: str | None = None
-    # With a repo id: the .gguf file of the repo to load (one of its quantizations), converted by Orchard's GGUF
-    # import (llama-family architectures) into the model cache.
-    gguf_file: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+\.gguf$")
-    quantize: Literal[4, 8, "auto"] | None = None
-    memory_budget_bytes: int | None = Field(None, ge=1, description="for quantize auto (null: what MLX can use now)")
-    # Speculative decoding (null: off), model_type lm only. Bodega's `draft_model_path` (+ `num_draft_tokens`,
-    # default 4) means a draft model; its `num_draft_tokens` alone means n-gram prompt lookup with that many drafts.
-    speculative: SpeculativeOptions | None = None
-    # Quantized KV cache (null: the model's dtype): 4 or 8 bits in groups of kv_group_size values (32, 64 or 128;
-    # they must divide the head dimension). Models of plain KV caches only; not with speculative decoding.
-    kv_bits: int | None = None
-    kv_group_size: int = EngineConfig.kv_group_size
-    # Ray Serve deployment options.
-    num_replicas: int = Field(1, ge=1)
-    max_ongoing_requests: int = Field(512, ge=1, description="Serve's default of 5 would throttle an LLM")
-    ray_actor_options: RayActorOptions = Field(default_factory=RayActorOptions)
-    advanced: AdvancedOptions = Field(default_factory=AdvancedOptions)
+    model_path: str = Field(
+        min_length=1, description=f"a model folder, a Hugging Face repo id, '{DEFAULT_MODEL_PATH}' (the embedded "
+        f"{DEFAULT_MODEL_ID}) or '{DEFAULT_EMBEDDING_MODEL_PATH}' (the embedded {DEFAULT_EMBEDDING_MODEL_ID})")
+    model_id: str | None = Field(
+        None, description="the name clients send as `model` (null: model_path's last part, or the embedded "
+        "model's name)")
+    model_type: Literal["lm", "multimodal", "embedding"] = Field(
+        "lm", description="lm: a text model (mlx-lm); multimodal: a vision-language model (mlx-vlm); embedding: a "
+        "sentence-transformers model for /v1/embeddings (the `embeddings` extra; the default for default-embedding)")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="run the weights in this dtype (null: as stored)")
+    # One reply that named no max_tokens ran for over 10 minutes on a CPU.
+    default_max_tokens: int | None = Field(
+        4096, ge=1, description="what a request that names no max_tokens may generate, cut to the room the prompt "
+        "leaves (null: up to the context length)")
+    chat_template_file: str | None = Field(
+        None, description="a Jinja chat template file to use instead of the model's (serve_config.yaml only)")
+    # Decoding an image costs 3 bytes a pixel.
+    max_image_pixels: int = Field(
+        DEFAULT_MAX_IMAGE_PIXELS, ge=1, description="a multimodal model refuses images with more pixels")
+    tool_call_parser: str | None = Field(
+        None, description=f"one of {', '.join(TOOL_PARSER_NAMES)} (null: inferred from the chat template)")
+    reasoning_parser: str | None = Field(
+        None, description=f"one of {', '.join(REASONING_PARSER_NAMES)} (null: inferred from the chat template)")
+    trust_remote_code: bool = Field(
+        False, description="let mlx-lm run the model folder's own Python (serve_config.yaml only)")
+    # Over the admin API a client would make the server fetch gigabytes.
+    auto_download: bool | None = Field(
+        None, description="download a Hugging Face repo id that is not in the local cache first (null: yes in "
+        "serve_config.yaml, no over the admin API)")
+    revision: str | None = Field(None, description="with a repo id: the branch, tag or commit to load (null: main)")
+    gguf_file: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9._-]+\.gguf$", description="with a repo id: the .gguf file of the repo to load "
+        "(one of its quantizations), converted by Orchard's GGUF import (llama-family architectures)")
+    quantize: Literal[4, 8, "auto"] | None = Field(
+        None, description="load the weights quantized (mlx-lm's converter, once, into the model cache): 4 or 8 "
+        "bits, or auto: as stored if the weights and one full-context request's KV fit memory_budget_bytes, "
+        "else the widest of 8 and 4 bits that fits")
+    memory_budget_bytes: int | None = Field(
+        None, ge=1, description="for quantize auto (null: what MLX can use now)")
+    speculative: SpeculativeOptions | None = Field(
+        None, description="speculative decoding (null: off), model_type lm only; Bodega's draft_model_path "
+        "(+ num_draft_tokens) means a draft model, its num_draft_tokens alone n-gram prompt lookup")
+    num_replicas: int = Field(1, ge=1, description="Serve replicas of this model")
+    max_ongoing_requests: int = Field(
+        512, ge=1, description="requests one replica takes at once (Serve's default of 5 would throttle an LLM)")
+    ray_actor_options: RayActorOptions = Field(
+        default_factory=RayActorOptions, description="Ray's resources for each replica")
+    advanced: AdvancedOptions = Field(
+        default_factory=AdvancedOptions, description="internal knobs with measured defaults")
 
     @model_validator(mode="before")
     @classmethod
@@ -224,26 +222,11 @@ class ModelConfig(BaseModel):
         return self.uses_default_model or self.uses_default_embedding_model
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(
-            max_num_seqs=self.max_num_seqs,
-            max_prefill_seqs=self.max_prefill_seqs,
-            max_decode_seqs=self.max_decode_seqs,
-            prefill_chunk_tokens=self.prefill_chunk_tokens,
-            prefill_step_tokens=self.prefill_step_tokens,
-            pad_prefill_shapes=self.advanced.pad_prefill_shapes,
-            prefill_warmup_seconds=self.advanced.prefill_warmup_seconds,
-            context_length=self.context_length,
-            queue_size=self.queue_size,
-            queue_timeout=self.queue_timeout,
-            enable_prefix_cache=self.enable_prefix_cache,
-            prefix_cache_bytes=self.prefix_cache_bytes,
-            kv_memory_fraction=self.kv_memory_fraction,
-            kv_budget_bytes=self.kv_budget_bytes,
-            dtype=self.dtype,
-            speculative=self.speculative.engine_config() if self.speculative is not None else None,
-            kv_bits=self.kv_bits,
-            kv_group_size=self.kv_group_size,
-        )
+        """The engine's config: this model's knobs (the top-level ones and `advanced:`'s) and its speculation."""
+        knobs = {name: getattr(self, name) for name in MODEL_KNOBS}
+        knobs.update({name: getattr(self.advanced, name) for name in ADVANCED_KNOBS})
+        speculative = self.speculative.engine_config() if self.speculative is not None else None
+        return EngineConfig(**knobs, speculative=speculative)
 
     def deployment_options(self) -> dict[str, Any]:
         return {
@@ -276,9 +259,6 @@ class MediaLimits:
     remote_media_max_redirects: int = 3
 
 
-DEFAULT_EMBEDDING_MODEL_ID = "all-MiniLM-L6-v2"
-
-
 class RagConfig(BaseModel):
     """The ingress's `rag` arg: the RAG deployment (/v1/rag/*) beside the ingress. null turns the routes off."""
 
@@ -290,7 +270,7 @@ class RagConfig(BaseModel):
     max_pages: int = Field(2_000, ge=1, description="PDFs with more pages get 413")
     chunk_tokens: int = Field(200, ge=1, description="tokens per chunk, by the embedder's tokenizer")
     overlap_tokens: int = Field(40, ge=0, description="tokens a chunk repeats of the one before")
-    max_top_k: int = Field(50, ge=1)
+    max_top_k: int = Field(50, ge=1, description="the most sources a query may ask for (top_k)")
 
 
 class IngressConfig(BaseModel):
@@ -308,25 +288,27 @@ class IngressConfig(BaseModel):
         description="admin loads of local folders must lie under one of these "
         "(null: Orchard's and Hugging Face's model caches, default_model_roots())",
     )
-    restore_models: bool = True
-    enable_admin: bool = True
+    restore_models: bool = Field(True, description="load the API-loaded model list again at start")
+    enable_admin: bool = Field(True, description="serve the /v1/admin/* routes")
     api_keys: list[SecretStr] | None = Field(None, description="keys for the inference routes (null: from the env)")
     admin_key: SecretStr | None = Field(None, description="the key for /v1/admin/* (null: from the env)")
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1, description="larger request bodies get 413")
-    status_poll_interval_s: float = Field(2.0, gt=0)
-    max_ongoing_requests: int = Field(1024, ge=1)
+    status_poll_interval_s: float = Field(2.0, gt=0, description="seconds between reads of the models' Serve status")
+    max_ongoing_requests: int = Field(1024, ge=1, description="requests the ingress replica takes at once")
     # Responses kept for GET /v1/responses/{id} and previous_response_id, in the ingress's memory.
     responses_store_size: int = Field(1000, ge=0, description="stored responses, least recently used out first")
     responses_store_ttl_s: float = Field(86400.0, gt=0, description="a stored response unused this long is dropped")
-    ray_actor_options: RayActorOptions = Field(default_factory=RayActorOptions)
+    ray_actor_options: RayActorOptions = Field(
+        default_factory=RayActorOptions, description="Ray's resources for the ingress replica (and the RAG one)")
     rag: RagConfig | None = Field(default_factory=RagConfig, description="/v1/rag/* (null: off)")
     # Images in requests: data URLs and base64 always; http(s) URLs only when allowed (the ingress then fetches
     # whatever URL a client names, hosts on its own network included). file:// and other schemes never.
     allow_remote_media: bool = Field(MediaLimits.allow_remote_media, description="fetch http(s) image URLs")
-    max_images_per_request: int = Field(MediaLimits.max_images_per_request, ge=0)
+    max_images_per_request: int = Field(MediaLimits.max_images_per_request, ge=0, description="more images get 400")
     max_image_bytes: int = Field(MediaLimits.max_image_bytes, ge=1, description="one image's encoded size")
     remote_media_timeout_s: float = Field(MediaLimits.remote_media_timeout_s, gt=0, description="per image fetch")
-    remote_media_max_redirects: int = Field(MediaLimits.remote_media_max_redirects, ge=0)
+    remote_media_max_redirects: int = Field(
+        MediaLimits.remote_media_max_redirects, ge=0, description="redirects one image fetch may follow")
 
     @field_validator("api_keys")
     @classmethod

@@ -2,6 +2,8 @@
 
 The ingress sends a GenerateJob; the model answers with StreamChunks, each the coalesced
 output of one or more engine steps (a Ray handle stream carries only ~2,000 items/s).
+A contract module: the ingress's side (ingress/, api/, transport/) and the model's (model/, chat/, embeddings/)
+import it; it imports nothing of either.
 """
 
 from __future__ import annotations
@@ -12,10 +14,9 @@ from typing import Any, AsyncIterator, Literal, Protocol
 from engine.client.interface import EngineHealth, EngineStatus
 from engine.errors import OrchardError
 from engine.output.request_output import Finish
-from deployments.chat.parsers.deltas import ToolCallDelta
+from deployments.output_deltas import ToolCallDelta
 from engine.sampling.params import SamplingParams
 from engine.spec_decode.speculator import SpeculationStats
-from deployments.metrics.recorder import MetricsSnapshot
 
 ToolChoiceMode = Literal["auto", "none", "required", "function"]
 
@@ -146,10 +147,7 @@ class StreamChunk:
         for delta in later.tool_calls:
             last = self.tool_calls[-1] if self.tool_calls else None
             if last is not None and last.index == delta.index:
-                self.tool_calls[-1] = ToolCallDelta(
-                    last.index, last.arguments + delta.arguments, last.id or delta.id, last.name or delta.name,
-                    last.unfinished or delta.unfinished,
-                )
+                self.tool_calls[-1] = last.joined(delta)
             else:
                 self.tool_calls.append(delta)
         self.num_tokens += later.num_tokens
@@ -257,6 +255,36 @@ class QueueStats:
     channel_streams_total: int | None = None
     # Speculative decoding's counts since the engine started (None: the model does not speculate).
     speculation: SpeculationStats | None = None
+
+
+@dataclass
+class Sample:
+    """A counter's or gauge's value for one set of labels (model_name included)."""
+
+    name: str  # the spec's name (metrics/families.py), without the prefix
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass
+class HistogramSample:
+    name: str
+    labels: dict[str, str]
+    bucket_counts: list[int]  # per bucket of the spec, then +Inf; not cumulative
+    sum: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(self.bucket_counts)
+
+
+@dataclass
+class MetricsSnapshot:
+    """A process's metric values at one moment (metrics/recorder.py): what a model replica hands the ingress for its
+    /metrics."""
+
+    samples: list[Sample] = field(default_factory=list)
+    histograms: list[HistogramSample] = field(default_factory=list)
 
 
 class ModelClient(Protocol):

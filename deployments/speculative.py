@@ -23,14 +23,18 @@ class SpeculativeOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    method: Literal["ngram", "draft"] | None = None
+    method: Literal["ngram", "draft"] | None = Field(
+        None, description="ngram: prompt lookup, drafts copied from the request's own text; draft: a smaller model "
+        "of the same tokenizer drafts (null: draft when draft_model_path is given, else ngram)")
     num_draft_tokens: int = Field(
         SpeculativeConfig.num_draft_tokens, ge=1, le=MAX_DRAFT_TOKENS,
         description="the most tokens a request drafts per step (each request's length then follows its acceptance)",
     )
     min_match: int = Field(SpeculativeConfig.min_match, ge=1, description="ngram: shortest suffix looked up")
     max_match: int = Field(SpeculativeConfig.max_match, ge=1, description="ngram: longest suffix looked up")
-    draft_model_path: str | None = Field(None, min_length=1)
+    draft_model_path: str | None = Field(
+        None, min_length=1, description="method draft: a local model folder, or a Hugging Face repo id already in "
+        "the local cache")
     max_verify_tokens: int | None = Field(
         None, ge=2, description="positions one verifying forward may compute over the batch (null: from the device)"
     )

@@ -1,71 +1,106 @@
-"""Engine configuration (our names; Bodega's aliases are mapped by deployments/bodega.py)."""
+"""Engine configuration, declared once: each knob's type, default, bounds and one line on what it does.
+
+The serving edge (deployments/config.py) builds serve_config.yaml's and the admin API's fields from these
+declarations and validates a model's values by building an EngineConfig; Bodega's names for some knobs are mapped
+by deployments/bodega.py.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from engine.errors import InvalidRequestError
 from engine.kv.quantization import KV_BITS, KV_GROUP_SIZES, KVQuantization
 from engine.spec_decode.config import SpeculativeConfig
 
 MIN_PREFIX_CACHE_BYTES = 1 << 20
+KNOB = "knob"  # the dataclass field metadata key of a knob's Knob
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What an EngineConfig field means (one line, shown in docs/configuration.md) and its numeric bounds
+    (None: open on that side). A None value means "unset" and is within any bounds."""
+
+    doc: str
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+
+    def problem(self, name: str, value: Any) -> str | None:
+        """Why `value` is out of bounds for the field `name` (None: it is within them)."""
+        if value is None:
+            return None
+        if self.gt is not None and self.le is not None and not self.gt < value <= self.le:
+            return f"'{name}' must be in ({self.gt}, {self.le}], got {value}"
+        if self.ge is not None and value < self.ge:
+            return f"'{name}' must be >= {self.ge}"
+        if self.gt is not None and value <= self.gt:
+            return f"'{name}' must be > {self.gt}"
+        if self.le is not None and value > self.le:
+            return f"'{name}' must be <= {self.le}"
+        return None
+
+
+def knob(default: Any, doc: str, **bounds: float) -> Any:
+    """An EngineConfig field with its meaning and bounds (checked by EngineConfig, shown to the serving edge)."""
+    return field(default=default, metadata={KNOB: Knob(doc, **bounds)})
+
+
+def knobs() -> dict[str, Knob]:
+    """Every EngineConfig field that is a knob, in declaration order (not `speculative`: a config of its own)."""
+    return {f.name: f.metadata[KNOB] for f in fields(EngineConfig) if KNOB in f.metadata}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """Knobs of one engine instance.
 
-    max_num_seqs bounds waiting + running requests; queue_size bounds the waiting
-    ones alone (None: only max_num_seqs applies). prefill_chunk_tokens is the most
-    prompt tokens one request prefills per step (0: whole prompts in one step), as
-    mlx-lm's prefill step size; prefill_step_tokens bounds all prefilling requests
-    together per step (0: only chunks x max_prefill_seqs; None: what this device
-    prefills in about half a second, measured by EngineCore at load, cut so that a
-    padded step's activations fit the memory left beside the weights, the KV budget
-    and the prefix cache).
+    max_num_seqs bounds waiting + running requests; queue_size bounds the waiting ones alone. prefill_chunk_tokens
+    is mlx-lm's prefill step size per request; prefill_step_tokens bounds all prefilling requests together per step
+    (None: measured by EngineCore at load, cut so that a padded step's activations fit the memory left beside the
+    weights, the KV budget and the prefix cache).
     """
 
-    max_num_seqs: int = 256
-    max_prefill_seqs: int = 32
-    max_decode_seqs: int = 32
-    prefill_chunk_tokens: int = 2048
-    prefill_step_tokens: int | None = None
-    # Pad prefill forwards to a few lengths and warm them at load (runner/prefill_shapes.py);
-    # None: on with a GPU, off on the CPU (where padding only costs). Models with plain KV caches only.
-    pad_prefill_shapes: bool | None = None
-    prefill_warmup_seconds: float = 120.0
-    context_length: int | None = None
-    queue_size: int | None = None
-    queue_timeout: float | None = None
-    enable_prefix_cache: bool = True
-    # Byte budget of cached prompt KV; None: a tenth of device memory (1 GiB where unknown).
-    prefix_cache_bytes: int | None = None
-    prefix_block_size: int = 32
-    # The running requests' KV budget: this fraction of device memory (the machine's RAM on the CPU), less what
-    # MLX holds at load (this model's weights, other models of the process) and the prefix cache's budget.
-    # kv_budget_bytes sets the budget itself instead (operators, tests).
-    kv_memory_fraction: float = 0.8
-    kv_budget_bytes: int | None = None
-    # Run the model in this dtype ("float32", "bfloat16", "float16"); None keeps the weights'.
-    dtype: str | None = None
-    seed: int = 0
-    # Speculative decoding (engine/spec_decode/); None: off.
-    speculative: SpeculativeConfig | None = None
-    # Quantized KV cache (engine/kv/quantized_kv.py): 4 or 8 bits in groups of kv_group_size; None: the model's dtype.
-    kv_bits: int | None = None
-    kv_group_size: int = 64
+    max_num_seqs: int = knob(256, "most requests waiting or running at once", ge=1)
+    max_prefill_seqs: int = knob(32, "most requests prefilling in one step", ge=1)
+    max_decode_seqs: int = knob(32, "most requests decoding in one step", ge=1)
+    prefill_chunk_tokens: int = knob(
+        2048, "most prompt tokens one request prefills per step (0: its whole prompt at once)", ge=0)
+    prefill_step_tokens: int | None = knob(
+        None, "most prompt tokens all prefilling requests compute per step (0: chunks x max_prefill_seqs; "
+        "null: what this device prefills in ~0.5 s, measured at load)", ge=0)
+    # A burst's first forwards would otherwise build kernels (runner/prefill_shapes.py).
+    pad_prefill_shapes: bool | None = knob(
+        None, "pad prefill forwards to a few shapes warmed at load (null: on with a GPU, off on the CPU); "
+        "models of plain KV caches only")
+    prefill_warmup_seconds: float = knob(120.0, "the most seconds the padded shapes' warm-up may take at load", ge=0)
+    context_length: int | None = knob(
+        None, "the most tokens a request's prompt and output may hold (null: the model's own)", ge=2)
+    queue_size: int | None = knob(None, "most requests waiting for a slot (null: only max_num_seqs applies)", ge=0)
+    queue_timeout: float | None = knob(
+        None, "seconds a request may wait for a slot before it is refused (null: no limit)", gt=0)
+    enable_prefix_cache: bool = knob(True, "reuse the KV of prompt prefixes seen before")
+    prefix_cache_bytes: int | None = knob(
+        None, "the prefix cache's byte budget: 0 or at least 1 MiB (null: a tenth of device memory, "
+        "1 GiB where unknown)", ge=0)
+    prefix_block_size: int = knob(32, "tokens per prefix-cache block", ge=1)
+    # MLX's holdings at load are this model's weights and other models of the process.
+    kv_memory_fraction: float = knob(
+        0.8, "the running requests' KV budget: this fraction of device memory (RAM on the CPU) less what MLX "
+        "holds at load and the prefix cache's budget; past it the newest requests are preempted", gt=0, le=1)
+    kv_budget_bytes: int | None = knob(None, "the running requests' KV budget itself (instead of kv_memory_fraction)",
+                                       ge=1)
+    seed: int = knob(0, "seeds the generator that draws the seeds of requests that name none")
+    speculative: SpeculativeConfig | None = None  # speculative decoding (engine/spec_decode/); None: off
+    kv_bits: int | None = knob(
+        None, "quantize the KV cache to 4 or 8 bits (null: the model's dtype); plain KV caches only, "
+        "not with speculative decoding")
+    kv_group_size: int = knob(64, "values per quantization group of the KV cache: 32, 64 or 128 "
+                              "(they must divide the head dimension)")
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_prefill_seqs", "max_decode_seqs"):
-            if getattr(self, name) < 1:
-                raise InvalidRequestError(f"'{name}' must be >= 1", param=name)
-        for name in ("prefill_chunk_tokens", "prefill_step_tokens"):
-            if (getattr(self, name) or 0) < 0:
-                raise InvalidRequestError(f"'{name}' must be >= 0", param=name)
-        if self.context_length is not None and self.context_length < 2:
-            raise InvalidRequestError("'context_length' must be >= 2", param="context_length")
-        if self.queue_size is not None and self.queue_size < 0:
-            raise InvalidRequestError("'queue_size' must be >= 0", param="queue_size")
         if self.prefix_cache_bytes is not None and not (
             self.prefix_cache_bytes == 0 or self.prefix_cache_bytes >= MIN_PREFIX_CACHE_BYTES
         ):
@@ -74,18 +109,10 @@ class EngineConfig:
                 f"0 or at least {MIN_PREFIX_CACHE_BYTES} (1 MiB), got {self.prefix_cache_bytes}",
                 param="prefix_cache_bytes",
             )
-        if self.prefix_block_size < 1:
-            raise InvalidRequestError("'prefix_block_size' must be >= 1", param="prefix_block_size")
-        if not 0 < self.kv_memory_fraction <= 1:
-            raise InvalidRequestError(
-                f"'kv_memory_fraction' must be in (0, 1], got {self.kv_memory_fraction}", param="kv_memory_fraction"
-            )
-        if self.kv_budget_bytes is not None and self.kv_budget_bytes < 1:
-            raise InvalidRequestError("'kv_budget_bytes' must be >= 1", param="kv_budget_bytes")
-        if self.prefill_warmup_seconds < 0:
-            raise InvalidRequestError("'prefill_warmup_seconds' must be >= 0", param="prefill_warmup_seconds")
-        if self.queue_timeout is not None and self.queue_timeout <= 0:
-            raise InvalidRequestError("'queue_timeout' must be > 0 seconds", param="queue_timeout")
+        for name, declared in knobs().items():
+            problem = declared.problem(name, getattr(self, name))
+            if problem is not None:
+                raise InvalidRequestError(problem, param=name)
         self._check_kv_quantization()
 
     def _check_kv_quantization(self) -> None:

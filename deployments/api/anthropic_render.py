@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.output.request_output import Finish, Usage
-from deployments.chat.parsers.deltas import ToolCallDelta
+from deployments.output_deltas import ToolCallDelta
 from engine.request import FinishReason
 from deployments.api.errors import WireError, as_anthropic
 from deployments.api.sse import SSE_KEEPALIVE, named_sse_events

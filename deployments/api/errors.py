@@ -34,7 +34,7 @@ from deployments.hub.errors import (
     GatedRepoError,
     RepoNotFoundError,
 )
-from deployments.rag.errors import DocumentNotFoundError, DocumentTooLargeError, RagUnavailableError
+from deployments.rag_calls import DocumentNotFoundError, DocumentTooLargeError, RagUnavailableError
 
 QUEUE_RETRY_AFTER_S = 1
 ANTHROPIC_PATHS = "/v1/messages"  # these routes answer errors in Anthropic's shape

@@ -27,7 +27,7 @@ from deployments.api.openai_objects import (
     TopLogprobOut,
     UsageOut,
 )
-from deployments.chat.parsers.deltas import ToolCallDelta
+from deployments.output_deltas import ToolCallDelta
 from engine.request import FinishReason
 from deployments.api.errors import WireError
 from deployments.api.sse import SSE_DONE, SSE_KEEPALIVE, sse_event, sse_events

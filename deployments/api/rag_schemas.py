@@ -16,7 +16,7 @@ from deployments.api.openai_schemas import ChatCompletionRequest, StreamOptions
 from deployments.api.request_limits import refuse_invalid_unicode
 from deployments.api.unknown_fields import accept_unknown_fields
 from deployments.model_calls import StreamChunk
-from deployments.rag.calls import DocumentInfo, RetrievalJob, SearchHit
+from deployments.rag_calls import DocumentInfo, RetrievalJob, SearchHit
 from engine.errors import InvalidRequestError
 
 MAX_QUERY_CHARS = 32_000

@@ -17,7 +17,7 @@ from typing import Any
 from deployments.api.errors import WireError
 from deployments.api.responses_schemas import ResponsesRequest
 from deployments.api.sse import named_sse_events
-from deployments.chat.parsers.deltas import ToolCallDelta
+from deployments.output_deltas import ToolCallDelta
 from deployments.model_calls import StreamChunk, TokenLogprobInfo
 from engine.output.request_output import Finish, Usage
 from engine.request import FinishReason

@@ -22,10 +22,10 @@ import numpy as np
 from deployments.config import ModelConfig
 from deployments.embeddings.batcher import EmbedBatcher
 from deployments.metrics import families
-from deployments.metrics.recorder import MetricsRecorder, MetricsSnapshot
+from deployments.metrics.recorder import MetricsRecorder
 from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, ModelInfo, QueueStats, StreamChunk, TextTokenCounts, TextTokensJob,
-    TokenCount,
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, MetricsSnapshot, ModelInfo, QueueStats,
+    StreamChunk, TextTokenCounts, TextTokensJob, TokenCount,
 )
 from engine.errors import EngineDeadError, InvalidRequestError, ModelLoadError, ModelUnloadedError, OrchardError
 from engine.runner.memory import process_rss_bytes

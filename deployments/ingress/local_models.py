@@ -10,11 +10,10 @@ from deployments.config import ModelConfig
 from deployments.model.service import EngineClientFactory, ModelService, thread_engine_client
 from deployments.embeddings.service import EmbeddingService
 from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TextTokenCounts, TextTokensJob,
-    TokenCount,
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
+    TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.ingress.model_registry import DeploymentState, ModelStatus
-from deployments.metrics.recorder import MetricsSnapshot
 
 
 class LocalModelClient:

@@ -30,8 +30,7 @@ from deployments.config import ModelConfig, serve_app_name
 from deployments.model_sources import (
     cached_hub_source, check_admin_model, check_admin_policy, default_model_roots, hub_files, is_repo_id,
 )
-from deployments.metrics.recorder import MetricsSnapshot
-from deployments.model_calls import ModelClient, ModelInfo, QueueStats
+from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo, QueueStats
 from deployments.ingress.model_store import ModelStore
 
 logger = logging.getLogger("ray.serve.orchard")

@@ -30,9 +30,10 @@ from deployments.ingress.generation import KEEPALIVE_S, answer
 from deployments.ingress.model_registry import Registry
 from deployments.metrics.ingress_metrics import Api, IngressMetrics
 from deployments.model_calls import GenerateJob, StreamChunk
-from deployments.rag.calls import AnswerJob, RagClient, RetrievalJob, RetrievalResult, UploadJob
+from deployments.rag_calls import (
+    AnswerJob, DocumentNotFoundError, RagClient, RetrievalJob, RetrievalResult, UploadJob,
+)
 from engine.errors import InvalidRequestError
-from deployments.rag.errors import DocumentNotFoundError
 
 logger = logging.getLogger("ray.serve.orchard")
 UPLOAD_ROUTE = "/v1/rag/upload"

@@ -49,7 +49,7 @@ from deployments.ingress.embedding_routes import embeddings_router
 from deployments.ingress.edge import REQUEST_ID, BodyLimitMiddleware, RequestIdMiddleware
 from deployments.ingress.generation import KEEPALIVE_S, Renderer, answer
 from deployments.ingress.rag_routes import MULTIPART_OVERHEAD_BYTES, UPLOAD_ROUTE, rag_router
-from deployments.rag.calls import RagClient
+from deployments.rag_calls import RagClient
 from deployments.ingress.media_fetch import ImageLoader
 from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
 from deployments.ingress.responses_store import ResponseStore

@@ -15,7 +15,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from deployments.metrics.families import ALL_SPECS, MetricKind, MetricSpec
-from deployments.metrics.recorder import HistogramSample, MetricsSnapshot, Sample
+from deployments.model_calls import HistogramSample, MetricsSnapshot, Sample
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from deployments.metrics import families
-from deployments.metrics.recorder import MetricsRecorder, MetricsSnapshot
-from deployments.model_calls import StreamChunk
+from deployments.metrics.recorder import MetricsRecorder
+from deployments.model_calls import MetricsSnapshot, StreamChunk
 from engine.request import FinishReason
 
 

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 
 from deployments.metrics import families
-from deployments.metrics.recorder import MetricsRecorder, MetricsSnapshot
+from deployments.metrics.recorder import MetricsRecorder
+from deployments.model_calls import MetricsSnapshot
 from engine.client.interface import StreamEvent
 from engine.core import EngineStats
 from engine.output.request_output import Admitted, Finish, Queued, TextDelta

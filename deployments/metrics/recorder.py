@@ -10,40 +10,11 @@ from __future__ import annotations
 
 import bisect
 import threading
-from dataclasses import dataclass, field
 
 from ray.util import metrics as ray_metrics
 
 from deployments.metrics.families import MODEL_LABEL, MetricKind, MetricSpec
-
-
-@dataclass
-class Sample:
-    """A counter's or gauge's value for one set of labels (model_name included)."""
-
-    name: str  # the spec's name, without the prefix
-    labels: dict[str, str]
-    value: float
-
-
-@dataclass
-class HistogramSample:
-    name: str
-    labels: dict[str, str]
-    bucket_counts: list[int]  # per bucket of the spec, then +Inf; not cumulative
-    sum: float = 0.0
-
-    @property
-    def count(self) -> int:
-        return sum(self.bucket_counts)
-
-
-@dataclass
-class MetricsSnapshot:
-    """A recorder's values at one moment: what a model replica hands the ingress for its /metrics."""
-
-    samples: list[Sample] = field(default_factory=list)
-    histograms: list[HistogramSample] = field(default_factory=list)
+from deployments.model_calls import HistogramSample, MetricsSnapshot, Sample
 
 
 class MetricsRecorder:

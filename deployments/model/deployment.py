@@ -17,11 +17,10 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
-from deployments.metrics.recorder import MetricsSnapshot
 from deployments.model.service import ModelService
 from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TextTokenCounts, TextTokensJob,
-    TokenCount,
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
+    TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
 from deployments.transport.channel import ChannelAddress, ChannelServer

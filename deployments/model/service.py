@@ -17,26 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable
 
 from deployments.chat.output_plan import plan_output
-from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
+from deployments.output_deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
 from deployments.chat.parsers.selection import OutputParser, ParserNames, resolve_parser_names
 from deployments.chat.prompts import EncodedPrompt, PromptEncoder, TokenTexts
 from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
 from deployments.config import ModelConfig
 from deployments.metrics.model_metrics import ModelMemory, ModelMetrics, RequestTiming
-from deployments.metrics.recorder import MetricsSnapshot
 from deployments.model_calls import (
-    ChatPrompt,
-    EmbedJob,
-    EmbedResult,
-    GenerateJob,
-    MemoryUsage,
-    ModelInfo,
-    QueueStats,
-    StreamChunk,
-    TextPrompt,
-    TextTokenCounts,
-    TextTokensJob,
-    TokenCount,
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, MetricsSnapshot, ModelInfo, QueueStats,
+    StreamChunk, TextPrompt, TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.transport.chunks import coalesce
 from engine.client.interface import EngineClient, StreamEvent

@@ -12,13 +12,13 @@ from ray.serve.exceptions import RayServeException
 
 from deployments.config import RagConfig, serve_app_name
 from deployments.model_calls import StreamChunk
-from deployments.rag.calls import (
-    AnswerJob, DeleteOutcome, DocumentList, RetrievalJob, RetrievalResult, UploadJob, UploadOutcome,
+from deployments.rag_calls import (
+    AnswerJob, DeleteOutcome, DocumentList, RagUnavailableError, RetrievalJob, RetrievalResult, UploadJob,
+    UploadOutcome,
 )
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
 from deployments.transport.model_client import ServeModelClient
 from engine.errors import EngineDeadError, ModelNotFoundError, OrchardError
-from deployments.rag.errors import RagUnavailableError
 
 logger = logging.getLogger("ray.serve.orchard")
 RAG_SERVER_DEPLOYMENT = "RagServer"

@@ -9,7 +9,7 @@ from pathlib import PurePath
 
 from pypdf import PdfReader
 
-from deployments.rag.errors import (
+from deployments.rag_calls import (
     DocumentTooLargeError,
     EmptyDocumentError,
     EncryptedDocumentError,

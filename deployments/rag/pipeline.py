@@ -10,12 +10,11 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from deployments.rag_calls import DocumentInfo, DocumentNotFoundError, SearchHit
 from engine.errors import InvalidRequestError
-from deployments.rag.errors import DocumentNotFoundError
 
 from .chunking import Chunk, ChunkParams, chunk_pages, distinct_words
 from .extract import ExtractLimits, Page, extract_pages
-from .calls import DocumentInfo, SearchHit
 from .store import DocumentStore
 
 Source = SearchHit  # what a query returns: file_id, filename, page, chunk, text, score

@@ -13,12 +13,12 @@ import numpy as np
 
 from deployments.config import RagConfig
 from deployments.model_calls import ChatPrompt, EmbedJob, ModelClient, StreamChunk, TextTokensJob
-from engine.errors import ModelNotFoundError, OrchardError
-from deployments.rag.errors import RagUnavailableError
-
-from .calls import (
-    AnswerJob, DeleteOutcome, DocumentList, RetrievalJob, RetrievalResult, UploadJob, UploadOutcome,
+from deployments.rag_calls import (
+    AnswerJob, DeleteOutcome, DocumentList, RagUnavailableError, RetrievalJob, RetrievalResult, UploadJob,
+    UploadOutcome,
 )
+from engine.errors import ModelNotFoundError, OrchardError
+
 from .chunking import ChunkParams
 from .extract import ExtractLimits
 from .pipeline import RagPipeline, build_prompt

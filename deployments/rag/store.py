@@ -19,10 +19,9 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from deployments.rag_calls import DocumentInfo, DocumentNotFoundError, SearchHit
 from engine.errors import InvalidRequestError
-from deployments.rag.errors import DocumentNotFoundError
 
-from .calls import DocumentInfo, SearchHit
 from .chunking import Chunk
 
 logger = logging.getLogger(__name__)

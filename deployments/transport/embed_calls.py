@@ -33,7 +33,6 @@ class EmbedCalls:
         self._max_jobs = max_jobs
         self._waiting: list[_WaitingJob] = []
         self._calls: set[asyncio.Task] = set()  # referenced until done (the loop keeps only weak references)
-        self.calls_total = 0
 
     async def embed(self, job: EmbedJob) -> EmbedResult:
         waiting = _WaitingJob(job, asyncio.get_running_loop().create_future())
@@ -50,7 +49,6 @@ class EmbedCalls:
             call = asyncio.create_task(self._call(batch))
             self._calls.add(call)
             call.add_done_callback(self._call_done)
-            self.calls_total += 1
 
     async def _call(self, batch: list[_WaitingJob]) -> None:
         try:

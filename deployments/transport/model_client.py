@@ -18,10 +18,9 @@ from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
 from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, ModelInfo, QueueStats, StreamChunk, TextTokenCounts, TextTokensJob,
-    TokenCount,
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
+    TextTokenCounts, TextTokensJob, TokenCount,
 )
-from deployments.metrics.recorder import MetricsSnapshot
 from deployments.transport.channel import ChannelClient
 from deployments.transport.embed_calls import EmbedCalls
 from deployments.transport.errors import model_call_failure

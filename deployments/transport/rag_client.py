@@ -8,11 +8,11 @@ from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
 from deployments.model_calls import StreamChunk
-from deployments.rag.calls import (
-    AnswerJob, DeleteOutcome, DocumentList, RetrievalJob, RetrievalResult, UploadJob, UploadOutcome,
+from deployments.rag_calls import (
+    AnswerJob, DeleteOutcome, DocumentList, RagUnavailableError, RetrievalJob, RetrievalResult, UploadJob,
+    UploadOutcome,
 )
 from engine.errors import OrchardError
-from deployments.rag.errors import RagUnavailableError
 
 
 def rag_call_failure(exc: BaseException) -> OrchardError:

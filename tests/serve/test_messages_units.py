@@ -24,7 +24,7 @@ from deployments.api.openai_schemas import ChatCompletionRequest
 from deployments.model_calls import StreamChunk
 from engine.errors import InvalidRequestError, ModelNotFoundError, QueueFullError, QueueTimeoutError
 from engine.output.request_output import Finish, Usage
-from deployments.chat.parsers.deltas import ContentDelta, ReasoningDelta, ToolCallDelta
+from deployments.output_deltas import ContentDelta, ReasoningDelta, ToolCallDelta
 from engine.request import FinishReason
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

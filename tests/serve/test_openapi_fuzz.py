@@ -30,7 +30,7 @@ from deployments.config import ModelConfig, RagConfig
 from deployments.ingress.auth import ApiKeys
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.routes import create_app
-from deployments.rag.calls import RagClient
+from deployments.rag_calls import RagClient
 from deployments.hub.downloads import DownloadManager
 from tests.serve.local_stack import LocalStack, local_stack
 

@@ -16,7 +16,7 @@ from deployments.rag.pipeline import (
 )
 from deployments.rag.store import DocumentStore, SearchHit
 from engine.errors import InvalidRequestError
-from deployments.rag.errors import DocumentNotFoundError, MalformedDocumentError
+from deployments.rag_calls import DocumentNotFoundError, MalformedDocumentError
 from tests.support.town_guide import QUESTIONS, town_guide_pdf
 from tests.support.pdfs import make_pdf
 

@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 from deployments.api.errors import PreviousResponseNotFoundError, ResponseNotFoundError, wire_error
 from deployments.api.responses_render import ResponsesRenderer, response_shell
 from deployments.api.responses_schemas import FunctionCallItem, MessageItem, ResponsesRequest
-from deployments.chat.parsers.deltas import ToolCallDelta
+from deployments.output_deltas import ToolCallDelta
 from deployments.ingress.responses_store import ResponseStore
 from deployments.model_calls import StreamChunk, TokenLogprobInfo, TopTokenLogprob
 from engine.errors import ContextLengthExceededError, EngineDeadError, QueueFullError

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
+from deployments.output_deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
 from deployments.chat.parsers.selection import ParserNames
 
 WEATHER_TOOLS = [
@@ -28,6 +28,23 @@ FILE_TOOLS = [
 def call(index: int, name: str, arguments: dict[str, Any] | str) -> ToolCallDelta:
     text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
     return ToolCallDelta(index, text, f"call_{index}", name)
+
+
+def merge_events(events: list[ParsedEvent]) -> list[ParsedEvent]:
+    """Adjacent deltas of the same kind (and the same tool call) joined: the canonical form recordings are kept in
+    (a parser may split its output anywhere)."""
+    merged: list[ParsedEvent] = []
+    for event in events:
+        last = merged[-1] if merged else None
+        if isinstance(event, ContentDelta) and isinstance(last, ContentDelta):
+            merged[-1] = ContentDelta(last.text + event.text)
+        elif isinstance(event, ReasoningDelta) and isinstance(last, ReasoningDelta):
+            merged[-1] = ReasoningDelta(last.text + event.text)
+        elif isinstance(event, ToolCallDelta) and isinstance(last, ToolCallDelta) and last.index == event.index:
+            merged[-1] = last.joined(event)
+        elif not (isinstance(event, (ContentDelta, ReasoningDelta)) and not event.text):
+            merged.append(event)
+    return merged
 
 
 @dataclass

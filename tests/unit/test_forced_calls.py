@@ -14,10 +14,10 @@ import pytest
 from outlines_core import Guide, Index, Vocabulary
 
 from engine.errors import InvalidRequestError
-from deployments.chat.parsers.deltas import ToolCallDelta, merge_events
+from deployments.output_deltas import ToolCallDelta
 from deployments.chat.parsers.forced import forced_call_regex
 from deployments.chat.parsers.selection import ParseOptions, ParserNames, build_output_parser
-from tests.unit.parser_recordings import FILE_TOOLS
+from tests.unit.parser_recordings import FILE_TOOLS, merge_events
 
 ARGS = {"path": "src/a.py", "limit": 5}
 CALLS = {

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta, merge_events
+from deployments.output_deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
 from deployments.chat.parsers.lexer import Marker, MarkerLexer, Text
 from deployments.chat.parsers.selection import (
     ParseOptions,
@@ -18,7 +18,7 @@ from deployments.chat.parsers.selection import (
     infer_parser_names,
     resolve_parser_names,
 )
-from tests.unit.parser_recordings import FILE_TOOLS, QWEN3, RECORDINGS, WEATHER_TOOLS, Recording
+from tests.unit.parser_recordings import FILE_TOOLS, QWEN3, RECORDINGS, WEATHER_TOOLS, Recording, merge_events
 
 IDS = [r.name for r in RECORDINGS]
 MARKUP = ("<tool_call", "</tool_call", "<think", "</think", "<|", "<function=", "<parameter", "<arg_", "<invoke",

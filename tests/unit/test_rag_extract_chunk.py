@@ -8,7 +8,7 @@ from deployments.api.errors import wire_error
 from deployments.rag.chunking import Chunk, ChunkParams, chunk_pages
 from deployments.rag.extract import ExtractLimits, Page, extract_pages, split_by_size
 from engine.errors import InvalidRequestError
-from deployments.rag.errors import (
+from deployments.rag_calls import (
     DocumentNotFoundError,
     DocumentTooLargeError,
     EmptyDocumentError,

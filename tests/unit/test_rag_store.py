@@ -18,7 +18,7 @@ from deployments.rag.store import (
     default_root,
 )
 from engine.errors import InvalidRequestError
-from deployments.rag.errors import DocumentNotFoundError
+from deployments.rag_calls import DocumentNotFoundError
 
 DIM = 8
 

@@ -13,7 +13,7 @@ import re
 from enum import Enum
 from typing import Callable
 
-from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
+from deployments.output_deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
 from deployments.chat.parsers.lexer import Marker, MarkerLexer
 from deployments.chat.parsers.tool_parser import new_call_id
 
@@ -117,7 +117,3 @@ class HarmonyParser:
         event = ToolCallDelta(self._num_calls, arguments, self._new_id(), self._call_name, unfinished)
         self._num_calls += 1
         return [event]
-
-    @property
-    def num_calls(self) -> int:
-        return self._num_calls

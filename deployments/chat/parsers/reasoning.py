@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ReasoningDelta
+from deployments.output_deltas import ContentDelta, ParsedEvent, ReasoningDelta
 from deployments.chat.parsers.lexer import Marker, MarkerLexer
 from deployments.chat.parsers.trim import EdgeTrim
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from engine.errors import InvalidRequestError
-from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent
+from deployments.output_deltas import ContentDelta, ParsedEvent
 from deployments.chat.parsers.harmony import HarmonyParser
 from deployments.chat.parsers.reasoning import ThinkReasoningParser, prompt_opens_reasoning
 from deployments.chat.parsers.tool_formats import GLM4_MOE, HERMES, MINIMAX_M2, QWEN3_CODER, ToolFormat, param_types

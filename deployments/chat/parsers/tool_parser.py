@@ -12,7 +12,7 @@ import logging
 import uuid
 from typing import Callable
 
-from deployments.chat.parsers.deltas import ContentDelta, ParsedEvent, ToolCallDelta
+from deployments.output_deltas import ContentDelta, ParsedEvent, ToolCallDelta
 from deployments.chat.parsers.lexer import Marker, MarkerLexer
 from deployments.chat.parsers.tool_formats import MalformedCall, ParamTypes, ToolFormat
 from deployments.chat.parsers.trim import EdgeTrim
@@ -95,7 +95,3 @@ class ToolCallParser:
             events.append(ToolCallDelta(self._num_calls, call.arguments, self._new_id(), call.name, call.unfinished))
             self._num_calls += 1
         return events
-
-    @property
-    def num_calls(self) -> int:
-        return self._num_calls

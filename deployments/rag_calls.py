@@ -1,5 +1,7 @@
 """What crosses between the ingress and the RAG deployment (a Ray handle or an in-process call): plain dataclasses,
-no numpy or FAISS, so the ingress imports them without the `embeddings` extra. Errors travel as values."""
+no numpy or FAISS, so the ingress imports them without the `embeddings` extra. Errors travel as values: RAG's
+typed errors are declared here too (OrchardErrors, mapped to HTTP by api/errors.py with the rest).
+A contract module: the ingress's side (ingress/, api/, transport/) and the RAG deployment (rag/) import it."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Protocol
 
 from deployments.model_calls import GenerateJob, StreamChunk
-from engine.errors import OrchardError
+from engine.errors import InvalidRequestError, OrchardError
 
 
 @dataclass(frozen=True)
@@ -93,3 +95,50 @@ class RagClient(Protocol):
     async def list_documents(self) -> DocumentList: ...
 
     async def delete(self, file_id: str) -> DeleteOutcome: ...
+
+
+# RAG's typed errors (413 too large, 400 unreadable, 404 unknown file_id, 503 unavailable).
+class DocumentTooLargeError(InvalidRequestError):
+    """A RAG upload over the byte or page limit (413)."""
+
+    code = "document_too_large"
+
+
+class UnreadableDocumentError(InvalidRequestError):
+    """A RAG upload that yields no text to index; the subclasses say why (400)."""
+
+    code = "unreadable_document"
+
+
+class EmptyDocumentError(UnreadableDocumentError):
+    code = "empty_document"
+
+
+class MalformedDocumentError(UnreadableDocumentError):
+    code = "malformed_document"
+
+
+class EncryptedDocumentError(UnreadableDocumentError):
+    code = "encrypted_document"
+
+
+class ImageOnlyDocumentError(UnreadableDocumentError):
+    """A PDF whose pages hold no extractable text (scanned images): we do no OCR."""
+
+    code = "image_only_document"
+
+
+class UnsupportedDocumentTypeError(UnreadableDocumentError):
+    code = "unsupported_document_type"
+
+
+class RagUnavailableError(OrchardError):
+    """RAG cannot serve: its embedding model is not running, or the `embeddings` extra is not installed (503)."""
+
+    code = "rag_unavailable"
+
+
+class DocumentNotFoundError(OrchardError):
+    """A RAG file_id the store does not hold (404)."""
+
+    code = "document_not_found"
