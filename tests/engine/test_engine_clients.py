@@ -62,9 +62,11 @@ def run(scenario, timeout_s: float = 120):
 
 async def until(condition: Callable[[], object], timeout_s: float = HANG_S, what: str = "condition") -> None:
     """Poll condition() (a plain function: engine stats and health are read without waiting) until it holds."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
     while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(0.01)
 
 
