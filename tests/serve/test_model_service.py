@@ -15,7 +15,7 @@ from engine.errors import EngineDeadError
 from engine.sampling.params import SamplingParams
 from tests.serve.local_stack import wait_for
 
-HANG_S = 60.0  # bounds a wait for an event (stats posted, an engine restarted): only a hang reaches it
+HANG_S = 300.0  # bounds a wait for an event (stats posted, an engine restarted): only a hang reaches it
 
 
 def _prompt(index: int) -> ChatPrompt:
