@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from typing import Callable
 
 import pytest
@@ -30,6 +29,9 @@ from tests.support.json_schemas import SCHEMAS
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 CLIENTS = ["thread", "process"]
+# Bounds a scenario, or its wait for an event (stats posted, an engine restarted): only a hang reaches it, not a
+# machine ten times slower than usual.
+HANG_S = 300.0
 
 
 async def collect(stream) -> tuple[list[int], str, Finish]:
@@ -55,8 +57,24 @@ async def started(kind: str, loaded, **config):
     return client
 
 
-def run(scenario, timeout_s: float = 120):
+def run(scenario, timeout_s: float = HANG_S):
     return asyncio.run(asyncio.wait_for(scenario(), timeout=timeout_s))
+
+
+async def until(condition: Callable[[], object], timeout_s: float = HANG_S, what: str = "condition") -> None:
+    """Poll condition() (a plain function: engine stats and health are read without waiting) until it holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def next_stats(client) -> None:
+    """Until the engine posts its stats again (its heartbeat: between steps, and every 0.5 s while idle)."""
+    last = client.stats()
+    await until(lambda: client.stats() is not last, what="the engine's next stats")
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
@@ -70,10 +88,8 @@ def test_concurrent_streams_match_the_model_run_alone(kind, tiny_llama):
                 client.submit(Request(f"r{i}", p, SamplingParams(max_tokens=9, **GREEDY))) for i, p in enumerate(prompts)
             ]
             results = await asyncio.gather(*(collect(s) for s in streams))
-            for _ in range(100):  # the engine posts its stats after its last step
-                if client.stats().generation_tokens_total == 4 * 9:
-                    break
-                await asyncio.sleep(0.02)
+            # The engine posts its stats after its last step (they may come just after the outputs).
+            await until(lambda: client.stats().generation_tokens_total == 4 * 9, what="the stats of the last step")
             return results, client.stats()
         finally:
             await client.close()
@@ -186,13 +202,10 @@ def test_closing_a_stream_aborts_the_request_and_frees_its_kv(kind, tiny_llama):
             iterator = aiter(stream)
             await anext(iterator)
             await iterator.aclose()  # what a disconnected client does
-            for _ in range(500):
-                await asyncio.sleep(0.02)
-                stats = client.stats()
-                if stats.num_steps >= 1 and stats.num_running == 0 and stats.kv_cache_bytes == 0:
-                    break
             # Stats from after a step: the start-up ones (no step yet) read idle too.
-            assert stats.num_steps >= 1 and stats.num_running == 0 and stats.kv_cache_bytes == 0
+            await until(lambda: (s := client.stats()).num_steps >= 1 and s.num_running == 0 and s.kv_cache_bytes == 0,
+                        what="the aborted request's KV freed")
+            stats = client.stats()
             assert stats.generation_tokens_total < 2000
         finally:
             await client.close()
@@ -225,10 +238,7 @@ def test_buffers_go_back_when_idle_and_close_ends_the_engine(kind, tiny_llama):
             streams = [client.submit(Request(f"c{i}", [1 + i, 2, 3] * 20, SamplingParams(max_tokens=40, **GREEDY)))
                        for i in range(4)]
             await asyncio.gather(*(collect(s) for s in streams))
-            deadline = time.monotonic() + 10
-            while client.stats().memory.mlx_cache_bytes and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            assert client.stats().memory.mlx_cache_bytes == 0
+            await until(lambda: client.stats().memory.mlx_cache_bytes == 0, what="the buffers given back")
             assert client.health().alive
             open_stream = aiter(client.submit(Request("open", [1, 2], SamplingParams(max_tokens=2000, **GREEDY))))
             await anext(open_stream)
@@ -281,7 +291,7 @@ def test_a_dead_engine_fails_every_stream_instead_of_hanging(kind, kill: Callabl
         finally:
             await client.close()
 
-    run(scenario, timeout_s=60)
+    run(scenario)
 
 
 @pytest.mark.parametrize("kind", CLIENTS)
@@ -319,11 +329,10 @@ def test_an_engine_process_that_dies_while_starting_fails_the_start(tiny_llama):
     async def scenario():
         client = ProcessEngineClient(EngineSpec(model_path=str(tiny_llama.path)))
         starting = asyncio.create_task(client.start())
-        while client.pid is None:
-            await asyncio.sleep(0.001)
+        await until(lambda: client.pid is not None, what="the engine process")
         os.kill(client.pid, signal.SIGKILL)
         with pytest.raises(EngineDeadError, match="exited while starting"):
             await starting
         assert not client.health().alive and client.pid is None
 
-    run(scenario, timeout_s=60)
+    run(scenario)

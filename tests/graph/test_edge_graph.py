@@ -10,7 +10,6 @@ again if it was running.
 from __future__ import annotations
 
 import socket
-import time
 
 import httpx
 import pytest
@@ -102,12 +101,12 @@ def test_keys_and_body_limit_through_the_proxy(serve_on_all_interfaces, tmp_path
                               headers={"x-api-key": INFERENCE, "Content-Type": "application/json"})
         assert anthropic.status_code == 413 and anthropic.json()["error"]["type"] == "request_too_large"
 
-    # A declared 1 GiB: answered before the body comes (the proxy reads what is sent; nothing more is sent here).
+    # A declared 1 GiB: answered before the body comes (the proxy reads what is sent; nothing more is sent here, so
+    # an answer at all shows that none was waited for; the socket's timeout bounds a hang).
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {INFERENCE}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {1 << 30}\r\n\r\n")
-    started = time.monotonic()
     answer, sent = _raw_post(port, head, [])
-    assert answer.startswith(b"HTTP/1.1 413") and time.monotonic() - started < 10
+    assert answer.startswith(b"HTTP/1.1 413")
     # Chunked, no length: refused once past the limit; the sender is stopped long before its 4 MiB are out.
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {INFERENCE}\r\n"
             f"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")

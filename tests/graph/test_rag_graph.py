@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -113,12 +112,12 @@ def test_parallel_uploads_and_queries_leave_consistent_indexes(rag_graph):
 
 
 def test_a_200_mb_upload_is_refused_before_it_is_read(rag_graph):
-    """The client announces 200 MB and sends a first megabyte: the 413 comes at once, naming the limit."""
+    """The client announces 200 MB and sends a first megabyte: the 413 comes at once, naming the limit (at once:
+    with 199 MB never sent, an answer at all shows the body was not read; the socket's timeout bounds a hang)."""
     head = (
         f"POST /v1/rag/upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; boundary=x\r\n"
         f"Content-Length: {TWO_HUNDRED_MB}\r\nConnection: close\r\n\r\n"
     ).encode()
-    started = time.monotonic()
     with socket.create_connection(("127.0.0.1", rag_graph.port), timeout=60) as sock:
         sock.sendall(head + b"x" * (1024 * 1024))
         received = b""
@@ -131,7 +130,6 @@ def test_a_200_mb_upload_is_refused_before_it_is_read(rag_graph):
     body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
     assert status_line.split()[1] == b"413", received[:300]
     assert body["error"]["code"] == "request_too_large" and str(50 * 1024 * 1024 + 64 * 1024) in body["error"]["message"]
-    assert time.monotonic() - started < 30
 
 
 def loaded_model_status(http: httpx.Client) -> dict | None:

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -115,7 +114,6 @@ def test_load_through_admin_chat_unload_then_404(graph, tiny_models):
     with graph.http() as http:
         beta_stream = _BackgroundStream(graph, BETA)
         beta_stream.start()
-        loading_began = time.monotonic()
         accepted = http.post("/v1/admin/load-model", json={
             "model_id": GAMMA, "model_path": str(tiny_models.gamma), "cb_max_num_seqs": 8,
             "advanced": {"unload_drain_s": 0},
@@ -133,7 +131,6 @@ def test_load_through_admin_chat_unload_then_404(graph, tiny_models):
         chunks_at_accept = beta_stream.chunks
         wait_until(lambda: (_status_of(http, GAMMA) or {}).get("status") == "running", GRAPH_START_S,
                    what="gamma running")
-        load_s = time.monotonic() - loading_began
         beta_stream.stop()
         # The deploy ran off the ingress's event loop: beta's stream kept flowing while gamma loaded.
         assert beta_stream.chunks - chunks_at_accept >= 5, f"a stream on {BETA} stalled while {GAMMA} loaded"
@@ -141,7 +138,7 @@ def test_load_through_admin_chat_unload_then_404(graph, tiny_models):
         answer = client.chat.completions.create(model=GAMMA, messages=CHAT, max_tokens=5, **GREEDY)
         assert answer.model == GAMMA and answer.usage.completion_tokens == 5
 
-        _kill_engine_and_see_it_restart(graph, http, load_s)
+        _kill_engine_and_see_it_restart(graph, http)
         _unload_cuts_a_stream_with_model_unloaded(graph, http)
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model=GAMMA, messages=CHAT, max_tokens=5)
@@ -150,20 +147,20 @@ def test_load_through_admin_chat_unload_then_404(graph, tiny_models):
     assert client.chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=3).choices[0].message.content
 
 
-def _kill_engine_and_see_it_restart(graph: Graph, http: httpx.Client, load_s: float) -> None:
-    """kill -9 of gamma's engine process: /health says so within 1 s, gamma answers 503 + Retry-After, the others
-    serve on, and gamma serves again within its load time + 5 s."""
+def _kill_engine_and_see_it_restart(graph: Graph, http: httpx.Client) -> None:
+    """kill -9 of gamma's engine process: /health says so (the replica's engine client sees the socket close: the
+    engine tests check that this is an event, not a poll), gamma answers 503 + Retry-After, the others serve on,
+    and gamma serves again with a new engine process."""
     engine_pid = _status_of(http, GAMMA)["engine_pid"]
-    killed = time.monotonic()
     os.kill(engine_pid, signal.SIGKILL)
-    detail = wait_until(lambda: _health_detail(http, GAMMA, "unhealthy"), 1.0, what="gamma unhealthy", interval_s=0.02)
-    assert time.monotonic() - killed < 1.0 and "engine process" in detail["error"]
+    detail = wait_until(lambda: _health_detail(http, GAMMA, "unhealthy"), GRAPH_START_S, what="gamma unhealthy",
+                        interval_s=0.02)
+    assert "engine process" in detail["error"]
     assert http.get("/health").json()["status"] == "degraded"  # alpha and beta serve on
     refused = http.post("/v1/chat/completions", json={"model": GAMMA, "messages": CHAT, "max_tokens": 2})
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1, refused.text
     assert refused.json()["error"]["code"] == "engine_restarting"
-    wait_until(lambda: _health_detail(http, GAMMA, "running"), load_s + 5.0, what="gamma restarted")
-    assert time.monotonic() - killed < load_s + 5.0
+    wait_until(lambda: _health_detail(http, GAMMA, "running"), GRAPH_START_S, what="gamma restarted")
     status = _status_of(http, GAMMA)
     assert status["engine_restarts"] == 1 and status["engine_pid"] != engine_pid
     answer = graph.openai().chat.completions.create(model=GAMMA, messages=CHAT, max_tokens=3, **GREEDY)
@@ -176,15 +173,15 @@ def _health_detail(http: httpx.Client, model_id: str, status: str) -> dict | Non
 
 
 def _unload_cuts_a_stream_with_model_unloaded(graph: Graph, http: httpx.Client) -> None:
-    """DELETE answers at once; a stream it cuts (gamma drains for 0 s) ends with a model_unloaded error event."""
+    """DELETE answers at once: before Serve has deleted gamma (seconds), which it leaves to the background; a stream
+    it cuts (gamma drains for 0 s) ends with a model_unloaded error event."""
     body = {"model": GAMMA, "messages": CHAT, "max_tokens": LONG, "stream": True, "temperature": 0, "ignore_eos": True}
     with graph.http() as streaming, streaming.stream("POST", "/v1/chat/completions", json=body) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
-        asked = time.monotonic()
         unloading = http.delete(f"/v1/admin/unload-model/{GAMMA}")
-        assert time.monotonic() - asked < 1.0
         assert unloading.status_code == 200 and unloading.json() == {"status": "unloading", "model_id": GAMMA}
+        assert (_status_of(http, GAMMA) or {}).get("status") == "unloading"  # the answer did not wait for the delete
         events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert "error" in events[-1] and events[-1]["error"]["code"] == "model_unloaded", events[-1]
     wait_until(lambda: _status_of(http, GAMMA) is None, GRAPH_START_S, what="gamma unloaded")
@@ -227,7 +224,10 @@ def test_admin_refuses_unsafe_or_unknown_load_bodies(graph, tiny_models):
             assert response.json()["error"]["param"] == param, response.text
         assert http.delete("/v1/admin/unload-model/no-such-model").status_code == 404
         assert INGRESS_APP not in _stored_ids(graph) and "x" not in _stored_ids(graph)
-        time.sleep(2.0)  # on main, a load named "orchard" had replaced the ingress (every route 404) within 5 s
+        # On main, a load named "orchard" had replaced the ingress (every route 404) within 5 s. A load the checks
+        # let through is listed at once (status loading, before its deploy starts): none is, so none will deploy.
+        listed = {m["id"] for m in http.get("/v1/admin/loaded-models").json()["data"]}
+        assert listed.isdisjoint({INGRESS_APP, "x", "m" * 256}), listed
         assert http.get("/health").status_code == 200
         assert graph.openai().chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=2).choices
 
@@ -380,8 +380,9 @@ def test_disconnected_stream_is_aborted_in_the_engine(graph):
             lambda: (row := _queue_row(http, ALPHA))["running"] == 0 and row["kv_cache_bytes"] == 0 and row,
             20, what="alpha's KV freed",
         )
-        time.sleep(0.5)  # an unaborted request would keep generating
-        generated = _queue_row(http, ALPHA)["generation_tokens_total"] - before
+        # One stats snapshot: nothing runs or waits, and the tokens made so far are all there will be. An unaborted
+        # request would have kept running, to its max_tokens, before alpha read idle.
+        generated = idle["generation_tokens_total"] - before
         assert generated < max_tokens, "the request ran to completion instead of being aborted"
         assert idle["waiting"] == 0
 

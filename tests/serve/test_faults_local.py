@@ -1,6 +1,7 @@
 """Faults seen through HTTP, in process (the engine in its own process, as served): an engine killed with -9 makes
-/health unhealthy within 1 s, requests meanwhile get 503 + Retry-After, and the model serves again within its load
-time + 5 s; an unload answers at once, drains, and ends the streams it cuts with model_unloaded."""
+/health unhealthy as soon as its client sees the socket close, requests meanwhile get 503 + Retry-After, and the
+model serves again; an unload answers before the drain ends, drains, and ends the streams it cuts with
+model_unloaded. Checked by events and order, not elapsed time: a busy machine only makes them slower."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from engine.sampling.params import SamplingParams
 from tests.serve.local_stack import local_stack, wait_for
 
 CHAT = {"messages": [{"role": "user", "content": "t1"}], "max_tokens": 3, "temperature": 0}
-RESTART_SLACK_S = 5.0
+# Bounds waits for events (a restart, a drain): only a hang reaches it, not a machine ten times slower than usual.
+HANG_S = 300.0
+DRAIN_S = 1.0
 
 
 async def _health(http) -> dict:
@@ -24,36 +27,29 @@ async def _health(http) -> dict:
     return {"code": response.status_code, **response.json()}
 
 
-async def _until(predicate, timeout_s: float, interval_s: float = 0.02) -> float:
-    """Seconds until predicate() (a coroutine function) is true; fails past timeout_s."""
-    started = time.monotonic()
-    await wait_for(predicate, timeout_s, interval_s)
-    return time.monotonic() - started
-
-
-def test_a_killed_engine_is_unhealthy_within_a_second_and_serves_again_within_its_load_time(tiny_models, tmp_path):
+def test_a_killed_engine_is_unhealthy_at_once_and_serves_again(tiny_models, tmp_path):
     alpha = ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha))
 
     async def scenario():
-        loading = time.monotonic()
         async with local_stack([alpha], tmp_path, new_engine_client=process_engine_client) as stack:
-            load_s = time.monotonic() - loading
             http = stack.http
             assert (await _health(http))["status"] == "ok"
             service = stack.backend._services["alpha"]
+            killed_engine = service._engine._client
             os.kill(service.engine_pid, signal.SIGKILL)
-            unhealthy_s = await _until(lambda: _is_health(http, "unhealthy"), timeout_s=1.0)
+            # The event: the client's reader sees the socket close. /health tells it at the very next call.
+            await asyncio.wait_for(killed_engine.wait_dead(), HANG_S)
             during = await _health(http)
             refused = await http.post("/v1/chat/completions", json={"model": "alpha", **CHAT})
             metrics_during = await http.get("/metrics")  # the model's request counts still answer
-            back_s = await _until(lambda: _is_health(http, "ok"), timeout_s=load_s + RESTART_SLACK_S, interval_s=0.1)
+            await wait_for(lambda: _is_health(http, "ok"), timeout_s=HANG_S, interval_s=0.1)
             answer = await http.post("/v1/chat/completions", json={"model": "alpha", **CHAT})
             detail = (await http.get("/v1/admin/loaded-models")).json()["data"][0]
             metrics = (await http.get("/metrics")).text
-            return unhealthy_s, during, refused, back_s, answer, detail, metrics_during, metrics
+            return during, refused, answer, detail, metrics_during, metrics
 
-    unhealthy_s, during, refused, back_s, answer, detail, metrics_during, metrics = asyncio.run(scenario())
-    assert unhealthy_s < 1.0 and during["code"] == 503
+    during, refused, answer, detail, metrics_during, metrics = asyncio.run(scenario())
+    assert during["code"] == 503 and during["status"] == "unhealthy"
     assert during["models_detail"][0]["status"] == "unhealthy" and "engine process" in during["models_detail"][0]["error"]
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
     assert refused.json()["error"]["code"] == "engine_restarting"
@@ -70,7 +66,7 @@ async def _is_health(http, status: str) -> bool:
 
 
 def test_unload_answers_at_once_drains_and_ends_cut_streams_with_model_unloaded(tiny_models, tmp_path):
-    alpha = ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha), advanced={"unload_drain_s": 1.0})
+    alpha = ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha), advanced={"unload_drain_s": DRAIN_S})
     # httpx's ASGI transport returns a response only once it is complete: the stream is read from the model.
     job = GenerateJob("long", TextPrompt("t1 t2"), SamplingParams(max_tokens=1900, temperature=0.0, ignore_eos=True), stream=True)
 
@@ -79,18 +75,31 @@ def test_unload_answers_at_once_drains_and_ends_cut_streams_with_model_unloaded(
             http = stack.http
             chunks = (await stack.registry.route("alpha")).generate(job)
             first = await anext(chunks)
+            rest: list = []
+            order: list[str] = []
+
+            async def read_the_rest() -> None:
+                async for chunk in chunks:
+                    rest.append(chunk)
+                order.append("stream ended")
+
+            reading = asyncio.create_task(read_the_rest())
             asked = time.monotonic()
             unloading = await http.delete("/v1/admin/unload-model/alpha")
-            answered_s = time.monotonic() - asked
+            order.append("unload answered")
+            read_when_answered = len(rest)
             refused = await http.post("/v1/chat/completions", json={"model": "alpha", **CHAT})
-            rest = [chunk async for chunk in chunks]
+            await asyncio.wait_for(reading, HANG_S)
             cut_s = time.monotonic() - asked
-            await wait_for(lambda: _no_models(http))
-            return first, unloading, answered_s, refused, rest, cut_s
+            await wait_for(lambda: _no_models(http), timeout_s=HANG_S)
+            return first, unloading, order, read_when_answered, refused, rest, cut_s
 
-    first, unloading, answered_s, refused, rest, cut_s = asyncio.run(scenario())
+    first, unloading, order, read_when_answered, refused, rest, cut_s = asyncio.run(scenario())
     assert first.error is None and unloading.json() == {"status": "unloading", "model_id": "alpha"}
-    assert answered_s < 0.5 and 1.0 <= cut_s < 5.0
+    # The DELETE did not wait for the drain: it answered while the stream still ran, and tokens came after it.
+    assert order == ["unload answered", "stream ended"]
+    assert sum(c.num_tokens for c in rest[read_when_answered:]) > 0
+    assert cut_s >= DRAIN_S  # the stream had its drain time (a busy machine only makes this longer)
     assert refused.status_code == 404 and "being unloaded" in refused.json()["error"]["message"]
     assert rest[-1].error is not None and rest[-1].error.code == "model_unloaded"
     assert all(chunk.error is None for chunk in rest[:-1]) and sum(c.num_tokens for c in rest) < 1900
@@ -120,6 +129,7 @@ def test_a_client_gone_mid_stream_is_one_info_line_not_a_traceback(tiny_models, 
     async def scenario():
         async with local_stack([alpha], tmp_path) as stack:
             sent: list[dict] = []
+            some_chunks_out = asyncio.Event()
             reads = 0
 
             async def receive() -> dict:
@@ -127,14 +137,16 @@ def test_a_client_gone_mid_stream_is_one_info_line_not_a_traceback(tiny_models, 
                 reads += 1
                 if reads == 1:
                     return {"type": "http.request", "body": body, "more_body": False}
-                await asyncio.sleep(0.3)  # some chunks go out first
+                await some_chunks_out.wait()  # the client leaves mid-stream
                 raise TaskCancelledError()
 
             async def send(message: dict) -> None:
                 sent.append(message)
+                if sum(1 for m in sent if m["type"] == "http.response.body" and m.get("body")) >= 2:
+                    some_chunks_out.set()
 
-            await asyncio.wait_for(stack.app(scope, receive, send), 30)
-            await wait_for(lambda: _idle(stack), timeout_s=10)
+            await asyncio.wait_for(stack.app(scope, receive, send), HANG_S)
+            await wait_for(lambda: _idle(stack), timeout_s=HANG_S)
             return sent
 
     records: list[logging.LogRecord] = []
@@ -171,11 +183,11 @@ def test_an_engine_whose_step_does_not_end_is_degraded_then_ok_again(tiny_models
             service._engine._client.stall_after_s = 1.0  # the derived bound is >= 10 s; the test waits less
             os.kill(service.engine_pid, signal.SIGSTOP)  # as a step that runs on and on
             try:
-                await _until(lambda: _is_health(stack.http, "degraded"), timeout_s=5.0, interval_s=0.1)
+                await wait_for(lambda: _is_health(stack.http, "degraded"), timeout_s=HANG_S, interval_s=0.1)
                 degraded = await _health(stack.http)
             finally:
                 os.kill(service.engine_pid, signal.SIGCONT)
-            await _until(lambda: _is_health(stack.http, "ok"), timeout_s=5.0, interval_s=0.1)
+            await wait_for(lambda: _is_health(stack.http, "ok"), timeout_s=HANG_S, interval_s=0.1)
             return degraded
 
     degraded = asyncio.run(scenario())

@@ -13,6 +13,9 @@ from deployments.chat.prompts import PromptEncoder
 from deployments.model_calls import ChatPrompt, GenerateJob, TextPrompt
 from engine.errors import EngineDeadError
 from engine.sampling.params import SamplingParams
+from tests.serve.local_stack import wait_for
+
+HANG_S = 300.0  # bounds a wait for an event (stats posted, an engine restarted): only a hang reaches it
 
 
 def _prompt(index: int) -> ChatPrompt:
@@ -90,17 +93,18 @@ def test_stats_and_info_come_from_the_engine_process_and_a_killed_engine_is_rest
         await service.start()
         try:
             told = await _prompt_tokens(service, _job(2))
+            # The engine posts its stats after its last step, which may come just after the outputs.
+            await wait_for(lambda: _generated(service, 2), HANG_S, 0.01)
             stats, info = service.queue_stats(), service.info()
             serving_cpu = time.process_time()
             engine_pid = service.engine_pid
+            killed_engine = service._engine._client
             os.kill(engine_pid, signal.SIGKILL)
-            deadline = time.monotonic() + 1.0
-            while service.info().health.alive and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
+            # The event: the engine client's reader sees the socket close; the model's health says so at once.
+            await asyncio.wait_for(killed_engine.wait_dead(), HANG_S)
             during = service.info()
             refused = [chunk async for chunk in service.generate(_job(3))]
-            while not service.info().health.alive and time.monotonic() < deadline + 60:
-                await asyncio.sleep(0.05)
+            await wait_for(lambda: _alive(service), HANG_S)
             told_after = await _prompt_tokens(service, _job(3))
             return told, stats, info, engine_pid, serving_cpu, during, refused, service.info(), told_after
         finally:
@@ -114,3 +118,11 @@ def test_stats_and_info_come_from_the_engine_process_and_a_killed_engine_is_rest
     assert during.health.status.value == "restarting" and "engine process" in during.health.message
     assert len(refused) == 1 and refused[0].error.code == "engine_restarting"
     assert after.health.status.value == "running" and after.engine_restarts == 1 and told_after > 0
+
+
+async def _generated(service: ModelService, tokens: int) -> bool:
+    return service.queue_stats().generation_tokens_total == tokens
+
+
+async def _alive(service: ModelService) -> bool:
+    return service.info().health.alive

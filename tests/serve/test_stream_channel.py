@@ -163,7 +163,7 @@ def test_unloading_drains_open_streams_and_refuses_new_ones(run_with_channel):
         while server.open_streams == 0:
             await asyncio.sleep(0.01)
         closing = asyncio.create_task(server.close(drain_s=60.0))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # one turn: the close stops accepting before its first await
         refused = await _collect(client.stream(_job(6)))
         assert len(refused) == 1 and isinstance(refused[0].error, ModelUnloadedError)
         chunks = await running  # the open stream finished, not cut
