@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal, Protocol
 
-from engine.client.interface import EngineHealth, EngineStatus
+from engine.health import EngineHealth, EngineStatus
 from engine.errors import OrchardError
 from engine.output.request_output import Finish
 from deployments.output_deltas import ToolCallDelta

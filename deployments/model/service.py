@@ -37,7 +37,8 @@ from engine.core import EngineStats
 from engine.errors import EngineDeadError, InvalidRequestError, ModelUnloadedError, OrchardError
 from engine.output.request_output import Admitted, Queued, TextDelta
 from engine.request import FinishReason, Request
-from engine.runner.memory import EngineMemory, process_rss_bytes
+from engine.process_memory import process_rss_bytes
+from engine.runner.memory import EngineMemory
 from engine.sampling.params import SamplingParams
 from engine.vision.loader import read_media_token_ids
 

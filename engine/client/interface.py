@@ -11,12 +11,12 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
+from engine.health import EngineHealth, EngineStatus
 from engine.mailbox import Pending
 from engine.output.request_output import Admitted, Finish, Queued, RequestOutput, TextDelta
 from engine.request import Request
@@ -36,23 +36,6 @@ class ServedModel:
     processor: Any = None
     # The most tokens (prompt + generated) one request's KV may hold under the model's KV budget (None: no budget).
     max_request_tokens: int | None = None
-
-
-class EngineStatus(str, Enum):
-    RUNNING = "running"
-    DEGRADED = "degraded"  # alive, but no step has ended for far longer than a step takes here
-    RESTARTING = "restarting"  # (SupervisedEngine) it died; a new engine is starting in its place
-    FAILED = "failed"  # stopped: closed, never started, or died (past the restart budget where supervised)
-
-
-@dataclass(frozen=True)
-class EngineHealth:
-    status: EngineStatus
-    message: str | None = None  # why, when not running
-
-    @property
-    def alive(self) -> bool:
-        return self.status in (EngineStatus.RUNNING, EngineStatus.DEGRADED)
 
 
 # An engine busy in one step this long without a word is degraded: at least MIN_STALL_S, or STALL_FACTOR

@@ -18,7 +18,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from engine.client.interface import EngineClient, EngineHealth, EngineStatus, RequestStream, ServedModel, StreamEvent
+from engine.client.interface import EngineClient, RequestStream, ServedModel, StreamEvent
+from engine.health import EngineHealth, EngineStatus
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, EngineRestartingError, OrchardError
 from engine.output.request_output import Admitted, Queued

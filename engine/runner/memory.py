@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import resource
-import sys
 from dataclasses import dataclass
 
 import mlx.core as mx
+
+from engine.process_memory import process_rss_bytes
 
 
 @dataclass(frozen=True)
@@ -18,16 +17,6 @@ class EngineMemory:
     rss_bytes: int
     # On the CPU backend MLX buffers live in the RSS already; on Metal/CUDA they come on top of it.
     buffers_in_rss: bool
-
-
-def process_rss_bytes() -> int:
-    """Resident set size now (Linux /proc); elsewhere the peak, which is what getrusage offers."""
-    try:
-        with open("/proc/self/statm", encoding="ascii") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
 def read_engine_memory() -> EngineMemory:

@@ -14,7 +14,7 @@ import signal
 import pytest
 
 from engine import EngineConfig, Request, SamplingParams
-from engine.client.interface import EngineStatus
+from engine.health import EngineStatus
 from engine.client.process_client import ProcessEngineClient
 from engine.client.spec import EngineSpec
 from engine.client.supervisor import RestartBudget, SupervisedEngine

@@ -1,0 +1,18 @@
+"""This process's resident memory, read from the OS (no MLX): the engine process, a model replica and an embedding
+replica report it alike."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+
+
+def process_rss_bytes() -> int:
+    """Resident set size now (Linux /proc); elsewhere the peak, which is what getrusage offers."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
