@@ -63,7 +63,7 @@ class RayActorOptions(BaseModel):
 
 
 class AdvancedOptions(AdvancedEngineKnobs):
-    """Internal knobs with measured defaults (docs/architecture.md says why each): change them to measure."""
+    """Internal knobs with measured defaults (docs/decisions.md says why each): change them to measure."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -13,7 +13,7 @@ import os
 # new batched-prefill shape (ragged rows, array masks) cost 0.8-8.8 s and a one-row decode step at a 2,048-token
 # context 12.9 ms; with them off, 0.07-0.17 s and 6.7 ms, and engine decode throughput at 64/128 sequences was no
 # lower (mlx-lm's BatchGenerator likewise). With MLX 0.32.4 graphs speed a lone stream (4.97 against 6.27 ms a step)
-# but slow 128 streams (19.9 against 14.4 ms): docs/architecture.md, "MLX CUDA graphs off".
+# but slow 128 streams (19.9 against 14.4 ms): docs/decisions.md, "MLX CUDA graphs off".
 MLX_SETTINGS = {"MLX_USE_CUDA_GRAPHS": "0"}
 
 

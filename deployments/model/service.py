@@ -45,8 +45,8 @@ from engine.vision.loader import read_media_token_ids
 # A child of Serve's logger, so replica log lines carry Serve's request id too.
 logger = logging.getLogger("ray.serve.orchard")
 
-# The coalescing window is active streams / advanced.stream_chunks_per_s, within these bounds: every chunk
-# costs ~1-2 ms of CPU across replica, ingress and proxy (docs/architecture.md), whatever its token count.
+# The coalescing window is active streams / advanced.stream_chunks_per_s, within these bounds: every chunk costs
+# ~1-2 ms of CPU across replica, ingress and proxy (docs/decisions.md, "Coalescing"), whatever its token count.
 MIN_WINDOW_S = 0.02
 MAX_WINDOW_S = 0.25
 # Prompts are rendered and tokenized in these threads, not on the event loop: the Rust encode releases the

@@ -4,7 +4,7 @@ replica's) and ChannelClient (the ingress's), with the messages and framing they
 
 Under load most of the CPU of the ingress and the model replica went to Ray Serve's per-request and per-item
 work (a handle call, a streaming generator, serialization threads, metrics), and every busy core beside the
-engine slows its steps (docs/architecture.md: the in-process engine ran 10.8 ms steps alone, 13.1 and 15.7 ms
+engine slows its steps (docs/decisions.md: the in-process engine ran 10.8 ms steps alone, 13.1 and 15.7 ms
 with 3 and 6 busy processes beside it). Here one connection carries every stream: a frame per message, each
 stream's chunks tagged with its id, and whatever chunks are ready go out together in one frame.
 

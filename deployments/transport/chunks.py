@@ -3,8 +3,8 @@ An admission chunk (the request queued or taken in, no output yet) starts no win
 still a first chunk (time to first token). It waits up to ADMISSION_GRACE_S for what follows it, so that a short
 prompt's stream opens with one chunk, not three.
 
-A Ray handle stream carries only ~2,000 items/s in total (docs/architecture.md), while batched decoding makes
-several thousand tokens/s; one item per engine step would make Ray (or the channel's frames) the bottleneck.
+A Ray handle stream carries only ~2,000 items/s in total (docs/decisions.md, "Coalescing"), while batched decoding
+makes several thousand tokens/s; one item per engine step would make Ray (or the channel's frames) the bottleneck.
 Given a `hold` (the engine stream's), the source is also read only once per window: the engine's outputs merge
 meanwhile, so the replica's event loop does not wake for every token of every stream (which took the GIL
 from the engine thread: HTTP ran at 0.69x the in-process rate).

@@ -3,7 +3,7 @@
 This process keeps the tokenizer, request checks and the per-request streams; the child owns MLX. A step's
 outputs cross one socket as one pickled message, read by a thread here and routed on the event loop.
 Why: in one process the engine thread shares the GIL with Ray's and the HTTP layer's threads, and each of them
-delays the other (docs/architecture.md); across processes they only share cores.
+delays the other (docs/decisions.md, "The engine in its own process"); across processes they only share cores.
 """
 
 from __future__ import annotations
