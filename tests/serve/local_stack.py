@@ -88,8 +88,9 @@ def slow_engine_client(delay_s: float) -> EngineClientFactory:
     return build
 
 
-async def wait_for(condition, timeout_s: float = 10.0, interval_s: float = 0.05):
-    """Async poll until condition() (a coroutine function) returns something truthy."""
+async def wait_for(condition, timeout_s: float = 60.0, interval_s: float = 0.05):
+    """Async poll until condition() (a coroutine function) returns something truthy; the default bound is for a
+    hang (a tiny model loads in ~1 s here, far longer on a busy machine)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
