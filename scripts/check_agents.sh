@@ -52,13 +52,14 @@ serve_and_check() {
   set +m
   trap 'kill -INT $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
   local deadline=$((SECONDS + ${SERVER_TIMEOUT_S:-600}))
-  until curl -sf http://127.0.0.1:8000/health 2>/dev/null | grep -q '"status": *"ok"'; do
+  # /ready answers 200 once every configured model runs (/health says "ok" as soon as one does).
+  until curl -sf http://127.0.0.1:8000/ready >/dev/null 2>&1; do
     if ! kill -0 $SERVER 2>/dev/null || [ $SECONDS -gt $deadline ]; then
-      tail -30 "$log"; echo "FAIL: the server did not become healthy"; return 1
+      tail -30 "$log"; curl -s http://127.0.0.1:8000/ready; echo "FAIL: the server did not become ready"; return 1
     fi
     sleep 2
   done
-  echo "server healthy after ${SECONDS} s"
+  echo "server ready after ${SECONDS} s"
   ORCHARD_URL=http://127.0.0.1:8000 check_all
 }
 

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Run a command in a loopback-only network namespace, where 127.0.0.1 is the only address:
 #   scripts/loopback.sh python -m pytest tests/serve -q
-#   scripts/loopback.sh sh -c 'orchard serve & until curl -sf 127.0.0.1:8000/health; do sleep 2; done; orchard chat;
+#   scripts/loopback.sh sh -c 'orchard serve & until curl -sf 127.0.0.1:8000/ready; do sleep 2; done; orchard chat;
 #     kill -INT $!; wait'
 # Ray binds its RPC to the host interface on Linux; in here it cannot reach or expose anything else.
 # A client must run in the same namespace (same command) to reach the server.

@@ -65,6 +65,11 @@ RAG_DOCUMENT = (401, 404, 503, *ANY_ROUTE)
 HEALTH_UNHEALTHY: dict[int | str, dict[str, Any]] = {
     503: {"description": "No model is running", "content": {"application/json": {"schema": {"type": "object"}}}}
 }
+# /ready answers 503 with its usual body (which models still load or failed) until every model runs.
+NOT_READY: dict[int | str, dict[str, Any]] = {
+    503: {"description": "Some model is not running yet (or failed)",
+          "content": {"application/json": {"schema": {"type": "object"}}}}
+}
 # A streamed answer (`stream: true`) is Server-Sent Events; the schema describes one event (OpenAPI < 3.2).
 _SSE_EVENT = {"type": "object", "required": ["data"],
               "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}

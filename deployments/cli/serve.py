@@ -1,5 +1,5 @@
 """`orchard serve [serve_config.yaml]`: Ray's own `serve run` in a child process, with Ray kept on loopback, a
-banner once /health is ok, progress while it waits, and a clean Ctrl-C.
+banner once /ready says every model runs, progress while it waits, and a clean Ctrl-C.
 
 Loopback: Ray picks its node address (and with it where GCS, raylet, workers, agents and metrics listen) at
 `import ray`, from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER (ray/_private/ray_constants.py; services.get_node_ip_address
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from deployments.cli.server_client import ServerError, served_models, server_health
+from deployments.cli.server_client import ServerError, served_models, server_health, server_readiness
 
 DEFAULT_CONFIG = "serve_config.yaml"
 DASHBOARD_LINE = re.compile(r"View the dashboard at (\S+)")
@@ -38,7 +38,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        help="show Ray's log in the terminal, not only in the log file")
     serve.add_argument("--address", default="local", help="Ray to use (default: a new local Ray, stopped with the "
                        "server; `auto`: a running cluster, left running)")
-    serve.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for /health before giving up")
+    serve.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for /ready before giving up")
 
 
 @dataclass
@@ -162,22 +162,23 @@ def _wait_healthy(child: subprocess.Popen, target: ServeTarget, output: ChildOut
             print(f"  [{time.monotonic() - started:4.0f} s] {progress}", flush=True)
             said = progress
         time.sleep(1.0)
-    print(f"orchard serve: not healthy after {timeout_s:.0f} s; Ray's log: {output.log_path}", file=sys.stderr)
+    print(f"orchard serve: not ready after {timeout_s:.0f} s; Ray's log: {output.log_path}", file=sys.stderr)
     return False
 
 
 def _progress(target: ServeTarget, ray_started: bool) -> tuple[str, dict | None]:
-    """What the server is doing, and /health's body once it is ok or degraded (some model serves) and no model is
-    still loading (one that failed shows in the banner)."""
+    """What the server is doing, and /health's body once /ready says no model is still loading and some model runs
+    (every one, or all but those that failed: they show in the banner)."""
     try:
-        health = server_health(target.url, timeout_s=2.0)
-    except ServerError:  # /health answers once Serve's proxy and the ingress run
+        readiness = server_readiness(target.url, timeout_s=2.0)
+        settled = not readiness["loading"] and bool(readiness["running"])
+        health = server_health(target.url, timeout_s=2.0) if settled else None
+    except ServerError:  # /ready answers once Serve's proxy and the ingress run
         return ("Ray is up; Serve is deploying the applications ..." if ray_started else "starting Ray ..."), None
-    models = served_models(health)
-    if health.get("status") in ("ok", "degraded") and not any(m.status == "loading" for m in models):
+    if health is not None:
         return "", health
-    states = ", ".join(f"{m.id} {m.status}" for m in models) or "no model yet"
-    return f"loading models: {states}", None
+    states = ", ".join([f"{m} loading" for m in readiness["loading"]] + [f"{m} failed" for m in readiness["failed"]])
+    return f"loading models: {states or 'no model yet'}", None
 
 
 def _print_banner(target: ServeTarget, health: dict, dashboard_url: str | None, waited_s: float) -> None:

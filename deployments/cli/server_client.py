@@ -90,6 +90,21 @@ def server_health(url: str, api_key: str | None = None, timeout_s: float = 5.0) 
         raise ServerError(f"{url}/health answered something that is not JSON: is this an Orchard server?") from exc
 
 
+def server_readiness(url: str, timeout_s: float = 5.0) -> dict:
+    """The body of GET /ready (200 ready or 503 not yet, both carry it: `ready`, `running`, `loading`, `failed`);
+    ServerError if nothing answers (open to callers without a key, as /health)."""
+    try:
+        response = httpx.get(f"{url}/ready", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise ServerError(unreachable_message(url, exc)) from exc
+    if response.status_code not in (200, 503):
+        raise ServerError(f"{url}/ready answered HTTP {response.status_code}: is this an Orchard server?")
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise ServerError(f"{url}/ready answered something that is not JSON: is this an Orchard server?") from exc
+
+
 def served_models(health: dict) -> list[ServedModel]:
     return [ServedModel(d["id"], d.get("type") or "lm", d.get("status") or "unknown")
             for d in health.get("models_detail", [])]

@@ -1,7 +1,9 @@
-"""Bodega-compatible operational routes: /health, /v1/queue/stats, /v1/admin/{load,unload,loaded}-model(s)."""
+"""Bodega-compatible operational routes: /health, /v1/queue/stats, /v1/admin/{load,unload,loaded}-model(s); and
+Orchard's /ready (200 once every model the server knows runs, 503 while one still loads)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
@@ -14,6 +16,7 @@ from deployments.api.openapi_errors import (
     ANY_ROUTE,
     HEALTH_UNHEALTHY,
     LISTING,
+    NOT_READY,
     error_responses,
 )
 from deployments.api.unknown_fields import ignored_field_counts
@@ -33,6 +36,11 @@ def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
     async def health() -> JSONResponse:
         body = health_body(await registry.details())
         return JSONResponse(body, status_code=503 if body["status"] == "unhealthy" else 200)
+
+    @router.get("/ready", responses={**NOT_READY, **error_responses(ANY_ROUTE)})
+    async def ready() -> JSONResponse:
+        readiness = Readiness.of(await registry.details())
+        return JSONResponse(readiness.body(), status_code=200 if readiness.ready else 503)
 
     @router.get("/v1/queue/stats", responses=error_responses(LISTING))
     async def queue_stats() -> dict[str, Any]:
@@ -66,17 +74,49 @@ def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
     return router
 
 
+@dataclass(frozen=True)
+class Readiness:
+    """Whether every model the server knows (serve_config.yaml's, restored and loaded ones) serves: a client that
+    waits for the server waits for this, not for /health's "ok" (which some running model already gives)."""
+
+    running: list[str]
+    loading: list[str]  # loading or unloading: settles on its own
+    failed: list[str]  # failed, or unhealthy (its engine restarting): needs a look, or a retry later
+
+    @classmethod
+    def of(cls, entries: list[ModelEntry]) -> "Readiness":
+        by_status: dict[str, list[str]] = {"running": [], "loading": [], "failed": []}
+        for entry in entries:
+            by_status[_READINESS_OF[entry.current_status]].append(entry.model_id)
+        return cls(**by_status)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.running) and not (self.loading or self.failed)
+
+    def body(self) -> dict[str, Any]:
+        return {"ready": self.ready, "running": self.running, "loading": self.loading, "failed": self.failed}
+
+
+_READINESS_OF = {
+    ModelStatus.RUNNING: "running", ModelStatus.DEGRADED: "running",
+    ModelStatus.LOADING: "loading", ModelStatus.UNLOADING: "loading",
+    ModelStatus.FAILED: "failed", ModelStatus.UNHEALTHY: "failed",
+}
+
+
 def health_body(entries: list[ModelEntry]) -> dict[str, Any]:
     """ok: every model serves normally; degraded: some model's engine is stalled or restarting while another
-    serves; unhealthy (503): none serves."""
+    serves; unhealthy (503): none serves. `ready` (Orchard's): every model runs (GET /ready says which do not)."""
     if not entries:
-        return {"status": "unhealthy", "model_id": None, "model_status": "no_models"}
+        return {"status": "unhealthy", "ready": False, "model_id": None, "model_status": "no_models"}
     statuses = [e.current_status for e in entries]
     serving = [s for s in statuses if s in (ModelStatus.RUNNING, ModelStatus.DEGRADED)]
     troubled = any(s in (ModelStatus.DEGRADED, ModelStatus.UNHEALTHY) for s in statuses)
     status = "unhealthy" if not serving else ("degraded" if troubled else "ok")
     return {
         "status": status,
+        "ready": Readiness.of(entries).ready,
         "model_id": ", ".join(e.model_id for e in entries),
         "model_status": f"initialized ({len(serving)} model(s))" if serving else "no_running_models",
         "models_detail": [

@@ -1,7 +1,7 @@
 """API keys: which routes need which key, checked in constant time before a request's body is read.
 
-Inference keys guard every route but /health, /metrics and the API docs; the admin key, if set, alone opens /v1/admin/* and
-/v1/models/local/* (an inference key there gets 403). With no admin key the admin routes need what the inference
+Inference keys guard every route but /health, /ready, /metrics and the API docs; the admin key, if set, alone opens
+/v1/admin/* and /v1/models/local/* (an inference key there gets 403). With no admin key the admin routes need what the inference
 routes need.
 Keys arrive as `Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>` (Anthropic); neither the configured
 keys nor a presented one is ever logged or repeated in an error.
@@ -20,9 +20,9 @@ from deployments.api.errors import AuthenticationError, PermissionDeniedError
 from deployments.config import IngressConfig
 from deployments.ingress.edge import send_error
 
-# Load balancers probe /health and Prometheus scrapes /metrics without keys (as vLLM's); the API description holds
-# nothing secret.
-OPEN_PATHS = frozenset({"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+# Load balancers probe /health and /ready and Prometheus scrapes /metrics without keys (as vLLM's); the API
+# description holds nothing secret.
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 ADMIN_PATH = "/v1/admin"
 LOCAL_MODELS_PATH = "/v1/models/local/"  # DELETE of a cached repo writes to the disk: the admin key's too
 MISSING_KEY = "Missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"

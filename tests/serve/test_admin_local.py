@@ -1,4 +1,5 @@
-"""Admin load/unload, loading and failed states, persistence across restarts, /health: in-process (no Ray)."""
+"""Admin load/unload, loading and failed states, persistence across restarts, /health and /ready: in-process
+(no Ray)."""
 
 from __future__ import annotations
 
@@ -42,8 +43,16 @@ def test_load_answers_503_while_loading_then_serves_then_unloads(tiny_models, tm
             listed = (await http.get("/v1/models")).json()["data"]
             assert [(m["id"], m["status"]) for m in listed] == [("gamma", "loading")]
             assert _stored_ids(tmp_path) == ["gamma"]
+            not_ready = await http.get("/ready")
+            assert not_ready.status_code == 503
+            assert not_ready.json() == {"ready": False, "running": [], "loading": ["gamma"], "failed": []}
+            assert (await http.get("/health")).json()["ready"] is False
 
             await wait_for(lambda: _is(stack, "gamma", "running"))
+            ready = await http.get("/ready")
+            assert ready.status_code == 200
+            assert ready.json() == {"ready": True, "running": ["gamma"], "loading": [], "failed": []}
+            assert (await http.get("/health")).json()["ready"] is True
             answer = await http.post("/v1/chat/completions", json={"model": "gamma", **CHAT})
             assert answer.status_code == 200 and answer.json()["model"] == "gamma"
 
@@ -103,6 +112,10 @@ def test_failed_load_reports_why_and_the_rest_keep_serving(tiny_models, tmp_path
             assert health["status"] == "ok" and {d["id"]: d["status"] for d in health["models_detail"]} == {
                 "alpha": "running", "broken": "failed"
             }
+            # Up, but not every model runs: a client waiting for the server can tell, and stop waiting on a failure.
+            not_ready = await http.get("/ready")
+            assert health["ready"] is False and not_ready.status_code == 503
+            assert not_ready.json() == {"ready": False, "running": ["alpha"], "loading": [], "failed": ["broken"]}
             assert (await http.delete("/v1/admin/unload-model/broken")).status_code == 200
             await wait_for(lambda: _gone(stack, "broken"))
 
@@ -130,8 +143,10 @@ def test_admin_conflicts_roots_and_unknown_models(tiny_models, tmp_path):
 def test_health_without_models_is_unhealthy(tmp_path):
     async def scenario():
         async with local_stack([], tmp_path) as stack:
-            return await stack.http.get("/health")
+            return await stack.http.get("/health"), await stack.http.get("/ready")
 
-    response = asyncio.run(scenario())
-    assert response.status_code == 503
-    assert response.json() == {"status": "unhealthy", "model_id": None, "model_status": "no_models"}
+    health, ready = asyncio.run(scenario())
+    assert health.status_code == 503
+    assert health.json() == {"status": "unhealthy", "ready": False, "model_id": None, "model_status": "no_models"}
+    assert ready.status_code == 503
+    assert ready.json() == {"ready": False, "running": [], "loading": [], "failed": []}

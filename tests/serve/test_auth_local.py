@@ -123,11 +123,12 @@ def test_without_an_admin_key_admin_routes_need_what_inference_routes_need():
     asyncio.run(scenario())
 
 
-def test_health_and_docs_stay_open_every_other_route_needs_a_key():
+def test_health_ready_and_docs_stay_open_every_other_route_needs_a_key():
     async def scenario():
         async with local_stack([], keys=ApiKeys(KEYS, ADMIN)) as stack:
             http = stack.http
             assert (await http.get("/health")).status_code == 503  # no model: unhealthy, but answered
+            assert (await http.get("/ready")).status_code == 503  # likewise: not ready, but answered without a key
             assert (await http.get("/openapi.json")).status_code == 200
             for path in ("/v1/models", "/v1/models/x", "/v1/queue/stats", "/no/such/route"):
                 assert (await http.get(path)).status_code == 401, path
