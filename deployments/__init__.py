@@ -15,3 +15,5 @@ The engine (engine/) knows nothing of Ray or HTTP; this package adapts it, in la
 - the contract modules, what crosses between deployments: `rag_calls.py` (ingress <-> RAG), `model_calls.py`
   (ingress <-> a model), `output_deltas.py` (the parsed output a model's stream carries).
 """
+
+import engine  # noqa: F401 - first: importing the engine picks the BLAS MLX will call, before anything imports MLX

@@ -106,7 +106,8 @@ class ModelConfig(EngineKnobs):
         "lm", description="lm: a text model (mlx-lm); multimodal: a vision-language model (mlx-vlm); embedding: a "
         "sentence-transformers model for /v1/embeddings (the `embeddings` extra; the default for default-embedding)")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        None, description="run the weights in this dtype (null: as stored)")
+        None, description="run the weights in this dtype (null: as stored on a GPU; on the CPU backend the faster of "
+        "the stored form and float32, measured at load)")
     # One reply that named no max_tokens ran for over 10 minutes on a CPU.
     default_max_tokens: int | None = Field(
         4096, ge=1, description="what a request that names no max_tokens may generate, cut to the room the prompt "

