@@ -68,9 +68,9 @@ def choose_cpu_compute(model: nn.Module, config: dict[str, Any]) -> CpuCompute |
         return None
     choice = _measure(model, config)
     if choice.changed:
+        model.set_dtype(mx.float32)  # a quantized layer's scales and biases first: it then dequantizes exactly
         if _is_quantized(model):
             dequantize_model(model)
-        model.set_dtype(mx.float32)
         mx.eval(model.parameters())
     logger.info("CPU compute: %s (BLAS: %s)", choice.reason, choose_blas().describe())
     return choice
