@@ -13,7 +13,10 @@
 # A check fails on a non-zero exit, a timeout (AGENT_TIMEOUT_S, 900 s: the 2-core test machine prefilled SmolLM2 at
 # ~10 tokens/s, and Claude Code's prompt is ~4,100 tokens), or "API Error" / "ERROR" in the output.
 # Claude Code's replies are capped at AGENT_MAX_OUTPUT_TOKENS (256; CLAUDE_CODE_MAX_OUTPUT_TOKENS); Codex sends no
-# cap, so the server's default_max_tokens applies. AGENT_PROMPT=minimal: Claude Code without its system prompt and
+# cap, so the server's default_max_tokens applies. SmolLM2 at Claude Code's temperature 1 may not end a reply within
+# the cap: Claude Code then asks for more, and finally exits with "API Error: ... exceeded the N output token
+# maximum", which passes as "no protocol error" only when the server's log shows every call answered 200 (a larger
+# cap does not help: at 1,024 the continued conversation outgrew SmolLM2's 8,192-token context). AGENT_PROMPT=minimal: Claude Code without its system prompt and
 # tools (for slow CPUs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -82,10 +85,25 @@ run_agent() {
   echo "---- $name: exit $rc after $((SECONDS - start)) s; transcript $transcript"
   cat "$transcript"
   if [ $rc -ne 0 ] || grep -qE 'API Error|^ERROR|error sending request|unexpected status' "$transcript"; then
+    if only_the_output_cap "$transcript"; then
+      echo "PASS: $name (no protocol error: the model's replies ran to the $AGENT_MAX_OUTPUT_TOKENS-token cap and" \
+           "stopped with stop_reason max_tokens, which Claude Code reports as an 'API Error')"
+      return 0
+    fi
     echo "FAIL: $name"
     return 1
   fi
   echo "PASS: $name"
+}
+
+# Claude Code ends with "API Error: ... exceeded the N output token maximum" when its replies keep stopping at
+# max_tokens: a small model's length, not the protocol. Only with this script's own server, whose log shows every
+# /v1/messages call answered 200 and some reply finished by length; any other error still fails.
+only_the_output_cap() {
+  local transcript=$1 log="$CACHE/transcripts/server.log"
+  [ -n "${SERVER:-}" ] && grep -q 'output token maximum' "$transcript" || return 1
+  ! grep -E 'API Error|^ERROR|error sending request|unexpected status' "$transcript" | grep -qv 'output token maximum' &&
+    grep -q 'finished: length' "$log" && ! grep -qE 'POST /v1/messages [45][0-9][0-9] ' "$log"
 }
 
 check_claude() (
