@@ -48,12 +48,14 @@ serve_and_check() {
   local serve log="$CACHE/transcripts/server.log"
   serve="$(dirname "$PYTHON")/serve"
   echo "starting the server: $serve run serve_config.yaml (log: $log)"
-  # Job control on: a background job of a script ignores SIGINT otherwise, and serve run stops cleanly on SIGINT only.
-  set -m
-  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$serve" run serve_config.yaml >"$log" 2>&1 &  # this checkout's code
+  # serve run stops cleanly on SIGINT only, and a background job of a script ignores SIGINT; so does everything
+  # started from a shell that was itself started in the background (a bash that inherits an ignored SIGINT cannot
+  # undo it). The server therefore starts through a Python that sets SIGINT back to its default before exec.
+  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c \
+    'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+    "$serve" run serve_config.yaml >"$log" 2>&1 &  # this checkout's code
   SERVER=$!
-  set +m
-  trap 'kill -INT $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
+  trap stop_server EXIT
   local deadline=$((SECONDS + ${SERVER_TIMEOUT_S:-600}))
   # /ready answers 200 once every configured model runs (/health says "ok" as soon as one does).
   until curl -sf http://127.0.0.1:8000/ready >/dev/null 2>&1; do
@@ -64,6 +66,25 @@ serve_and_check() {
   done
   echo "server ready after ${SECONDS} s"
   ORCHARD_URL=http://127.0.0.1:8000 check_all
+}
+
+# SIGINT; after 60 s SIGKILL for the server's whole process tree (Ray's GCS and raylet, replicas, engines).
+stop_server() {
+  kill -INT "$SERVER" 2>/dev/null || return 0
+  local waited=0
+  while kill -0 "$SERVER" 2>/dev/null && [ $waited -lt 60 ]; do sleep 1; waited=$((waited + 1)); done
+  if kill -0 "$SERVER" 2>/dev/null; then
+    echo "the server did not stop within 60 s of SIGINT: killing its processes"
+    # shellcheck disable=SC2046
+    kill -KILL $(process_tree "$SERVER") 2>/dev/null || true
+  fi
+  wait "$SERVER" 2>/dev/null || true
+}
+
+process_tree() {
+  local child
+  echo "$1"
+  for child in $(pgrep -P "$1"); do process_tree "$child"; done
 }
 
 check_all() {
