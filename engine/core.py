@@ -106,7 +106,7 @@ class EngineCore:
             self.expected_step_s = budget.expected_step_s
         self.config = config
         # What every request is checked against, by the engine client before it reaches this core.
-        self.limits = RequestLimits(loaded.vocab_size, self.context_length, self.kv_budget)
+        self.limits = RequestLimits(loaded.vocab_size, self.context_length, self.kv_budget, loaded.longest_token_chars)
         speculation = new_speculative_decoder(loaded, config.speculative, draft)
         guides = HeldGuides()  # compiled guides by key: held by the scheduler, resolved by the runner
         self.runner = ModelRunner(loaded, config, guides, prefix_cache, speculation)

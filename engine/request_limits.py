@@ -9,6 +9,8 @@ from numbers import Integral
 from engine.errors import ContextLengthExceededError, InvalidRequestError
 from engine.kv.budget import KVBudget
 from engine.request import Request
+from engine.sampling.guided import GuidedDecoding
+from engine.sampling.guide_limits import OutputReach, bound_guide, check_regex_size
 from engine.sampling.guided_regex import guided_regex
 
 
@@ -18,6 +20,8 @@ class RequestLimits:
     context_length: int
     # None: no KV budget (a request is refused only past the context length).
     kv_budget: KVBudget | None = None
+    # The most characters one token writes: with max_tokens, how long a structured output can ever be.
+    token_chars: int = 64
 
     def validate(self, request: Request) -> Request:
         """Check a request (any thread); returns it with max_tokens resolved against the context length."""
@@ -29,8 +33,6 @@ class RequestLimits:
                 f"The prompt holds token ids outside the vocabulary (0..{self.vocab_size - 1})", param="prompt"
             )
         request.sampling.validate(self.vocab_size)
-        if request.sampling.guided is not None:
-            guided_regex(request.sampling.guided)  # raises InvalidRequestError for a spec it cannot express
         max_tokens = request.sampling.max_tokens
         room = self.context_length - num_prompt
         if room < 1 or (max_tokens is not None and max_tokens > room):
@@ -47,4 +49,14 @@ class RequestLimits:
             request.sampling = replace(request.sampling, max_tokens=max_tokens)
         if self.kv_budget is not None:
             self.kv_budget.check_fits_alone(num_prompt, max_tokens)
+        if request.sampling.guided is not None:
+            request.sampling = replace(request.sampling, guided=self._bounded_guide(request.sampling.guided, max_tokens))
         return request
+
+    def _bounded_guide(self, guided: GuidedDecoding, max_tokens: int) -> GuidedDecoding:
+        """The constraint within the server's limits and what max_tokens can reach (guide_limits.py), checked
+        before anything compiles it; raises InvalidRequestError for one it cannot or may not express."""
+        reach = OutputReach(max_tokens, self.token_chars)
+        guided = bound_guide(guided, reach)
+        check_regex_size(guided_regex(guided), guided.param, reach)
+        return guided

@@ -94,7 +94,8 @@ def serve(conn: Connection) -> int:
     commands: queue.SimpleQueue = queue.SimpleQueue()
     reader = CommandReader(core, commands, outbox)
     threading.Thread(target=reader.run, args=(conn,), name="orchard-commands", daemon=True).start()
-    outbox.send(EngineReady(str(core.loaded.path), core.context_length, core.loaded.vocab_size, core.stats(), core.kv_budget))
+    outbox.send(EngineReady(str(core.loaded.path), core.context_length, core.loaded.vocab_size, core.stats(), core.kv_budget,
+                            core.limits.token_chars))
     try:
         EngineLoop(core, commands, outbox.post_outputs, lambda stats: outbox.send(StatsUpdate(stats))).run()
     except BaseException as exc:

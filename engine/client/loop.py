@@ -28,7 +28,7 @@ IDLE_POLL_S = 0.5
 # MLX's buffer cache goes back to the device after this long without work (not between back-to-back requests,
 # which would then allocate their buffers afresh).
 RELEASE_BUFFERS_AFTER_IDLE_S = 0.5
-# Structured-output compiles run here: outlines-core releases the GIL while it builds an index.
+# Structured-output compiles are waited on here (each builds in a child process: guide_builder.py).
 COMPILE_THREADS = 2
 
 
@@ -128,7 +128,7 @@ class EngineLoop:
 
 class GuidedIntake:
     """A request whose structured-output guide is not built yet waits here while the guide compiles in a worker
-    (0.01-1 s), so the engine thread keeps decoding; then it is queued. Both engine clients' engines (the thread
+    (0.01-5 s), so the engine thread keeps decoding; then it is queued. Both engine clients' engines (the thread
     client's, the engine process's) admit every request through one."""
 
     def __init__(
@@ -171,6 +171,7 @@ class GuidedIntake:
 
     def shutdown(self) -> None:
         self._compiler.shutdown(wait=False, cancel_futures=True)
+        self._guides.close()  # its build processes (a build under way ends with an error its request never sees)
 
     def _compiled(self, request: Request, future: Future) -> None:
         with self._lock:

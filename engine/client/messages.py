@@ -44,6 +44,7 @@ class EngineReady:
     vocab_size: int
     stats: "EngineStats"
     kv_budget: KVBudget | None = None
+    token_chars: int = 64  # the most characters one token writes (RequestLimits)
 
 
 @dataclass

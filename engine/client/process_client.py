@@ -90,7 +90,7 @@ class ProcessEngineClient(EngineClientBase):
             tokenizer, ready.context_length, Path(ready.model_path), in_own_process=True, processor=processor,
             max_request_tokens=ready.kv_budget.max_request_tokens if ready.kv_budget is not None else None,
         )
-        self._started(served, RequestLimits(ready.vocab_size, ready.context_length, ready.kv_budget), ready.stats)
+        self._started(served, RequestLimits(ready.vocab_size, ready.context_length, ready.kv_budget, ready.token_chars), ready.stats)
 
     async def _abandon_start(self) -> int | None:
         """Stop the child of a failed start; its exit code."""

@@ -41,6 +41,15 @@ class LoadedModel:
         return context_length_of(self.config)
 
     @property
+    def longest_token_chars(self) -> int:
+        """The most characters one token of the vocabulary writes (a byte-level token's string has one character a
+        byte; a byte-fallback piece like <0x0A> counts 6 for 1 byte: an over-estimate is safe where it is used)."""
+        try:
+            return max((len(token) for token in self.tokenizer.get_vocab()), default=64)
+        except (AttributeError, TypeError):
+            return 64
+
+    @property
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset(self.tokenizer.eos_token_ids)
 

@@ -1,8 +1,9 @@
 """Structured output: token vocabularies, compiled guides (cached), and per-row guide state.
 
 A GuidedDecoding becomes a regex (guided_regex.py), then an outlines-core Index over the
-model's real token bytes. Building an Index takes 0.01-1 s and releases the GIL, so callers
-compile in a worker thread; the engine thread only advances guides and writes bitmasks.
+model's real token bytes, built in a child process under a memory cap and a deadline
+(guide_builder.py). A build takes 0.01-5 s, so callers compile in a worker thread; the engine
+thread only advances guides and writes bitmasks.
 """
 
 from __future__ import annotations
@@ -24,12 +25,17 @@ from outlines_core import Guide, Index, Vocabulary
 
 from engine.errors import InvalidRequestError
 from engine.token_bytes import byte_level_table, is_byte_level
+from engine.sampling.guide_builder import GuideBuildError, GuideBuilder
 from engine.sampling.guided import GuidedDecoding
 from engine.sampling.guided_regex import guided_regex
 
 logger = logging.getLogger(__name__)
-# Compiled guides kept per process (an index over a 150k vocabulary can take tens of MB).
+# Compiled guides kept per process, at most this many and this many bytes (an index over a 49k vocabulary took
+# 0.3 MB for a small schema, 6 MB for any JSON object, 200 MB for a 1,024-character string).
 INDEX_CACHE_SIZE = 32
+INDEX_CACHE_BYTES = 1 << 30
+# Child processes building indexes at once (the engine client's compile threads).
+BUILD_WORKERS = 2
 MASKS_PER_GUIDE = 64
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -110,6 +116,7 @@ class CompiledGuide:
     index: Index
     eos_token_id: int
     mask_words: int
+    size_bytes: int = 0  # the index's pickled size (the cache's byte bound)
     # Bitmask rows by automaton state, filled by the engine thread only: writing a state that allows
     # most of a 150k vocabulary (inside a string) costs ~0.3 ms; copying a cached row ~1 us.
     masks: dict[int, np.ndarray] = field(default_factory=dict)
@@ -127,8 +134,9 @@ class CompiledGuide:
 class _IndexCache:
     """Process-wide LRU of compiled guides keyed by (vocabulary key, kind, spec); one build per key."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, capacity_bytes: int) -> None:
         self.capacity = capacity
+        self.capacity_bytes = capacity_bytes
         self._done: OrderedDict[tuple, CompiledGuide] = OrderedDict()
         self._building: dict[tuple, Future] = {}
         self._lock = threading.Lock()
@@ -161,13 +169,15 @@ class _IndexCache:
                 self._building.pop(key, None)
         with self._lock:
             self._done[key] = index
-            while len(self._done) > self.capacity:
+            while len(self._done) > self.capacity or (
+                len(self._done) > 1 and sum(g.size_bytes for g in self._done.values()) > self.capacity_bytes
+            ):
                 self._done.popitem(last=False)
         future.set_result(index)
         return index
 
 
-_INDEXES = _IndexCache(INDEX_CACHE_SIZE)
+_INDEXES = _IndexCache(INDEX_CACHE_SIZE, INDEX_CACHE_BYTES)
 
 
 @dataclass
@@ -187,6 +197,7 @@ class GuideCompiler:
         self._eos_token_ids = eos_token_ids
         self._stats = GuideCompileStats()
         self._stats_lock = threading.Lock()  # builds run in the compile pool's threads
+        self._builder: GuideBuilder | None = None
 
     def stats(self) -> GuideCompileStats:
         with self._stats_lock:
@@ -227,15 +238,25 @@ class GuideCompiler:
 
         return _INDEXES.get_or_build((vocab.key, guided.kind, guided.spec), timed_build)
 
-    @staticmethod
-    def _build(guided: GuidedDecoding, regex: str, vocab: TokenVocabulary) -> CompiledGuide:
+    def _build(self, guided: GuidedDecoding, regex: str, vocab: TokenVocabulary) -> CompiledGuide:
+        with self._stats_lock:
+            if self._builder is None:
+                self._builder = GuideBuilder(vocab.vocabulary, BUILD_WORKERS)
+            builder = self._builder
         try:
-            return CompiledGuide(Index(regex, vocab.vocabulary), vocab.eos_token_id, vocab.mask_words)
-        except (ValueError, RuntimeError, TypeError) as exc:  # bad regex syntax, or no token can start it
-            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            built = builder.build(regex, guided.param)
+        except GuideBuildError as exc:  # bad regex syntax, or no token can start it
             raise InvalidRequestError(
-                f"Invalid '{guided.param}': cannot build the output constraint ({message})", param=guided.param
+                f"Invalid '{guided.param}': cannot build the output constraint ({exc})", param=guided.param
             ) from None
+        return CompiledGuide(built.index, vocab.eos_token_id, vocab.mask_words, built.size_bytes)
+
+    def close(self) -> None:
+        """Stop the build processes (a later compile starts new ones)."""
+        with self._stats_lock:
+            builder, self._builder = self._builder, None
+        if builder is not None:
+            builder.close()
 
 
 class GuideState:

@@ -106,6 +106,17 @@ INVALID = [
     ({"guided_choice": []}, "guided_choice", "non-empty"),
     ({"guided_regex": "a+", "response_format": {"type": "json_object"}}, "guided_regex", "one output constraint"),
 ]
+# Issue 48's reproductions (max_tokens 4): the first took the whole server down, the second answered 500 after 23 s,
+# the third had no answer within 300 s. Now refused at submit, before any index is built.
+HOSTILE = [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "e", "schema": {
+        "type": "string", "minLength": 10_000_000, "maxLength": 100_000_000}}}}, "response_format",
+     "minLength 10,000,000 at # can never be met within max_tokens 4"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "e", "schema": {
+        "type": "array", "items": {"type": "string"}, "minItems": 1_000_000, "maxItems": 10_000_000}}}},
+     "response_format", "minItems 1,000,000 at # can never be met"),
+    ({"guided_regex": "((a{100}){100}){100}"}, "guided_regex", "unroll to 1,000,000 positions, over the limit"),
+]
 
 
 def test_invalid_constraints_are_400s_naming_the_problem(bpe_model):
@@ -140,3 +151,26 @@ def test_guide_compiles_are_counted_in_metrics(bpe_model):
         assert samples["orchard:structured_output_compile_seconds_total"] > 0
 
     asyncio.run(scenario())
+
+
+def test_the_reported_hostile_constraints_are_400s_before_any_compile(bpe_model):
+    async def scenario():
+        errors = []
+        async with local_stack([bpe_model]) as stack:
+            client = openai.AsyncOpenAI(base_url="http://orchard/v1", api_key="unused", http_client=stack.http,
+                                        max_retries=0)
+            for fields, _, _ in HOSTILE:
+                with pytest.raises(openai.BadRequestError) as refused:
+                    await client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, extra_body=fields)
+                errors.append(refused.value.body)
+            health = await stack.http.get("/health")
+            page = (await stack.http.get("/metrics")).text
+        compiles = [s.value for family in text_string_to_metric_families(page) for s in family.samples
+                    if s.name == "orchard:structured_output_compiles_total" and s.labels.get("model_name") == MODEL]
+        return errors, health.status_code, compiles
+
+    errors, health, compiles = asyncio.run(scenario())
+    for (fields, param, words), body in zip(HOSTILE, errors):
+        assert body["param"] == param and body["type"] == "invalid_request_error", (fields, body)
+        assert words in body["message"], (fields, body["message"])
+    assert health == 200 and compiles == [0]
