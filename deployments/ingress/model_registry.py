@@ -32,9 +32,9 @@ from deployments.model_sources import (
 )
 from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo, QueueStats
 from deployments.ingress.model_store import ModelStore
+from deployments.ingress.status_refresh import StatusRefresher
 
 logger = logging.getLogger("ray.serve.orchard")
-MIN_REFRESH_INTERVAL_S = 0.25
 INFO_TIMEOUT_S = 5.0
 
 
@@ -134,8 +134,7 @@ class Registry:
         self._entries: dict[str, ModelEntry] = {}
         self._api_configs: dict[str, ModelConfig] = {}
         self._tasks: set[asyncio.Task] = set()
-        self._refresh_lock = asyncio.Lock()
-        self._refreshed_at = 0.0
+        self._status = StatusRefresher(self._refresh_now)
 
     # ---- lifecycle --------------------------------------------------------------
     async def start(self, restore: bool = True) -> None:
@@ -167,6 +166,7 @@ class Registry:
             self._begin_load(config)
 
     async def close(self) -> None:
+        await self._status.close()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -189,12 +189,11 @@ class Registry:
 
     # ---- status -------------------------------------------------------------------
     async def refresh(self, force: bool = False) -> None:
-        async with self._refresh_lock:
-            if not force and time.monotonic() - self._refreshed_at < MIN_REFRESH_INTERVAL_S:
-                return  # a refresh that just ran answers for this one too
-            states = await self._backend.deployments()
-            self._refreshed_at = time.monotonic()
-        self._merge(states)
+        """Serve's view of the models, waited for at most a bound (status_refresh.py)."""
+        await self._status.refresh(force)
+
+    async def _refresh_now(self) -> None:
+        self._merge(await self._backend.deployments())
 
     def _merge(self, states: dict[str, DeploymentState]) -> None:
         for model_id, state in states.items():

@@ -1,13 +1,18 @@
 """The Ray Serve backend of the model registry: one Serve application per model, reached by its client.
 
 serve.run / serve.delete / serve.status / get_app_handle block on the controller (1-3 s for
-run and delete), so they run in threads: the ingress loop keeps streaming meanwhile.
+run and delete; serve.run of a failing model until Serve gives up), so they run in threads: the
+ingress loop keeps streaming meanwhile. Status questions have threads of their own, so that loads
+and unloads in flight (or anything else on the loop's default executor) never keep them waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
 
 from ray import serve
 from ray.serve.exceptions import RayServeException
@@ -32,6 +37,15 @@ _STATUS = {
 }
 
 
+# Loads and unloads at once (each holds a thread until Serve answers); status and handle lookups.
+_DEPLOY_THREADS = ThreadPoolExecutor(8, thread_name_prefix="orchard-serve-deploy")
+_STATUS_THREADS = ThreadPoolExecutor(2, thread_name_prefix="orchard-serve-status")
+
+
+async def _in(executor: ThreadPoolExecutor, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(call, *args, **kwargs))
+
+
 class ServeBackend:
     def __init__(self) -> None:
         self._clients: dict[str, ServeModelClient] = {}
@@ -42,7 +56,7 @@ class ServeBackend:
         self._clients.pop(config.id, None)
         app = build_model_application(config)
         try:
-            await asyncio.to_thread(serve.run, app, name=serve_app_name(config.id), route_prefix=None)
+            await _in(_DEPLOY_THREADS, serve.run, app, name=serve_app_name(config.id), route_prefix=None)
         except Exception as exc:  # serve.run's RuntimeError only says "failed"; the deployment says why
             state = (await self.deployments()).get(config.id)
             detail = state.message if state is not None and state.message else summarize_failure(str(exc))
@@ -51,10 +65,10 @@ class ServeBackend:
     async def undeploy(self, model_id: str) -> None:
         # Streams in flight keep the old client: the replica drains its channel, then closes it.
         self._clients.pop(model_id, None)
-        await asyncio.to_thread(serve.delete, serve_app_name(model_id))
+        await _in(_DEPLOY_THREADS, serve.delete, serve_app_name(model_id))
 
     async def deployments(self) -> dict[str, DeploymentState]:
-        status = await asyncio.to_thread(serve.status)
+        status = await _in(_STATUS_THREADS, serve.status)
         states = {}
         for name, app in status.applications.items():
             if MODEL_SERVER_DEPLOYMENT not in app.deployments:
@@ -68,7 +82,7 @@ class ServeBackend:
         return states
 
     async def reserved_names(self) -> set[str]:
-        status = await asyncio.to_thread(serve.status)
+        status = await _in(_STATUS_THREADS, serve.status)
         others = {name for name, app in status.applications.items() if MODEL_SERVER_DEPLOYMENT not in app.deployments}
         return others | {self._own_app_name}
 
@@ -76,7 +90,7 @@ class ServeBackend:
         client = self._clients.get(model_id)
         if client is None:
             try:
-                handle = await asyncio.to_thread(serve.get_app_handle, serve_app_name(model_id))
+                handle = await _in(_STATUS_THREADS, serve.get_app_handle, serve_app_name(model_id))
             except RayServeException as exc:  # deleted between the status check and now
                 raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model") from exc
             client = self._clients[model_id] = ServeModelClient(model_id, handle)
