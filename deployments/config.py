@@ -298,6 +298,7 @@ class IngressConfig(BaseModel):
     max_ongoing_requests: int = Field(1024, ge=1, description="requests the ingress replica takes at once")
     # Responses kept for GET /v1/responses/{id} and previous_response_id, in the ingress's memory.
     responses_store_size: int = Field(1000, ge=0, description="stored responses, least recently used out first")
+    responses_store_bytes: int = Field(256 << 20, ge=0, description="their bytes (as JSON), least recently used out first")
     responses_store_ttl_s: float = Field(86400.0, gt=0, description="a stored response unused this long is dropped")
     ray_actor_options: RayActorOptions = Field(
         default_factory=RayActorOptions, description="Ray's resources for the ingress replica (and the RAG one)")

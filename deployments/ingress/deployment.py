@@ -40,7 +40,8 @@ class Ingress:
         self.registry = Registry(ServeBackend(), store, self.config.model_roots, self.config.status_poll_interval_s,
                                  downloads=DownloadManager())
         await self.registry.start(restore=self.config.restore_models)
-        self.responses = ResponseStore(self.config.responses_store_size, self.config.responses_store_ttl_s)
+        self.responses = ResponseStore(self.config.responses_store_size, self.config.responses_store_ttl_s,
+                                       max_bytes=self.config.responses_store_bytes)
         self.rag = ServeRagClient(rag_handle) if rag_handle is not None else None
 
     def __serve_build_asgi_app__(self) -> FastAPI:

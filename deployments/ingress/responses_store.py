@@ -1,12 +1,16 @@
 """Stored Responses (`store: true`, OpenAI's default) for GET / DELETE /v1/responses/{id} and previous_response_id.
 
 In the ingress's memory: one ingress replica serves them (the default; with several replicas a chained request may
-reach one that never saw its previous response). Bounded by count, least recently used first out, and by a time
-to live counted from the last use, so a conversation in progress keeps its chain while idle ones expire.
+reach one that never saw its previous response). Bounded by count and by bytes (a request may carry 32 MiB of images:
+a thousand such would fill the machine), least recently used first out, and by a time to live counted from the last
+use, so a conversation in progress keeps its chain while idle ones expire. A response larger than the whole byte
+bound is answered but not stored.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -16,7 +20,9 @@ from typing import Any
 from deployments.api.errors import PreviousResponseNotFoundError, ResponseNotFoundError
 from deployments.api.responses_schemas import INPUT_ITEMS, InputItem
 
+logger = logging.getLogger("ray.serve.orchard")
 DEFAULT_MAX_RESPONSES = 1_000
+DEFAULT_MAX_BYTES = 256 << 20
 DEFAULT_TTL_S = 24 * 3600.0
 
 
@@ -26,12 +32,15 @@ class StoredResponse:
     items: list[InputItem]  # its request's own input items, then its output as input items
     previous_id: str | None  # the response it continued: its items come before these
     used_at: float
+    size_bytes: int  # its response and items as JSON: what it holds, near enough
 
 
 class ResponseStore:
     def __init__(self, max_responses: int = DEFAULT_MAX_RESPONSES, ttl_s: float = DEFAULT_TTL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_responses = max_responses
+        self.max_bytes = max_bytes
+        self.stored_bytes = 0
         self.ttl_s = ttl_s
         self._clock = clock
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()  # least recently used first
@@ -43,8 +52,13 @@ class ResponseStore:
     def put(self, response: dict[str, Any], input_items: list[InputItem], previous_id: str | None) -> None:
         # Output items are valid input items (message, function_call, reasoning): the next turn reads them back.
         items = [*input_items, *INPUT_ITEMS.validate_python(response["output"])]
-        self._entries[response["id"]] = StoredResponse(response, items, previous_id, self._clock())
-        self._entries.move_to_end(response["id"])
+        size = len(json.dumps(response)) + len(INPUT_ITEMS.dump_json(items))
+        if size > self.max_bytes:
+            logger.warning("response %s not stored: %d bytes, over the store's %d", response["id"], size, self.max_bytes)
+            return
+        self._drop(response["id"])
+        self._entries[response["id"]] = StoredResponse(response, items, previous_id, self._clock(), size)
+        self.stored_bytes += size
         self._expire()
 
     def get(self, response_id: str) -> dict[str, Any]:
@@ -52,7 +66,7 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> None:
         self._expire()
-        if self._entries.pop(response_id, None) is None:
+        if self._drop(response_id) is None:
             raise ResponseNotFoundError(f"Response with id '{response_id}' not found.")
 
     def history(self, response_id: str) -> list[InputItem]:
@@ -80,9 +94,16 @@ class ResponseStore:
         self._entries.move_to_end(response_id)
         return entry
 
+    def _drop(self, response_id: str) -> StoredResponse | None:
+        entry = self._entries.pop(response_id, None)
+        if entry is not None:
+            self.stored_bytes -= entry.size_bytes
+        return entry
+
     def _expire(self) -> None:
         deadline = self._clock() - self.ttl_s
         while self._entries and (
-            len(self._entries) > self.max_responses or next(iter(self._entries.values())).used_at < deadline
+            len(self._entries) > self.max_responses or self.stored_bytes > self.max_bytes
+            or next(iter(self._entries.values())).used_at < deadline
         ):
-            self._entries.popitem(last=False)
+            self._drop(next(iter(self._entries)))

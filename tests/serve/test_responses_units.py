@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 
 from deployments.api.errors import PreviousResponseNotFoundError, ResponseNotFoundError, wire_error
 from deployments.api.responses_render import ResponsesRenderer, response_shell
-from deployments.api.responses_schemas import FunctionCallItem, MessageItem, ResponsesRequest
+from deployments.api.responses_schemas import INPUT_ITEMS, FunctionCallItem, MessageItem, ResponsesRequest
 from deployments.output_deltas import ToolCallDelta
 from deployments.ingress.responses_store import ResponseStore
 from deployments.model_calls import StreamChunk, TokenLogprobInfo, TopTokenLogprob
@@ -203,3 +203,23 @@ def test_store_is_bounded_by_count_least_recently_used_first_and_by_idle_time():
     assert len(store) == 1 and store.get("a")
     with pytest.raises(ResponseNotFoundError):
         store.get("c")
+
+
+def test_store_is_bounded_by_bytes_least_recently_used_first():
+    one = len(json.dumps(stored_response("a", "x" * 1000))) + len(INPUT_ITEMS.dump_json(
+        INPUT_ITEMS.validate_python(stored_response("a", "x" * 1000)["output"])))
+    store = ResponseStore(max_responses=100, max_bytes=int(2.5 * one))
+    for name in "abc":
+        store.put(stored_response(name, "x" * 1000), [], None)
+        if name == "a":
+            assert store.stored_bytes == one
+    assert len(store) == 2 and store.stored_bytes == 2 * one and store.get("b") and store.get("c")
+    with pytest.raises(ResponseNotFoundError):
+        store.get("a")
+    # One request with a large image (a data URL in its input) over the whole bound: answered, never stored.
+    store.put(stored_response("big", "y"), [MessageItem(role="user", content="z" * (3 * one))], None)
+    assert len(store) == 2 and store.stored_bytes == 2 * one
+    with pytest.raises(ResponseNotFoundError):
+        store.get("big")
+    store.delete("b")
+    assert store.stored_bytes == one
