@@ -7,6 +7,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.errors import InvalidRequestError
+
 from deployments.hub.errors import CachedModelNotFoundError, typed_hub_error
 from deployments.hub.paths import (
     MLX_ALLOW_PATTERNS,
@@ -102,7 +104,7 @@ def _default_revision(repo):
 
 
 def delete_cached_model(repo_id: str, cache_dir: Path | None = None) -> int:
-    """Delete every revision of a repo with huggingface_hub's cache strategy, then the repo's folder; bytes freed."""
+    """Delete a repo's folder from the cache (every revision) and its locks; the bytes freed."""
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
@@ -116,12 +118,21 @@ def delete_cached_model(repo_id: str, cache_dir: Path | None = None) -> int:
                 None)
     if repo is None:
         raise CachedModelNotFoundError(f"'{repo_id}' is not in the local Hugging Face cache", param="repo_id")
-    strategy = scanned.delete_revisions(*(r.commit_hash for r in repo.revisions))
-    strategy.execute()
-    # What the strategy keeps (the tree listing, .no_exist markers, an emptied folder) and the repo's locks.
-    shutil.rmtree(repo.repo_path, ignore_errors=True)
+    _check_inside_repo(repo_id, repo.repo_path, cache_dir)
+    blobs = repo.repo_path / "blobs"
+    freed = sum(p.lstat().st_size for p in blobs.iterdir() if p.is_file() and not p.is_symlink()) if blobs.is_dir() else 0
+    # The repo's own folder (links in it removed, never followed), not huggingface_hub's delete_revisions: that one
+    # picks revisions by commit hash across every repo of the cache, so a repo holding another's hash took it along.
+    shutil.rmtree(repo.repo_path)
     shutil.rmtree(cache_dir / ".locks" / repo.repo_path.name, ignore_errors=True)
-    return repo.size_on_disk
+    return freed  # its own blobs: a link's target elsewhere was not freed
+
+
+def _check_inside_repo(repo_id: str, repo_path: Path, cache_dir: Path) -> None:
+    """Refuse a repo folder that is itself a link out of the cache: huggingface_hub would leave it (rmtree refuses a
+    link) while the delete reported success. Links inside the folder are removed, never followed (rmtree)."""
+    if repo_path.is_symlink() or repo_path.resolve().parent != cache_dir.resolve():
+        raise InvalidRequestError(f"'{repo_id}' is a link out of the Hugging Face cache: not deleted", param="repo_id")
 
 
 def _cached_model(repo, revision, cache_dir: Path, allow_patterns: list[str]) -> CachedModel:
