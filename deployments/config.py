@@ -258,6 +258,7 @@ class MediaLimits:
     max_image_bytes: int = 20 * 1024 * 1024  # one image's encoded file, decoded from base64 or fetched
     remote_media_timeout_s: float = 10.0  # one fetch, redirects included
     remote_media_max_redirects: int = 3
+    remote_media_allow_private: bool = False  # non-public hosts too, but never cloud metadata ones (media_hosts.py)
 
 
 class RagConfig(BaseModel):
@@ -303,14 +304,18 @@ class IngressConfig(BaseModel):
     ray_actor_options: RayActorOptions = Field(
         default_factory=RayActorOptions, description="Ray's resources for the ingress replica (and the RAG one)")
     rag: RagConfig | None = Field(default_factory=RagConfig, description="/v1/rag/* (null: off)")
-    # Images in requests: data URLs and base64 always; http(s) URLs only when allowed (the ingress then fetches
-    # whatever URL a client names, hosts on its own network included). file:// and other schemes never.
+    # Images in requests: data URLs and base64 always; http(s) URLs only when allowed, from public addresses only
+    # unless remote_media_allow_private (ingress/media_hosts.py). file:// and other schemes never.
     allow_remote_media: bool = Field(MediaLimits.allow_remote_media, description="fetch http(s) image URLs")
     max_images_per_request: int = Field(MediaLimits.max_images_per_request, ge=0, description="more images get 400")
     max_image_bytes: int = Field(MediaLimits.max_image_bytes, ge=1, description="one image's encoded size")
     remote_media_timeout_s: float = Field(MediaLimits.remote_media_timeout_s, gt=0, description="per image fetch")
     remote_media_max_redirects: int = Field(
         MediaLimits.remote_media_max_redirects, ge=0, description="redirects one image fetch may follow")
+    remote_media_allow_private: bool = Field(
+        MediaLimits.remote_media_allow_private,
+        description="fetch images from loopback, private and other non-public addresses too (a trusted network); "
+        "169.254.0.0/16 and other cloud metadata addresses never")
 
     @field_validator("api_keys")
     @classmethod
@@ -352,7 +357,8 @@ class IngressConfig(BaseModel):
 
     def media_limits(self) -> MediaLimits:
         return MediaLimits(self.allow_remote_media, self.max_images_per_request, self.max_image_bytes,
-                           self.remote_media_timeout_s, self.remote_media_max_redirects)
+                           self.remote_media_timeout_s, self.remote_media_max_redirects,
+                           self.remote_media_allow_private)
 
     def deployment_options(self) -> dict[str, Any]:
         # One ingress replica: the registry (load/unload bookkeeping) lives in it.

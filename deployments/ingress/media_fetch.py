@@ -4,7 +4,8 @@ Conversion (api/images.py) decodes data URLs and base64 blocks; an http(s) image
 and its `url`. `ImageLoader.load` checks the count and each image's size, refuses remote images unless the operator
 allows them (`allow_remote_media`), and fetches them concurrently: each within `remote_media_timeout_s` (redirects
 included), read as a stream and cut off past `max_image_bytes`, following at most `remote_media_max_redirects`
-redirects (http(s) only), and only an image/* answer. Every refusal is a 400 naming the image's place.
+redirects (http(s) only), and only an image/* answer. Every host connected to, redirects' included, must be a
+public address unless `remote_media_allow_private` (media_hosts.py). Every refusal is a 400 naming the image's place.
 Pixels are not looked at here: the model side decodes the files (off its event loop) and checks their size.
 """
 
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from deployments.config import MediaLimits
+from deployments.ingress.media_hosts import AddressRule, CheckedTransport, HostRefused, Resolver, resolve
 from deployments.model_calls import ChatPrompt, ImageInput, TextPrompt
 from engine.errors import InvalidRequestError
 
@@ -55,9 +57,12 @@ class ImageLoader:
             return self._client
 
 
-def new_http_client(limits: MediaLimits) -> httpx.AsyncClient:
+def new_http_client(limits: MediaLimits, resolver: Resolver = resolve) -> httpx.AsyncClient:
+    """trust_env off: no proxy (it would resolve names past the host check), no .netrc credentials sent to hosts a
+    client names."""
+    transport = CheckedTransport(AddressRule(limits.remote_media_allow_private), resolver)
     return httpx.AsyncClient(
-        follow_redirects=True, max_redirects=limits.remote_media_max_redirects,
+        transport=transport, trust_env=False, follow_redirects=True, max_redirects=limits.remote_media_max_redirects,
         timeout=limits.remote_media_timeout_s, headers=_HEADERS,
     )
 
@@ -105,6 +110,8 @@ async def fetch_image(client: httpx.AsyncClient, image: ImageInput, limits: Medi
     except httpx.TooManyRedirects:
         raise _fetch_failed(image, f"more than {limits.remote_media_max_redirects} redirects "
                                    "(remote_media_max_redirects)") from None
+    except HostRefused as exc:
+        raise _fetch_failed(image, str(exc)) from None
     except httpx.UnsupportedProtocol:
         raise _fetch_failed(image, "a redirect led to a URL that is not http(s)") from None
     except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:

@@ -1,12 +1,14 @@
 """Remote images fetched by the ingress (issue 27), against a real HTTP server on 127.0.0.1: an image, redirect
 chains, a slow answer, a slow trickle, oversize bodies (declared and not), wrong content types, errors; with
-allow_remote_media on and off."""
+allow_remote_media on and off. The server is on 127.0.0.1, so fetching sets remote_media_allow_private (the hosts
+refused without it: test_media_hosts.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from dataclasses import replace
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
@@ -23,7 +25,7 @@ from tests.support.images import png
 
 RED, BLUE = png(4, 3), png(2, 2, (0, 0, 255))
 LIMITS = MediaLimits(allow_remote_media=True, max_image_bytes=4096, remote_media_timeout_s=1.0,
-                     remote_media_max_redirects=2)
+                     remote_media_max_redirects=2, remote_media_allow_private=True)
 BIG = png(256, 256, (1, 2, 3)) + bytes(8192)  # over LIMITS.max_image_bytes
 # How long /slow and /trickle take to answer: far past LIMITS.remote_media_timeout_s, so a fetch cut at its time
 # limit ends while their answer is still coming, however busy the machine.
@@ -184,13 +186,14 @@ def test_nothing_is_fetched_unless_allowed(server):
     error = refused([f"{server}/red.png?sig=secret"], MediaLimits())
     assert error.param == "messages.0.content.0" and "'allow_remote_media: true'" in error.message
     assert f"({server}/red.png)" in error.message and "secret" not in error.message
-    too_many = refused([f"{server}/red.png"] * 3, MediaLimits(allow_remote_media=True, max_images_per_request=2))
+    too_many = refused([f"{server}/red.png"] * 3, replace(LIMITS, max_images_per_request=2))
     assert too_many.message == "3 images; this server takes at most 2 per request (max_images_per_request)"
     assert ImageServer.seen == []
 
 
 def test_remote_images_over_http_in_process(server, tiny_models):
-    """Through the routes: refused when not allowed; a failed fetch is a 400 in each API's shape. (A fetched image
+    """Through the routes: refused when not allowed (fetching, or this loopback host); a failed fetch is a 400 in
+    each API's shape. (A fetched image
     goes on to the model, whose side is checked with a vision model.)"""
     alpha = ModelConfig(model_id="tiny/alpha", model_path=str(tiny_models.alpha), context_length=512)
     missing = f"{server}/missing"
@@ -208,7 +211,9 @@ def test_remote_images_over_http_in_process(server, tiny_models):
                     await stack.http.post("/v1/messages/count_tokens", json=messages),
                     await stack.http.post("/v1/responses", json=responses)]
 
-    for limits, words in ((MediaLimits(), "allow_remote_media"), (LIMITS, "the server answered 404")):
+    public_only = replace(LIMITS, remote_media_allow_private=False)
+    for limits, words in ((MediaLimits(), "allow_remote_media"), (LIMITS, "the server answered 404"),
+                          (public_only, "the host 127.0.0.1 is a loopback address")):
         chat_answer, messages_answer, counted, responses_answer = asyncio.run(scenario(limits))
         for answer, param in ((chat_answer, "messages.0.content.0"), (responses_answer, "input[0].content[0]")):
             assert answer.status_code == 400, answer.text

@@ -255,10 +255,10 @@ def test_responses_refusals_name_the_part(item, param, words):
 
 # ---- the ingress's limits (no fetching) ------------------------------------------------------------------------------
 def test_ingress_config_fields_and_defaults():
-    assert IngressConfig().media_limits() == MediaLimits(False, 16, 20 * 1024 * 1024, 10.0, 3)
+    assert IngressConfig().media_limits() == MediaLimits(False, 16, 20 * 1024 * 1024, 10.0, 3, False)
     config = IngressConfig(allow_remote_media=True, max_images_per_request=2, max_image_bytes=1000,
-                           remote_media_timeout_s=1.5, remote_media_max_redirects=0)
-    assert config.media_limits() == MediaLimits(True, 2, 1000, 1.5, 0)
+                           remote_media_timeout_s=1.5, remote_media_max_redirects=0, remote_media_allow_private=True)
+    assert config.media_limits() == MediaLimits(True, 2, 1000, 1.5, 0, True)
     for bad in ({"max_images_per_request": -1}, {"max_image_bytes": 0}, {"remote_media_timeout_s": 0},
                 {"remote_media_max_redirects": -1}, {"allow_remote_media": "sometimes"}):
         with pytest.raises(ValueError):
