@@ -18,7 +18,7 @@ from engine.health import EngineStatus
 from deployments.hub.downloads import DownloadManager
 from deployments.hub.events import DownloadFailed
 from engine.errors import (
-    EngineDeadError,
+    EngineRestartingError,
     InvalidRequestError,
     ModelExistsError,
     ModelLoadError,
@@ -228,11 +228,12 @@ class Registry:
         if entry.status == ModelStatus.UNLOADING:
             raise ModelNotFoundError(f"The model '{model_id}' is being unloaded", param="model")
         if entry.status == ModelStatus.LOADING:
-            raise ModelLoadingError(f"The model '{model_id}' is loading; retry shortly")
+            why = f" ({entry.error})" if entry.error else ""
+            raise ModelLoadingError(f"The model '{model_id}' is loading{why}; retry shortly")
         if entry.status == ModelStatus.FAILED:
             raise ModelLoadError(f"The model '{model_id}' failed to load: {entry.error}", param="model")
-        if entry.status == ModelStatus.UNHEALTHY:
-            raise EngineDeadError(f"The model '{model_id}' is unhealthy: {entry.error}", param="model")
+        if entry.status == ModelStatus.UNHEALTHY:  # Serve replaces an unhealthy replica: worth a retry
+            raise EngineRestartingError(f"The model '{model_id}' is unhealthy and restarting: {entry.error}")
         return await self._backend.client(model_id)
 
     async def details(self) -> list[ModelEntry]:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ray import serve
 from ray.serve.exceptions import RayServeException
-from ray.serve.schema import ApplicationStatus
+from ray.serve.schema import ApplicationStatus, ReplicaState
 
 from engine.errors import ModelLoadError, ModelNotFoundError
 from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, model_id_of_app, serve_app_name
@@ -74,10 +74,13 @@ class ServeBackend:
             if MODEL_SERVER_DEPLOYMENT not in app.deployments:
                 continue  # the ingress, or an application that is not a model
             model_status = _STATUS.get(app.status, ModelStatus.LOADING)
+            deployment = app.deployments[MODEL_SERVER_DEPLOYMENT]
             message = None
             if model_status in (ModelStatus.FAILED, ModelStatus.UNHEALTHY):
-                detail = app.deployments[MODEL_SERVER_DEPLOYMENT].message or app.message
-                message = summarize_failure(detail)
+                message = summarize_failure(deployment.message or app.message)
+            elif model_status == ModelStatus.RUNNING and not deployment.replica_states.get(ReplicaState.RUNNING):
+                # Its replica died (Serve starts another): requests get 503 + Retry-After until one runs again.
+                model_status, message = ModelStatus.LOADING, "restarting: its process died"
             states[model_id_of_app(name)] = DeploymentState(model_status, message)
         return states
 
