@@ -270,6 +270,12 @@ class RagConfig(BaseModel):
     storage_dir: str | None = Field(None, description="indexes and metadata (null: $ORCHARD_HOME/rag)")
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1, description="larger uploads get 413")
     max_pages: int = Field(2_000, ge=1, description="PDFs with more pages get 413")
+    max_text_chars: int = Field(16_000_000, ge=1, description="documents with more text get 413 (chunking and "
+                                "embedding cost follow it)")
+    # A PDF is read in a child process: past either limit it is killed and the upload gets 413 document_too_complex.
+    read_seconds: float = Field(60.0, gt=0, description="the longest one PDF may take to read")
+    read_memory_bytes: int = Field(1 << 30, ge=64 * 1024 * 1024, description="the memory one PDF's reader may take")
+    parallel_reads: int = Field(2, ge=1, description="documents read at once; more uploads wait their turn")
     chunk_tokens: int = Field(200, ge=1, description="tokens per chunk, by the embedder's tokenizer")
     overlap_tokens: int = Field(40, ge=0, description="tokens a chunk repeats of the one before")
     max_top_k: int = Field(50, ge=1, description="the most sources a query may ask for (top_k)")

@@ -97,11 +97,17 @@ class RagClient(Protocol):
     async def delete(self, file_id: str) -> DeleteOutcome: ...
 
 
-# RAG's typed errors (413 too large, 400 unreadable, 404 unknown file_id, 503 unavailable).
+# RAG's typed errors (413 too large or too complex to read, 400 unreadable, 404 unknown file_id, 503 unavailable).
 class DocumentTooLargeError(InvalidRequestError):
-    """A RAG upload over the byte or page limit (413)."""
+    """A RAG upload over the byte, page or text limit (413)."""
 
     code = "document_too_large"
+
+
+class DocumentTooComplexError(DocumentTooLargeError):
+    """A RAG upload (a PDF) whose reading passed its deadline or memory cap: a bomb, or too much for the box (413)."""
+
+    code = "document_too_complex"
 
 
 class UnreadableDocumentError(InvalidRequestError):

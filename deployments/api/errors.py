@@ -34,7 +34,9 @@ from deployments.hub.errors import (
     GatedRepoError,
     RepoNotFoundError,
 )
-from deployments.rag_calls import DocumentNotFoundError, DocumentTooLargeError, RagUnavailableError
+from deployments.rag_calls import (
+    DocumentNotFoundError, DocumentTooComplexError, DocumentTooLargeError, RagUnavailableError,
+)
 
 QUEUE_RETRY_AFTER_S = 1
 ANTHROPIC_PATHS = "/v1/messages"  # these routes answer errors in Anthropic's shape
@@ -87,6 +89,8 @@ class _Rule:
 # Most specific first: subclasses before their bases.
 _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (ContextLengthExceededError, _Rule(400, "invalid_request_error")),
+    # A PDF over its reader's deadline or memory cap is too large too: to read, rather than to send.
+    (DocumentTooComplexError, _Rule(413, "invalid_request_error")),
     (DocumentTooLargeError, _Rule(413, "invalid_request_error")),
     (InvalidRequestError, _Rule(400, "invalid_request_error")),
     (AuthenticationError, _Rule(401, "invalid_request_error")),

@@ -36,7 +36,8 @@ _MEANING = {
     404: "Unknown model, route, stored response, RAG document, download, Hugging Face repo or cached repo",
     409: "The model is already loaded, or a load or unload of it is in progress (a cached repo: a model serves from "
          "it or it downloads)",
-    413: "The request body is larger than the ingress's max_body_bytes (a RAG upload: rag.max_upload_bytes or pages)",
+    413: "The request body is larger than the ingress's max_body_bytes (a RAG upload: rag.max_upload_bytes, pages, "
+         "text, or its reader's time or memory)",
     429: "The model's queue is full; retry after Retry-After seconds",
     500: "Internal server error",
     503: "The model is loading, failed, unhealthy or its queue wait timed out (or RAG's embedder is not running); retry later",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
@@ -14,7 +14,7 @@ from deployments.rag_calls import DocumentInfo, DocumentNotFoundError, SearchHit
 from engine.errors import InvalidRequestError
 
 from .chunking import Chunk, ChunkParams, chunk_pages, distinct_words
-from .extract import ExtractLimits, Page, extract_pages
+from .extract import ExtractLimits, Page, check_filename, extract_pages
 from .store import DocumentStore
 
 Source = SearchHit  # what a query returns: file_id, filename, page, chunk, text, score
@@ -47,6 +47,12 @@ class ChatMessage:
     content: str
 
 
+@dataclass
+class _HashLock:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0  # uploads holding or waiting for it
+
+
 class RagPipeline:
     def __init__(
         self,
@@ -64,33 +70,64 @@ class RagPipeline:
         self.chunk_params = chunk_params or ChunkParams()
         self.embed_batch_size = embed_batch_size
         self.max_top_k = max_top_k
-        # One upload per content hash at a time: a second identical upload waits, then finds the first's result.
-        self._upload_locks: dict[str, asyncio.Lock] = {}
+        # The same bytes under the same name at once (a double submit, a retry storm) share one run and its outcome:
+        # a bomb is read once, not once per copy, each after the last one's deadline.
+        self._flights: dict[tuple[str, str], asyncio.Task[UploadResult]] = {}
+        # One upload per content hash at a time (other names of the same bytes): the second finds the first's result.
+        self._upload_locks: dict[str, _HashLock] = {}
+        # Documents read at once (a PDF's reader may take read_memory_bytes): see _read_slots.
+        self._reads: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     async def upload(self, filename: str, data: bytes) -> UploadResult:
         """Extracts, chunks, embeds and stores the file; the same bytes again return the stored document."""
-        file_id = hashlib.sha256(data).hexdigest()
-        lock = self._upload_locks.setdefault(file_id, asyncio.Lock())
+        check_filename(filename)
+        key = (hashlib.sha256(data).hexdigest(), filename)
+        flight = self._flights.get(key)
+        if flight is not None:
+            result = await asyncio.shield(flight)
+            return UploadResult(result.document, "already_indexed")
+        flight = self._flights[key] = asyncio.ensure_future(self._upload_one(key[0], filename, data))
+        flight.add_done_callback(lambda done: self._landed(key, done))
+        # Shielded: a caller that goes away leaves the run to the others waiting on it (bounded by the deadline).
+        return await asyncio.shield(flight)
+
+    def _landed(self, key: tuple[str, str], flight: asyncio.Task[UploadResult]) -> None:
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if not flight.cancelled():
+            flight.exception()  # retrieved: with every caller gone, asyncio would log it as never retrieved
+
+    async def _upload_one(self, file_id: str, filename: str, data: bytes) -> UploadResult:
+        held = self._upload_locks.setdefault(file_id, _HashLock())
+        held.users += 1
         try:
-            async with lock:
+            async with held.lock:
                 return await self._upload_locked(file_id, filename, data)
         finally:
-            # Dropped once free, so the dict does not grow with every upload; a rare second embedding of the
-            # same bytes is still safe: the store's own per-document lock keeps only one.
-            if not lock.locked() and self._upload_locks.get(file_id) is lock:
+            # Counted, not lock.locked(): a released lock reads free before the waiter it wakes has taken it.
+            held.users -= 1
+            if held.users == 0 and self._upload_locks.get(file_id) is held:
                 del self._upload_locks[file_id]
 
     async def _upload_locked(self, file_id: str, filename: str, data: bytes) -> UploadResult:
         existing = self.store.get(file_id)
         if existing is not None:
             return UploadResult(existing, "already_indexed")
-        # Parsing a large PDF takes seconds of CPU: off the event loop.
-        pages = await asyncio.to_thread(extract_pages, filename, data, self.limits)
+        async with self._read_slots():
+            # A PDF is read in a child process, waited on in a thread: off the event loop.
+            pages = await asyncio.to_thread(extract_pages, filename, data, self.limits)
         chunks = await self.chunk(pages)
         vectors = await self.embed_texts([chunk.text for chunk in chunks])
         info = DocumentInfo(file_id, filename, len(pages), len(chunks), time.time())
         stored, created = await asyncio.to_thread(self.store.add, info, chunks, vectors)
         return UploadResult(stored, "indexed" if created else "already_indexed")
+
+    def _read_slots(self) -> asyncio.Semaphore:
+        # A semaphore binds to the loop it first waits on; tests run one pipeline under several asyncio.run()s.
+        loop = asyncio.get_running_loop()
+        if self._reads is None or self._reads[0] is not loop:
+            self._reads = (loop, asyncio.Semaphore(self.limits.parallel_reads))
+        return self._reads[1]
 
     async def query(self, file_ids: list[str], query: str, top_k: int = 5) -> list[Source]:
         """Retrieval only: the top_k chunks of the given documents by cosine similarity, best first."""

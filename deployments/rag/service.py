@@ -66,7 +66,11 @@ class RagService:
             logger.warning("RAG document folder %s not served: %s", entry.path, entry.reason)
         self.pipeline = RagPipeline(
             ModelEmbedder(resolve, config.embedding_model), self.store,
-            limits=ExtractLimits(max_bytes=config.max_upload_bytes, max_pages=config.max_pages),
+            limits=ExtractLimits(
+                max_bytes=config.max_upload_bytes, max_pages=config.max_pages, max_text_chars=config.max_text_chars,
+                read_seconds=config.read_seconds, read_memory_bytes=config.read_memory_bytes,
+                parallel_reads=config.parallel_reads,
+            ),
             chunk_params=ChunkParams(config.chunk_tokens, config.overlap_tokens), max_top_k=config.max_top_k,
         )
         logger.info("RAG serving %d documents from %s", len(self.store.list_documents()), self.store.root)

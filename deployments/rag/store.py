@@ -149,12 +149,17 @@ class DocumentStore:
             _fsync_file(temp / META_FILE)
             _fsync_file(temp)
             target = self.root / info.file_id
-            if target.exists():  # a broken leftover of this id (reported at start): the new upload replaces it
+            if target.exists() or target.is_symlink():  # a broken leftover of this id (reported at start): replaced
                 self._remove_folder(target)
             os.replace(temp, target)
-            _fsync_file(self.root)
         except BaseException:
             shutil.rmtree(temp, ignore_errors=True)
+            raise
+        try:
+            _fsync_file(self.root)
+        except BaseException:
+            # The caller is told the upload failed and the document is not served: it must not come back at start.
+            self._remove_folder(target)
             raise
 
     def _remove_folder(self, folder: Path) -> None:
@@ -162,7 +167,10 @@ class DocumentStore:
         trash = self.root / f"{_TRASH_PREFIX}{folder.name}-{uuid.uuid4().hex}"
         os.replace(folder, trash)
         _fsync_file(self.root)
-        shutil.rmtree(trash, ignore_errors=True)
+        if trash.is_dir() and not trash.is_symlink():
+            shutil.rmtree(trash, ignore_errors=True)
+        else:  # a broken entry that is a file or a link: rmtree refuses both, which left it behind
+            trash.unlink(missing_ok=True)
 
     # ---- start
 

@@ -36,6 +36,11 @@ def make_pdf(pages: list[list[str]] | None = None, *, streams: list[bytes] | Non
             f"/Contents {pid + 1} 0 R >>".encode()
         )
         objects.append(b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream")
+    return build_pdf(objects)
+
+
+def build_pdf(objects: list[bytes]) -> bytes:
+    """A PDF of these objects, numbered from 1 (the first is the catalog), with its cross-reference table."""
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for number, obj in enumerate(objects, start=1):

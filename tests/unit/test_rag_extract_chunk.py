@@ -10,6 +10,7 @@ from deployments.rag.extract import ExtractLimits, Page, extract_pages, split_by
 from engine.errors import InvalidRequestError
 from deployments.rag_calls import (
     DocumentNotFoundError,
+    DocumentTooComplexError,
     DocumentTooLargeError,
     EmptyDocumentError,
     EncryptedDocumentError,
@@ -147,6 +148,9 @@ def test_document_errors_map_to_http_statuses():
     too_large = wire_error(DocumentTooLargeError("'a.pdf' is 300 bytes; the limit is 200 bytes", param="file"))
     assert (too_large.status, too_large.body["error"]["code"], too_large.body["error"]["param"]) == (
         413, "document_too_large", "file")
+    too_complex = wire_error(DocumentTooComplexError("'a.pdf' takes longer to read than the limit of 60 s",
+                                                     param="file"))
+    assert (too_complex.status, too_complex.body["error"]["code"]) == (413, "document_too_complex")
     encrypted = wire_error(EncryptedDocumentError("'a.pdf' is encrypted", param="file"))
     assert (encrypted.status, encrypted.body["error"]["code"]) == (400, "encrypted_document")
     missing = wire_error(DocumentNotFoundError("no document with file_id 'x'", param="file_id"))
