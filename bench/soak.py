@@ -11,6 +11,9 @@ the requests are streams the client closes after a random number of events (or b
 bench/serving/answers.py. Exit code 1 on any 5xx, hung request, stream error, wrong answer, unexpected 4xx,
 connection error, an unhealthy server at the end, or a server that does not return to idle (a leak); 2 when
 the run could not start. 429s (with Retry-After and the API's error body) are counted as overload, not failures.
+--hostile-fraction adds that share of hostile requests (issue 48: grammar bombs, unknown models, traversal, ...) at
+seeded places among the same normal ones: each must be refused with its expected 4xx, none may hang, and no engine
+process may die; run it with and without to compare the normal requests' latency.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import argparse
 import asyncio
 import datetime
 import ipaddress
-import json
 import os
 import socket
 import sys
@@ -27,7 +29,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -44,7 +46,9 @@ from bench.serving.compare import (
     git_commit,
     orchard_spec,
 )
-from bench.serving.reports import summarize, table, verdict
+from bench.serving.reports import (
+    asdict_map, read_engines, read_health, read_state, settle, summarize, table, verdict,
+)
 from deployments.cli.loadgen.client import random_words
 from deployments.cli.loadgen.load import run_async, write_json
 from deployments.cli.loadgen.tables import show
@@ -75,21 +79,92 @@ class Mix:
     seed: int
 
 
+# ---- the hostile mix (issue 48): requests the server must refuse at once, among the normal ones
+PIXEL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+HOSTILE_BOUND_S = 2.0  # the issue's bound on a refusal
+
+
+@dataclass(frozen=True)
+class Hostile:
+    name: str
+    method: str
+    path: str
+    body: dict[str, Any] | None
+    expect: tuple[int, ...]  # the statuses that refuse it rightly
+
+
 @dataclass
-class ModelState:
-    """One model's row of /v1/queue/stats."""
-
-    status: str | None
-    waiting: int | None
-    running: int | None
-    kv_cache_bytes: int | None
-
-
-@dataclass
-class Settle:
-    idle: bool
+class HostileAnswer:
+    name: str
+    status: int | None  # None: hung or the connection failed
     seconds: float
-    models: dict[str, ModelState] = field(default_factory=dict)
+    refused: bool  # with an expected status
+
+
+def hostile_catalog(tiny: str) -> list[Hostile]:
+    def chat(**extra: Any) -> dict[str, Any]:
+        return {"model": tiny, "messages": [{"role": "user", "content": "t1 t2"}], "max_tokens": 4, **extra}
+
+    def schema(value: dict[str, Any]) -> dict[str, Any]:
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "e", "schema": value}}}
+
+    image = [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": PIXEL}}]
+    return [
+        Hostile("string schema of 10M characters", "POST", "/v1/chat/completions",
+                chat(**schema({"type": "string", "minLength": 10_000_000, "maxLength": 100_000_000})), (400,)),
+        Hostile("array schema of 1M items", "POST", "/v1/chat/completions", chat(**schema(
+            {"type": "array", "items": {"type": "string"}, "minItems": 1_000_000, "maxItems": 10_000_000})), (400,)),
+        Hostile("regex of 1M positions", "POST", "/v1/chat/completions", chat(guided_regex="((a{100}){100}){100}"),
+                (400,)),
+        Hostile("unknown model with an image", "POST", "/v1/chat/completions",
+                {"model": "no-such-model", "messages": [{"role": "user", "content": image}]}, (404,)),
+        Hostile("unknown model (Anthropic)", "POST", "/v1/messages",
+                {"model": "no-such-model", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}, (404,)),
+        Hostile("remote image on loopback", "POST", "/v1/chat/completions", chat(messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]}]),
+                (400,)),
+        Hostile("admin load of a folder with no config.json", "POST", "/v1/admin/load-model",
+                {"model_path": "/tmp", "model_id": "hostile"}, (400, 401, 403)),
+        Hostile("cache delete with encoded dots", "DELETE", "/v1/models/local/..%2F..%2Fetc", None,
+                (400, 401, 403, 404)),
+        Hostile("unknown stored response", "GET", "/v1/responses/resp_none", None, (404,)),
+    ]
+
+
+def with_hostile(shapes: list[Shape | Hostile], catalog: list[Hostile], count: int, seed: int) -> list[Shape | Hostile]:
+    """The same normal shapes, with `count` hostile ones at seeded places (their own generator, so a run without
+    them sends exactly the same normal requests)."""
+    rng = np.random.default_rng(seed + 1)
+    items = list(shapes)
+    for _ in range(count):
+        items.insert(int(rng.integers(0, len(items) + 1)), catalog[int(rng.integers(len(catalog)))])
+    return items
+
+
+async def send_hostile(session: aiohttp.ClientSession, url: str, item: Hostile, timeout_s: float) -> HostileAnswer:
+    started = time.perf_counter()
+    status = None
+    try:
+        async with session.request(item.method, url + item.path, json=item.body,
+                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            await resp.read()
+            status = resp.status
+    except (asyncio.TimeoutError, aiohttp.ClientError):
+        pass
+    return HostileAnswer(item.name, status, round(time.perf_counter() - started, 3), status in item.expect)
+
+
+def hostile_report(answers: list[HostileAnswer]) -> dict[str, Any]:
+    by_name: dict[str, dict[str, Any]] = {}
+    for a in answers:
+        row = by_name.setdefault(a.name, {"sent": 0, "statuses": Counter(), "max_s": 0.0})
+        row["sent"] += 1
+        row["statuses"][str(a.status)] += 1
+        row["max_s"] = max(row["max_s"], a.seconds)
+    return {"sent": len(answers), "refused_as_expected": sum(a.refused for a in answers),
+            "over_bound": sum(a.seconds > HOSTILE_BOUND_S for a in answers), "bound_s": HOSTILE_BOUND_S,
+            "max_s": max((a.seconds for a in answers), default=None),
+            "by_name": {k: {**v, "statuses": dict(v["statuses"])} for k, v in by_name.items()}}
 
 
 # ---- the requests
@@ -131,7 +206,7 @@ def _cut(rng: np.random.Generator) -> Cut:
 class Lane:
     """Shapes sent by their own closed-loop workers."""
 
-    shapes: list[Shape]
+    shapes: list[Shape | Hostile]
     workers: int
 
 
@@ -147,18 +222,21 @@ def lanes(shapes: list[Shape], concurrency: int, smol: str | None, smol_concurre
 
 
 async def run_requests(url: str, plan_lanes: list[Lane], timeout_s: float, deadline: float,
-                       headers: dict[str, str]) -> list[Answer]:
+                       headers: dict[str, str], hostile: list[HostileAnswer]) -> list[Answer]:
     """Each lane's workers send its shapes in order, each the next one when its last ended; none starts after
-    `deadline`."""
+    `deadline`. Hostile ones' answers go to `hostile`."""
     answers: list[Answer] = []
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)  # send() bounds each request itself
 
-    async def worker(pending: Iterator[Shape]) -> None:
+    async def worker(pending: Iterator[Shape | Hostile]) -> None:
         for shape in pending:  # one iterator shared by a lane's workers (one event loop: no races)
             if time.perf_counter() > deadline:
                 return
-            answers.append(await send(session, url, shape, timeout_s))
+            if isinstance(shape, Hostile):
+                hostile.append(await send_hostile(session, url, shape, timeout_s))
+            else:
+                answers.append(await send(session, url, shape, timeout_s))
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
         progress = asyncio.create_task(_progress(answers, sum(len(lane.shapes) for lane in plan_lanes)))
@@ -179,50 +257,6 @@ async def _progress(answers: list[Answer], total: int, every_s: float = 15.0) ->
               + " ".join(f"{k} {v}" for k, v in sorted(counts.items())), flush=True)
 
 
-# ---- the server's state
-class StatsUnavailable(RuntimeError):
-    """/v1/queue/stats did not answer 200 (say, behind a key this run was not given)."""
-
-
-async def read_state(session: aiohttp.ClientSession, url: str, models: list[str]) -> dict[str, ModelState]:
-    async with session.get(url + "/v1/queue/stats") as resp:
-        if resp.status != 200:
-            raise StatsUnavailable(f"/v1/queue/stats answered {resp.status}: {(await resp.text())[:300]}")
-        rows = {r["id"]: r for r in (await resp.json())["models"]}
-    return {m: ModelState(rows.get(m, {}).get("status"), rows.get(m, {}).get("waiting"),
-                          rows.get(m, {}).get("running"), rows.get(m, {}).get("kv_cache_bytes")) for m in models}
-
-
-async def read_health(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    async with session.get(url + "/health") as resp:
-        text = await resp.text()
-    try:
-        status = json.loads(text).get("status")
-    except (ValueError, AttributeError):
-        status = f"not a JSON object: {text[:100]!r}"
-    return {"http_status": resp.status, "status": status}
-
-
-def is_idle(now: ModelState, baseline: ModelState) -> bool:
-    return (now.waiting == 0 and now.running == 0 and now.kv_cache_bytes is not None
-            and now.kv_cache_bytes <= (baseline.kv_cache_bytes or 0))
-
-
-async def settle(session: aiohttp.ClientSession, url: str, baseline: dict[str, ModelState], timeout_s: float) -> Settle:
-    """Poll until every model is idle (running and waiting 0, KV at most its baseline), at most timeout_s."""
-    started = time.perf_counter()
-    unknown = ModelState(None, None, None, None)
-    while True:
-        try:
-            now = await read_state(session, url, list(baseline))
-        except (StatsUnavailable, aiohttp.ClientError, asyncio.TimeoutError):  # a server restarting: not idle yet
-            now = {m: unknown for m in baseline}
-        elapsed = time.perf_counter() - started
-        if all(is_idle(now[m], baseline[m]) for m in baseline) or elapsed > timeout_s:
-            return Settle(all(is_idle(now[m], baseline[m]) for m in baseline), round(elapsed, 1), now)
-        await asyncio.sleep(0.5)
-
-
 # ---- one run
 async def soak(args: argparse.Namespace, url: str, tiny: str, smol: str | None) -> dict[str, Any]:
     mix = Mix(args.requests, args.disconnect_fraction, args.smol_fraction if smol else 0.0, args.stream_fraction,
@@ -232,26 +266,29 @@ async def soak(args: argparse.Namespace, url: str, tiny: str, smol: str | None) 
     headers = {"Authorization": f"Bearer {args.api_key}", "x-api-key": args.api_key} if args.api_key else {}
     shapes = plan(mix, tiny, smol)
     plan_lanes = lanes(shapes, args.concurrency, smol, args.smol_concurrency)
+    plan_lanes[0].shapes = with_hostile(plan_lanes[0].shapes, hostile_catalog(tiny),
+                                        round(args.hostile_fraction * len(shapes)), args.seed)
+    hostile: list[HostileAnswer] = []
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as session:
         health_before, before = await read_health(session, url), await read_state(session, url, models)
+        engines_before = await read_engines(session, url, models)
         started = time.perf_counter()
-        answers = await run_requests(url, plan_lanes, args.request_timeout, started + args.max_seconds, headers)
+        answers = await run_requests(url, plan_lanes, args.request_timeout, started + args.max_seconds, headers,
+                                     hostile)
         wall_s = time.perf_counter() - started
         settled = await settle(session, url, before, args.settle_seconds)
-        health_after = await read_health(session, url)
+        health_after, engines_after = await read_health(session, url), await read_engines(session, url, models)
     report = summarize(answers, len(shapes), wall_s)
+    report["hostile"] = hostile_report(hostile)
+    report["engines_before"], report["engines_after"] = engines_before, engines_after
     report.update(health_before=health_before, health_after=health_after, state_before=asdict_map(before),
                   state_after=asdict_map(settled.models), idle_after=settled.idle, settle_s=settled.seconds)
     report["settings"] = {"url": url, "models": models, "concurrency": args.concurrency,
-                          "lanes": [{"models": sorted({s.model for s in lane.shapes}), "requests": len(lane.shapes),
+                          "lanes": [{"models": sorted({s.model for s in lane.shapes if isinstance(s, Shape)}), "requests": len(lane.shapes),
                                      "workers": lane.workers} for lane in plan_lanes], **asdict(mix),
                           "request_timeout_s": args.request_timeout, "max_seconds": args.max_seconds}
     report["verdict"] = verdict(report)
     return report
-
-
-def asdict_map(states: dict[str, ModelState]) -> dict[str, dict[str, Any]]:
-    return {m: asdict(s) for m, s in states.items()}
 
 
 # ---- where the server is
@@ -328,6 +365,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smol-concurrency", type=int, default=4,
                    help="of the --concurrency workers, those that send the SmolLM2 requests (their own closed loop)")
     p.add_argument("--stream-fraction", type=float, default=0.6, help="of the requests not cut by the client")
+    p.add_argument("--hostile-fraction", type=float, default=0.0,
+                   help="hostile requests added among the normal ones, as a share of them (issue 48: 0.03)")
     p.add_argument("--stop-fraction", type=float, default=0.25, help="requests with stop strings")
     p.add_argument("--json-fraction", type=float, default=0.3, help="SmolLM2 chat requests with JSON-schema output")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens is drawn from 1..this")

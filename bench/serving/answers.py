@@ -314,7 +314,8 @@ class AnthropicStream:
                 r.problems.append(f"{kind} before message_start")
             elif kind == "message_start":
                 self.started = True
-                self.start_input_tokens = event["message"]["usage"]["input_tokens"]
+                start = event["message"]["usage"]  # input_tokens exclude cache reads, as in message_delta
+                self.start_input_tokens = start["input_tokens"] + start.get("cache_read_input_tokens", 0)
             elif kind.startswith("content_block_"):
                 self._block(kind, event)
             elif kind == "message_delta":
@@ -352,7 +353,7 @@ class AnthropicStream:
         r.completion_tokens = usage["output_tokens"]
         r.prompt_tokens = usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
         if self.start_input_tokens is not None and r.prompt_tokens != self.start_input_tokens:
-            r.problems.append(f"message_start input_tokens {self.start_input_tokens} != final input + cache read "
+            r.problems.append(f"message_start input + cache read {self.start_input_tokens} != final input + cache read "
                               f"{r.prompt_tokens}")
 
     def close(self) -> None:

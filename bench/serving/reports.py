@@ -1,5 +1,6 @@
 """The serving benchmarks' reports, read as plain dicts (as in their JSON): bench.serving.compare's side-by-side
-tables and acceptance checks, bench.serving.vision_compare's, and the soak test's summary and verdict (bench/soak.py).
+tables and acceptance checks, bench.serving.vision_compare's, and the soak test's summary, verdict and the server's
+state it reads before and after its run (bench/soak.py).
 
 Issue 27's goals (vision_compare): ours / mlx_vlm.server system tok/s >= 1.0 at 1 stream and >= 1.5 at 8 and 32 (1.0
 below 8, 1.5 from 8 up at other levels); ours with half the requests carrying an image (`image_mix`) >= 0.90 of ours
@@ -8,11 +9,16 @@ with text-only requests of about the same tokens (`text_only`) at the mix level,
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
+
+import aiohttp
 
 from bench.serving.answers import Answer
 from deployments.cli.loadgen.stats import BurstResult, LongPromptResult, percentile
@@ -280,6 +286,11 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
         reasons.append(f"/health answers {report['health_after']} after the run")
     if report["sent"] == 0:
         reasons.append("no request was sent")
+    hostile = report.get("hostile") or {}
+    if hostile.get("sent") and hostile["refused_as_expected"] != hostile["sent"]:
+        reasons.append(f"{hostile['sent'] - hostile['refused_as_expected']} hostile requests not refused as expected")
+    if report.get("engines_before") is not None and report.get("engines_after") != report["engines_before"]:
+        reasons.append("an engine process died or restarted during the run")
     return {"passed": not reasons, "reasons": reasons}
 
 
@@ -307,6 +318,86 @@ def table(report: dict[str, Any]) -> Table:
         logged = report["serve_log_errors"]
         rows.append(["Serve log ERROR lines / tracebacks", f"{logged['error_lines']} / {logged['tracebacks']}"])
     rows.append(["health before -> after", f"{report['health_before']['status']} -> {report['health_after']['status']}"])
+    hostile = report.get("hostile") or {}
+    if hostile.get("sent"):
+        rows.append(["hostile: refused as expected / sent (max s; over 2 s)",
+                     f"{hostile['refused_as_expected']} / {hostile['sent']} ({hostile['max_s']}; {hostile['over_bound']})"])
     passed = report["verdict"]["passed"]
     rows.append(["verdict", "PASS" if passed else "FAIL: " + "; ".join(report["verdict"]["reasons"])])
     return Table("soak", ["", "value"], rows)
+
+
+# ---- the soak's server state: before and after a run, and back to idle
+@dataclass
+class ModelState:
+    """One model's row of /v1/queue/stats."""
+
+    status: str | None
+    waiting: int | None
+    running: int | None
+    kv_cache_bytes: int | None
+
+
+@dataclass
+class Settle:
+    idle: bool
+    seconds: float
+    models: dict[str, ModelState] = field(default_factory=dict)
+
+
+class StatsUnavailable(RuntimeError):
+    """/v1/queue/stats did not answer 200 (say, behind a key this run was not given)."""
+
+
+async def read_state(session: aiohttp.ClientSession, url: str, models: list[str]) -> dict[str, ModelState]:
+    async with session.get(url + "/v1/queue/stats") as resp:
+        if resp.status != 200:
+            raise StatsUnavailable(f"/v1/queue/stats answered {resp.status}: {(await resp.text())[:300]}")
+        rows = {r["id"]: r for r in (await resp.json())["models"]}
+    return {m: ModelState(rows.get(m, {}).get("status"), rows.get(m, {}).get("waiting"),
+                          rows.get(m, {}).get("running"), rows.get(m, {}).get("kv_cache_bytes")) for m in models}
+
+
+async def read_health(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with session.get(url + "/health") as resp:
+        text = await resp.text()
+    try:
+        status = json.loads(text).get("status")
+    except (ValueError, AttributeError):
+        status = f"not a JSON object: {text[:100]!r}"
+    return {"http_status": resp.status, "status": status}
+
+
+def is_idle(now: ModelState, baseline: ModelState) -> bool:
+    return (now.waiting == 0 and now.running == 0 and now.kv_cache_bytes is not None
+            and now.kv_cache_bytes <= (baseline.kv_cache_bytes or 0))
+
+
+async def settle(session: aiohttp.ClientSession, url: str, baseline: dict[str, ModelState], timeout_s: float) -> Settle:
+    """Poll until every model is idle (running and waiting 0, KV at most its baseline), at most timeout_s."""
+    started = time.perf_counter()
+    unknown = ModelState(None, None, None, None)
+    while True:
+        try:
+            now = await read_state(session, url, list(baseline))
+        except (StatsUnavailable, aiohttp.ClientError, asyncio.TimeoutError):  # a server restarting: not idle yet
+            now = {m: unknown for m in baseline}
+        elapsed = time.perf_counter() - started
+        if all(is_idle(now[m], baseline[m]) for m in baseline) or elapsed > timeout_s:
+            return Settle(all(is_idle(now[m], baseline[m]) for m in baseline), round(elapsed, 1), now)
+        await asyncio.sleep(0.5)
+
+
+def asdict_map(states: dict[str, ModelState]) -> dict[str, dict[str, Any]]:
+    return {m: asdict(s) for m, s in states.items()}
+
+
+async def read_engines(session: aiohttp.ClientSession, url: str, models: list[str]) -> dict[str, Any] | None:
+    """Each model's engine pid and restart count (loaded-models): a change across the run is a process death. None
+    where the admin routes are off or need a key this run was not given."""
+    async with session.get(url + "/v1/admin/loaded-models") as resp:
+        if resp.status != 200:
+            return None
+        rows = {r["id"]: r for r in (await resp.json())["data"]}
+    return {m: {"engine_pid": rows.get(m, {}).get("engine_pid"), "engine_restarts": rows.get(m, {}).get("engine_restarts")}
+            for m in models}
