@@ -204,10 +204,17 @@ def test_a_queued_request_gets_headers_at_once_comments_while_it_waits_and_its_o
 
     sent = asyncio.run(scenario())
     assert sent[0].status == 200 and sent[0].headers["content-type"].startswith("text/event-stream")
-    kinds = [kind for _, kind, _ in timeline(sent)]
+    events = timeline(sent)
+    kinds = [kind for _, kind, _ in events]
     start = kinds.index("message_start")
     assert start >= 4 and kinds[:start] == ["comment"] * start
     assert kinds[start + 1] == "ping" and kinds[-2:] == ["message_delta", "message_stop"]
+    # The prompt's count came with the queued chunk, the cache split with the admitted one: both in message_start
+    # (the soak saw input_tokens 0 there for every request that waited).
+    opening = json.loads(events[start][2])["message"]["usage"]
+    final = json.loads(events[-2][2])["usage"]
+    fields = ("input_tokens", "cache_read_input_tokens")
+    assert {f: opening[f] for f in fields} == {f: final[f] for f in fields} and opening["input_tokens"] > 0
 
 
 def test_a_queue_timeout_while_queued_is_an_error_event_in_the_open_stream(tiny_models):
