@@ -30,10 +30,10 @@ except ImportError:  # pragma: no cover
 SPEC_BYTES = 256 * 1024  # a schema, regex or choice list (a forced tool call's regex is built from its schema)
 SCHEMA_DEPTH = 32  # nested objects/arrays of the schema document itself
 ENUM_VALUES = 1024  # values of one enum, or choices of guided_choice
-REPEAT_COUNT = 4096  # any one minLength/maxLength/minItems/maxItems/min-maxProperties or {n,m} bound
-# Regex positions once counted repetitions are unrolled ({n,m} is m copies of its body; nested ones multiply): build
-# time and memory grow about linearly with them.
-REGEX_POSITIONS = 20_000
+REPEAT_COUNT = 2048  # any one minLength/maxLength/minItems/maxItems/min-maxProperties or {n,m} bound
+# Positions that counted repetitions add ({n,m} is m copies of its body; nested ones multiply; plain text and * add
+# none): build time and memory grow about linearly with them, up to ~18 s and ~800 MB for 4,096 of a wide class.
+REGEX_POSITIONS = 4096
 # Keywords counting characters, items or properties: (minimum keyword, maximum keyword).
 _COUNTED = (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"))
 
@@ -70,14 +70,14 @@ def check_regex_size(regex: str, param: str, reach: OutputReach) -> None:
     except (re.error, RecursionError, OverflowError):
         return
     try:
-        shortest, positions = _measure(list(parsed), param)
+        size = _measure(list(parsed), param)
     except RecursionError:
         _refuse(param, "the pattern nests too deeply")
-    if positions > REGEX_POSITIONS:
-        _refuse(param, f"its counted repetitions unroll to {positions:,} positions, over the limit of "
+    if size.unrolled > REGEX_POSITIONS:
+        _refuse(param, f"its counted repetitions unroll to {size.unrolled:,} positions, over the limit of "
                        f"{REGEX_POSITIONS:,}")
-    if shortest > reach.chars:
-        _refuse(param, f"its shortest match is {shortest:,} characters, more than max_tokens {reach.max_tokens} "
+    if size.shortest > reach.chars:
+        _refuse(param, f"its shortest match is {size.shortest:,} characters, more than max_tokens {reach.max_tokens} "
                        f"can ever write (at most {reach.chars:,})")
 
 
@@ -133,31 +133,37 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _measure(items: list, param: str) -> tuple[int, int]:
-    """(shortest match, unrolled positions) of a parsed regex sequence."""
-    shortest = positions = 0
+@dataclass
+class _Size:
+    shortest: int = 0  # characters of the shortest match
+    positions: int = 0  # every position, counted repetitions unrolled
+    unrolled: int = 0  # the positions that exist because a counted repetition copies its body (what costs)
+
+
+def _measure(items: list, param: str) -> _Size:
+    """The size of a parsed regex sequence."""
+    size = _Size()
     for op, arg in items:
         if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT, getattr(_sre, "POSSESSIVE_REPEAT", None)):
             low, high, body = arg
-            body_shortest, body_positions = _measure(list(body), param)
+            inner = _measure(list(body), param)
             for bound in (low, high):
                 if bound != _sre.MAXREPEAT and bound > REPEAT_COUNT:
                     _refuse(param, f"a repetition count of {bound:,} is over the limit of {REPEAT_COUNT:,}")
             copies = max(1, low if high == _sre.MAXREPEAT else high)
-            shortest += low * body_shortest
-            positions += copies * body_positions
-        elif op in (_sre.SUBPATTERN, getattr(_sre, "ATOMIC_GROUP", None)):
-            body_shortest, body_positions = _measure(list(arg[-1] if op == _sre.SUBPATTERN else arg), param)
-            shortest, positions = shortest + body_shortest, positions + body_positions
-        elif op == _sre.BRANCH:
-            measured = [_measure(list(branch), param) for branch in arg[1]]
-            shortest += min(m[0] for m in measured)
-            positions += sum(m[1] for m in measured)
-        elif op in (_sre.AT, _sre.ASSERT, _sre.ASSERT_NOT):
-            continue
-        else:  # a literal, a class, `.`: one character
-            shortest, positions = shortest + 1, positions + 1
-    return shortest, positions
+            size.shortest += low * inner.shortest
+            size.positions += copies * inner.positions
+            size.unrolled += copies * inner.positions if copies > 1 else inner.unrolled
+        elif op in (_sre.SUBPATTERN, getattr(_sre, "ATOMIC_GROUP", None), _sre.BRANCH):
+            bodies = arg[1] if op == _sre.BRANCH else [arg[-1] if op == _sre.SUBPATTERN else arg]
+            inner_sizes = [_measure(list(body), param) for body in bodies]
+            size.shortest += min(i.shortest for i in inner_sizes)  # one branch, or the group's one body
+            size.positions += sum(i.positions for i in inner_sizes)
+            size.unrolled += sum(i.unrolled for i in inner_sizes)
+        elif op not in (_sre.AT, _sre.ASSERT, _sre.ASSERT_NOT):  # a literal, a class, `.`: one character
+            size.shortest += 1
+            size.positions += 1
+    return size
 
 
 __all__ = ["ENUM_VALUES", "OutputReach", "REGEX_POSITIONS", "REPEAT_COUNT", "SCHEMA_DEPTH", "SPEC_BYTES",

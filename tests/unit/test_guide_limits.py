@@ -96,3 +96,13 @@ def test_enum_choices_depth_and_size_limits() -> None:
     assert f"nests deeper than the limit of {SCHEMA_DEPTH}" in refusal(schema(nested))
     huge = GuidedDecoding("regex", "a" * (SPEC_BYTES + 1), param="guided_regex")
     assert f"over the limit of {SPEC_BYTES:,}" in refusal(huge)
+
+
+def test_plain_text_and_unbounded_repetition_cost_nothing() -> None:
+    # A forced tool call's regex is mostly literal text (names, keys): only counted repetitions are unrolled.
+    wide = OutputReach(max_tokens=10**6, token_chars=16)
+    check_regex_size("x" * (REGEX_POSITIONS * 3) + "[a-z]*", "tool_choice", wide)
+    check_regex_size(f"(([a-z]{{{REPEAT_COUNT}}}){{{REGEX_POSITIONS // REPEAT_COUNT}}})*", "tool_choice", wide)  # at it
+    message = refusal(GuidedDecoding("regex", f"[a-z]{{{REPEAT_COUNT}}}[0-9]{{{REGEX_POSITIONS - REPEAT_COUNT}}}[A-Z]{{2}}",
+                                     param="guided_regex"), wide)
+    assert f"unroll to {REGEX_POSITIONS + 2:,} positions" in message
