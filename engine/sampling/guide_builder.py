@@ -32,9 +32,22 @@ BUILD_SECONDS = 20.0
 MEMORY_BOUNDS = (1 << 30, 4 << 30)
 
 # The child: reads the vocabulary, then regexes; answers ("ok", index) or ("error", message). It imports nothing
-# of Orchard, so it starts in ~0.1 s; a build over RLIMIT_AS aborts it (Rust aborts on a failed allocation).
+# of Orchard, so it starts in ~0.1 s; a build over RLIMIT_AS aborts it (Rust aborts on a failed allocation), and
+# where the kernel does not enforce RLIMIT_AS (macOS) a resident-size watchdog ends it.
 _CHILD_SOURCE = r"""
-import pickle, resource, struct, sys
+import os, pickle, resource, struct, sys, threading, time
+def rss():  # resident bytes now (Linux); the peak elsewhere (macOS: bytes)
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+def watch(limit):  # macOS does not enforce RLIMIT_AS: the cap holds there through this
+    while True:
+        if rss() > limit:
+            os._exit(86)
+        time.sleep(0.05)
 def read():
     head = sys.stdin.buffer.read(8)
     if len(head) < 8:
@@ -45,7 +58,11 @@ def write(reply):
     sys.stdout.buffer.write(struct.pack("<Q", len(data)) + data)
     sys.stdout.buffer.flush()
 limit = int(sys.argv[1])
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+except (ValueError, OSError):
+    pass
+threading.Thread(target=watch, args=(limit,), daemon=True).start()
 from outlines_core import Index
 vocabulary = read()
 while True:
