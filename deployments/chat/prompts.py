@@ -12,6 +12,15 @@ from engine.vision.inputs import VisionInputs
 from engine.output.request_output import TokenLogprob
 from deployments.model_calls import ChatPrompt, TextPrompt, TokenLogprobInfo, TopTokenLogprob
 
+# apply_chat_template's own parameters: a request's chat_template_kwargs may set the template's variables
+# (enable_thinking, reasoning_effort, ...), never these. "chat_template" would swap the model's template for the
+# client's own: sandboxed Jinja, so no code runs, but its loops can hold a tokenize thread without bound.
+TEMPLATE_CALL_PARAMETERS = frozenset({
+    "chat_template", "tools", "documents", "add_generation_prompt", "continue_final_message", "tokenize", "padding",
+    "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "conversation", "messages",
+})
+
 
 @dataclass
 class EncodedPrompt:
@@ -88,6 +97,11 @@ class PromptEncoder:
     def _render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]
     ) -> str:
+        for key in kwargs:
+            if key in TEMPLATE_CALL_PARAMETERS:
+                raise InvalidRequestError(
+                    f"'chat_template_kwargs.{key}' is not a template variable but a parameter of the template call; "
+                    "the model's own template and settings apply", param=f"chat_template_kwargs.{key}")
         try:
             return self._tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs

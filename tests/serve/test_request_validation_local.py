@@ -247,3 +247,20 @@ def test_a_request_whose_kv_cannot_fit_the_budget_is_400_naming_the_numbers(tiny
     usage = unbounded.json()["usage"]
     assert usage["prompt_tokens"] + usage["completion_tokens"] == KV_BUDGET_TOKENS
     assert unbounded.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_template_call_parameters_in_chat_template_kwargs_are_400s(alpha):
+    """chat_template_kwargs sets the template's variables; a key that is a parameter of the template call itself
+    ("chat_template" would swap in the client's own Jinja) is refused, naming it; a variable still works."""
+    swap = {"chat_template": "{% for i in range(99999999) %}x{% endfor %}"}
+
+    async def scenario():
+        async with local_stack([alpha]) as stack:
+            return [await post(stack, "/v1/chat/completions", chat(chat_template_kwargs=swap)),
+                    await post(stack, "/v1/messages", messages(chat_template_kwargs={"tokenize": True})),
+                    await post(stack, "/v1/chat/completions", chat(chat_template_kwargs={"enable_thinking": False}))]
+
+    swapped, tokenize, variable = asyncio.run(scenario())
+    assert_openai_400(swapped, "chat_template_kwargs.chat_template", "not a template variable")
+    assert_anthropic_400(tokenize, "chat_template_kwargs.tokenize", "not a template variable")
+    assert variable.status_code == 200, variable.text
