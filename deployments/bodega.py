@@ -20,12 +20,7 @@ ALIASES = {
 }
 
 # Bodega fields with no Orchard meaning yet: why each is refused.
-UNSUPPORTED = {
-    "prompt_cache_size": (
-        "Bodega's 'prompt_cache_size' counts cached prompts; Orchard caches prompt KV in blocks within a byte "
-        "budget: set 'prefix_cache_bytes' instead"
-    ),
-}
+UNSUPPORTED: dict[str, str] = {}
 # Bodega's speculative-decoding fields, mapped onto our `speculative:` (deployments/speculative.py).
 DRAFT_FIELDS = ("draft_model_path", "num_draft_tokens")
 DEFAULT_MAX_CONCURRENCY = 1  # sequential mode's sequences at once
@@ -38,6 +33,9 @@ BODEGA_ONLY_FIELDS = {
     "draft_model_path": "a draft model: speculative with method draft and this draft_model_path",
     "num_draft_tokens": "with draft_model_path, speculative.num_draft_tokens; alone, n-gram prompt lookup with that "
                         "many drafts",
+    "prompt_cache_size": "Bodega's prompt cache slots (default 0); Orchard's block prefix cache caches recurring "
+                         "prompts on its own (enable_prefix_cache, within prefix_cache_bytes): accepted, and a "
+                         "size above 0 with enable_prefix_cache false is refused",
 }
 
 
@@ -58,6 +56,7 @@ def from_bodega(fields: Any) -> Any:
         fields[ours] = fields.pop(bodega)
     _apply_draft_fields(fields)
     _apply_sequential_mode(fields)
+    _apply_prompt_cache_size(fields)
     return fields
 
 
@@ -92,3 +91,15 @@ def _apply_sequential_mode(fields: dict[str, Any]) -> None:
         if name in fields:
             raise ValueError(f"'{name}' cannot be set with continuous_batching: false (use max_concurrency)")
         fields[name] = concurrency
+
+
+def _apply_prompt_cache_size(fields: dict[str, Any]) -> None:
+    """Bodega's prompt cache slots: what they ask for (recurring prompts served from cache) is Orchard's prefix cache,
+    on by default; only a contradiction is refused."""
+    size = fields.pop("prompt_cache_size", None)
+    if size is None:
+        return
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError("'prompt_cache_size' must be an integer >= 0")
+    if size > 0 and fields.get("enable_prefix_cache") is False:
+        raise ValueError("'prompt_cache_size' asks for prompt caching, which 'enable_prefix_cache: false' turns off")

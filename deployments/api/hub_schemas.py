@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deployments.api.errors import wire_error
 from deployments.hub.cache import CachedModel, HubVerification
@@ -27,9 +27,21 @@ class DownloadRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    repo_id: str = Field(min_length=1, max_length=200, description="owner/name")
+    repo_id: str = Field(min_length=1, max_length=200, description="owner/name (Bodega's docs send it as model_path)")
     revision: str | None = Field(None, min_length=1, max_length=255, description="branch, tag or commit (main)")
     token: str | None = Field(None, min_length=1, max_length=1000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bodega_model_path(cls, body: Any) -> Any:
+        """Bodega's documented body names the repo `model_path`; ours `repo_id`. Either, never both."""
+        if not isinstance(body, dict) or "model_path" not in body:
+            return body
+        if "repo_id" in body:
+            raise ValueError("'model_path' and 'repo_id' name the same repo: give one")
+        body = dict(body)
+        body["repo_id"] = body.pop("model_path")
+        return body
 
 
 def download_state(job: DownloadJob, event: DownloadEvent | None = None) -> dict[str, Any]:

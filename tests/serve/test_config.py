@@ -56,7 +56,8 @@ def test_unknown_fields_are_refused_by_name():
         ({"reasoning_parser": "nope"}, "unknown parser"),
         ({"cb_max_num_seqs": 0}, "max_num_seqs"),
         ({"cb_max_num_seqs": 4, "max_num_seqs": 8}, "name the same setting"),
-        ({"prompt_cache_size": 10}, "counts cached prompts.*prefix_cache_bytes"),
+        ({"prompt_cache_size": -1}, "'prompt_cache_size' must be an integer >= 0"),
+        ({"prompt_cache_size": 10, "cb_enable_prefix_cache": False}, "asks for prompt caching"),
         ({"draft_model_path": "/m/draft", "speculative": {"method": "ngram"}},
          "'draft_model_path' and 'speculative' both configure speculative decoding: give one"),
         ({"num_draft_tokens": 2, "speculative": {}}, "'num_draft_tokens' and 'speculative' both configure"),
@@ -279,3 +280,11 @@ def test_model_process_gil_switch_interval(tiny_models, interval_ms, expected_s)
     finally:
         sys.setswitchinterval(previous)
     assert ModelConfig(model_path="x").advanced.gil_switch_interval_ms == 0.5
+
+
+def test_bodega_prompt_cache_size_is_accepted_as_the_prefix_cache():
+    # Bodega's docs load a model with "prompt_cache_size": 25 (its default 0): recurring prompts come from cache,
+    # which Orchard's block prefix cache does on its own.
+    for size in (0, 25):
+        assert ModelConfig.model_validate({"model_path": "default", "prompt_cache_size": size}) == \
+            ModelConfig(model_path="default")

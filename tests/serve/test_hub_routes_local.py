@@ -389,3 +389,27 @@ def test_a_quiet_stream_sends_keep_alives_and_loses_no_event(hub, manager):
     weights = [d for _, d in events if d.get("current_file") == "model.safetensors"]
     assert [d["files_done"] for d in weights] == [1, 1, 2] and weights[-1]["progress"] == 100.0
     assert Path(events[-1][1]["snapshot_path"], "model.safetensors").read_bytes() == data
+
+
+def test_bodegas_documented_download_body_works_on_both_routes(hub, manager):
+    """Bodega's docs download with {"model_path": "SRSWTI/bodega-raptor-8b-mxfp4"} (Orchard's own name is repo_id):
+    the plain route answers 202 for that repo, the stream sends status/progress events to completed; both names at
+    once are a 400."""
+    documented = "SRSWTI/bodega-raptor-8b-mxfp4"
+    hub.add_repo(documented, {"config.json": b'{"model_type": "llama"}', "model.safetensors": random_bytes(MIB, 9)})
+
+    async def scenario():
+        async with local_stack([], downloads=manager) as stack:
+            streamed = await stack.http.post("/v1/admin/download-model-stream", json={"model_path": documented})
+            plain = await stack.http.post("/v1/admin/download-model", json={"model_path": documented})
+            both = await stack.http.post("/v1/admin/download-model", json={"model_path": documented, "repo_id": "a/b"})
+            return streamed, plain, both
+
+    streamed, plain, both = asyncio.run(scenario())
+    events = _sse(streamed.text)
+    assert streamed.status_code == 200 and events[-1][0] == "completed"
+    assert all({"status", "progress", "repo_id"} <= set(data) for _, data in events)
+    assert events[-1][1]["repo_id"] == documented and events[-1][1]["progress"] == 100.0
+    assert any(data.get("current_file") for _, data in events)
+    assert plain.status_code == 202 and plain.json()["repo_id"] == documented
+    assert both.status_code == 400 and "give one" in both.json()["error"]["message"]
