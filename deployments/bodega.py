@@ -27,9 +27,9 @@ DEFAULT_MAX_CONCURRENCY = 1  # sequential mode's sequences at once
 # Bodega's fields that are none of ours, and what each becomes (docs/configuration.md lists them).
 BODEGA_ONLY_FIELDS = {
     "continuous_batching": "false: sequential mode, at most max_concurrency sequences at once (sets max_prefill_seqs "
-                           "and max_decode_seqs; default true)",
-    "max_concurrency": f"the sequences sequential mode runs at once (default {DEFAULT_MAX_CONCURRENCY}; ignored with "
-                       "continuous batching)",
+                           "and max_decode_seqs; default true, and false when max_concurrency is given, as in Bodega)",
+    "max_concurrency": f"the sequences sequential mode runs at once (default {DEFAULT_MAX_CONCURRENCY}; given without "
+                       "continuous_batching, it means sequential mode; ignored with continuous_batching: true)",
     "draft_model_path": "a draft model: speculative with method draft and this draft_model_path",
     "num_draft_tokens": "with draft_model_path, speculative.num_draft_tokens; alone, n-gram prompt lookup with that "
                         "many drafts",
@@ -78,8 +78,10 @@ def _apply_draft_fields(fields: dict[str, Any]) -> None:
 
 
 def _apply_sequential_mode(fields: dict[str, Any]) -> None:
-    """`continuous_batching: false` runs at most `max_concurrency` (default 1) sequences at once."""
-    batching = fields.pop("continuous_batching", True)
+    """`continuous_batching: false` runs at most `max_concurrency` (default 1) sequences at once. Bodega's own default
+    is sequential, so a body naming `max_concurrency` without `continuous_batching` means that too; a body naming
+    neither keeps Orchard's default, continuous batching."""
+    batching = fields.pop("continuous_batching", "max_concurrency" not in fields)
     concurrency = fields.pop("max_concurrency", DEFAULT_MAX_CONCURRENCY)
     if not isinstance(batching, bool):
         raise ValueError("'continuous_batching' must be true or false")

@@ -106,6 +106,9 @@ def test_bodega_names_and_sequential_mode_map_to_our_fields():
     assert (sequential.max_prefill_seqs, sequential.max_decode_seqs) == (2, 2)
     assert ModelConfig.model_validate({"model_path": "default", "continuous_batching": True, "max_concurrency": 5}) \
         == ModelConfig(model_path="default")  # max_concurrency only applies in sequential mode
+    # Bodega's docs load with "max_concurrency": 1 and no continuous_batching: its default, sequential mode.
+    documented = ModelConfig.model_validate({"model_path": "default", "max_concurrency": 1})
+    assert (documented.max_prefill_seqs, documented.max_decode_seqs) == (1, 1)
 
 
 def test_speculative_decoding_from_our_field_and_bodegas():
