@@ -143,7 +143,8 @@ def loaded_model(entry: ModelEntry) -> dict[str, Any]:
         "status": entry.current_status.value,
         "pid": info.pid if info else None,
         "engine_pid": info.engine_pid if info else None,
-        "memory": _memory(info.memory) if info else None,
+        # {} until the model reports: Bodega's docs read it as model.get("memory", {}).get(...), which None breaks.
+        "memory": _memory(info.memory) if info else {},
         "engine_restarts": info.engine_restarts if info else None,
         "error": entry.current_error,
     }

@@ -105,6 +105,8 @@ def test_failed_load_reports_why_and_the_rest_keep_serving(tiny_models, tmp_path
             await wait_for(lambda: _is(stack, "broken", "failed"))
             detail = next(m for m in (await http.get("/v1/admin/loaded-models")).json()["data"] if m["id"] == "broken")
             assert "no_such_architecture" in detail["error"] and detail["pid"] is None
+            # Bodega's docs read model.get("memory", {}).get("total_mb", 0): an object even with no figures.
+            assert detail["memory"] == {} and detail["memory"].get("total_mb", 0) == 0
             refused = await http.post("/v1/chat/completions", json={"model": "broken", **CHAT})
             assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_load_failed"
             assert (await http.post("/v1/chat/completions", json={"model": "alpha", **CHAT})).status_code == 200
