@@ -156,15 +156,12 @@ async def _sse_body(
     keep-alive after every keepalive_s without one."""
     tally = tally or untracked()
     chunk: StreamChunk | None = first
-    prompt_tokens = first.prompt_tokens
-    while chunk is None or _queued_only(chunk):
-        if chunk is None:
+    while _queued_only(chunk):
+        later = await chunks.next(keepalive_s)
+        if later is None:
             yield renderer.sse_waiting()
-        elif chunk.prompt_tokens is not None:
-            prompt_tokens = chunk.prompt_tokens
-        chunk = await chunks.next(keepalive_s)
-    if chunk.prompt_tokens is None:  # told by the queued chunk; the opening event needs it too (message_start)
-        chunk.prompt_tokens = prompt_tokens
+        else:  # merged, not dropped: what the queued chunk told (the prompt's count) opens the stream too
+            chunk.merge(later)
     text = renderer.sse_start(chunk) if chunk.error is None else ""
     while True:
         if chunk.is_last:
