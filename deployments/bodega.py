@@ -19,8 +19,20 @@ ALIASES = {
     "cb_enable_prefix_cache": "enable_prefix_cache",
 }
 
-# Bodega fields with no Orchard meaning yet: why each is refused.
-UNSUPPORTED: dict[str, str] = {}
+# Bodega fields with no Orchard meaning yet: why each is refused (any value but null).
+UNSUPPORTED: dict[str, str] = {
+    "lora_paths": "'lora_paths': LoRA adapters are not served yet (Orchard would have to fuse them at load)",
+    "lora_scales": "'lora_scales': LoRA adapters are not served yet (Orchard would have to fuse them at load)",
+    "config_name": "'config_name' names an image-generation or image-edit model, which this server does not serve "
+                   "yet",
+}
+# Bodega's model types that Orchard does not serve yet (its own are lm, multimodal and embedding).
+UNSERVED_MODEL_TYPES = {
+    "image-generation": "model_type 'image-generation': image generation is not served yet (POST "
+                        "/v1/images/generations answers 501); served model types: lm, multimodal, embedding",
+    "image-edit": "model_type 'image-edit': image editing is not served yet (POST /v1/images/edits answers 501); "
+                  "served model types: lm, multimodal, embedding",
+}
 # Bodega's speculative-decoding fields, mapped onto our `speculative:` (deployments/speculative.py).
 DRAFT_FIELDS = ("draft_model_path", "num_draft_tokens")
 DEFAULT_MAX_CONCURRENCY = 1  # sequential mode's sequences at once
@@ -33,6 +45,10 @@ BODEGA_ONLY_FIELDS = {
     "draft_model_path": "a draft model: speculative with method draft and this draft_model_path",
     "num_draft_tokens": "with draft_model_path, speculative.num_draft_tokens; alone, n-gram prompt lookup with that "
                         "many drafts",
+    "enable_auto_tool_choice": "accepted, either value: Orchard parses tool calls whenever a request sends tools "
+                               "(tool_choice auto, as OpenAI)",
+    "disable_auto_resize": "false (the default) accepted: images are resized as the model's processor says; true is "
+                           "refused (Orchard does not serve images at other sizes)",
     "prompt_cache_size": "Bodega's prompt cache slots (default 0); Orchard's block prefix cache caches recurring "
                          "prompts on its own (enable_prefix_cache, within prefix_cache_bytes): accepted, and a "
                          "size above 0 with enable_prefix_cache false is refused",
@@ -44,6 +60,10 @@ def from_bodega(fields: Any) -> Any:
     if not isinstance(fields, dict):
         return fields  # pydantic reports the type
     fields = dict(fields)
+    model_type = fields.get("model_type")
+    if isinstance(model_type, str) and model_type in UNSERVED_MODEL_TYPES:
+        raise ValueError(UNSERVED_MODEL_TYPES[model_type])
+    _drop_no_op_fields(fields)
     for name, why in UNSUPPORTED.items():
         if fields.get(name) is not None:
             raise ValueError(why)
@@ -58,6 +78,19 @@ def from_bodega(fields: Any) -> Any:
     _apply_sequential_mode(fields)
     _apply_prompt_cache_size(fields)
     return fields
+
+
+def _drop_no_op_fields(fields: dict[str, Any]) -> None:
+    """Bodega's switches whose accepted values change nothing here (BODEGA_ONLY_FIELDS says why)."""
+    choice = fields.pop("enable_auto_tool_choice", None)
+    if choice is not None and not isinstance(choice, bool):
+        raise ValueError("'enable_auto_tool_choice' must be true or false")
+    resize = fields.pop("disable_auto_resize", None)
+    if resize is not None and not isinstance(resize, bool):
+        raise ValueError("'disable_auto_resize' must be true or false")
+    if resize:
+        raise ValueError("'disable_auto_resize: true' is not served: images are always resized as the model's "
+                         "processor says")
 
 
 def _apply_draft_fields(fields: dict[str, Any]) -> None:

@@ -123,10 +123,9 @@ class ModelConfig(EngineKnobs):
         None, description=f"one of {', '.join(REASONING_PARSER_NAMES)} (null: inferred from the chat template)")
     trust_remote_code: bool = Field(
         False, description="let mlx-lm run the model folder's own Python (serve_config.yaml only)")
-    # Over the admin API a client would make the server fetch gigabytes.
     auto_download: bool | None = Field(
-        None, description="download a Hugging Face repo id that is not in the local cache first (null: yes in "
-        "serve_config.yaml, no over the admin API)")
+        None, description="download a Hugging Face repo id that is not in the local cache first (null: yes; "
+        "false: an uncached repo is refused)")
     revision: str | None = Field(None, description="with a repo id: the branch, tag or commit to load (null: main)")
     gguf_file: str | None = Field(
         None, pattern=r"^[A-Za-z0-9._-]+\.gguf$", description="with a repo id: the .gguf file of the repo to load "

@@ -190,7 +190,7 @@ def hub_source(config: ModelConfig) -> Path:
         what = f"'{config.gguf_file}' of '{config.model_path}'" if config.gguf_file else f"'{config.model_path}'"
         raise InvalidRequestError(
             f"'model_path' {what} is not in the local Hugging Face cache (or not completely): download it first "
-            "(POST /v1/admin/download-model, or `orchard pull`), or set auto_download: true",
+            "(POST /v1/admin/download-model, or `orchard pull`), or leave auto_download unset",
             param="model_path",
         )
     return source

@@ -51,6 +51,12 @@ class ModelNotFoundError(OrchardError):
     code = "model_not_found"
 
 
+class NoModelsLoadedError(OrchardError):
+    """A request for a model while the server has none at all (Bodega's 503 "No model loaded")."""
+
+    code = "no_models_loaded"
+
+
 class ModelLoadError(OrchardError):
     code = "model_load_failed"
 

@@ -18,7 +18,6 @@ from deployments.hub.events import (
     DownloadProgress,
 )
 
-CACHE_OWNER = "huggingface-cache"  # owned_by of a cached repo that no loaded model serves
 
 
 class DownloadRequest(BaseModel):
@@ -87,8 +86,8 @@ def cache_fields(cached: CachedModel) -> dict[str, Any]:
 
 
 def cached_model_card(cached: CachedModel, created: int, downloading: bool) -> dict[str, Any]:
-    """A cached repo that no model serves, as an entry of OpenAI's model list."""
-    return {"id": cached.repo_id, "object": "model", "created": created, "owned_by": CACHE_OWNER,
+    """A cached repo as an entry of OpenAI's model list, owned by the repo's owner (as Bodega lists it)."""
+    return {"id": cached.repo_id, "object": "model", "created": created, "owned_by": cached.repo_id.split("/")[0],
             "status": "downloading" if downloading else "cached", **cache_fields(cached)}
 
 

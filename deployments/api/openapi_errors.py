@@ -40,7 +40,11 @@ _MEANING = {
          "text, or its reader's time or memory)",
     429: "The model's queue is full; retry after Retry-After seconds",
     500: "Internal server error",
-    503: "The model is loading, failed, unhealthy or its queue wait timed out (or RAG's embedder is not running); retry later",
+    501: "A documented route this server does not serve yet (Bodega's image generation and edits)",
+    502: "A Hugging Face download the request waited for failed (the Hub's or the network's error)",
+    503: "No model is loaded, or the model is loading, failed, unhealthy or its queue wait timed out (or RAG's "
+         "embedder is not running); retry later",
+    507: "The disk holding the Hugging Face cache is full",
 }
 
 # Every route can answer these: the body limit and the last-resort handler apply everywhere.
@@ -51,8 +55,9 @@ LISTING = (401, *ANY_ROUTE)
 MODEL_LISTING = (400, 401, *ANY_ROUTE)  # GET /v1/models: its ?verify_with_hub= must be a boolean
 MODEL_LOOKUP = (401, 404, *ANY_ROUTE)
 STORED_RESPONSE = (401, 404, *ANY_ROUTE)
-ADMIN_LOAD = (400, 401, 403, 409, 503, *ANY_ROUTE)
-ADMIN_UNLOAD = (401, 403, 404, 409, 503, *ANY_ROUTE)
+# A load waited for answers its download's errors too (a missing repo 404, a failed transfer 502, a full disk 507).
+ADMIN_LOAD = (400, 401, 403, 404, 409, 502, 503, 507, *ANY_ROUTE)
+ADMIN_UNLOAD = (400, 401, 403, 404, 409, 503, *ANY_ROUTE)
 ADMIN_LISTING = (401, 403, *ANY_ROUTE)
 # Hugging Face downloads: a bad repo id or revision is 400; the transfer's own failures arrive later, as the
 # download's state (SSE error event, GET /v1/admin/downloads).

@@ -91,7 +91,9 @@ def document_out(document: DocumentInfo, status: str | None = None) -> dict[str,
     body: dict[str, Any] = {"object": "rag.document", **dataclasses.asdict(document)}
     body["created_at"] = int(document.created_at)
     if status is not None:
-        body["status"] = status
+        # Bodega's upload answers status "indexed"; the same bytes uploaded again are indexed already (kept once).
+        body["status"] = "indexed"
+        body["already_indexed"] = status == "already_indexed"
     return body
 
 

@@ -18,7 +18,8 @@ WORKLOADS = {"chat": "mixed", "same": "same", "long": "long", "burst": "burst"}
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("bench", help="benchmark a running server (and another OpenAI-compatible one)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default=DEFAULT_URL, help=f"the server to load (default {DEFAULT_URL})")
+    p.add_argument("--url", default=None, help=f"the server to load (default: $ORCHARD_URL, the one `orchard serve` "
+                   f"runs, or {DEFAULT_URL})")
     p.add_argument("--against", default=None, help="a second OpenAI-compatible server, run after the first")
     p.add_argument("--model", default=None, help="model id at --url (default: the first it lists)")
     p.add_argument("--against-model", default=None, help="model id at --against (default: --model's, if listed, "

@@ -37,6 +37,7 @@ from deployments.cli.loadgen.workloads import SWEEP_WORKLOADS, LoadSettings
 from deployments.cli.server_client import (
     auth_headers,
     base_url,
+    default_url,
     is_loopback,
     not_running_message,
 )
@@ -121,7 +122,7 @@ def load_settings(args: argparse.Namespace, workloads: dict[str, str]) -> LoadSe
 
 def resolve_targets(args: argparse.Namespace) -> list[BenchTarget]:
     names = [n.strip() for n in args.names.split(",")]
-    urls = [args.url] + ([args.against] if args.against else [])
+    urls = [args.url or default_url()] + ([args.against] if args.against else [])
     if len(names) < len(urls) or len(set(names[: len(urls)])) < len(urls) or not all(names[: len(urls)]):
         raise BenchRefused(f"--names: {len(urls)} different labels, comma-separated (got {args.names!r})")
     targets, wanted = [], [args.model, args.against_model]

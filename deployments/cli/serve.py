@@ -23,7 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from deployments.cli.server_client import ServerError, served_models, server_health, server_readiness
+from deployments.cli.server_client import (
+    ServerError, forget_server_url, orchard_home, record_server_url, served_models, server_health, server_readiness,
+)
 
 DEFAULT_CONFIG = "serve_config.yaml"
 DASHBOARD_LINE = re.compile(r"View the dashboard at (\S+)")
@@ -39,14 +41,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--address", default="local", help="Ray to use (default: a new local Ray, stopped with the "
                        "server; `auto`: a running cluster, left running)")
     serve.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for /ready before giving up")
+    serve.add_argument("--port", type=int, default=None, help="the HTTP port (default: the config's "
+                       "http_options.port; 44468 answers clients written for Bodega); orchard chat/top/bench find it")
 
 
 @dataclass
 class ServeTarget:
-    config_path: Path
+    config_path: Path  # as named; run_path is what `serve run` reads (a copy on another --port)
     host: str
     port: int
     url: str
+    run_path: Path
 
 
 @dataclass
@@ -82,14 +87,14 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        target = _read_target(Path(args.config))
+        target = _read_target(Path(args.config), args.port)
         _check_port_free(target)
     except ServerError as exc:
         print(f"orchard serve: {exc}", file=sys.stderr)
         return 1
     output = ChildOutput(_log_path(), args.verbose)
     child = subprocess.Popen(
-        [sys.executable, "-m", "ray.serve.scripts", "run", "--address", args.address, str(target.config_path)],
+        [sys.executable, "-m", "ray.serve.scripts", "run", "--address", args.address, str(target.run_path)],
         env=_child_env(),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         start_new_session=True,  # Ctrl-C reaches us only; we hand it to serve run, which then shuts Serve down
@@ -100,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         if not _wait_healthy(child, target, output, args.timeout):
             _stop(child)
             return 1
+        record_server_url(target.url)
         child.wait()  # until Ctrl-C
         print(f"orchard serve: serve run exited with {child.returncode}; its log: {output.log_path}", file=sys.stderr)
         print("".join(output.tail[-20:]), file=sys.stderr)
@@ -107,9 +113,13 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nstopping: shutting Serve and the Ray it started down ...", flush=True)
         return 0 if _stop(child) else 1
+    finally:
+        forget_server_url(target.url)
 
 
-def _read_target(config_path: Path) -> ServeTarget:
+def _read_target(config_path: Path, port: int | None = None) -> ServeTarget:
+    """Where the config serves; with `port`, a copy of the config that serves there (its relative paths resolve
+    from the working directory, as the original's do, so the copy may live elsewhere)."""
     if not config_path.is_file():
         raise ServerError(f"no config file {config_path} (run from the repository's root, or name one)")
     try:
@@ -117,9 +127,18 @@ def _read_target(config_path: Path) -> ServeTarget:
     except yaml.YAMLError as exc:
         raise ServerError(f"{config_path} is not valid YAML: {exc}") from exc
     http = config.get("http_options") or {}
-    host, port = str(http.get("host", "127.0.0.1")), int(http.get("port", 8000))
+    host = str(http.get("host", "127.0.0.1"))
+    run_path = config_path.resolve()
+    if port is not None:
+        if not 0 < port < 65536:
+            raise ServerError(f"--port {port} is not a TCP port")
+        config["http_options"] = {**http, "port": port}
+        run_path = orchard_home() / "run" / f"{config_path.stem}.port-{port}.yaml"
+        run_path.parent.mkdir(parents=True, exist_ok=True)
+        run_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    port = int(port if port is not None else http.get("port", 8000))
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    return ServeTarget(config_path.resolve(), host, port, f"http://{shown}:{port}")
+    return ServeTarget(config_path.resolve(), host, port, f"http://{shown}:{port}", run_path)
 
 
 def _check_port_free(target: ServeTarget) -> None:
@@ -141,8 +160,7 @@ def _child_env() -> dict[str, str]:
 
 
 def _log_path() -> Path:
-    home = os.environ.get("ORCHARD_HOME")
-    folder = (Path(home) if home else Path.home() / ".cache" / "orchard") / "logs"
+    folder = orchard_home() / "logs"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / "serve.log"
 

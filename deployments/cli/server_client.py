@@ -7,6 +7,7 @@ import ipaddress
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -36,7 +37,38 @@ class ServedModel:
 
 
 def default_url() -> str:
-    return os.environ.get("ORCHARD_URL", DEFAULT_URL)
+    """$ORCHARD_URL, else the server `orchard serve` runs on this machine (its --port), else DEFAULT_URL."""
+    if "ORCHARD_URL" in os.environ:
+        return os.environ["ORCHARD_URL"]
+    try:
+        return _server_url_file().read_text().strip() or DEFAULT_URL
+    except OSError:
+        return DEFAULT_URL
+
+
+def orchard_home() -> Path:
+    home = os.environ.get("ORCHARD_HOME")
+    return Path(home) if home else Path.home() / ".cache" / "orchard"
+
+
+def _server_url_file() -> Path:
+    return orchard_home() / "run" / "server_url"
+
+
+def record_server_url(url: str) -> None:
+    """The URL of the server `orchard serve` runs, for the other commands' default."""
+    path = _server_url_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(url + "\n")
+
+
+def forget_server_url(url: str) -> None:
+    """Remove the record if it is still this server's (another `orchard serve` may have taken over)."""
+    try:
+        if _server_url_file().read_text().strip() == url:
+            _server_url_file().unlink()
+    except OSError:
+        pass
 
 
 def base_url(url: str) -> str:

@@ -20,6 +20,7 @@ from deployments.cli.server_client import (
     ServerUnreachable,
     auth_headers,
     base_url,
+    default_url,
 )
 from deployments.cli.top_stats import ModelRow, Scrape, model_rows, scrape
 
@@ -29,7 +30,8 @@ STATUS_STYLE = {"running": "green", "loading": "yellow", "degraded": "yellow", "
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("top", help="live monitor of a running server's models (tok/s, latency, memory)",
                             description=__doc__)
-    p.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL})")
+    p.add_argument("--url", default=None, help=f"the server (default: $ORCHARD_URL, the one `orchard serve` runs, "
+                   f"or {DEFAULT_URL})")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     p.add_argument("--once", action="store_true",
                    help="read twice, --interval apart, print one frame and exit (for scripts and screenshots)")
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal and "COLUMNS" not in os.environ:  # piped: rich's 80 columns would squeeze the table
         console.width = 160
     try:
-        url = base_url(args.url)
+        url = base_url(args.url or default_url())
         if args.interval <= 0:
             raise ValueError(f"--interval must be > 0 (got {args.interval:g})")
     except ValueError as exc:

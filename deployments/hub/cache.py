@@ -77,7 +77,7 @@ def find_cached_model(repo_id: str, cache_dir: Path | None = None, revision: str
     """The repo's `main` (or newest) revision in the cache; with `revision`, the cached one it names (a branch or tag
     the cache has a ref for, or a commit hash). Only this repo's files are checked against its listing."""
     cache_dir = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
-    repo = next((r for r in _model_repos(cache_dir) if r.repo_id == repo_id), None)
+    repo = _named_repo(_model_repos(cache_dir), repo_id)
     if repo is None:
         return None
     if revision is None or revision == "main":
@@ -85,6 +85,16 @@ def find_cached_model(repo_id: str, cache_dir: Path | None = None, revision: str
     else:
         chosen = next((c for c in repo.revisions if revision in c.refs or c.commit_hash == revision), None)
     return _cached_model(repo, chosen, cache_dir, MLX_ALLOW_PATTERNS) if chosen is not None else None
+
+
+def _named_repo(repos: list, repo_id: str):
+    """The repo of that id: the exact name, else the one repo whose name differs only in case (the Hub's ids are
+    case-insensitive: Bodega's docs name "srswti/..." and "SRSWTI/..." for one repo)."""
+    exact = next((r for r in repos if r.repo_id == repo_id), None)
+    if exact is not None:
+        return exact
+    folded = [r for r in repos if r.repo_id.casefold() == repo_id.casefold()]
+    return folded[0] if len(folded) == 1 else None
 
 
 def _model_repos(cache_dir: Path) -> list:
@@ -114,8 +124,7 @@ def delete_cached_model(repo_id: str, cache_dir: Path | None = None) -> int:
         scanned = scan_cache_dir(cache_dir)
     except CacheNotFound:
         scanned = None
-    repo = next((r for r in (scanned.repos if scanned else ()) if r.repo_id == repo_id and r.repo_type == "model"),
-                None)
+    repo = _named_repo([r for r in (scanned.repos if scanned else ()) if r.repo_type == "model"], repo_id)
     if repo is None:
         raise CachedModelNotFoundError(f"'{repo_id}' is not in the local Hugging Face cache", param="repo_id")
     _check_inside_repo(repo_id, repo.repo_path, cache_dir)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from deployments.api.openapi_errors import (
@@ -22,7 +22,8 @@ from deployments.api.openapi_errors import (
 from deployments.api.unknown_fields import ignored_field_counts
 from deployments.config import ModelConfig
 from deployments.model_calls import MemoryUsage
-from deployments.ingress.model_registry import ModelEntry, ModelQueueStats, ModelStatus
+from deployments.ingress.model_entries import ModelEntry, ModelQueueStats, ModelStatus
+from engine.errors import ModelLoadError, OrchardError
 from engine.spec_decode.speculator import SpeculationStats
 
 if TYPE_CHECKING:
@@ -49,22 +50,29 @@ def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
     if not enable_admin:
         return router
 
-    @router.post("/v1/admin/load-model", status_code=202, responses=error_responses(ADMIN_LOAD))
-    async def load_model(body: ModelConfig) -> dict[str, Any]:
+    @router.post("/v1/admin/load-model", responses=error_responses(ADMIN_LOAD))
+    async def load_model(body: ModelConfig, request: Request, wait: bool = True) -> JSONResponse:
+        """200 "loaded" once the model serves (Bodega's answer: the model is then "immediately available"), or
+        the load's own error; `?wait=false` (or `Prefer: respond-async`): 202 "loading" at once, as Orchard did."""
         entry = await registry.load(body)
-        config = entry.config
-        assert config is not None
-        return {
-            "status": entry.status.value,
-            "model_id": entry.model_id,
-            "model_path": config.model_path,
-            "model_type": config.model_type,
-        }
+        answer = {"status": entry.status.value, "model_id": entry.model_id, "model_path": body.model_path,
+                  "model_type": body.model_type}
+        if not _waits(request, wait):
+            return JSONResponse(answer, status_code=202)
+        await entry.settled.wait()  # a client that leaves does not cancel the load: it runs in the registry
+        _raise_if_failed(entry)
+        return JSONResponse({**answer, "status": "loaded"})
 
     @router.delete("/v1/admin/unload-model/{model_id:path}", responses=error_responses(ADMIN_UNLOAD))
-    async def unload_model(model_id: str) -> dict[str, Any]:
+    async def unload_model(model_id: str, request: Request, wait: bool = True) -> JSONResponse:
+        """200 "unloaded" once the model's memory is freed (its open streams get their drain time first);
+        `?wait=false` (or `Prefer: respond-async`): 202 "unloading" at once."""
         entry = await registry.unload(model_id)
-        return {"status": entry.status.value, "model_id": model_id}
+        if not _waits(request, wait):
+            return JSONResponse({"status": entry.status.value, "model_id": entry.model_id}, status_code=202)
+        await entry.settled.wait()
+        _raise_if_failed(entry, OrchardError)  # the backend could not stop it: a server error (500)
+        return JSONResponse({"status": "unloaded", "model_id": entry.model_id})
 
     @router.get("/v1/admin/loaded-models", responses=error_responses(ADMIN_LISTING))
     async def loaded_models() -> dict[str, Any]:
@@ -72,6 +80,24 @@ def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
         return {"object": "list", "data": [loaded_model(e) for e in entries], "total": len(entries)}
 
     return router
+
+
+def _waits(request: Request, wait: bool) -> bool:
+    """Whether the caller waits for the outcome: not with ?wait=false or RFC 7240's `Prefer: respond-async`."""
+    preferences = {p.strip().lower() for p in request.headers.get("prefer", "").split(",")}
+    return wait and "respond-async" not in preferences
+
+
+def _raise_if_failed(entry: ModelEntry, failure_class: type[OrchardError] = ModelLoadError) -> None:
+    """A waited-for load or unload that failed answers its own typed error (a missing repo is 404, a bad folder
+    400), with the path as the caller sent it."""
+    if entry.status != ModelStatus.FAILED:
+        return
+    failure = entry.failed_with
+    if isinstance(failure, OrchardError):
+        failure.message = entry.error or failure.message
+        raise failure
+    raise failure_class(entry.error or "The model failed to load", param="model_path")
 
 
 @dataclass(frozen=True)
@@ -137,7 +163,8 @@ def loaded_model(entry: ModelEntry) -> dict[str, Any]:
     return {
         "id": entry.model_id,
         "type": _model_type(entry),
-        "model_path": info.model_path if info else (config.model_path if config else None),
+        # As the load named it (Bodega shows the repo id), not the snapshot folder it resolved to on this server.
+        "model_path": config.model_path if config else (info.model_path if info else None),
         "context_length": info.context_length if info else (config.context_length if config else None),
         "created_at": info.created_at if info else entry.seen_at,
         "status": entry.current_status.value,

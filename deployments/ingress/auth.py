@@ -1,7 +1,7 @@
 """API keys: which routes need which key, checked in constant time before a request's body is read.
 
 Inference keys guard every route but /health, /ready, /metrics and the API docs; the admin key, if set, alone opens
-/v1/admin/* and /v1/models/local/* (an inference key there gets 403). With no admin key the admin routes need what the inference
+/v1/admin/*, /v1/models/local/* and DELETE /v1/models/* (an inference key there gets 403). With no admin key the admin routes need what the inference
 routes need.
 Keys arrive as `Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>` (Anthropic); neither the configured
 keys nor a presented one is ever logged or repeated in an error.
@@ -25,6 +25,7 @@ from deployments.ingress.edge import send_error
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 ADMIN_PATH = "/v1/admin"
 LOCAL_MODELS_PATH = "/v1/models/local/"  # DELETE of a cached repo writes to the disk: the admin key's too
+MODELS_PATH = "/v1/models/"  # and so does DELETE under it (Bodega's alias of the route above)
 MISSING_KEY = "Missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
 INVALID_KEY = "Invalid API key"
 ADMIN_ONLY = "This route needs the admin key; an inference key may not use it"
@@ -36,10 +37,12 @@ class RouteAccess(Enum):
     ADMIN = "admin"
 
 
-def route_access(path: str) -> RouteAccess:
+def route_access(path: str, method: str = "GET") -> RouteAccess:
     if path in OPEN_PATHS:
         return RouteAccess.OPEN
     if path == ADMIN_PATH or path.startswith((ADMIN_PATH + "/", LOCAL_MODELS_PATH)):
+        return RouteAccess.ADMIN
+    if method.upper() == "DELETE" and path.startswith(MODELS_PATH):  # Bodega's DELETE /v1/models/{id}: the cache's
         return RouteAccess.ADMIN
     return RouteAccess.INFERENCE  # unknown paths too: no route map for callers without a key
 
@@ -132,7 +135,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            self.keys.authorize(route_access(scope["path"]), presented_keys(scope["headers"]))
+            self.keys.authorize(route_access(scope["path"], scope["method"]), presented_keys(scope["headers"]))
         except (AuthenticationError, PermissionDeniedError) as exc:
             await send_error(scope, receive, send, exc)
             return

@@ -39,7 +39,8 @@ from deployments.hub.cache import CachedModel, HubVerification, list_cached_mode
 from deployments.hub.downloads import DownloadJob, DownloadManager
 from deployments.hub.errors import CachedModelInUseError, DownloadNotFoundError
 from deployments.ingress.generation import KEEPALIVE_S
-from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
+from deployments.ingress.model_entries import ModelEntry, ModelStatus
+from deployments.ingress.model_registry import Registry
 from engine.errors import OrchardError
 
 logger = logging.getLogger("ray.serve.orchard")
@@ -91,6 +92,10 @@ def hub_router(downloads: DownloadManager, registry: Registry, keepalive_s: floa
         return {"id": repo_id, "object": "model", "deleted": True, "freed_bytes": freed,
                 "freed_gb": round(freed / 1e9, 3)}
 
+    # Bodega documents the route as DELETE /v1/models/{model_id} (its examples use .../local/...): both delete from
+    # the cache. Registered after the one above, which Starlette matches first. Admin key: ingress/auth.py.
+    router.add_api_route("/v1/models/{repo_id:path}", delete_local_model, methods=["DELETE"],
+                         responses=error_responses(CACHE_DELETE), name="delete_cached_model")
     return router
 
 
@@ -113,10 +118,16 @@ async def _check_not_loaded(registry: Registry, downloads: DownloadManager, repo
     """Refuse to delete a repo a model serves from (loaded by repo id, or from one of its snapshot folders)."""
     repo_folder = downloads.cache_dir / f"models--{repo_id.replace('/', '--')}"
     for entry in await registry.details():
-        if entry.status != ModelStatus.FAILED and _serves_from(entry, repo_id, repo_folder):
+        if entry.status != ModelStatus.FAILED and (_serves_from(entry, repo_id, repo_folder)
+                                                   or _serves_from_folded(entry, repo_id)):
             raise CachedModelInUseError(
                 f"the model '{entry.model_id}' is {entry.status.value} from '{repo_id}': unload it first",
                 param="repo_id")
+
+
+def _serves_from_folded(entry: ModelEntry, repo_id: str) -> bool:
+    """Loaded by the same repo id in another case (the cache's lookups ignore case: hub/cache.py)."""
+    return entry.config is not None and entry.config.model_path.casefold() == repo_id.casefold()
 
 
 def _serves_from(entry: ModelEntry, repo_id: str, repo_folder: Path) -> bool:
@@ -130,7 +141,7 @@ def _serves_from(entry: ModelEntry, repo_id: str, repo_folder: Path) -> bool:
 @dataclass
 class CacheListing:
     loaded_fields: dict[str, dict[str, Any]]  # model id -> the cache fields of the repo it serves from
-    cards: list[dict[str, Any]]  # cached repos no loaded model serves
+    cards: list[dict[str, Any]]  # cached repos, but one a loaded model's id names
 
 
 async def cache_listing(downloads: DownloadManager, loaded: list[ModelEntry], verify: bool) -> CacheListing:
@@ -147,7 +158,9 @@ async def cache_listing(downloads: DownloadManager, loaded: list[ModelEntry], ve
         serving = [e for e in loaded if _serves_from(e, model.repo_id, repo_folder)]
         for entry in serving:
             listing.loaded_fields[entry.model_id] = fields
-        if not serving and model.repo_id not in {e.model_id for e in loaded}:
+        # Listed under its repo id unless a model of that very id is (Bodega lists the cache: a repo loaded as
+        # "raptor" is still downloaded, as "SRSWTI/raptor").
+        if model.repo_id not in {e.model_id for e in loaded}:
             card = cached_model_card(model, created, downloads.is_downloading(model.repo_id))
             listing.cards.append({**card, **fields})
     return listing

@@ -13,7 +13,7 @@ from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
     TextTokenCounts, TextTokensJob, TokenCount,
 )
-from deployments.ingress.model_registry import DeploymentState, ModelStatus
+from deployments.ingress.model_entries import DeploymentState, ModelStatus
 
 
 class LocalModelClient:

@@ -10,11 +10,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
-from enum import Enum
-from typing import Protocol
-
-from engine.health import EngineStatus
 from deployments.hub.downloads import DownloadManager
 from deployments.hub.events import DownloadFailed
 from engine.errors import (
@@ -24,6 +19,7 @@ from engine.errors import (
     ModelLoadError,
     ModelLoadingError,
     ModelNotFoundError,
+    NoModelsLoadedError,
     OrchardError,
 )
 from deployments.config import ModelConfig, serve_app_name
@@ -31,88 +27,12 @@ from deployments.model_sources import (
     cached_hub_source, check_admin_model, check_admin_policy, default_model_roots, hub_files, is_repo_id,
 )
 from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo, QueueStats
+from deployments.ingress.model_entries import DeploymentState, ModelBackend, ModelEntry, ModelQueueStats, ModelStatus
 from deployments.ingress.model_store import ModelStore
 from deployments.ingress.status_refresh import StatusRefresher
 
 logger = logging.getLogger("ray.serve.orchard")
 INFO_TIMEOUT_S = 5.0
-
-
-class ModelStatus(str, Enum):
-    LOADING = "loading"
-    RUNNING = "running"
-    DEGRADED = "degraded"  # serving, but its engine's current step runs far past its expected time
-    FAILED = "failed"
-    UNHEALTHY = "unhealthy"
-    UNLOADING = "unloading"
-
-
-# A running replica's engine state, as the model reports it, read over Serve's view of the replica.
-_ENGINE_STATUS = {
-    EngineStatus.DEGRADED: ModelStatus.DEGRADED,
-    EngineStatus.RESTARTING: ModelStatus.UNHEALTHY,
-    EngineStatus.FAILED: ModelStatus.FAILED,
-}
-
-
-@dataclass
-class DeploymentState:
-    status: ModelStatus
-    message: str | None = None
-
-
-class ModelBackend(Protocol):
-    async def deploy(self, config: ModelConfig) -> None:
-        """Start the model; returns once it serves, raises ModelLoadError if it cannot."""
-
-    async def undeploy(self, model_id: str) -> None:
-        """Stop the model and free its memory; returns once it is gone."""
-
-    async def deployments(self) -> dict[str, DeploymentState]: ...
-
-    async def client(self, model_id: str) -> ModelClient: ...
-
-    async def reserved_names(self) -> set[str]:
-        """Application names a model must not take: the ingress's own and every application that is not a model."""
-
-
-@dataclass
-class ModelEntry:
-    model_id: str
-    status: ModelStatus
-    source: str  # "config" (serve_config.yaml) or "api" (admin load-model)
-    config: ModelConfig | None = None
-    error: str | None = None
-    info: ModelInfo | None = None
-    busy: bool = False  # a load or unload of ours is in flight: the backend's view lags behind
-    seen_at: int = 0
-    # The folder the backend was given when it is not the model_path sent (a repo id's snapshot): never shown.
-    loaded_from: str | None = None
-
-    def as_sent(self, message: str | None) -> str | None:
-        """A failure message that names the model's path as it was sent."""
-        if message is None or self.loaded_from is None or self.config is None:
-            return message
-        return message.replace(self.loaded_from, self.config.model_path)
-
-    @property
-    def current_status(self) -> ModelStatus:
-        """The status to report: Serve's view of the replicas, and for a running one its engine's own."""
-        if self.status == ModelStatus.RUNNING and self.info is not None:
-            return _ENGINE_STATUS.get(self.info.health.status, self.status)
-        return self.status
-
-    @property
-    def current_error(self) -> str | None:
-        if self.current_status != self.status:
-            return self.info.health.message
-        return self.error
-
-
-@dataclass
-class ModelQueueStats:
-    entry: ModelEntry
-    stats: QueueStats | None
 
 
 class Registry:
@@ -217,14 +137,27 @@ class Registry:
     def entries(self) -> list[ModelEntry]:
         return sorted(self._entries.values(), key=lambda e: e.model_id)
 
+    def named(self, name: str) -> ModelEntry | None:
+        """The model of that id; else the one model loaded from that model_path (Bodega's id "defaults to path":
+        a model loaded without model_id answers to its repo id or folder too, and to Orchard's shorter id)."""
+        entry = self._entries.get(name)
+        if entry is not None:
+            return entry
+        by_path = [e for e in self._entries.values() if e.config is not None and e.config.model_path == name]
+        return by_path[0] if len(by_path) == 1 else None
+
     async def route(self, model_id: str) -> ModelClient:
         """The client of a serving model, or the typed error that says why there is none."""
-        entry = self._entries.get(model_id)
+        entry = self.named(model_id)
         if entry is None or entry.status != ModelStatus.RUNNING:
             await self.refresh()
-            entry = self._entries.get(model_id)
+            entry = self.named(model_id)
+        if entry is None and not self._entries:
+            raise NoModelsLoadedError(
+                f"No model is loaded: load '{model_id}' first (POST /v1/admin/load-model)", param="model")
         if entry is None:
             raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model")
+        model_id = entry.model_id
         if entry.status == ModelStatus.UNLOADING:
             raise ModelNotFoundError(f"The model '{model_id}' is being unloaded", param="model")
         if entry.status == ModelStatus.LOADING:
@@ -316,7 +249,9 @@ class Registry:
             check_admin_model(config, self._model_roots)
 
     def _will_download(self, config: ModelConfig) -> bool:
-        return (config.auto_download is True and self.downloads is not None and not config.uses_embedded_model
+        # Null downloads too: the admin download route already fetches any repo under the same key (Bodega's
+        # load-model takes any Hugging Face repo), so only an explicit false refuses an uncached one.
+        return (config.auto_download is not False and self.downloads is not None and not config.uses_embedded_model
                 and is_repo_id(config.model_path) and cached_hub_source(config) is None)
 
     async def _download(self, config: ModelConfig) -> None:
@@ -349,24 +284,27 @@ class Registry:
         except Exception as exc:
             message = exc.message if isinstance(exc, OrchardError) else repr(exc)
             message = entry.as_sent(message)
-            entry.status, entry.error = ModelStatus.FAILED, message
+            entry.status, entry.error, entry.failed_with = ModelStatus.FAILED, message, exc
             logger.error("model %s failed to load: %s", config.id, message)
         else:
             entry.status, entry.error = ModelStatus.RUNNING, None
             logger.info("model %s loaded in %.1f s", config.id, time.monotonic() - started)
         finally:
             entry.busy = False
+            entry.settled.set()
 
     async def unload(self, model_id: str) -> ModelEntry:
         """Begin an unload and return at once: new requests are refused now, open streams get the model's drain
         time and then end with model_unloaded, and the memory is freed in the background (status unloading)."""
         await self.refresh(force=True)
-        entry = self._entries.get(model_id)
+        entry = self.named(model_id)
         if entry is None:
             raise ModelNotFoundError(f"The model '{model_id}' is not loaded", param="model_id")
+        model_id = entry.model_id
         if entry.busy:
             raise ModelExistsError(f"The model '{model_id}' is {entry.status.value}; retry when it settles")
         entry.status, entry.busy = ModelStatus.UNLOADING, True
+        entry.settled, entry.failed_with = asyncio.Event(), None  # now the unload's
         if self._api_configs.pop(model_id, None) is not None:
             self._persist()  # now: a restart during the drain must not bring the model back
         self._spawn(self._undeploy(entry))
@@ -378,10 +316,12 @@ class Registry:
             await self._backend.undeploy(entry.model_id)
         except Exception as exc:
             entry.status, entry.error = ModelStatus.FAILED, f"The unload failed: {exc!r}"
+            entry.failed_with = exc
             logger.exception("model %s did not unload", entry.model_id)
             return
         finally:
             entry.busy = False
+            entry.settled.set()
         if self._entries.get(entry.model_id) is entry:
             del self._entries[entry.model_id]
         logger.info("model %s unloaded in %.1f s", entry.model_id, time.monotonic() - started)

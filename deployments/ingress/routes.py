@@ -51,7 +51,8 @@ from deployments.ingress.generation import KEEPALIVE_S, Renderer, answer
 from deployments.ingress.rag_routes import MULTIPART_OVERHEAD_BYTES, UPLOAD_ROUTE, rag_router
 from deployments.rag_calls import RagClient
 from deployments.ingress.media_fetch import ImageLoader
-from deployments.ingress.model_registry import ModelEntry, ModelStatus, Registry
+from deployments.ingress.model_entries import ModelEntry, ModelStatus
+from deployments.ingress.model_registry import Registry
 from deployments.ingress.responses_store import ResponseStore
 from deployments.metrics.exposition import CONTENT_TYPE, render_metrics
 from deployments.metrics.ingress_metrics import Api, IngressMetrics
@@ -151,7 +152,7 @@ def openai_router(
     async def list_models(
         verify_with_hub: bool = Query(False, description="check each cached repo against the Hugging Face Hub"),
     ) -> dict[str, Any]:
-        """OpenAI's list of the loaded models, then the local Hugging Face cache's repos that none serves (with
+        """OpenAI's list of the loaded models, then the local Hugging Face cache's repos (with
         Bodega's size_gb, download_percentage, is_complete; a loaded model served from the cache carries them too)."""
         await registry.refresh()
         loaded = [e for e in registry.entries() if e.status in _LISTED]
@@ -167,8 +168,8 @@ def openai_router(
     @router.get("/v1/models/{model_id:path}", responses=error_responses(MODEL_LOOKUP))
     async def get_model(model_id: str) -> dict[str, Any]:
         await registry.refresh()
-        entry = next((e for e in registry.entries() if e.model_id == model_id and e.status in _LISTED), None)
-        if entry is None:
+        entry = registry.named(model_id)  # its id, or the model_path it was loaded from
+        if entry is None or entry.status not in _LISTED:
             raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model")
         return _model_card(entry).dump()
 

@@ -20,7 +20,7 @@ from ray.serve.schema import ApplicationStatus, ReplicaState
 
 from engine.errors import ModelLoadError, ModelNotFoundError
 from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, model_id_of_app, serve_app_name
-from deployments.ingress.model_registry import DeploymentState, ModelStatus
+from deployments.ingress.model_entries import DeploymentState, ModelStatus
 from deployments.model.deployment import build_model_application
 from deployments.transport.model_client import ServeModelClient
 

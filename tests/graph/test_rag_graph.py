@@ -152,7 +152,8 @@ def test_restart_keeps_documents_answers_and_loaded_models(rag_graph, tiny_model
     from ray.serve.schema import ServeDeploySchema
 
     with http_client(rag_graph) as http:
-        accepted = http.post("/v1/admin/load-model", json={"model_id": LOADED_MODEL, "model_path": str(tiny_models.gamma)})
+        accepted = http.post("/v1/admin/load-model?wait=false",  # it loads while the document is read
+                             json={"model_id": LOADED_MODEL, "model_path": str(tiny_models.gamma)})
         assert accepted.status_code == 202, accepted.text
         file_id = upload(http, "town-guide.pdf", town_guide_pdf()).json()["file_id"]
         documents_before = http.get("/v1/rag/documents").json()

@@ -114,7 +114,7 @@ def test_load_through_admin_chat_unload_then_404(graph, tiny_models):
     with graph.http() as http:
         beta_stream = _BackgroundStream(graph, BETA)
         beta_stream.start()
-        accepted = http.post("/v1/admin/load-model", json={
+        accepted = http.post("/v1/admin/load-model?wait=false", json={  # answers at once: watch it load
             "model_id": GAMMA, "model_path": str(tiny_models.gamma), "cb_max_num_seqs": 8,
             "advanced": {"unload_drain_s": 0},
         })
@@ -173,14 +173,14 @@ def _health_detail(http: httpx.Client, model_id: str, status: str) -> dict | Non
 
 
 def _unload_cuts_a_stream_with_model_unloaded(graph: Graph, http: httpx.Client) -> None:
-    """DELETE answers at once: before Serve has deleted gamma (seconds), which it leaves to the background; a stream
-    it cuts (gamma drains for 0 s) ends with a model_unloaded error event."""
+    """DELETE ?wait=false answers at once: before Serve has deleted gamma (seconds), which it leaves to the
+    background; a stream it cuts (gamma drains for 0 s) ends with a model_unloaded error event."""
     body = {"model": GAMMA, "messages": CHAT, "max_tokens": LONG, "stream": True, "temperature": 0, "ignore_eos": True}
     with graph.http() as streaming, streaming.stream("POST", "/v1/chat/completions", json=body) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
-        unloading = http.delete(f"/v1/admin/unload-model/{GAMMA}")
-        assert unloading.status_code == 200 and unloading.json() == {"status": "unloading", "model_id": GAMMA}
+        unloading = http.delete(f"/v1/admin/unload-model/{GAMMA}?wait=false")
+        assert unloading.status_code == 202 and unloading.json() == {"status": "unloading", "model_id": GAMMA}
         assert (_status_of(http, GAMMA) or {}).get("status") == "unloading"  # the answer did not wait for the delete
         events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert "error" in events[-1] and events[-1]["error"]["code"] == "model_unloaded", events[-1]
@@ -190,17 +190,19 @@ def _unload_cuts_a_stream_with_model_unloaded(graph: Graph, http: httpx.Client) 
 def test_failed_load_reports_why_and_others_keep_serving(graph, tiny_models):
     client = graph.openai()
     with graph.http() as http:
-        accepted = http.post("/v1/admin/load-model", json={"model_id": BROKEN, "model_path": str(tiny_models.broken)})
-        assert accepted.status_code == 202
-        failed = wait_until(
-            lambda: (m := _status_of(http, BROKEN)) and m["status"] == "failed" and m, GRAPH_START_S, what="broken failed"
-        )
-        assert "no_such_architecture" in failed["error"]
+        # The load waits for its outcome: the deploy's failure, with the reason.
+        answer = http.post("/v1/admin/load-model", json={"model_id": BROKEN, "model_path": str(tiny_models.broken)},
+                           timeout=GRAPH_START_S)
+        assert answer.status_code == 503 and answer.json()["error"]["code"] == "model_load_failed", answer.text
+        assert "no_such_architecture" in answer.json()["error"]["message"]
+        failed = _status_of(http, BROKEN)
+        assert failed["status"] == "failed" and "no_such_architecture" in failed["error"]
         refused = http.post("/v1/chat/completions", json={"model": BROKEN, "messages": CHAT})
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_load_failed"
         assert client.chat.completions.create(model=ALPHA, messages=CHAT, max_tokens=3).choices[0].message.content
-        assert http.delete(f"/v1/admin/unload-model/{BROKEN}").status_code == 200
-        wait_until(lambda: _status_of(http, BROKEN) is None, GRAPH_START_S, what="broken unloaded")
+        unloaded = http.delete(f"/v1/admin/unload-model/{BROKEN}", timeout=GRAPH_START_S)
+        assert unloaded.status_code == 200 and unloaded.json() == {"status": "unloaded", "model_id": BROKEN}
+        assert _status_of(http, BROKEN) is None  # the answer waited for the delete
 
 
 def test_admin_refuses_unsafe_or_unknown_load_bodies(graph, tiny_models):

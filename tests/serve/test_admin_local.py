@@ -32,7 +32,7 @@ def test_load_answers_503_while_loading_then_serves_then_unloads(tiny_models, tm
             [], tmp_path, new_engine_client=slow_engine_client(0.5), model_roots=_roots(tiny_models)
         ) as stack:
             http = stack.http
-            accepted = await http.post("/v1/admin/load-model", json={"model_path": str(tiny_models.gamma)})
+            accepted = await http.post("/v1/admin/load-model?wait=false", json={"model_path": str(tiny_models.gamma)})
             assert accepted.status_code == 202
             assert accepted.json() == {
                 "status": "loading", "model_id": "gamma", "model_path": str(tiny_models.gamma), "model_type": "lm"
@@ -56,10 +56,12 @@ def test_load_answers_503_while_loading_then_serves_then_unloads(tiny_models, tm
             answer = await http.post("/v1/chat/completions", json={"model": "gamma", **CHAT})
             assert answer.status_code == 200 and answer.json()["model"] == "gamma"
 
-            assert (await http.delete("/v1/admin/unload-model/gamma")).json() == {"status": "unloading", "model_id": "gamma"}
+            unloading = await http.delete("/v1/admin/unload-model/gamma", headers={"Prefer": "respond-async"})
+            assert unloading.status_code == 202
+            assert unloading.json() == {"status": "unloading", "model_id": "gamma"}
             await wait_for(lambda: _gone(stack, "gamma"))
             gone = await http.post("/v1/chat/completions", json={"model": "gamma", **CHAT})
-            assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+            assert gone.status_code == 503 and gone.json()["error"]["code"] == "no_models_loaded"  # it was the last
             assert _stored_ids(tmp_path) == []
 
     asyncio.run(scenario())
@@ -77,8 +79,8 @@ def test_api_loaded_models_come_back_after_a_restart(tiny_models, tmp_path):
     async def first_life():
         async with local_stack([], tmp_path, model_roots=_roots(tiny_models)) as stack:
             body = {"model_id": "org/gamma", "model_path": str(tiny_models.gamma), "cb_max_num_seqs": 7}
-            assert (await stack.http.post("/v1/admin/load-model", json=body)).status_code == 202
-            await wait_for(lambda: _is(stack, "org/gamma", "running"))
+            assert (await stack.http.post("/v1/admin/load-model", json=body)).status_code == 200
+            assert await _is(stack, "org/gamma", "running")
 
     async def second_life(restore: bool):
         async with local_stack([], tmp_path, restore=restore, model_roots=_roots(tiny_models)) as stack:
@@ -100,9 +102,10 @@ def test_failed_load_reports_why_and_the_rest_keep_serving(tiny_models, tmp_path
     async def scenario():
         async with local_stack([alpha], tmp_path, model_roots=_roots(tiny_models)) as stack:
             http = stack.http
-            accepted = await http.post("/v1/admin/load-model", json={"model_id": "broken", "model_path": str(tiny_models.broken)})
-            assert accepted.status_code == 202
-            await wait_for(lambda: _is(stack, "broken", "failed"))
+            answer = await http.post("/v1/admin/load-model", json={"model_id": "broken", "model_path": str(tiny_models.broken)})
+            assert answer.status_code == 503 and answer.json()["error"]["code"] == "model_load_failed"
+            assert "no_such_architecture" in answer.json()["error"]["message"]  # the load waited for its outcome
+            assert await _is(stack, "broken", "failed")
             detail = next(m for m in (await http.get("/v1/admin/loaded-models")).json()["data"] if m["id"] == "broken")
             assert "no_such_architecture" in detail["error"] and detail["pid"] is None
             # Bodega's docs read model.get("memory", {}).get("total_mb", 0): an object even with no figures.
@@ -118,8 +121,9 @@ def test_failed_load_reports_why_and_the_rest_keep_serving(tiny_models, tmp_path
             not_ready = await http.get("/ready")
             assert health["ready"] is False and not_ready.status_code == 503
             assert not_ready.json() == {"ready": False, "running": ["alpha"], "loading": [], "failed": ["broken"]}
-            assert (await http.delete("/v1/admin/unload-model/broken")).status_code == 200
-            await wait_for(lambda: _gone(stack, "broken"))
+            unloaded = await http.delete("/v1/admin/unload-model/broken")
+            assert unloaded.status_code == 200 and unloaded.json() == {"status": "unloaded", "model_id": "broken"}
+            assert await _gone(stack, "broken")  # the answer waited for the unload
 
     asyncio.run(scenario())
 
@@ -152,3 +156,46 @@ def test_health_without_models_is_unhealthy(tmp_path):
     assert health.json() == {"status": "unhealthy", "ready": False, "model_id": None, "model_status": "no_models"}
     assert ready.status_code == 503
     assert ready.json() == {"ready": False, "running": [], "loading": [], "failed": []}
+
+
+def test_load_answers_loaded_once_the_model_serves_and_unload_once_it_is_gone(tiny_models, tmp_path):
+    """Bodega's contract: load-model answers "loaded" and the model is then "immediately available"; a model loaded
+    without model_id answers to its model_path too; an unload answers once the memory is freed, so the same id
+    loads again at once."""
+    gamma = str(tiny_models.gamma)
+
+    async def scenario():
+        async with local_stack(
+            [], tmp_path, new_engine_client=slow_engine_client(0.5), model_roots=_roots(tiny_models)
+        ) as stack:
+            http = stack.http
+            loaded = await http.post("/v1/admin/load-model", json={"model_path": gamma})
+            by_path = await http.post("/v1/chat/completions", json={"model": gamma, **CHAT})
+            by_id = await http.post("/v1/chat/completions", json={"model": "gamma", **CHAT})
+            unloaded = await http.delete(f"/v1/admin/unload-model/{gamma}")
+            gone = await _gone(stack, "gamma")
+            again = await http.post("/v1/admin/load-model", json={"model_path": gamma})
+            return loaded, by_path, by_id, unloaded, gone, again
+
+    loaded, by_path, by_id, unloaded, gone, again = asyncio.run(scenario())
+    assert loaded.status_code == 200
+    assert loaded.json() == {"status": "loaded", "model_id": "gamma", "model_path": gamma, "model_type": "lm"}
+    assert by_path.status_code == 200 and by_path.json()["model"] == gamma  # the name the request used
+    assert by_id.status_code == 200 and by_id.json()["usage"]["completion_tokens"] == 3
+    assert unloaded.status_code == 200 and unloaded.json() == {"status": "unloaded", "model_id": "gamma"}
+    assert gone and again.status_code == 200 and again.json()["status"] == "loaded"
+
+
+def test_no_model_loaded_is_503_and_an_unknown_one_among_others_404(tiny_models, tmp_path):
+    """Bodega's error table: 503 means "No model loaded"; with models loaded, an unknown id stays OpenAI's 404."""
+    alpha = ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha))
+
+    async def answers(configs):
+        async with local_stack(configs, tmp_path) as stack:
+            return await stack.http.post("/v1/chat/completions", json={"model": "raptor", **CHAT})
+
+    none_loaded = asyncio.run(answers([]))
+    unknown = asyncio.run(answers([alpha]))
+    assert none_loaded.status_code == 503 and none_loaded.json()["error"]["code"] == "no_models_loaded"
+    assert "No model is loaded" in none_loaded.json()["error"]["message"]
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"

@@ -82,8 +82,7 @@ def test_model_file_never_runs_over_http_or_without_the_flag(tiny_models, tmp_pa
             assert "rce" not in await _loaded(stack)
 
             plain = await stack.http.post("/v1/admin/load-model", json={"model_id": "rce", "model_path": str(folder)})
-            assert plain.status_code == 202
-            await wait_for(lambda: _has_status(stack, "rce", "failed"), timeout_s=30)
+            assert plain.status_code == 503 and "custom module ('evil.py')" in _error(plain)["message"]
             assert "custom module ('evil.py')" in (await _loaded(stack))["rce"]["error"]
             refused = await stack.http.post("/v1/chat/completions", json={"model": "rce", **CHAT})
             assert refused.status_code == 503 and _error(refused)["code"] == "model_load_failed"
@@ -204,9 +203,8 @@ def test_repo_ids_load_from_the_local_hugging_face_cache(tiny_models, tmp_path, 
         async with local_stack([], tmp_path / "state", model_roots=[]) as stack:
             http = stack.http
             accepted = await http.post("/v1/admin/load-model", json={"model_id": "org/tiny", "model_path": "org/tiny"})
-            assert accepted.status_code == 202, accepted.text
-            assert accepted.json()["model_path"] == "org/tiny"
-            await wait_for(lambda: _has_status(stack, "org/tiny", "running"), timeout_s=30)
+            assert accepted.status_code == 200, accepted.text
+            assert accepted.json()["model_path"] == "org/tiny" and accepted.json()["status"] == "loaded"
             assert (await http.post("/v1/chat/completions", json={"model": "org/tiny", **CHAT})).status_code == 200
             stored = json.loads((tmp_path / "state" / "models.json").read_text())["models"]
             assert stored == [{"model_id": "org/tiny", "model_path": "org/tiny"}]  # resolved again at each restore
@@ -222,8 +220,8 @@ def test_repo_ids_load_from_the_local_hugging_face_cache(tiny_models, tmp_path, 
             assert folder.status_code == 400 and "outside the allowed model_roots" in _error(folder)["message"]
 
             broken = await http.post("/v1/admin/load-model", json={"model_id": "broken", "model_path": "org/broken"})
-            assert broken.status_code == 202
-            await wait_for(lambda: _has_status(stack, "broken", "failed"), timeout_s=30)
+            assert broken.status_code == 503 and _error(broken)["code"] == "model_load_failed"
+            assert "org/broken" in _error(broken)["message"] and str(hub) not in _error(broken)["message"]
             await stack.registry.refresh(force=True)  # a status poll merges the backend's own failure message in
             error = (await _loaded(stack))["broken"]["error"]
             assert "no_such_architecture" in error and "org/broken" in error and str(hub) not in error

@@ -65,6 +65,10 @@ def test_routes_by_access():
     inference = ("/v1/chat/completions", "/v1/messages", "/v1/models", "/v1/queue/stats", "/v1/administrator", "/x",
                  "/v1/models/org/name", "/v1/models/localmodel")
     assert [route_access(p) for p in inference] == [RouteAccess.INFERENCE] * 8
+    # Bodega's DELETE /v1/models/{id} deletes from the cache: the admin key's, as /v1/models/local/ is.
+    assert route_access("/v1/models/org/name", "DELETE") == RouteAccess.ADMIN
+    assert route_access("/v1/models/org/name", "delete") == RouteAccess.ADMIN
+    assert route_access("/v1/models/org/name", "GET") == RouteAccess.INFERENCE
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LOCALHOST", None])

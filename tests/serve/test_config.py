@@ -58,6 +58,16 @@ def test_unknown_fields_are_refused_by_name():
         ({"cb_max_num_seqs": 4, "max_num_seqs": 8}, "name the same setting"),
         ({"prompt_cache_size": -1}, "'prompt_cache_size' must be an integer >= 0"),
         ({"prompt_cache_size": 10, "cb_enable_prefix_cache": False}, "asks for prompt caching"),
+        # Bodega's fields with no meaning here yet: refused naming the field and why, never silently ignored.
+        ({"lora_paths": ["/m/adapter"]}, "'lora_paths': LoRA adapters are not served yet"),
+        ({"lora_scales": [1.0]}, "'lora_scales': LoRA adapters are not served yet"),
+        ({"config_name": "solomon"}, "'config_name' names an image-generation or image-edit model"),
+        ({"model_type": "image-generation", "config_name": "solomon"}, "model_type 'image-generation': image "
+         "generation is not served yet"),
+        ({"model_type": "image-edit"}, "model_type 'image-edit': image editing is not served yet"),
+        ({"disable_auto_resize": True}, "'disable_auto_resize: true' is not served"),
+        ({"disable_auto_resize": "no"}, "'disable_auto_resize' must be true or false"),
+        ({"enable_auto_tool_choice": 1}, "'enable_auto_tool_choice' must be true or false"),
         ({"draft_model_path": "/m/draft", "speculative": {"method": "ngram"}},
          "'draft_model_path' and 'speculative' both configure speculative decoding: give one"),
         ({"num_draft_tokens": 2, "speculative": {}}, "'num_draft_tokens' and 'speculative' both configure"),
@@ -291,3 +301,12 @@ def test_bodega_prompt_cache_size_is_accepted_as_the_prefix_cache():
     for size in (0, 25):
         assert ModelConfig.model_validate({"model_path": "default", "prompt_cache_size": size}) == \
             ModelConfig(model_path="default")
+
+
+def test_bodega_switches_that_change_nothing_here_are_accepted():
+    """enable_auto_tool_choice (tools are parsed whenever a request sends them) and disable_auto_resize: false (the
+    processor's resizing, Bodega's default) change nothing: the config equals one without them."""
+    plain = ModelConfig.model_validate({"model_path": "default"})
+    for extra in ({"enable_auto_tool_choice": True}, {"enable_auto_tool_choice": False},
+                  {"disable_auto_resize": False}, {"lora_paths": None, "config_name": None}):
+        assert ModelConfig.model_validate({"model_path": "default", **extra}) == plain, extra

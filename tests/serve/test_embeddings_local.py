@@ -174,16 +174,12 @@ def test_admin_loads_and_unloads_the_default_embedder(tmp_path):
     async def scenario():
         async with local_stack([], tmp_path) as stack:
             loaded = await stack.http.post("/v1/admin/load-model", json={"model_path": "default-embedding"})
-            assert loaded.status_code == 202 and loaded.json()["model_id"] == EMBEDDER
-            for _ in range(200):
-                if EMBEDDER in [m["id"] for m in (await stack.http.get("/v1/models")).json()["data"]]:
-                    answer = await stack.http.post("/v1/embeddings", json={"model": EMBEDDER, "input": "hi"})
-                    if answer.status_code == 200:
-                        break
-                await asyncio.sleep(0.1)
+            assert loaded.status_code == 200 and loaded.json()["model_id"] == EMBEDDER
+            assert loaded.json()["status"] == "loaded" and loaded.json()["model_type"] == "embedding"
+            answer = await stack.http.post("/v1/embeddings", json={"model": EMBEDDER, "input": "hi"})  # serves now
             assert answer.status_code == 200 and len(answer.json()["data"][0]["embedding"]) == DIMENSION
             gone = await stack.http.delete(f"/v1/admin/unload-model/{EMBEDDER}")
-            assert gone.status_code == 200
+            assert gone.status_code == 200 and gone.json()["status"] == "unloaded"
 
     asyncio.run(scenario())
 

@@ -65,7 +65,7 @@ async def _is_health(http, status: str) -> bool:
     return (await _health(http))["status"] == status
 
 
-def test_unload_answers_at_once_drains_and_ends_cut_streams_with_model_unloaded(tiny_models, tmp_path):
+def test_unload_without_waiting_answers_at_once_drains_and_ends_cut_streams_with_model_unloaded(tiny_models, tmp_path):
     alpha = ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha), advanced={"unload_drain_s": DRAIN_S})
     # httpx's ASGI transport returns a response only once it is complete: the stream is read from the model.
     job = GenerateJob("long", TextPrompt("t1 t2"), SamplingParams(max_tokens=1900, temperature=0.0, ignore_eos=True), stream=True)
@@ -85,7 +85,7 @@ def test_unload_answers_at_once_drains_and_ends_cut_streams_with_model_unloaded(
 
             reading = asyncio.create_task(read_the_rest())
             asked = time.monotonic()
-            unloading = await http.delete("/v1/admin/unload-model/alpha")
+            unloading = await http.delete("/v1/admin/unload-model/alpha?wait=false")
             order.append("unload answered")
             read_when_answered = len(rest)
             refused = await http.post("/v1/chat/completions", json={"model": "alpha", **CHAT})
@@ -95,8 +95,9 @@ def test_unload_answers_at_once_drains_and_ends_cut_streams_with_model_unloaded(
             return first, unloading, order, read_when_answered, refused, rest, cut_s
 
     first, unloading, order, read_when_answered, refused, rest, cut_s = asyncio.run(scenario())
-    assert first.error is None and unloading.json() == {"status": "unloading", "model_id": "alpha"}
-    # The DELETE did not wait for the drain: it answered while the stream still ran, and tokens came after it.
+    assert first.error is None and unloading.status_code == 202
+    assert unloading.json() == {"status": "unloading", "model_id": "alpha"}
+    # The DELETE ?wait=false did not wait for the drain: it answered while the stream still ran, and tokens came after it.
     assert order == ["unload answered", "stream ended"]
     assert sum(c.num_tokens for c in rest[read_when_answered:]) > 0
     assert cut_s >= DRAIN_S  # the stream had its drain time (a busy machine only makes this longer)

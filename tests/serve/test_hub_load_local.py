@@ -44,22 +44,25 @@ async def _status(stack, model_id: str) -> dict | None:
 
 
 def test_admin_load_downloads_the_repo_then_serves_it(hub):
+    """Bodega's load-model takes any Hugging Face repo: an uncached one downloads first unless auto_download is
+    false, and the answer ("loaded") comes once it serves."""
     async def scenario():
         async with local_stack([], downloads=DownloadManager()) as stack:
-            refused = await stack.http.post("/v1/admin/load-model", json={"model_path": REPO, "model_id": "tiny"})
-            accepted = await stack.http.post("/v1/admin/load-model", json={
-                "model_path": REPO, "model_id": "tiny", "auto_download": True})
-            assert accepted.status_code == 202, accepted.text
-            status = await wait_for(lambda: _running_or_failed(stack, "tiny"), timeout_s=120)
+            refused = await stack.http.post("/v1/admin/load-model", json={
+                "model_path": REPO, "model_id": "tiny", "auto_download": False})
+            loaded = await stack.http.post("/v1/admin/load-model", json={"model_path": REPO, "model_id": "tiny"})
+            assert loaded.status_code == 200, loaded.text
+            status = await _status(stack, "tiny")
             answer = await stack.http.post("/v1/chat/completions", json={
                 "model": "tiny", "messages": [{"role": "user", "content": "t1"}], "max_tokens": 3, "ignore_eos": True})
             downloads = stack.registry.downloads.downloads()
-            return refused, status, answer, downloads
+            return refused, loaded, status, answer, downloads
 
-    refused, status, answer, downloads = asyncio.run(scenario())
+    refused, loaded, status, answer, downloads = asyncio.run(scenario())
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "model_path"
     assert "auto_download" in refused.json()["error"]["message"]
-    assert status["status"] == "running", status
+    assert loaded.json() == {"status": "loaded", "model_id": "tiny", "model_path": REPO, "model_type": "lm"}
+    assert status["status"] == "running" and status["model_path"] == REPO, status  # as sent: no server path
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
     assert [(d.repo_id, d.finished) for d in downloads] == [(REPO, True)]
     assert hub.file_gets(REPO, "model.safetensors")  # the weights came from the Hub
@@ -73,12 +76,16 @@ async def _running_or_failed(stack, model_id: str) -> dict | None:
 def test_a_repo_the_hub_lacks_fails_the_load_saying_so(hub):
     async def scenario():
         async with local_stack([], downloads=DownloadManager()) as stack:
-            accepted = await stack.http.post("/v1/admin/load-model", json={
-                "model_path": "nobody/missing", "model_id": "missing", "auto_download": True})
-            return accepted, await wait_for(lambda: _running_or_failed(stack, "missing"), timeout_s=60)
+            answer = await stack.http.post("/v1/admin/load-model", json={
+                "model_path": "nobody/missing", "model_id": "missing"})
+            accepted = await stack.http.post("/v1/admin/load-model?wait=false", json={
+                "model_path": "nobody/missing", "model_id": "missing"})  # a failed model may be loaded again
+            return answer, accepted, await wait_for(lambda: _running_or_failed(stack, "missing"), timeout_s=60)
 
-    accepted, status = asyncio.run(scenario())
-    assert accepted.status_code == 202
+    answer, accepted, status = asyncio.run(scenario())
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "repo_not_found"  # the Hub's answer
+    assert "nobody/missing" in answer.json()["error"]["message"]
+    assert accepted.status_code == 202 and accepted.json()["status"] == "loading"
     assert status["status"] == "failed" and "nobody/missing" in status["error"]
 
 
@@ -113,19 +120,20 @@ def test_a_gguf_repo_loads_one_of_its_files_converted(hub, tmp_path, monkeypatch
         async with local_stack([], downloads=DownloadManager()) as stack:
             bad = await stack.http.post("/v1/admin/load-model", json={**body, "gguf_file": "../x.gguf"})
             accepted = await stack.http.post("/v1/admin/load-model", json=body)
-            status = await wait_for(lambda: _running_or_failed(stack, "tiny-gguf"), timeout_s=120)
+            status = await _status(stack, "tiny-gguf")
             answer = await stack.http.post("/v1/chat/completions", json={
                 "model": "tiny-gguf", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
                 "ignore_eos": True})
-            return bad, accepted, status, answer
+            return bad, accepted, status, answer, stack.registry.named("tiny-gguf").info.model_path
 
-    bad, accepted, status, answer = asyncio.run(scenario())
+    bad, accepted, status, answer, served_from = asyncio.run(scenario())
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "gguf_file"
-    assert accepted.status_code == 202 and status["status"] == "running", status
+    assert accepted.status_code == 200 and status["status"] == "running", status
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
     assert hub.file_gets("someone/tiny-GGUF", "tiny-Q8_0.gguf")
     assert not hub.file_gets("someone/tiny-GGUF", "tiny-F32.gguf")  # only the file named
-    assert Path(status["model_path"]).parent == tmp_path / "orchard" / "models" / "gguf"
+    assert status["model_path"] == "someone/tiny-GGUF"  # as sent; the model serves from the converted folder:
+    assert Path(served_from).parent == tmp_path / "orchard" / "models" / "gguf"
 
 
 def test_a_pinned_revision_loads_that_commit(hub, tmp_path):
@@ -137,14 +145,40 @@ def test_a_pinned_revision_loads_that_commit(hub, tmp_path):
                 "model_path": REPO, "model_id": "pinned", "revision": "../main", "auto_download": True})
             accepted = await stack.http.post("/v1/admin/load-model", json={
                 "model_path": REPO, "model_id": "pinned", "revision": commit, "auto_download": True})
-            status = await wait_for(lambda: _running_or_failed(stack, "pinned"), timeout_s=120)
-            return bad, accepted, status
+            status = await _status(stack, "pinned")
+            return bad, accepted, status, stack.registry.named("pinned").loaded_from
 
-    bad, accepted, status = asyncio.run(scenario())
+    bad, accepted, status, loaded_from = asyncio.run(scenario())
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "revision"
-    assert accepted.status_code == 202 and status["status"] == "running", status
-    assert Path(status["model_path"]).name == commit  # the snapshot of that commit
+    assert accepted.status_code == 200 and status["status"] == "running", status
+    assert Path(loaded_from).name == commit  # the snapshot of that commit
     resolved = check_model_sources(ModelConfig(model_path=REPO, revision=commit, auto_download=False), base_dir=tmp_path)
     assert Path(resolved.model_path).name == commit
     with pytest.raises(InvalidRequestError, match="not in the local Hugging Face cache"):
         check_model_sources(ModelConfig(model_path=REPO, revision="v9", auto_download=False), base_dir=tmp_path)
+
+
+def test_a_load_joins_the_download_of_its_repo_in_progress(hub):
+    """Bodega's docs download a repo, then load it: a load while that download runs waits on it (one transfer of
+    the weights), and answers once the model serves."""
+    hub.bytes_per_second = 200_000  # the tiny model's ~0.4 MB of weights take about two seconds
+
+    async def scenario():
+        async with local_stack([], downloads=DownloadManager()) as stack:
+            started = await stack.http.post("/v1/admin/download-model", json={"model_path": REPO})
+            loaded = await stack.http.post("/v1/admin/load-model", json={"model_path": REPO, "model_id": "tiny"})
+            return started, loaded, stack.registry.downloads.downloads()
+
+    started, loaded, downloads = asyncio.run(scenario())
+    assert started.status_code == 202 and started.json()["status"] != "completed"
+    assert loaded.status_code == 200 and loaded.json()["status"] == "loaded"
+    assert [(d.repo_id, d.finished) for d in downloads] == [(REPO, True)]  # one download, joined
+    assert len(hub.file_gets(REPO, "model.safetensors")) == 1
+
+
+def test_repo_ids_match_the_cache_ignoring_case(hub, tmp_path):
+    """The Hub's repo ids ignore case (Bodega's docs write "srswti/..." and "SRSWTI/..." for one repo): a cached repo
+    is found under either spelling."""
+    cached = check_model_sources(ModelConfig(model_path=REPO), base_dir=tmp_path)
+    shouted = check_model_sources(ModelConfig(model_path=REPO.upper(), auto_download=False), base_dir=tmp_path)
+    assert shouted.model_path == cached.model_path

@@ -235,7 +235,7 @@ def test_models_lists_the_cache_beside_the_loaded_models_and_verifies_with_the_h
             assert set(models["tiny-alpha"]) == OPENAI_CARD_KEYS  # OpenAI's shape, untouched
             cached = models["org/alpha"]
             assert set(cached) == OPENAI_CARD_KEYS | CACHE_KEYS
-            assert (cached["object"], cached["owned_by"], cached["status"]) == ("model", "huggingface-cache", "cached")
+            assert (cached["object"], cached["owned_by"], cached["status"]) == ("model", "org", "cached")  # Bodega's
             downloaded = [p.name for p in tiny_models.alpha.iterdir() if p.suffix in (".json", ".safetensors")]
             size = sum((tiny_models.alpha / name).stat().st_size for name in downloaded)
             assert cached["size_gb"] == round(size / 1e9, 3) and isinstance(cached["created"], int)
@@ -274,33 +274,26 @@ def test_a_cached_repo_is_deleted_only_when_no_loaded_model_serves_it(hub, manag
             stream = await stack.http.post("/v1/admin/download-model-stream", json={"repo_id": "org/alpha"})
             assert _sse(stream.text)[-1][0] == "completed"
             load = await stack.http.post("/v1/admin/load-model", json={"model_id": "hub-alpha", "model_path": "org/alpha"})
-            assert load.status_code == 202
-
-            async def running():
-                return (await _models(stack)).get("hub-alpha", {}).get("status") == "running"
-
-            await wait_for(running, WAIT_S)
+            assert load.status_code == 200 and load.json()["status"] == "loaded"
             models = await _models(stack)
-            assert "org/alpha" not in models  # listed once: as the model that serves it
+            assert models["hub-alpha"]["status"] == "running"
             assert models["hub-alpha"]["owned_by"] == "orchard" and models["hub-alpha"]["is_complete"] is True
             assert set(models["hub-alpha"]) == OPENAI_CARD_KEYS | CACHE_KEYS
+            # Still listed as downloaded under its repo id (Bodega lists the cache), owned by the repo's owner.
+            assert (models["org/alpha"]["owned_by"], models["org/alpha"]["is_complete"]) == ("org", True)
 
             refused = await stack.http.delete("/v1/models/local/org/alpha")
             assert refused.status_code == 409
             assert refused.json()["error"]["code"] == "model_in_use" and "hub-alpha" in refused.json()["error"]["message"]
             assert (manager.cache_dir / "models--org--alpha").is_dir()
 
-            assert (await stack.http.delete("/v1/admin/unload-model/hub-alpha")).status_code == 200
-
-            async def unloaded():  # gone, not only unloading (its engine still holds the files then)
-                loaded = (await stack.http.get("/v1/admin/loaded-models")).json()["data"]
-                return all(m["id"] != "hub-alpha" for m in loaded)
-
-            await wait_for(unloaded, WAIT_S)
-            deleted = await stack.http.delete("/v1/models/local/org/alpha")
+            # By the repo id it was loaded from (Bodega's "full path model IDs"); answered once it is gone.
+            assert (await stack.http.delete("/v1/admin/unload-model/org/alpha")).json()["status"] == "unloaded"
+            # Bodega's documented path and a repo id in other case (the Hub's ids ignore case).
+            deleted = await stack.http.delete("/v1/models/ORG/Alpha")
             assert deleted.status_code == 200
             body = deleted.json()
-            assert (body["id"], body["deleted"]) == ("org/alpha", True) and body["freed_bytes"] > 0
+            assert (body["id"], body["deleted"]) == ("ORG/Alpha", True) and body["freed_bytes"] > 0
             assert not (manager.cache_dir / "models--org--alpha").exists()
             assert "org/alpha" not in await _models(stack)
 
@@ -318,6 +311,7 @@ ADMIN_ROUTES = [
     ("GET", "/v1/admin/downloads", None),
     ("DELETE", "/v1/admin/downloads/dl-1", None),
     ("DELETE", "/v1/models/local/org/x", None),
+    ("DELETE", "/v1/models/org/x", None),  # Bodega's path of the same route
 ]
 
 
@@ -337,6 +331,8 @@ def test_the_hub_routes_need_the_admin_key(manager):
             assert (await stack.http.get("/v1/admin/downloads", headers=admin)).status_code == 200
             listed = await stack.http.get("/v1/models", headers={"Authorization": "Bearer inference-key"})
             assert listed.status_code == 200
+            card = await stack.http.get("/v1/models/org/x", headers={"Authorization": "Bearer inference-key"})
+            assert card.status_code == 404  # reading a card stays the inference key's: only DELETE is admin
 
     asyncio.run(scenario())
 

@@ -1,0 +1,96 @@
+"""A model as the registry knows it: its status, where it came from, its last info; what a backend answers.
+
+Each API load and unload has a `settled` event, set once it has finished either way, so an admin route can wait
+for the outcome (Bodega's load answers "loaded" once the model serves)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from deployments.config import ModelConfig
+from deployments.model_calls import ModelClient, ModelInfo, QueueStats
+from engine.health import EngineStatus
+
+
+class ModelStatus(str, Enum):
+    LOADING = "loading"
+    RUNNING = "running"
+    DEGRADED = "degraded"  # serving, but its engine's current step runs far past its expected time
+    FAILED = "failed"
+    UNHEALTHY = "unhealthy"
+    UNLOADING = "unloading"
+
+
+# A running replica's engine state, as the model reports it, read over Serve's view of the replica.
+_ENGINE_STATUS = {
+    EngineStatus.DEGRADED: ModelStatus.DEGRADED,
+    EngineStatus.RESTARTING: ModelStatus.UNHEALTHY,
+    EngineStatus.FAILED: ModelStatus.FAILED,
+}
+
+
+@dataclass
+class DeploymentState:
+    status: ModelStatus
+    message: str | None = None
+
+
+class ModelBackend(Protocol):
+    async def deploy(self, config: ModelConfig) -> None:
+        """Start the model; returns once it serves, raises ModelLoadError if it cannot."""
+
+    async def undeploy(self, model_id: str) -> None:
+        """Stop the model and free its memory; returns once it is gone."""
+
+    async def deployments(self) -> dict[str, DeploymentState]: ...
+
+    async def client(self, model_id: str) -> ModelClient: ...
+
+    async def reserved_names(self) -> set[str]:
+        """Application names a model must not take: the ingress's own and every application that is not a model."""
+
+
+@dataclass
+class ModelEntry:
+    model_id: str
+    status: ModelStatus
+    source: str  # "config" (serve_config.yaml) or "api" (admin load-model)
+    config: ModelConfig | None = None
+    error: str | None = None
+    info: ModelInfo | None = None
+    busy: bool = False  # a load or unload of ours is in flight: the backend's view lags behind
+    seen_at: int = 0
+    # The folder the backend was given when it is not the model_path sent (a repo id's snapshot): never shown.
+    loaded_from: str | None = None
+    # Set when this entry's load or unload (ours, through the API) has finished, either way; failed_with is the
+    # error a failed one raised, typed, for a route that waited on it.
+    settled: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    failed_with: BaseException | None = None
+
+    def as_sent(self, message: str | None) -> str | None:
+        """A failure message that names the model's path as it was sent."""
+        if message is None or self.loaded_from is None or self.config is None:
+            return message
+        return message.replace(self.loaded_from, self.config.model_path)
+
+    @property
+    def current_status(self) -> ModelStatus:
+        """The status to report: Serve's view of the replicas, and for a running one its engine's own."""
+        if self.status == ModelStatus.RUNNING and self.info is not None:
+            return _ENGINE_STATUS.get(self.info.health.status, self.status)
+        return self.status
+
+    @property
+    def current_error(self) -> str | None:
+        if self.current_status != self.status:
+            return self.info.health.message
+        return self.error
+
+
+@dataclass
+class ModelQueueStats:
+    entry: ModelEntry
+    stats: QueueStats | None
