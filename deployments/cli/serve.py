@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from deployments.cli.bodega_config import is_bodega_config, serve_config_of
 from deployments.cli.server_client import (
     ServerError, forget_server_url, orchard_home, record_server_url, served_models, server_health, server_readiness,
 )
@@ -35,7 +36,7 @@ SHUTDOWN_TIMEOUT_S = 60.0
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="run the server of serve_config.yaml (Ray Serve), Ctrl-C stops it")
-    serve.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=f"Serve config (default: {DEFAULT_CONFIG})")
+    serve.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=f"Serve config, or a Bodega config.yaml (server + models) (default: {DEFAULT_CONFIG})")
     serve.add_argument("--verbose", action="store_true",
                        help="show Ray's log in the terminal, not only in the log file")
     serve.add_argument("--address", default="local", help="Ray to use (default: a new local Ray, stopped with the "
@@ -119,21 +120,25 @@ def run(args: argparse.Namespace) -> int:
 
 def _read_target(config_path: Path, port: int | None = None) -> ServeTarget:
     """Where the config serves; with `port`, a copy of the config that serves there (its relative paths resolve
-    from the working directory, as the original's do, so the copy may live elsewhere)."""
+    from the working directory, as the original's do, so the copy may live elsewhere). A Bodega config.yaml runs as
+    the Serve config it translates to (cli/bodega_config.py)."""
     if not config_path.is_file():
         raise ServerError(f"no config file {config_path} (run from the repository's root, or name one)")
     try:
         config = yaml.safe_load(config_path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ServerError(f"{config_path} is not valid YAML: {exc}") from exc
+    bodega = is_bodega_config(config)
+    if bodega:  # Bodega's config.yaml: the Serve config that serves its models
+        config = serve_config_of(config)
     http = config.get("http_options") or {}
     host = str(http.get("host", "127.0.0.1"))
     run_path = config_path.resolve()
-    if port is not None:
-        if not 0 < port < 65536:
-            raise ServerError(f"--port {port} is not a TCP port")
-        config["http_options"] = {**http, "port": port}
-        run_path = orchard_home() / "run" / f"{config_path.stem}.port-{port}.yaml"
+    if port is not None and not 0 < port < 65536:
+        raise ServerError(f"--port {port} is not a TCP port")
+    if port is not None or bodega:
+        config["http_options"] = {**http, "port": port if port is not None else http.get("port", 8000)}
+        run_path = orchard_home() / "run" / f"{config_path.stem}.port-{config['http_options']['port']}.yaml"
         run_path.parent.mkdir(parents=True, exist_ok=True)
         run_path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = int(port if port is not None else http.get("port", 8000))
