@@ -68,14 +68,16 @@ def from_bodega(fields: Any) -> Any:
         if fields.get(name) is not None:
             raise ValueError(why)
         fields.pop(name, None)
+    sent_as: dict[str, str] = {}  # our name -> the Bodega name the body used, for messages
     for bodega, ours in ALIASES.items():
         if bodega not in fields:
             continue
         if ours in fields:
             raise ValueError(f"'{bodega}' and '{ours}' name the same setting: give one")
         fields[ours] = fields.pop(bodega)
+        sent_as[ours] = bodega
     _apply_draft_fields(fields)
-    _apply_sequential_mode(fields)
+    _apply_sequential_mode(fields, sent_as)
     _apply_prompt_cache_size(fields)
     return fields
 
@@ -110,7 +112,7 @@ def _apply_draft_fields(fields: dict[str, Any]) -> None:
         fields["speculative"] = {"method": "ngram", **given}
 
 
-def _apply_sequential_mode(fields: dict[str, Any]) -> None:
+def _apply_sequential_mode(fields: dict[str, Any], sent_as: dict[str, str]) -> None:
     """`continuous_batching: false` runs at most `max_concurrency` (default 1) sequences at once. Bodega's own default
     is sequential, so a body naming `max_concurrency` without `continuous_batching` means that too; a body naming
     neither keeps Orchard's default, continuous batching."""
@@ -124,7 +126,8 @@ def _apply_sequential_mode(fields: dict[str, Any]) -> None:
         return
     for name in ("max_prefill_seqs", "max_decode_seqs"):
         if name in fields:
-            raise ValueError(f"'{name}' cannot be set with continuous_batching: false (use max_concurrency)")
+            raise ValueError(f"'{sent_as.get(name, name)}' cannot be set with continuous_batching: false (use "
+                             "max_concurrency)")
         fields[name] = concurrency
 
 

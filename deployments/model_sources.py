@@ -8,6 +8,7 @@ same rules, except that a repo id must already be in the local cache (it is neve
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ def check_model_sources(config: ModelConfig, base_dir: Path | None = None) -> Mo
         updates["chat_template_file"] = str(template.resolve())
     draft = _draft_path(config)
     if draft is not None:
-        updates["speculative"] = _with_draft_folder(config, _operator_draft(draft, base_dir))
+        updates["speculative"] = _with_draft_folder(config, _operator_draft(draft, base_dir, config.auto_download))
     return config.model_copy(update=updates)
 
 
@@ -86,21 +87,48 @@ def _with_draft_folder(config: ModelConfig, folder: Path) -> Any:
     return config.speculative.model_copy(update={"draft_model_path": str(folder)})
 
 
-def _operator_draft(draft: str, base_dir: Path | None) -> Path:
-    """serve_config.yaml's draft: any folder (relative to base_dir), or a cached repo id."""
+def _operator_draft(draft: str, base_dir: Path | None, auto_download: bool | None) -> Path:
+    """serve_config.yaml's draft: any folder (relative to base_dir), or a repo id (downloaded first when it is not
+    cached, unless auto_download is false, as the model's own)."""
     if is_repo_id(draft) and not (base_dir is not None and (base_dir / draft).is_dir()):
+        _check_draft_repo_id(draft)
+        if auto_download is not False and cached_snapshot(draft) is None:
+            from deployments.hub.downloads import DownloadManager
+
+            DownloadManager().download(draft)
         return _cached_draft(draft)
     return check_model_folder(draft, param=DRAFT_PARAM, base_dir=base_dir)
 
 
+@dataclass(frozen=True)
+class HubFetch:
+    """A Hugging Face repo a load needs that the local cache lacks."""
+
+    repo_id: str
+    revision: str | None = None
+    files: list[str] | None = None  # None: what an MLX model needs
+
+
+def uncached_repos(config: ModelConfig) -> list[HubFetch]:
+    """The repos a load of `config` would download: its model's and its draft's, those not (completely) cached."""
+    fetches = []
+    if not config.uses_embedded_model and is_repo_id(config.model_path) and cached_hub_source(config) is None:
+        fetches.append(HubFetch(config.model_path, config.revision, hub_files(config)))
+    draft = _draft_path(config)
+    if draft is not None and is_repo_id(draft) and cached_snapshot(draft) is None:
+        fetches.append(HubFetch(draft))
+    return fetches
+
+
 def _cached_draft(repo_id: str) -> Path:
-    """A draft repo's snapshot in the local hub cache (a draft is never downloaded for a load)."""
+    """A draft repo's snapshot in the local hub cache (downloaded before this, if it is to be)."""
     _check_draft_repo_id(repo_id)
     snapshot = cached_snapshot(repo_id)
     if snapshot is None:
         raise InvalidRequestError(
             f"'{DRAFT_PARAM}' '{repo_id}' is not in the local Hugging Face cache (or not completely): download it "
-            "first (POST /v1/admin/download-model, or `orchard pull`)", param=DRAFT_PARAM,
+            "first (POST /v1/admin/download-model, or `orchard pull`), or leave auto_download unset",
+            param=DRAFT_PARAM,
         )
     return snapshot
 

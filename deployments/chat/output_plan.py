@@ -34,7 +34,9 @@ def plan_output(names: ParserNames, job: GenerateJob, prompt_text: str) -> Outpu
     if forced:
         regex = forced_call_regex(names, tools or [], prompt.tool_name if prompt.tool_choice == "function" else None)
         sampling = dataclasses.replace(sampling, guided=GuidedDecoding("regex", regex, param="tool_choice"))
-        # The call is written from the first token, even where the prompt opened a <think> block.
+    if sampling.guided is not None:
+        # A guide (a forced call, response_format) holds from the first token: what it writes is the answer, even
+        # where the prompt opened a <think> block (a Qwen3-2507 thinking or R1-style template).
         prompt_text = ""
     options = ParseOptions(tools=tools, parallel_tool_calls=prompt.parallel_tool_calls, prompt_text=prompt_text)
     return OutputPlan(sampling, build_output_parser(names, options))

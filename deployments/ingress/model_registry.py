@@ -24,7 +24,7 @@ from engine.errors import (
 )
 from deployments.config import ModelConfig, serve_app_name
 from deployments.model_sources import (
-    cached_hub_source, check_admin_model, check_admin_policy, default_model_roots, hub_files, is_repo_id,
+    HubFetch, check_admin_model, check_admin_policy, default_model_roots, uncached_repos,
 )
 from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo, QueueStats
 from deployments.ingress.model_entries import DeploymentState, ModelBackend, ModelEntry, ModelQueueStats, ModelStatus
@@ -243,22 +243,23 @@ class Registry:
 
     def _check_admin(self, config: ModelConfig) -> None:
         """What a load may name; a repo to download is checked for what it names only (it is not on disk yet)."""
-        if self._will_download(config):
-            check_admin_policy(config, self._model_roots)
-        else:
+        check_admin_policy(config, self._model_roots)  # first: the repo ids are valid ones
+        if not self._pending_downloads(config):
             check_admin_model(config, self._model_roots)
 
-    def _will_download(self, config: ModelConfig) -> bool:
-        # Null downloads too: the admin download route already fetches any repo under the same key (Bodega's
-        # load-model takes any Hugging Face repo), so only an explicit false refuses an uncached one.
-        return (config.auto_download is not False and self.downloads is not None and not config.uses_embedded_model
-                and is_repo_id(config.model_path) and cached_hub_source(config) is None)
+    def _pending_downloads(self, config: ModelConfig) -> list[HubFetch]:
+        """The repos (model, draft) to download before the load. Null auto_download downloads too: the admin
+        download route already fetches any repo under the same key (Bodega's load-model takes any repo), so only
+        an explicit false refuses an uncached one."""
+        if config.auto_download is False or self.downloads is None:
+            return []
+        return uncached_repos(config)
 
-    async def _download(self, config: ModelConfig) -> None:
-        """The repo into the hub cache, joining a download of it already running (GET /v1/admin/downloads shows it)."""
+    async def _download(self, fetch: HubFetch) -> None:
+        """A repo into the hub cache, joining a download of it already running (GET /v1/admin/downloads shows it)."""
         assert self.downloads is not None
-        job = self.downloads.start(config.model_path, config.revision, files=hub_files(config))
-        logger.info("downloading %s for a load (download %s)", config.model_path, job.download_id)
+        job = self.downloads.start(fetch.repo_id, fetch.revision, files=fetch.files)
+        logger.info("downloading %s for a load (download %s)", fetch.repo_id, job.download_id)
         final = await job.wait_async()
         if isinstance(final, DownloadFailed):
             raise final.error
@@ -275,8 +276,8 @@ class Registry:
     async def _deploy(self, entry: ModelEntry, config: ModelConfig) -> None:
         started = time.monotonic()
         try:
-            if self._will_download(config):
-                await self._download(config)
+            for fetch in self._pending_downloads(config):
+                await self._download(fetch)
             resolved = check_admin_model(config, self._model_roots)
             if resolved.model_path != config.model_path:
                 entry.loaded_from = resolved.model_path

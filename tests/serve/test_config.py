@@ -66,6 +66,9 @@ def test_unknown_fields_are_refused_by_name():
          "generation is not served yet"),
         ({"model_type": "image-edit"}, "model_type 'image-edit': image editing is not served yet"),
         ({"disable_auto_resize": True}, "'disable_auto_resize: true' is not served"),
+        ({"continuous_batching": False, "cb_prefill_batch_size": 8}, "'cb_prefill_batch_size' cannot be set with "
+         "continuous_batching: false"),  # named as the body sent it
+        ({"continuous_batching": False, "max_decode_seqs": 8}, "'max_decode_seqs' cannot be set with"),
         ({"disable_auto_resize": "no"}, "'disable_auto_resize' must be true or false"),
         ({"enable_auto_tool_choice": 1}, "'enable_auto_tool_choice' must be true or false"),
         ({"draft_model_path": "/m/draft", "speculative": {"method": "ngram"}},
@@ -145,8 +148,9 @@ def test_speculative_decoding_from_our_field_and_bodegas():
 def test_draft_model_paths_are_checked_like_model_paths(tiny_models, tmp_path):
     """serve_config.yaml: any folder (relative to where serve ran) holding config.json; an admin load: under
     model_roots only, refused the same way whether the folder exists or not."""
-    def with_draft(draft: str) -> ModelConfig:
-        return ModelConfig(model_id="m", model_path=str(tiny_models.alpha), speculative={"draft_model_path": draft})
+    def with_draft(draft: str) -> ModelConfig:  # auto_download false: an uncached draft repo is refused, not fetched
+        return ModelConfig(model_id="m", model_path=str(tiny_models.alpha), speculative={"draft_model_path": draft},
+                           auto_download=False)
 
     resolved = check_model_sources(with_draft("beta"), base_dir=tiny_models.beta.parent)
     assert resolved.speculative.draft_model_path == str(tiny_models.beta.resolve())

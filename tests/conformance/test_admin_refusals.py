@@ -1,0 +1,153 @@
+"""What Orchard answers to the Bodega docs with no model loaded, and the documented requests it refuses on purpose
+or does not serve yet: /health and chat with no models (L810-814, L840-848), the image routes (L334-380: a typed
+501 until image generation is built), image-model loads (L336-399), and the load-model fields that are operator
+settings or have no Orchard meaning (L433-487, L792-799).
+
+Every refusal here happens before anything is downloaded: the Hub stand-in serves the repo the bodies name, and no
+file of it may be fetched.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conformance import docs_snippets
+from tests.conformance.bodega_server import BASE_URL, bodega_server, curl_json
+from tests.conformance.conftest import RAPTOR
+from tests.conformance.docs_shapes import ERROR, HEALTH_NO_MODELS, assert_documented_shape, assert_refused
+
+NOT_SERVED = ("not served",)
+OPERATOR_ONLY = ("operator setting",)
+
+
+@pytest.fixture(scope="module")
+def server(lm_folder, tmp_path_factory):
+    with bodega_server({RAPTOR: lm_folder}, tmp_path_factory.mktemp("hf-cache")) as running:
+        yield running
+        assert not running.hub.file_gets(RAPTOR), "a refused load downloaded its repo"
+
+
+@pytest.fixture
+def requests(server):
+    return server.requests
+
+
+def load(requests, body: str):
+    return curl_json(requests, "POST", "/v1/admin/load-model", body)
+
+
+def test_E50_health_with_no_models(requests):
+    """L810-814: {"status": "unhealthy", "model_id": null, "model_status": "no_models"}."""
+    response = curl_json(requests, "GET", "/health")
+    assert_documented_shape(response.json(), HEALTH_NO_MODELS)
+    assert {key: response.json()[key] for key in HEALTH_NO_MODELS} == HEALTH_NO_MODELS
+
+
+def test_E52_chat_with_no_model_loaded_is_503(requests):
+    """L840-848: the docs' client prints "No model loaded. Load a model first." on a 503; Orchard's error is typed
+    no_models_loaded."""
+    body = {"model": "bodega-raptor-8b", "messages": [{"role": "user", "content": "Hello, welcome to the world of "
+                                                                                    "dreamers?"}]}
+    ran = docs_snippets.run(docs_snippets.handle_errors, requests, body)
+    response, _ = ran.value
+    assert ran.printed == "No model loaded. Load a model first.\n"
+    assert_documented_shape(response.json(), ERROR)
+    assert response.json()["error"]["code"] == "no_models_loaded"
+
+
+def test_E24_E25_image_generation_route_is_a_typed_501(requests):
+    """L352-371: POST /v1/images/generations with the documented body. Not served yet ("Coming week of March 17",
+    L334): a typed 501 not_implemented, not a bare 404, so a client learns why."""
+    response = curl_json(requests, "POST", "/v1/images/generations", """{
+"model": "solomon",
+"prompt": "A highly detailed portrait of a tiny red dragon wearing a chef hat, pulling a fresh loaf of sourdough bread out of a medieval stone oven.",
+"size": "1024x1024",
+"guidance_scale": 3.5,
+"steps": 14,
+"seed": 42
+}""")
+    assert response.status_code == 501, response.text
+    assert_documented_shape(response.json(), ERROR)
+    assert response.json()["error"]["code"] == "not_implemented"
+
+
+def test_E26_image_edit_route_is_a_typed_501(requests):
+    """L371-380: POST /v1/images/edits (the docs show no body for it: an image and an instruction, as OpenAI's edits
+    take them)."""
+    response = requests.post(f"{BASE_URL}/v1/images/edits", data={"model": "kalamkari-edit", "prompt": "Make it dusk"},
+                             files={"image": ("oven.png", b"\x89PNG\r\n\x1a\n", "image/png")})
+    assert response.status_code == 501, response.text
+    assert response.json()["error"]["code"] == "not_implemented"
+
+
+@pytest.mark.parametrize("body", [
+    """{
+"model_id": "solomon",
+"model_type": "image-generation",
+"config_name": "solomon"
+}""", """{
+"model_id": "keshav",
+"model_type": "image-generation",
+"config_name": "keshav"
+}""", """{
+"model_id": "kalamkari-edit",
+"model_type": "image-edit",
+"config_name": "qwen-image-edit"
+}""", """{
+"model_path": "srswti/solomon",
+"model_type": "image-generation",
+"config_name": "solomon",
+"quantize": 8
+}"""], ids=["E22-solomon", "E23-keshav", "E26-kalamkari-edit", "E28-quantize"])
+def test_E22_E23_E26_E28_image_model_loads_are_refused_naming_the_model_type(requests, body):
+    """L336-352, L373-380, L392-399: image-generation and image-edit models are not served yet: a 400 that names
+    model_type and says so (and which model types are served)."""
+    assert_refused(load(requests, body), 400, "model_type", NOT_SERVED)
+
+
+def test_E49_chat_template_file_is_an_operator_setting(requests):
+    """L792-799: refused on purpose over HTTP: the server would read a file the caller names (its contents end up in
+    prompts and template errors); serve_config.yaml, the operator's file, still takes it."""
+    response = load(requests, """{
+"model_path": "SRSWTI/bodega-raptor-8b-mxfp4",
+"model_type": "lm",
+"chat_template_file": "/path/to/custom_template.jinja"
+}""")
+    assert_refused(response, 400, "chat_template_file", OPERATOR_ONLY)
+
+
+def test_E32_E58_trust_remote_code_true_is_an_operator_setting(requests):
+    """L465-466, L873: refused on purpose over HTTP: with load-by-repo-id it would run the Python of any repo a
+    caller names; false (the default) is accepted (test_admin_load_model.py)."""
+    response = requests.post(f"{BASE_URL}/v1/admin/load-model", json={
+        "model_path": RAPTOR, "model_type": "lm", "trust_remote_code": True})
+    assert_refused(response, 400, "trust_remote_code", OPERATOR_ONLY)
+
+
+@pytest.mark.parametrize("field, value, because", [
+    ("config_name", "solomon", ("image",)),
+    ("lora_paths", ["/adapters/raptor-lora"], ("LoRA",)),
+    ("lora_scales", [1.0], ("LoRA",)),
+    ("disable_auto_resize", True, NOT_SERVED),
+], ids=["config_name", "lora_paths", "lora_scales", "disable_auto_resize-true"])
+def test_E32_fields_without_an_orchard_meaning_are_refused_saying_why(requests, field, value, because):
+    """L433-487: config_name (image models), lora_paths and lora_scales (LoRA adapters), disable_auto_resize true:
+    a 400 that names the field and says why, never a silent reinterpretation."""
+    response = requests.post(f"{BASE_URL}/v1/admin/load-model", json={"model_path": RAPTOR, field: value})
+    assert_refused(response, 400, field, because)
+
+
+def test_E32_model_path_is_required(requests):
+    """L435: model_path is required."""
+    response = requests.post(f"{BASE_URL}/v1/admin/load-model", json={"model_id": "bodega-raptor-8b"})
+    assert_refused(response, 400, "model_path", ("required",))
+
+
+def test_E03_a_load_of_a_repo_the_hub_does_not_have_answers_the_error(requests):
+    """L33-41 with a repo id the Hub does not know: the load waits for its outcome (L381) and answers the failure,
+    typed and naming the repo, rather than "loaded" or a "loading" that later fails unseen."""
+    response = requests.post(f"{BASE_URL}/v1/admin/load-model", json={
+        "model_path": "SRSWTI/bodega-raptor-404b", "model_id": "bodega-raptor-404b", "model_type": "lm"})
+    assert 400 <= response.status_code < 500, response.text
+    assert_documented_shape(response.json(), ERROR)
+    assert "SRSWTI/bodega-raptor-404b" in response.json()["error"]["message"]
