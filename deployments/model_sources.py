@@ -105,6 +105,7 @@ class HubFetch:
     """A Hugging Face repo a load needs that the local cache lacks."""
 
     repo_id: str
+    param: str  # the load's field that named it, for its errors
     revision: str | None = None
     files: list[str] | None = None  # None: what an MLX model needs
 
@@ -113,10 +114,10 @@ def uncached_repos(config: ModelConfig) -> list[HubFetch]:
     """The repos a load of `config` would download: its model's and its draft's, those not (completely) cached."""
     fetches = []
     if not config.uses_embedded_model and is_repo_id(config.model_path) and cached_hub_source(config) is None:
-        fetches.append(HubFetch(config.model_path, config.revision, hub_files(config)))
+        fetches.append(HubFetch(config.model_path, "model_path", config.revision, hub_files(config)))
     draft = _draft_path(config)
     if draft is not None and is_repo_id(draft) and cached_snapshot(draft) is None:
-        fetches.append(HubFetch(draft))
+        fetches.append(HubFetch(draft, DRAFT_PARAM))
     return fetches
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from deployments.hub.downloads import DownloadManager
@@ -262,7 +263,9 @@ class Registry:
         logger.info("downloading %s for a load (download %s)", fetch.repo_id, job.download_id)
         final = await job.wait_async()
         if isinstance(final, DownloadFailed):
-            raise final.error
+            error = copy.copy(final.error)  # the download's own stays as GET /v1/admin/downloads shows it
+            error.param = fetch.param  # its errors name repo_id; the load's field named the repo
+            raise error
 
     @staticmethod
     def _check_not_reserved(model_id: str, reserved: set[str]) -> None:

@@ -216,7 +216,7 @@ def test_admin_refuses_unsafe_or_unknown_load_bodies(graph, tiny_models):
             ({"model_path": "/etc", "model_id": "x"}, "model_path"),  # outside model_roots
             ({"model_path": f"{tiny_models.alpha}/../alpha"}, "model_path"),
             ({"model_path": str(tiny_models.alpha / "config.json")}, "model_path"),
-            ({"model_path": "relative/folder"}, "model_path"),
+            ({"model_path": "relative/folder/x"}, "model_path"),  # neither a repo id (owner/name) nor absolute
             ({"model_path": str(tiny_models.alpha), "model_id": "x", "warp_speed": 9}, "warp_speed"),
             ({"model_path": str(tiny_models.alpha), "model_id": ALPHA}, "model_id"),  # already loaded
         ]

@@ -84,6 +84,7 @@ def test_a_repo_the_hub_lacks_fails_the_load_saying_so(hub):
 
     answer, accepted, status = asyncio.run(scenario())
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "repo_not_found"  # the Hub's answer
+    assert answer.json()["error"]["param"] == "model_path"  # the load's field that named the repo
     assert "nobody/missing" in answer.json()["error"]["message"]
     assert accepted.status_code == 202 and accepted.json()["status"] == "loading"
     assert status["status"] == "failed" and "nobody/missing" in status["error"]
