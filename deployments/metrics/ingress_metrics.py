@@ -25,6 +25,7 @@ class Api(str, Enum):
     RESPONSES = "responses"
     EMBEDDINGS = "embeddings"
     RAG = "rag"  # /v1/rag/query's answers (retrieval-only queries reach no model)
+    AUDIO = "audio"  # /v1/audio/transcriptions and /translations
 
 
 @dataclass

@@ -17,12 +17,13 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
-from deployments.model.service import ModelService
+from deployments.model.services import new_model_service, transcribe_with
 from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
     TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
+from deployments.speech_calls import TranscribeJob, TranscriptEvent
 from deployments.transport.channel import ChannelAddress, ChannelServer
 
 logger = logging.getLogger("ray.serve.orchard")
@@ -47,7 +48,7 @@ class ModelServer:
         self.channel: ChannelServer | None = None
         # With several replicas Serve balances the handle calls; one channel would pin every stream to one replica.
         # An embedding model has no streams.
-        streams = self.config.model_type != "embedding"
+        streams = self.config.model_type not in ("embedding", "stt")
         if streams and self.config.advanced.stream_channel and self.config.num_replicas == 1:
             channel = ChannelServer(self.service.generate, ray.get_runtime_context().get_node_id())
             try:
@@ -76,6 +77,10 @@ class ModelServer:
 
     async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts:
         return await self.service.count_text_tokens(job)
+
+    async def transcribe(self, job: TranscribeJob) -> AsyncIterator[TranscriptEvent]:
+        async for event in transcribe_with(self.service, self.config, job):
+            yield event
 
     async def info(self) -> ModelInfo:
         return self.service.info()
@@ -111,14 +116,6 @@ class ModelServer:
             await channel.close(drain_s=CHANNEL_FLUSH_S)  # the streams' last (error) chunks reach the ingress
 
 
-def new_model_service(config: ModelConfig) -> Any:
-    """The service a model's replica runs: a chat engine, or a sentence-transformers embedder."""
-    if config.model_type == "embedding":
-        from deployments.embeddings.service import EmbeddingService  # numpy only; torch loads with the model
-
-        return EmbeddingService(config)
-    return ModelService(config)
-
-
 def build_model_application(config: ModelConfig) -> Application:
     return ModelServer.options(**config.deployment_options()).bind(config.model_dump())
+

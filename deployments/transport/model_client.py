@@ -22,6 +22,7 @@ from deployments.model_calls import (
     TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.transport.channel import ChannelClient
+from deployments.speech_calls import TranscribeJob, TranscriptEvent
 from deployments.transport.embed_calls import EmbedCalls
 from deployments.transport.errors import model_call_failure
 
@@ -112,6 +113,20 @@ class ServeModelClient:
             return await self._handle.count_text_tokens.remote(job)
         except (RayServeException, RayError) as exc:
             return TextTokenCounts(error=model_call_failure(self._model_id, exc))
+
+    async def transcribe(self, job: TranscribeJob) -> AsyncIterator[TranscriptEvent]:
+        response = self._stream_handle.transcribe.remote(job)
+        finished = False
+        try:
+            async for event in response:
+                finished = event.transcript is not None or event.error is not None
+                yield event
+        except (RayServeException, RayError) as exc:
+            finished = True
+            yield TranscriptEvent(error=model_call_failure(self._model_id, exc))
+        finally:
+            if not finished:  # the client went away: the replica's generator is cancelled, its windows with it
+                response.cancel()
 
     async def info(self) -> ModelInfo:
         return await self._handle.info.remote()

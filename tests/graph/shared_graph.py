@@ -23,6 +23,7 @@ from tests.graph.conftest import GRAPH_START_S, ServeCluster, deploy_graph
 from tests.support.serving import TinyModels, wait_until
 from tests.support.tiny_models import write_smollm2_tokenizer_model
 from tests.support.tiny_vlms import write_qwen25_vl
+from tests.support.tiny_whisper import write_tiny_whisper
 
 REPO = Path(__file__).resolve().parents[2]
 INGRESS_APP = "orchard"  # serve_config.yaml's name for the ingress application
@@ -30,13 +31,14 @@ ALPHA = "tiny/alpha"  # an id with "/" on purpose; also the RAG tests' chat mode
 BETA = "tiny-beta"
 TOOLS = "tiny/tools"
 VISION = "tiny-vl"
+SPEECH = "tiny-whisper"
 EMBEDDER = "all-MiniLM-L6-v2"
 ALPHA_CONTEXT = 4096
 TOOLS_CONTEXT = 1536
 VISION_CONTEXT = 2048
 TOOLS_TEMPLATE = REPO / "tests" / "support" / "qwen3_tools.jinja"
 # The models the graph starts with, and the type each must run as before a test may use it.
-MODEL_TYPES = {ALPHA: "lm", BETA: "lm", TOOLS: "lm", VISION: "multimodal", EMBEDDER: "embedding"}
+MODEL_TYPES = {ALPHA: "lm", BETA: "lm", TOOLS: "lm", VISION: "multimodal", SPEECH: "stt", EMBEDDER: "embedding"}
 
 
 @dataclass
@@ -96,6 +98,7 @@ def shared_graph_config(models: TinyModels, root: Path) -> dict:
         # parsers are inferred from the template.
         model_app(TOOLS, tools_model, context_length=TOOLS_CONTEXT, chat_template_file=str(TOOLS_TEMPLATE)),
         model_app(VISION, write_qwen25_vl(root / "vision"), model_type="multimodal", context_length=VISION_CONTEXT),
+        model_app(SPEECH, write_tiny_whisper(root / "speech", scale=4.0), model_type="stt"),
         embedder,
     ]}
 

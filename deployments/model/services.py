@@ -1,0 +1,34 @@
+"""Which service a model's process runs, by model_type (no Ray here: the in-process backend uses it too)."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from deployments.config import ModelConfig
+from deployments.model.service import ModelService
+from deployments.speech_calls import TranscribeJob, TranscriptEvent
+from engine.errors import InvalidRequestError
+
+
+def new_model_service(config: ModelConfig) -> Any:
+    """The service a model's replica runs: a chat engine, a sentence-transformers embedder, or a speech engine."""
+    if config.model_type == "stt":
+        from deployments.speech.service import SpeechService  # MLX and PyAV load with the model
+
+        return SpeechService(config)
+    if config.model_type == "embedding":
+        from deployments.embeddings.service import EmbeddingService  # numpy only; torch loads with the model
+
+        return EmbeddingService(config)
+    return ModelService(config)
+
+
+async def transcribe_with(service: Any, config: ModelConfig, job: TranscribeJob) -> AsyncIterator[TranscriptEvent]:
+    """A speech-to-text model's transcript events; any other model answers a 400 saying what it is."""
+    if not hasattr(service, "transcribe"):
+        yield TranscriptEvent(error=InvalidRequestError(
+            f"The model '{config.id}' is a {config.model_type} model: /v1/audio/transcriptions needs a model of "
+            "model_type stt", param="model"))
+        return
+    async for event in service.transcribe(job):
+        yield event

@@ -1,0 +1,182 @@
+"""SpeechService: a Whisper-class model serving transcriptions (its engine, engine/speech/, on a thread of its own).
+
+Answers the calls a chat ModelService answers (model/deployment.py and ingress/local_models.py pick the service by
+model_type); chat and embedding calls get a clear 400. The uploaded file is decoded here (PyAV), off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+import zlib
+from typing import AsyncIterator
+
+from deployments.config import DEFAULT_STT_MODEL_PATH, ModelConfig
+from deployments.metrics.recorder import MetricsRecorder
+from deployments.model_calls import (
+    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
+    TextTokenCounts, TextTokensJob, TokenCount,
+)
+from deployments.speech.audio_io import decode_audio
+from deployments.speech_calls import TranscribeJob, Transcript, TranscriptEvent, TranscriptSegment
+from engine.errors import InvalidRequestError, ModelUnloadedError, OrchardError
+from engine.process_memory import process_rss_bytes
+
+logger = logging.getLogger("ray.serve.orchard")
+MIB = 1024 * 1024
+
+
+class SpeechService:
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+        self.model_id = config.id
+        self._engine = None
+        self._whisper = None
+        self._unloading = False
+        self._active = 0
+        self._audio_seconds_total = 0.0
+        self._metrics = MetricsRecorder(self.model_id)
+        self.created_at = 0
+
+    async def start(self) -> None:
+        started = time.monotonic()
+        self._engine = await asyncio.to_thread(self._load)
+        self._engine.start()
+        self.created_at = int(time.time())
+        logger.info("speech model %s ready in %.1f s (%d decoder slots)", self.model_id, time.monotonic() - started,
+                    self._engine.slots)
+
+    def _load(self):
+        from pathlib import Path
+
+        import mlx.core as mx
+
+        from engine.speech.default_speech_model import default_stt_path
+        from engine.speech.speech_engine import SpeechEngine
+        from engine.speech.whisper_model import load_whisper
+
+        folder = default_stt_path() if self.config.model_path == DEFAULT_STT_MODEL_PATH else Path(self.config.model_path)
+        self._whisper = load_whisper(folder)
+        gpu = mx.default_device() == mx.gpu
+        slots = self.config.max_decode_seqs or (32 if gpu else 4)
+        return SpeechEngine(self._whisper, slots=slots, encode_batch=8 if gpu else 2)
+
+    # ---- transcription --------------------------------------------------------------------------------
+    async def transcribe(self, job: TranscribeJob) -> AsyncIterator[TranscriptEvent]:
+        request_id = uuid.uuid4().hex
+        try:
+            if self._unloading or self._engine is None:
+                raise ModelUnloadedError(f"The model '{self.model_id}' is not serving", param="model")
+            audio = await asyncio.to_thread(decode_audio, job.audio, self.config.max_audio_seconds)
+        except OrchardError as exc:
+            yield TranscriptEvent(error=exc)
+            return
+        events: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        from engine.speech.requests import TranscriptDelta, TranscriptionRequest
+
+        spec = TranscriptionRequest(request_id, audio.samples, job.language, job.task, job.prompt, job.temperature)
+        self._active += 1
+        try:
+            self._engine.submit(spec, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+            while True:
+                event = await events.get()
+                if isinstance(event, TranscriptDelta):
+                    yield TranscriptEvent(delta=event.text)
+                    continue
+                yield self._final(event, audio.seconds)
+                return
+        except OrchardError as exc:
+            yield TranscriptEvent(error=exc)
+        finally:
+            self._active -= 1
+            self._engine.cancel(request_id)  # a client gone mid-way: its windows stop decoding
+
+    def _final(self, done, seconds: float) -> TranscriptEvent:
+        from engine.speech.transcript import merged_segments
+
+        if done.error is not None:
+            error = done.error if isinstance(done.error, OrchardError) else OrchardError(repr(done.error))
+            return TranscriptEvent(error=error)
+        tokens = self._whisper.tokens
+        segments = merged_segments(done.windows, tokens.timestamp_begin, tokens.eot)
+        out = [_segment(i, s, self._whisper.decode_text(list(s.tokens))) for i, s in enumerate(segments)]
+        self._audio_seconds_total += seconds
+        text = "".join(s.text for s in out).strip()
+        return TranscriptEvent(transcript=Transcript(text, _language_name(done.language), round(seconds, 3), out))
+
+    # ---- what chat and embedding models answer --------------------------------------------------------
+    def _not_that_model(self, route: str) -> InvalidRequestError:
+        return InvalidRequestError(f"The model '{self.model_id}' is a speech-to-text model: use POST "
+                                   f"/v1/audio/transcriptions, not {route}", param="model")
+
+    async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
+        yield StreamChunk(error=self._not_that_model("a chat or completion route"))
+
+    async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
+        return TokenCount(error=self._not_that_model("token counting"))
+
+    async def embed(self, job: EmbedJob) -> EmbedResult:
+        return EmbedResult(error=self._not_that_model("/v1/embeddings"))
+
+    async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts:
+        return TextTokenCounts(error=self._not_that_model("/v1/embeddings"))
+
+    # ---- lifecycle and introspection ------------------------------------------------------------------
+    async def unload(self) -> None:
+        self._unloading = True
+        deadline = time.monotonic() + self.config.advanced.unload_drain_s
+        while self._active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        self._unloading = True
+        if self._engine is not None:
+            await asyncio.to_thread(self._engine.stop)
+
+    def info(self) -> ModelInfo:
+        import mlx.core as mx
+
+        rss = round(process_rss_bytes() / MIB, 1)
+        active = round(mx.get_active_memory() / MIB, 1)
+        return ModelInfo(
+            model_id=self.model_id, model_type=self.config.model_type,
+            model_path=str(self._whisper.path) if self._whisper else self.config.model_path,
+            context_length=self._whisper.dims.n_text_ctx if self._whisper else 0, created_at=self.created_at,
+            pid=os.getpid(),
+            memory=MemoryUsage(mlx_active_mb=active, mlx_cache_mb=round(mx.get_cache_memory() / MIB, 1),
+                               mlx_peak_mb=round(mx.get_peak_memory() / MIB, 1), rss_mb=rss, total_mb=rss),
+        )
+
+    def queue_stats(self) -> QueueStats:
+        engine = self._engine
+        return QueueStats(
+            model_id=self.model_id, waiting=engine.waiting_windows if engine else 0,
+            running=engine.active_windows if engine else 0, decoding=engine.active_windows if engine else 0,
+            max_num_seqs=engine.slots if engine else 0, queue_size=None,
+            kv_cache_bytes=engine.decoder.caches.nbytes if engine else 0, prompt_tokens_total=0,
+            generation_tokens_total=engine.tokens_total if engine else 0, tokens_per_s=0.0,
+            steps_total=engine.steps if engine else 0, step_seconds_total=0.0, step_cpu_seconds_total=0.0,
+            process_cpu_seconds_total=round(time.process_time(), 4),
+        )
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        return self._metrics.snapshot()
+
+
+def _segment(index: int, segment, text: str) -> TranscriptSegment:
+    encoded = text.encode()
+    ratio = len(encoded) / max(len(zlib.compress(encoded)), 1) if encoded else 0.0
+    return TranscriptSegment(index, round(segment.start, 2), round(segment.end, 2), text, list(segment.tokens),
+                             segment.temperature, round(segment.avg_logprob, 4), round(ratio, 4),
+                             round(segment.no_speech_prob, 4))
+
+
+def _language_name(code: str) -> str:
+    from mlx_audio.stt.models.whisper.tokenizer import LANGUAGES
+
+    return LANGUAGES.get(code, code)

@@ -1,0 +1,53 @@
+"""What crosses between the ingress and a speech-to-text model: plain dataclasses (a contract module, as
+model_calls.py is: both sides import it, it imports neither). Errors travel as values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine.errors import OrchardError
+
+
+@dataclass
+class TranscribeJob:
+    """One /v1/audio/transcriptions (or /translations) request: the uploaded file as sent, and what to do with it."""
+
+    audio: bytes
+    task: Literal["transcribe", "translate"] = "transcribe"
+    language: str | None = None  # ISO-639-1; None: detected
+    prompt: str | None = None
+    temperature: float = 0.0
+    log_id: str = ""
+
+
+@dataclass
+class TranscriptSegment:
+    """A timed piece of the transcript: OpenAI's verbose_json segment."""
+
+    id: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+@dataclass
+class Transcript:
+    text: str
+    language: str  # its English name, as OpenAI's verbose_json says it ("english")
+    duration_s: float
+    segments: list[TranscriptSegment] = field(default_factory=list)
+
+
+@dataclass
+class TranscriptEvent:
+    """Text decoded since the previous event (`delta`); the last event carries the whole `transcript`, or `error`."""
+
+    delta: str = ""
+    transcript: Transcript | None = None
+    error: OrchardError | None = None

@@ -1,0 +1,46 @@
+"""Speech to text through the real graph (the session's shared graph on Ray Serve): a tiny random Whisper as its own
+application (model_type stt), reached by the `openai` client's audio.transcriptions.create over HTTP, the transcript
+events crossing Ray's handle stream; streamed text equals the whole transcript; the model listed with its type."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.graph.shared_graph import SPEECH as MODEL
+from tests.support.tiny_whisper import espeak_wav
+
+
+@pytest.fixture(scope="module")
+def hello(tmp_path_factory) -> bytes:
+    return espeak_wav("hello world, this is a test of the speech server.", tmp_path_factory.mktemp("speech") / "h.wav")
+
+
+def test_openai_transcriptions_through_ray(shared_graph, hello):
+    client = shared_graph.openai(timeout=120)
+    audio = ("hello.wav", hello, "audio/wav")
+    whole = client.audio.transcriptions.create(model=MODEL, file=audio, language="en")
+    verbose = client.audio.transcriptions.create(model=MODEL, file=audio, language="en",
+                                                 response_format="verbose_json")
+    with shared_graph.http(timeout=120) as http:
+        streamed = http.post("/v1/audio/transcriptions", files={"file": audio},
+                             data={"model": MODEL, "language": "en", "stream": "true"})
+        listed = {m["id"]: m for m in http.get("/v1/admin/loaded-models").json()["data"]}
+    assert whole.text and whole.text == verbose.text and verbose.language == "english"
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "transcript.text.done" and events[-1]["text"] == whole.text
+    assert "".join(e["delta"] for e in events[:-1]).strip() == whole.text
+    assert listed[MODEL]["type"] == "stt" and listed[MODEL]["memory"]["total_mb"] > 0
+
+
+def test_a_chat_model_refuses_audio_and_the_speech_model_refuses_chat(shared_graph, hello):
+    from tests.graph.shared_graph import BETA
+
+    with shared_graph.http(timeout=120) as http:
+        audio_to_chat = http.post("/v1/audio/transcriptions", files={"file": ("h.wav", hello, "audio/wav")},
+                                  data={"model": BETA})
+        chat_to_audio = http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert audio_to_chat.status_code == 400 and "model_type stt" in audio_to_chat.json()["error"]["message"]
+    assert chat_to_audio.status_code == 400 and "speech-to-text" in chat_to_audio.json()["error"]["message"]
