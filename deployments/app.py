@@ -12,7 +12,8 @@ from typing import Any
 from ray.serve import Application
 
 from engine.errors import InvalidRequestError
-from deployments.config import IngressConfig, ModelConfig
+from deployments.config import ModelConfig
+from deployments.ingress_config import IngressConfig
 from deployments.model_sources import check_model_sources
 from deployments.ingress.deployment import Ingress
 from deployments.model.deployment import build_model_application

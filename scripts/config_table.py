@@ -20,7 +20,8 @@ from pydantic_core import PydanticUndefined
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, wherever it runs from
 
 from deployments.bodega import ALIASES, BODEGA_ONLY_FIELDS, DRAFT_FIELDS, UNSUPPORTED  # noqa: E402
-from deployments.config import AdvancedOptions, IngressConfig, ModelConfig, RagConfig, RayActorOptions  # noqa: E402
+from deployments.config import AdvancedOptions, ModelConfig, RayActorOptions
+from deployments.ingress_config import IngressConfig, RagConfig
 from deployments.engine_fields import ADVANCED_KNOBS, FIXED_KNOBS, SERVING_DEFAULTS, EngineKnobs  # noqa: E402
 from deployments.speculative import SpeculativeOptions  # noqa: E402
 
@@ -127,7 +128,7 @@ def model_section() -> list[str]:
 def ingress_section() -> list[str]:
     return [
         "## The ingress", "",
-        "The `args` of the ingress application in serve_config.yaml (`deployments/config.py`'s `IngressConfig`). "
+        "The `args` of the ingress application in serve_config.yaml (`deployments/ingress_config.py`'s `IngressConfig`). "
         "Unknown fields are refused by name.", "",
         *rows(IngressConfig), "",
         "### `rag`", "",

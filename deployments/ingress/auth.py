@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Any
 
 from deployments.api.errors import AuthenticationError, PermissionDeniedError
-from deployments.config import IngressConfig
+from deployments.ingress_config import IngressConfig
 from deployments.ingress.edge import send_error
 
 # Load balancers probe /health and /ready and Prometheus scrapes /metrics without keys (as vLLM's); the API

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.context import _get_global_client
 
-from deployments.config import IngressConfig
+from deployments.ingress_config import IngressConfig
 from deployments.ingress.auth import ApiKeys, check_admin_exposure
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.model_store import ModelStore

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from deployments.config import MediaLimits
+from deployments.ingress_config import MediaLimits
 from deployments.ingress.media_hosts import AddressRule, CheckedTransport, HostRefused, Resolver, resolve
 from deployments.model_calls import ChatPrompt, ImageInput, TextPrompt
 from engine.errors import InvalidRequestError

@@ -43,7 +43,7 @@ from deployments.api.responses_convert import responses_job
 from deployments.api.responses_render import ResponsesRenderer, response_shell
 from deployments.api.responses_schemas import ResponsesRequest
 from deployments.model_calls import GenerateJob
-from deployments.config import DEFAULT_MAX_BODY_BYTES, MediaLimits, RagConfig
+from deployments.ingress_config import DEFAULT_MAX_BODY_BYTES, MediaLimits, RagConfig
 from deployments.ingress.auth import ApiKeyMiddleware, ApiKeys
 from deployments.ingress.audio_routes import audio_router
 from deployments.ingress.embedding_routes import embeddings_router

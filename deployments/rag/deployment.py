@@ -10,7 +10,8 @@ from typing import Any, AsyncIterator
 from ray import serve
 from ray.serve.exceptions import RayServeException
 
-from deployments.config import RagConfig, serve_app_name
+from deployments.config import serve_app_name
+from deployments.ingress_config import RagConfig
 from deployments.model_calls import StreamChunk
 from deployments.rag_calls import (
     AnswerJob, DeleteOutcome, DocumentList, RagUnavailableError, RetrievalJob, RetrievalResult, UploadJob,

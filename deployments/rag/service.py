@@ -11,7 +11,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 
-from deployments.config import RagConfig
+from deployments.ingress_config import RagConfig
 from deployments.model_calls import ChatPrompt, EmbedJob, ModelClient, StreamChunk, TextTokensJob
 from deployments.rag_calls import (
     AnswerJob, DeleteOutcome, DocumentList, RagUnavailableError, RetrievalJob, RetrievalResult, UploadJob,

@@ -82,12 +82,18 @@ class SpeechService:
         self._active += 1
         try:
             self._engine.submit(spec, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+            streamed = False
             while True:
                 event = await events.get()
                 if isinstance(event, TranscriptDelta):
+                    streamed = True
                     yield TranscriptEvent(delta=event.text)
                     continue
-                yield self._final(event, audio.seconds)
+                final = self._final(event, audio.seconds)
+                if not streamed and final.transcript is not None and final.transcript.text:
+                    # A long file's windows are stitched once all are decoded: its text comes as one delta.
+                    yield TranscriptEvent(delta=final.transcript.text)
+                yield final
                 return
         except OrchardError as exc:
             yield TranscriptEvent(error=exc)

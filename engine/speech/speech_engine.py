@@ -297,7 +297,7 @@ class SpeechEngine:
         rows, self._rows = self._rows, []
         failed = {id(row.request): row.request for row in rows}
         for request in failed.values():
-            request.finished = True
+            request.finished = request.cancelled = True  # its windows still waiting never start
             request.emit(TranscriptDone(request.spec.request_id, request.language or "", [], error=exc))
 
 

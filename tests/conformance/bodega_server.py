@@ -22,7 +22,8 @@ from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 from requests.utils import get_encoding_from_headers
 
-from deployments.config import ModelConfig, RagConfig
+from deployments.config import ModelConfig
+from deployments.ingress_config import RagConfig
 from deployments.hub.downloads import DownloadManager
 from tests.serve.local_stack import LocalStack, local_stack
 from tests.support.fake_hub import FakeHub

@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("sentence_transformers", reason="the 'embeddings' extra is not installed")
 
-from deployments.config import ModelConfig, RagConfig  # noqa: E402
+from deployments.config import ModelConfig
+from deployments.ingress_config import RagConfig
 from tests.conformance import docs_snippets  # noqa: E402
 from tests.conformance.bodega_server import BASE_URL, bodega_server, curl_json, ensure_loaded  # noqa: E402
 from tests.conformance.conftest import RAPTOR  # noqa: E402

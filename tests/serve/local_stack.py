@@ -13,7 +13,8 @@ from typing import Any, AsyncIterator
 import httpx
 from fastapi import FastAPI
 
-from deployments.config import DEFAULT_MAX_BODY_BYTES, MediaLimits, ModelConfig, RagConfig
+from deployments.config import ModelConfig
+from deployments.ingress_config import DEFAULT_MAX_BODY_BYTES, MediaLimits, RagConfig
 from deployments.ingress.auth import ApiKeys
 from deployments.ingress.generation import KEEPALIVE_S
 from deployments.ingress.routes import create_app

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from deployments.config import ADMIN_KEY_ENV, API_KEYS_ENV, IngressConfig
+from deployments.ingress_config import ADMIN_KEY_ENV, API_KEYS_ENV, IngressConfig
 from deployments.ingress.auth import (
     ApiKeys,
     RouteAccess,

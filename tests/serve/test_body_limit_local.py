@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from deployments.config import DEFAULT_MAX_BODY_BYTES, IngressConfig, ModelConfig
+from deployments.config import ModelConfig
+from deployments.ingress_config import DEFAULT_MAX_BODY_BYTES, IngressConfig
 from deployments.ingress.auth import ApiKeys
 from tests.serve.local_stack import local_stack
 

@@ -8,7 +8,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from deployments.config import MAX_MODEL_ID_CHARS, IngressConfig, ModelConfig, model_id_of_app, serve_app_name
+from deployments.config import MAX_MODEL_ID_CHARS, ModelConfig, model_id_of_app, serve_app_name
+from deployments.ingress_config import IngressConfig
 from deployments.model_sources import check_admin_model, check_model_folder, check_model_sources, default_model_roots
 from deployments.ingress.model_store import ModelStore
 from engine.errors import InvalidRequestError

@@ -15,7 +15,7 @@ from ipaddress import ip_address
 
 import pytest
 
-from deployments.config import IngressConfig, MediaLimits
+from deployments.ingress_config import IngressConfig, MediaLimits
 from deployments.ingress.media_fetch import ImageLoader, fetch_images, new_http_client
 from deployments.ingress.media_hosts import AddressRule, CheckedBackend, HostRefused, Resolver
 from deployments.model_calls import ChatPrompt, ImageInput

@@ -26,7 +26,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from deployments.config import ModelConfig, RagConfig
+from deployments.config import ModelConfig
+from deployments.ingress_config import RagConfig
 from deployments.ingress.auth import ApiKeys
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.routes import create_app

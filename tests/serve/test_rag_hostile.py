@@ -21,7 +21,8 @@ import pytest
 
 pytest.importorskip("sentence_transformers", reason="the 'embeddings' extra is not installed")
 
-from deployments.config import ModelConfig, RagConfig  # noqa: E402
+from deployments.config import ModelConfig
+from deployments.ingress_config import RagConfig
 from deployments.rag import pdf_text  # noqa: E402
 from deployments.rag import store as store_module  # noqa: E402
 from deployments.rag.store import DocumentStore  # noqa: E402

@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("sentence_transformers", reason="the 'embeddings' extra is not installed")
 
-from deployments.config import ModelConfig, RagConfig  # noqa: E402
+from deployments.config import ModelConfig
+from deployments.ingress_config import RagConfig
 from deployments.rag.pipeline import SYSTEM_PROMPT  # noqa: E402
 from tests.support.town_guide import town_guide_pdf  # noqa: E402
 from tests.serve.local_stack import LocalStack, local_stack  # noqa: E402

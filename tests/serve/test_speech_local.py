@@ -7,10 +7,12 @@ import asyncio
 import json
 import math
 
+import numpy as np
 import openai
 import pytest
 
 from deployments.config import ModelConfig
+from deployments.speech.audio_io import decode_audio, encode_audio
 from tests.serve.local_stack import local_stack
 from tests.support.tiny_whisper import espeak_wav, write_tiny_whisper
 
@@ -118,3 +120,19 @@ def test_audio_past_the_models_limit_is_refused_naming_the_limit(speech, tmp_pat
     answer = asyncio.run(scenario())
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "audio_too_long"
     assert "max_audio_seconds" in answer.json()["error"]["message"]
+
+
+def test_a_long_file_streams_its_stitched_text_before_the_done_event(speech, tiny_models, tmp_path):
+    """Three windows (70 s): the text is stitched once every window is decoded, then sent as a delta."""
+    samples = decode_audio(speech["hello"], 60).samples
+    long_audio = encode_audio(np.tile(samples, int(70 / (len(samples) / 16_000)) + 1)[:70 * 16_000], 16_000, "flac")
+
+    async def scenario():
+        async with local_stack(_configs(speech, tiny_models)) as stack:
+            return await stack.http.post("/v1/audio/transcriptions", files={"file": ("long.flac", long_audio)},
+                                         data={"model": "whisper", "language": "en", "stream": "true"})
+
+    streamed = asyncio.run(scenario())
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["transcript.text.delta", "transcript.text.done"]
+    assert events[0]["delta"] == events[1]["text"] and events[1]["usage"]["seconds"] == 70

@@ -15,7 +15,8 @@ from typing import ClassVar
 
 import pytest
 
-from deployments.config import MediaLimits, ModelConfig
+from deployments.config import ModelConfig
+from deployments.ingress_config import MediaLimits
 from deployments.ingress.media_fetch import ImageLoader
 from deployments.model_calls import ChatPrompt, ImageInput
 from engine.errors import InvalidRequestError

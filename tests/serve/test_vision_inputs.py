@@ -22,7 +22,8 @@ from deployments.api.openai_convert import chat_job
 from deployments.api.openai_schemas import ChatCompletionRequest
 from deployments.api.responses_convert import responses_job
 from deployments.api.responses_schemas import INPUT_ITEMS, ResponsesRequest
-from deployments.config import IngressConfig, MediaLimits, ModelConfig
+from deployments.config import ModelConfig
+from deployments.ingress_config import IngressConfig, MediaLimits
 from deployments.ingress.media_fetch import ImageLoader, check_images
 from deployments.model_calls import ChatPrompt, ImageInput, TextPrompt
 from engine.errors import InvalidRequestError
