@@ -27,6 +27,7 @@ from engine.process_memory import process_rss_bytes
 
 logger = logging.getLogger("ray.serve.orchard")
 MIB = 1024 * 1024
+CPU_MAX_SLOTS = 4
 
 
 class SpeechService:
@@ -61,7 +62,8 @@ class SpeechService:
         folder = default_stt_path() if self.config.model_path == DEFAULT_STT_MODEL_PATH else Path(self.config.model_path)
         self._whisper = load_whisper(folder)
         gpu = mx.default_device() == mx.gpu
-        slots = self.config.max_decode_seqs or (32 if gpu else 4)
+        # A slot holds a window's caches (~48 MB for Whisper base); a CPU decodes few windows at once: at most 4 there.
+        slots = self.config.max_decode_seqs if gpu else min(self.config.max_decode_seqs, CPU_MAX_SLOTS)
         return SpeechEngine(self._whisper, slots=slots, encode_batch=8 if gpu else 2)
 
     # ---- transcription --------------------------------------------------------------------------------
