@@ -4,7 +4,6 @@ model's side. `stream: true` answers transcript.text.delta events as the text de
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from pathlib import PurePath
@@ -19,7 +18,7 @@ from deployments.api.errors import wire_error
 from deployments.api.openapi_errors import EVENT_STREAM, GENERATION, error_responses
 from deployments.api.sse import SSE_HEADERS, SSE_KEEPALIVE, sse_event
 from deployments.ingress.edge import REQUEST_ID
-from deployments.ingress.generation import KEEPALIVE_S
+from deployments.ingress.generation import KEEPALIVE_S, ChunkReader
 from deployments.ingress.model_registry import Registry
 from deployments.metrics.ingress_metrics import Api, IngressMetrics, RequestOutcome
 from deployments.speech_calls import Transcript, TranscriptEvent
@@ -109,32 +108,26 @@ async def _whole(events: AsyncIterator[TranscriptEvent], tally) -> Transcript:
 async def _streamed(events: AsyncIterator[TranscriptEvent], tally, keepalive_s: float) -> AsyncIterator[str]:
     """SSE: a delta per decoded piece of text, then the done event; a keep-alive comment while the audio encodes;
     an error as OpenAI streams one (data: {"error": ...})."""
-    async with contextlib.aclosing(events) as stream:
-        iterator = stream.__aiter__()
-        pending = asyncio.ensure_future(anext(iterator))
-        try:
-            while True:
-                done, _ = await asyncio.wait({pending}, timeout=keepalive_s)
-                if not done:
-                    yield SSE_KEEPALIVE
-                    continue
-                try:
-                    event = pending.result()
-                except StopAsyncIteration:
-                    tally.end(RequestOutcome.ERROR)
-                    return
-                if event.error is not None:
-                    tally.end(RequestOutcome.ERROR)
-                    yield sse_event(wire_error(event.error).body)
-                    return
-                if event.transcript is not None:
-                    tally.end(RequestOutcome.FINISHED)
-                    yield sse_event(done_event(event.transcript))
-                    return
-                if event.delta:
-                    yield sse_event(delta_event(event.delta))
-                pending = asyncio.ensure_future(anext(iterator))
-        finally:
-            if not pending.done():
-                pending.cancel()
-            tally.end(RequestOutcome.ABORTED)
+    reader = ChunkReader(events)  # a read that times out stays pending for the next one
+    try:
+        while True:
+            try:
+                event = await reader.next(keepalive_s)
+            except StopAsyncIteration:
+                tally.end(RequestOutcome.ERROR)
+                return
+            if event is None:
+                yield SSE_KEEPALIVE
+            elif event.error is not None:
+                tally.end(RequestOutcome.ERROR)
+                yield sse_event(wire_error(event.error).body)
+                return
+            elif event.transcript is not None:
+                tally.end(RequestOutcome.FINISHED)
+                yield sse_event(done_event(event.transcript))
+                return
+            elif event.delta:
+                yield sse_event(delta_event(event.delta))
+    finally:
+        tally.end(RequestOutcome.ABORTED)  # counted once: a stream that ended above keeps its outcome
+        await reader.aclose()
