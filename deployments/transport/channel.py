@@ -8,7 +8,9 @@ engine slows its steps (docs/decisions.md: the in-process engine ran 10.8 ms ste
 with 3 and 6 busy processes beside it). Here one connection carries every stream: a frame per message, each
 stream's chunks tagged with its id, and whatever chunks are ready go out together in one frame.
 
-The socket lies in a directory only this user can enter, and a connection must first show the replica's token.
+The socket lies in a directory only this user can enter (transport/socket_dirs.py: removed when the channel closes
+or its process exits, swept at a later start if its process died), and a connection must first show the replica's
+token.
 Ray handles stay the control plane: the ingress asks the replica for its ChannelAddress with one handle call.
 """
 
@@ -21,8 +23,6 @@ import logging
 import os
 import pickle
 import secrets
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
@@ -31,10 +31,12 @@ from engine.errors import EngineDeadError, ModelUnloadedError
 from engine.mailbox import Pending, merged
 from deployments.model_calls import GenerateJob, StreamChunk
 from deployments.transport.errors import model_process_died
+from deployments.transport.socket_dirs import (
+    SOCKET_NAME, make_socket_dir, remove_socket_dir, sweep_stale_socket_dirs,
+)
 
 logger = logging.getLogger("ray.serve.orchard")
 MAX_FRAME_BYTES = 1 << 30  # a frame's length field beyond this means a broken peer, not a message
-SOCKET_NAME = "stream.sock"
 
 Generate = Callable[[GenerateJob], AsyncIterator[StreamChunk]]
 
@@ -154,13 +156,14 @@ class ChannelServer:
         self.address: ChannelAddress | None = None  # set once listening
 
     async def start(self) -> ChannelAddress:
-        self._dir = Path(tempfile.mkdtemp(prefix="orchard-channel-"))  # mode 0700: this user only
+        sweep_stale_socket_dirs()  # a SIGKILLed replica's directory, found by the next one to start
+        self._dir = make_socket_dir()
         path = self._dir / SOCKET_NAME
         try:
             self._server = await asyncio.start_unix_server(self._serve_connection, path=str(path))
             os.chmod(path, 0o600)
         except OSError:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            remove_socket_dir(self._dir)
             raise
         self.address = ChannelAddress(self._node_id, str(path), self._token)
         return self.address
@@ -189,7 +192,7 @@ class ChannelServer:
         if handlers:
             await asyncio.wait(handlers, timeout=5.0)
         if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            remove_socket_dir(self._dir)
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = ChannelConnection(writer)

@@ -147,6 +147,7 @@ def test_streams_in_flight_end_with_an_error_when_the_replica_goes(run_with_chan
         for stream in streams:
             assert (await anext(stream)).error is None
         await server.close(drain_s=0.0)  # as an unload past its drain time, or a replica that died
+        assert not os.path.exists(os.path.dirname(address.path))  # its socket and private directory are gone
         for stream in streams:
             last = None
             async for last in stream:
