@@ -10,6 +10,7 @@ without tools drop `tool_calls` and know no `tool` role.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from deployments.model_calls import ToolChoiceMode
@@ -32,6 +33,7 @@ _COMPACT_INTRO = (
 )
 # A compact description keeps this much of a function's description (its first sentence, at most).
 COMPACT_DESCRIPTION_CHARS = 200
+_WORD = re.compile(r"\S+")
 _HOW_TO_CALL = (
     "\n</tools>\n\n"
     "To call a function, reply with a JSON object holding its name and arguments inside <tool_call></tool_call> "
@@ -77,11 +79,24 @@ def _compact(function: dict[str, Any]) -> dict[str, Any]:
 
 
 def _first_sentence(text: str) -> str:
-    text = " ".join(text.split())
+    # Only the start can be kept, so only the start is read: a description of megabytes took seconds here.
+    text = " ".join(_leading_words(text, COMPACT_DESCRIPTION_CHARS + 1))[:COMPACT_DESCRIPTION_CHARS + 1]
     end = next((i + 1 for i, c in enumerate(text) if c in ".!?" and (i + 1 == len(text) or text[i + 1] == " ")),
                len(text))
     text = text[:end]
     return text if len(text) <= COMPACT_DESCRIPTION_CHARS else text[:COMPACT_DESCRIPTION_CHARS - 3] + "..."
+
+
+def _leading_words(text: str, chars: int) -> list[str]:
+    """The first words of `text` (split at whitespace) that, joined by single spaces, take at least `chars`."""
+    words: list[str] = []
+    length = -1
+    for match in _WORD.finditer(text):
+        words.append(match.group())
+        length += len(words[-1]) + 1
+        if length >= chars:
+            break
+    return words
 
 
 def _type_name(spec: Any) -> str:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from deployments.chat import generic_tools
+from deployments.chat.prompt_bound import message_texts, prompt_limit
 from deployments.chat.vision_prompts import VisionPromptEncoder
 from engine.errors import InvalidRequestError
 from engine.vision.inputs import VisionInputs
@@ -33,9 +34,12 @@ class EncodedPrompt:
 class PromptEncoder:
     def __init__(
         self, tokenizer: Any, tools_in_system_prompt: bool = False, tools_token_budget: int | None = None,
-        vision: VisionPromptEncoder | None = None,
+        vision: VisionPromptEncoder | None = None, context_length: int | None = None,
     ) -> None:
         self._tokenizer = tokenizer
+        # With a context length: a prompt that certainly exceeds it is refused from its length, before the template
+        # and the tokenizer run (prompt_bound.py); None where this tokenizer gives no bound (the exact check stays).
+        self._limit = prompt_limit(tokenizer, context_length) if context_length is not None else None
         self._vision = vision  # a multimodal model's images; None: the model takes text only
         # The generic tool format (chat/generic_tools.py): the template is never given tools or tool turns.
         self._tools_in_system_prompt = tools_in_system_prompt
@@ -48,14 +52,22 @@ class PromptEncoder:
 
     def encode(self, prompt: ChatPrompt | TextPrompt) -> EncodedPrompt:
         if isinstance(prompt, ChatPrompt):
+            self._check_length(message_texts(prompt.messages), "messages")
             if prompt.images or prompt.videos:
                 return self._with_images(prompt)
             text = self._chat_text(prompt)
+            # The rendered text (tools, tool calls, past reasoning): the tokenizer then takes a bounded text.
+            self._check_length([text], "messages")
             # The template already holds any BOS/special tokens the model expects.
             return EncodedPrompt(list(self._tokenizer.encode(text, add_special_tokens=False)), text)
         if prompt.token_ids is not None:
             return EncodedPrompt(list(prompt.token_ids), "")
+        self._check_length([prompt.text or ""], "prompt")
         return EncodedPrompt(list(self._tokenizer.encode(prompt.text or "")), prompt.text or "")
+
+    def _check_length(self, texts: Iterable[str], param: str) -> None:
+        if self._limit is not None:
+            self._limit.check(texts, param)
 
     def _with_images(self, prompt: ChatPrompt) -> EncodedPrompt:
         if self._vision is None:
@@ -64,6 +76,7 @@ class PromptEncoder:
                 param=(prompt.images or prompt.videos)[0].param,
             )
         text = self._chat_text(prompt)
+        self._check_length([text], "messages")
         encoded = self._vision.encode(text, prompt.images, prompt.videos)
         return EncodedPrompt(encoded.token_ids, text, encoded.vision, encoded.cache_keys)
 
@@ -84,7 +97,7 @@ class PromptEncoder:
         if not tools:
             return self._render(messages, None, prompt.template_kwargs)
         block = generic_tools.tools_block(tools, prompt.tool_choice, prompt.tool_name)
-        if self._tools_token_budget is not None and len(self._tokenizer.encode(block)) > self._tools_token_budget:
+        if self._tools_token_budget is not None and self._over_budget(block, self._tools_token_budget):
             block = generic_tools.tools_block(tools, prompt.tool_choice, prompt.tool_name, compact=True)
         try:
             return self._render(generic_tools.with_system_block(messages, block), None, prompt.template_kwargs)
@@ -93,6 +106,12 @@ class PromptEncoder:
                 raise  # the client's own system turn fails too
             # Some templates refuse a system turn (Gemma's): the tools then open the first user turn.
             return self._render(generic_tools.with_user_block(messages, block), None, prompt.template_kwargs)
+
+    def _over_budget(self, block: str, budget: int) -> bool:
+        """Whether the tools' block takes more than `budget` tokens; one certainly longer is not tokenized."""
+        if self._limit is not None and self._limit.exceeds(block, budget):
+            return True
+        return len(self._tokenizer.encode(block)) > budget
 
     def _render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]

@@ -112,7 +112,7 @@ class ModelService:
         self._prompts = PromptEncoder(
             tokenizer, tools_in_system_prompt=self.parser_names.tools_in_system_prompt,
             tools_token_budget=self._engine.served.context_length // TOOLS_CONTEXT_SHARE,
-            vision=self._vision_encoder(),
+            vision=self._vision_encoder(), context_length=self._engine.served.context_length,
         )
         self._token_texts = TokenTexts(tokenizer)
         self.created_at = int(time.time())
