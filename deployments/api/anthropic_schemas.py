@@ -18,11 +18,14 @@ from deployments.api.unknown_fields import accept_unknown_fields
 from engine.errors import InvalidRequestError
 from deployments.api.request_limits import (
     INT32_MAX,
+    MAX_ID_CHARS,
     MAX_MESSAGES,
     MAX_STOP_STRINGS,
     MAX_SYSTEM_BLOCKS,
     MAX_TOOLS,
+    IdString,
     at_most,
+    at_most_chars,
     refuse_invalid_unicode,
 )
 
@@ -193,6 +196,15 @@ class ContextManagement(BaseModel):
     edits: list[ContextEdit] = Field(default_factory=list)
 
 
+class Metadata(BaseModel):
+    """Anthropic's request metadata: `user_id` (Claude Code's is a JSON string of about 150 characters), bounded as an
+    id; other keys are accepted (unused, never echoed)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    user_id: IdString | None = None
+
+
 class _MessagesFields(BaseModel):
     model_config = ConfigDict(extra="allow", protected_namespaces=(), allow_inf_nan=False)
 
@@ -241,13 +253,18 @@ class MessagesRequest(_MessagesFields):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0, le=INT32_MAX)  # at or above the vocabulary: every token
     stream: bool = False
-    metadata: dict[str, Any] | None = None  # e.g. Claude Code's user_id (a JSON string): accepted, unused
-    # Accepted and unused: they concern Anthropic's own service.
-    service_tier: str | None = None
-    container: Any = None
+    metadata: Metadata | None = None  # accepted, unused
+    # Accepted and unused: they concern Anthropic's own service. Ids are bounded all the same (request_limits).
+    service_tier: IdString | None = None
+    container: Any = None  # a container's id, or its parameters
     mcp_servers: list[Any] | None = None
     # Ours (as on the OpenAI routes): false keeps this request from speculating (null: true).
     speculative: StrictBool | None = None
+
+    @field_validator("container")
+    @classmethod
+    def _bounded_container(cls, container: Any) -> Any:
+        return at_most_chars(container, MAX_ID_CHARS, "container")
 
 
 class CountTokensRequest(_MessagesFields):

@@ -20,7 +20,9 @@ from deployments.api.request_limits import (
     MAX_MESSAGES,
     MAX_STOP_STRINGS,
     MAX_TOOLS,
+    IdString,
     at_most,
+    bounded_metadata,
     refuse_invalid_unicode,
 )
 
@@ -197,7 +199,7 @@ class _SamplingFields(BaseModel):
     n: int | None = Field(None, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None  # accepted and ignored (no per-user accounting here)
+    user: IdString | None = None  # accepted and ignored (no per-user accounting here); bounded as an id
     response_format: ResponseFormat | None = None
     # vLLM's structured-output extras (at most one of them, and not with a JSON response_format).
     guided_json: dict[str, Any] | str | None = None
@@ -232,8 +234,13 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    metadata: dict[str, str] | None = None  # OpenAI platform bookkeeping: accepted, unused
+    metadata: dict[str, str] | None = None  # OpenAI platform bookkeeping: accepted, unused, held to OpenAI's bounds
     store: bool | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded_metadata(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        return bounded_metadata(metadata)
 
 
 class CompletionRequest(_SamplingFields):

@@ -26,9 +26,13 @@ from pydantic import (
 
 from deployments.api.request_limits import (
     INT32_MAX,
+    MAX_ID_CHARS,
     MAX_MESSAGES,
     MAX_TOOLS,
+    IdString,
     at_most,
+    at_most_chars,
+    bounded_metadata,
     refuse_invalid_unicode,
 )
 from deployments.api.unknown_fields import accept_unknown_fields
@@ -284,15 +288,16 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     store: bool | None = None  # null: true, as OpenAI
-    previous_response_id: str | None = None
+    # Echoed in every Response object and kept with it in the store: bounded (request_limits).
+    previous_response_id: IdString | None = None
     background: bool | None = None
     include: list[str] | None = None
     metadata: dict[str, str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    user: str | None = None
-    prompt_cache_key: str | None = None  # the prefix cache needs no key
-    safety_identifier: str | None = None
-    service_tier: str | None = None  # one tier here
+    user: IdString | None = None
+    prompt_cache_key: IdString | None = None  # the prefix cache needs no key
+    safety_identifier: IdString | None = None
+    service_tier: IdString | None = None  # one tier here
     # Ours (as on chat completions): false keeps this request from speculating (null: true).
     speculative: StrictBool | None = None
 
@@ -305,6 +310,29 @@ class ResponsesRequest(BaseModel):
     def _unknown_fields(self) -> ResponsesRequest:
         accept_unknown_fields("responses", self.model_extra)
         return self
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded_metadata(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        return bounded_metadata(metadata)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _bounded_tool_choice(cls, choice: Any) -> Any:
+        """The names a tool choice holds are echoed (and stored) as given, or quoted in the error that refuses
+        them: bounded like ids. Checked here to name the place, not the union member (`tool_choice.tools[1].name`)."""
+        if isinstance(choice, FunctionChoice):
+            at_most_chars(choice.name, MAX_ID_CHARS, "tool_choice.name")
+        elif isinstance(choice, AllowedToolsChoice):
+            if len(choice.tools) > MAX_TOOLS:
+                raise InvalidRequestError(f"Invalid 'tool_choice.tools': at most {MAX_TOOLS} tools are allowed, got "
+                                          f"{len(choice.tools)}", param="tool_choice.tools")
+            for index, ref in enumerate(choice.tools):
+                at_most_chars(ref.type, MAX_ID_CHARS, f"tool_choice.tools[{index}].type")
+                at_most_chars(ref.name, MAX_ID_CHARS, f"tool_choice.tools[{index}].name")
+        elif isinstance(choice, HostedToolChoice):
+            at_most_chars(choice.type, MAX_ID_CHARS, "tool_choice.type")
+        return choice
 
     @field_validator("input", mode="before")
     @classmethod

@@ -1,5 +1,6 @@
 """Bad requests over HTTP (in-process stack, real engines): 400 in each API's shape naming the field, never a dead
-engine. Lone surrogates, 32-bit bounds, and the counts of messages, tools and stop strings."""
+engine. Lone surrogates, 32-bit bounds, the counts of messages, tools and stop strings, and the lengths of the ids
+and metadata a response echoes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import openai
 import pytest
 
 from deployments.api.request_limits import (
+    MAX_ID_CHARS,
     MAX_MESSAGES,
+    MAX_METADATA_KEY_CHARS,
+    MAX_METADATA_PAIRS,
+    MAX_METADATA_VALUE_CHARS,
     MAX_STOP_STRINGS,
     MAX_SYSTEM_BLOCKS,
     MAX_TOOLS,
@@ -41,6 +46,10 @@ def chat(**fields) -> dict:
 
 def messages(**fields) -> dict:
     return {"model": MODEL, "messages": USER, "max_tokens": 4, **fields}
+
+
+def responses(**fields) -> dict:
+    return {"model": MODEL, "input": "t1 t2 t3", "max_output_tokens": 4, "temperature": 0, **fields}
 
 
 async def post(stack: LocalStack, path: str, body: dict):
@@ -189,6 +198,83 @@ def test_counts_at_the_limits_are_accepted(alpha):
     assert stopped.status_code == 200 and sequences.status_code == 200
 
 
+# ---- lengths of echoed ids and metadata (issue 59) ----------------------------------------------------------------
+SEVEN_MB = "u" * 7_000_000  # the issue's: each such field grew the Responses store by 7 MB per stored response
+AT_ID_LIMIT = "i" * MAX_ID_CHARS
+TOO_MANY_PAIRS = {f"k{i}": "v" for i in range(MAX_METADATA_PAIRS + 1)}
+METADATA_AT_LIMITS = {f"{i:0{MAX_METADATA_KEY_CHARS}d}": "v" * MAX_METADATA_VALUE_CHARS
+                      for i in range(MAX_METADATA_PAIRS)}
+ALLOWED_TOOLS = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp", "name": SEVEN_MB}]}
+# Claude Code 2.1's metadata.user_id (tests/fixtures/agents/claude_code): a JSON string of 150 characters.
+CLAUDE_CODE_USER_ID = ('{"device_id":"001c679cfd641a6ea2f7c9377e0d6740bf5cc13d1c7260cbb063b2567dc2aeb4",'
+                       '"account_uuid":"","session_id":"fafe0f38-061c-4581-ab1c-30aec7382490"}')
+OPENAI_LENGTHS = [
+    ("/v1/responses", responses(user=SEVEN_MB), "user", f"at most {MAX_ID_CHARS} characters"),
+    ("/v1/responses", responses(prompt_cache_key=SEVEN_MB), "prompt_cache_key", f"at most {MAX_ID_CHARS} characters"),
+    ("/v1/responses", responses(safety_identifier=SEVEN_MB), "safety_identifier", f"at most {MAX_ID_CHARS}"),
+    ("/v1/responses", responses(previous_response_id=SEVEN_MB), "previous_response_id", f"at most {MAX_ID_CHARS}"),
+    ("/v1/responses", responses(service_tier=AT_ID_LIMIT + "x"), "service_tier", f"at most {MAX_ID_CHARS}"),
+    ("/v1/responses", responses(metadata=TOO_MANY_PAIRS), "metadata", f"at most {MAX_METADATA_PAIRS} key-value"),
+    ("/v1/responses", responses(metadata={SEVEN_MB: "v"}), "metadata", f"at most {MAX_METADATA_KEY_CHARS} are"),
+    ("/v1/responses", responses(metadata={"k": SEVEN_MB}), "metadata.k", f"at most {MAX_METADATA_VALUE_CHARS}"),
+    ("/v1/responses", responses(tool_choice=ALLOWED_TOOLS), "tool_choice.tools[0].name", f"at most {MAX_ID_CHARS}"),
+    ("/v1/chat/completions", chat(user=SEVEN_MB), "user", f"at most {MAX_ID_CHARS} characters"),
+    ("/v1/chat/completions", chat(metadata=TOO_MANY_PAIRS), "metadata", f"at most {MAX_METADATA_PAIRS} key-value"),
+    ("/v1/chat/completions", chat(metadata={"k" * (MAX_METADATA_KEY_CHARS + 1): "v"}), "metadata",
+     f"at most {MAX_METADATA_KEY_CHARS} are"),
+    ("/v1/chat/completions", chat(metadata={"k": "v" * (MAX_METADATA_VALUE_CHARS + 1)}), "metadata.k",
+     f"at most {MAX_METADATA_VALUE_CHARS}"),
+    ("/v1/completions", {"model": MODEL, "prompt": "t1", "max_tokens": 4, "user": SEVEN_MB}, "user",
+     f"at most {MAX_ID_CHARS} characters"),
+]
+ANTHROPIC_LENGTHS = [
+    (messages(metadata={"user_id": SEVEN_MB}), "metadata.user_id", f"at most {MAX_ID_CHARS} characters"),
+    (messages(service_tier=SEVEN_MB), "service_tier", f"at most {MAX_ID_CHARS} characters"),
+    (messages(container=SEVEN_MB), "container", f"at most {MAX_ID_CHARS} characters"),
+]
+
+
+def test_long_echoed_ids_and_metadata_are_400_naming_the_field(alpha):
+    """Issue 59's reproduction: a 7 MB user, prompt_cache_key or safety_identifier was answered, echoed and stored
+    (~23 MB of ingress memory per response); now each is a 400 naming it, in each API's shape, and none quotes the
+    string back."""
+    async def scenario():
+        async with local_stack([alpha]) as stack:
+            openai_answers = [await post(stack, path, body) for path, body, _, _ in OPENAI_LENGTHS]
+            anthropic_answers = [await post(stack, "/v1/messages", body) for body, _, _ in ANTHROPIC_LENGTHS]
+            return openai_answers, anthropic_answers
+
+    openai_answers, anthropic_answers = asyncio.run(scenario())
+    for (_, _, param, words), response in zip(OPENAI_LENGTHS, openai_answers):
+        assert len(response.content) < 2_000, response.content[:300]  # first: a failure would quote 7 MB
+        assert_openai_400(response, param, words)
+    for (_, param, words), response in zip(ANTHROPIC_LENGTHS, anthropic_answers):
+        assert len(response.content) < 2_000, response.content[:300]
+        assert_anthropic_400(response, param, words)
+
+
+def test_ids_and_metadata_at_the_limits_are_accepted_and_echoed(alpha):
+    ids = {"user": AT_ID_LIMIT, "prompt_cache_key": AT_ID_LIMIT, "safety_identifier": AT_ID_LIMIT}
+
+    async def scenario():
+        async with local_stack([alpha]) as stack:
+            answered = await post(stack, "/v1/responses", responses(**ids, metadata=METADATA_AT_LIMITS))
+            stored = await stack.http.get(f"/v1/responses/{answered.json()['id']}")
+            chained = await post(stack, "/v1/responses", responses(previous_response_id=answered.json()["id"]))
+            chatted = await post(stack, "/v1/chat/completions", chat(user=AT_ID_LIMIT, metadata=METADATA_AT_LIMITS))
+            claude = await post(stack, "/v1/messages", messages(metadata={"user_id": CLAUDE_CODE_USER_ID}))
+            at_limit = await post(stack, "/v1/messages", messages(metadata={"user_id": AT_ID_LIMIT},
+                                                                   service_tier=AT_ID_LIMIT, container=AT_ID_LIMIT))
+            return answered, stored, chained, chatted, claude, at_limit
+
+    answered, stored, chained, *others = asyncio.run(scenario())
+    assert answered.status_code == 200 and stored.status_code == 200, (answered.text[:300], stored.text[:300])
+    for response in (answered.json(), stored.json()):
+        assert {name: response[name] for name in ids} == ids and response["metadata"] == METADATA_AT_LIMITS
+    assert chained.status_code == 200 and chained.json()["previous_response_id"] == answered.json()["id"]
+    assert [r.status_code for r in others] == [200, 200, 200], [r.text[:300] for r in others]
+
+
 def test_the_openapi_spec_states_the_bounds(alpha):
     async def scenario():
         async with local_stack([alpha]) as stack:
@@ -203,6 +289,11 @@ def test_the_openapi_spec_states_the_bounds(alpha):
     for fields in (chat_fields, messages_fields):
         assert fields["top_k"]["anyOf"][0]["maximum"] == 2**31 - 1
         assert fields["tools"]["anyOf"][0]["maxItems"] == MAX_TOOLS
+    responses_fields = schemas["ResponsesRequest"]["properties"]
+    for fields, name in [(responses_fields, "user"), (responses_fields, "prompt_cache_key"),
+                         (responses_fields, "safety_identifier"), (chat_fields, "user")]:
+        assert fields[name]["anyOf"][0]["maxLength"] == MAX_ID_CHARS, name
+    assert schemas["Metadata"]["properties"]["user_id"]["anyOf"][0]["maxLength"] == MAX_ID_CHARS
 
 
 def test_the_unicode_check_names_the_path_and_survives_deep_nesting():

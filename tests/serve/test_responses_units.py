@@ -3,7 +3,9 @@ stream state equal the whole response, failures end a stream with response.faile
 
 from __future__ import annotations
 
+import gc
 import json
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -17,7 +19,7 @@ from deployments.api.errors import PreviousResponseNotFoundError, ResponseNotFou
 from deployments.api.responses_render import ResponsesRenderer, response_shell
 from deployments.api.responses_schemas import INPUT_ITEMS, FunctionCallItem, MessageItem, ResponsesRequest
 from deployments.output_deltas import ToolCallDelta
-from deployments.ingress.responses_store import ResponseStore
+from deployments.ingress.responses_store import ResponseStore, stored_size
 from deployments.model_calls import StreamChunk, TokenLogprobInfo, TopTokenLogprob
 from engine.errors import ContextLengthExceededError, EngineDeadError, QueueFullError
 from engine.output.request_output import Finish, Usage
@@ -206,8 +208,8 @@ def test_store_is_bounded_by_count_least_recently_used_first_and_by_idle_time():
 
 
 def test_store_is_bounded_by_bytes_least_recently_used_first():
-    one = len(json.dumps(stored_response("a", "x" * 1000))) + len(INPUT_ITEMS.dump_json(
-        INPUT_ITEMS.validate_python(stored_response("a", "x" * 1000)["output"])))
+    one = stored_size(stored_response("a", "x" * 1000),
+                      INPUT_ITEMS.validate_python(stored_response("a", "x" * 1000)["output"]))
     store = ResponseStore(max_responses=100, max_bytes=int(2.5 * one))
     for name in "abc":
         store.put(stored_response(name, "x" * 1000), [], None)
@@ -223,3 +225,42 @@ def test_store_is_bounded_by_bytes_least_recently_used_first():
         store.get("big")
     store.delete("b")
     assert store.stored_bytes == one
+
+
+ISSUE_59_ECHO = 7_000_000  # the issue's strings: user, prompt_cache_key and safety_identifier of 7 MB each
+
+
+def echoing(response_id: str) -> tuple[dict[str, Any], list[Any]]:
+    """A response echoing three 7 MB ids, as the ingress stored them before they were bounded (request_limits)."""
+    echo = {name: name[0] * ISSUE_59_ECHO for name in ("user", "prompt_cache_key", "safety_identifier")}
+    response = {**stored_response(response_id, "x"), **echo, "metadata": {"k": "v"}}
+    return response, [MessageItem(role="user", content="q")]
+
+
+def empty_parts(response_id: str) -> tuple[dict[str, Any], list[Any]]:
+    """100,000 empty text parts: 3 MB of JSON, no tokens, and about 50 MB of Python objects."""
+    items = INPUT_ITEMS.validate_python([{"role": "user", "content": [{"type": "input_text", "text": ""}] * 100_000}])
+    return stored_response(response_id, "x"), items
+
+
+def long_text(response_id: str) -> tuple[dict[str, Any], list[Any]]:
+    return stored_response(response_id, "y" * 2_000_000), [MessageItem(role="user", content="q" * 2_000_000)]
+
+
+@pytest.mark.parametrize("make", [echoing, empty_parts, long_text])
+def test_store_counts_the_bytes_a_response_holds(make):
+    """stored_bytes against the memory the store really keeps (tracemalloc): never less than 90% of it (the bound
+    holds), never more than twice (a bound that refused what fits would be wrong the other way)."""
+    store = ResponseStore(max_bytes=1 << 30)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        store.put(*make("r1"), None)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(store) == 1 and store.get("r1")
+    assert 0.9 * held <= store.stored_bytes <= 2 * held, (store.stored_bytes, held)
+    if make is echoing:
+        assert store.stored_bytes > 3 * ISSUE_59_ECHO
