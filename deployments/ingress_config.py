@@ -53,6 +53,26 @@ class RagConfig(BaseModel):
     max_top_k: int = Field(50, ge=1, description="the most sources a query may ask for (top_k)")
 
 
+class AdminLoadLimits(BaseModel):
+    """serve_config.yaml's `admin_loads`: bounds on what POST /v1/admin/load-model may ask for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_replicas: int | None = Field(
+        None, ge=1, description="num_replicas a load may ask for (null: one per GPU of the cluster, at least 1)")
+    max_cpus_per_replica: float | None = Field(
+        None, ge=0, description="ray_actor_options.num_cpus a load may ask for (null: the largest node's CPUs)")
+    max_gpus_per_replica: float | None = Field(
+        None, ge=0, description="ray_actor_options.num_gpus a load may ask for (null: the largest node's GPUs)")
+    allow_custom_resources: bool = Field(
+        False, description="whether a load may name custom Ray resources (ray_actor_options.resources)")
+    max_in_flight: int = Field(
+        4, ge=1, description="loads running at once (downloading or starting); more get 429 until one settles")
+    timeout_s: float = Field(
+        900.0, gt=0, description="a load whose model does not serve this long after its files are here fails "
+        "(its application is deleted); the download before it is not counted")
+
+
 class IngressConfig(BaseModel):
     """The ingress application's `args` in serve_config.yaml.
 
@@ -77,11 +97,13 @@ class IngressConfig(BaseModel):
     max_ongoing_requests: int = Field(1024, ge=1, description="requests the ingress replica takes at once")
     # Responses kept for GET /v1/responses/{id} and previous_response_id, in the ingress's memory.
     responses_store_size: int = Field(1000, ge=0, description="stored responses, least recently used out first")
-    responses_store_bytes: int = Field(256 << 20, ge=0, description="their bytes (as JSON), least recently used out first")
+    responses_store_bytes: int = Field(256 << 20, ge=0, description="their bytes (JSON and the items' objects), least recently used out first")
     responses_store_ttl_s: float = Field(86400.0, gt=0, description="a stored response unused this long is dropped")
     ray_actor_options: RayActorOptions = Field(
         default_factory=RayActorOptions, description="Ray's resources for the ingress replica (and the RAG one)")
     rag: RagConfig | None = Field(default_factory=RagConfig, description="/v1/rag/* (null: off)")
+    admin_loads: AdminLoadLimits = Field(
+        default_factory=AdminLoadLimits, description="what POST /v1/admin/load-model may reserve, and its deadline")
     # Images in requests: data URLs and base64 always; http(s) URLs only when allowed, from public addresses only
     # unless remote_media_allow_private (ingress/media_hosts.py). file:// and other schemes never.
     allow_remote_media: bool = Field(MediaLimits.allow_remote_media, description="fetch http(s) image URLs")

@@ -231,6 +231,9 @@ class ModelInfo:
     health: EngineHealth = field(default_factory=lambda: EngineHealth(EngineStatus.RUNNING))
     engine_pid: int | None = None  # where the engine steps in a process of its own
     engine_restarts: int = 0
+    # Ray's node of the replica that answered, when it is the model's only one: an ingress on that node can tell
+    # at once that its process died (Serve notices at its next health check, up to 10 s later).
+    sole_replica_node: str | None = None
 
 
 @dataclass

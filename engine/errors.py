@@ -107,3 +107,9 @@ class ModelExistsError(OrchardError):
     """A load asked for a model id that is already loaded (or loading)."""
 
     code = "model_already_loaded"
+
+
+class TooManyLoadsError(OrchardError):
+    """As many admin loads run as the operator allows (admin_loads.max_in_flight): retry once one settles."""
+
+    code = "too_many_loads"

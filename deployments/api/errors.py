@@ -22,6 +22,7 @@ from engine.errors import (
     ModelUnloadedError,
     OrchardError,
     QueueFullError,
+    TooManyLoadsError,
     QueueTimeoutError,
     RetryLaterError,
 )
@@ -41,6 +42,7 @@ from deployments.rag_calls import (
 )
 
 QUEUE_RETRY_AFTER_S = 1
+LOAD_RETRY_AFTER_S = 5  # a load settles in seconds to minutes
 ANTHROPIC_PATHS = "/v1/messages"  # these routes answer errors in Anthropic's shape
 
 
@@ -104,6 +106,7 @@ _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (ModelExistsError, _Rule(409, "invalid_request_error")),
     (NotServedYetError, _Rule(501, "invalid_request_error")),
     (QueueFullError, _Rule(429, "rate_limit_error", QUEUE_RETRY_AFTER_S)),
+    (TooManyLoadsError, _Rule(429, "rate_limit_error", LOAD_RETRY_AFTER_S)),
     (QueueTimeoutError, _Rule(503, "server_error", QUEUE_RETRY_AFTER_S)),
     (ModelLoadingError, _Rule(503, "server_error")),
     (ModelLoadError, _Rule(503, "server_error")),

@@ -38,7 +38,7 @@ _MEANING = {
          "it or it downloads)",
     413: "The request body is larger than the ingress's max_body_bytes (a RAG upload: rag.max_upload_bytes, pages, "
          "text, or its reader's time or memory)",
-    429: "The model's queue is full; retry after Retry-After seconds",
+    429: "The model's queue is full, or as many admin loads run as the server allows; retry after Retry-After seconds",
     500: "Internal server error",
     501: "A documented route this server does not serve yet (Bodega's image generation and edits)",
     502: "A Hugging Face download the request waited for failed (the Hub's or the network's error)",
@@ -56,7 +56,7 @@ MODEL_LISTING = (400, 401, *ANY_ROUTE)  # GET /v1/models: its ?verify_with_hub= 
 MODEL_LOOKUP = (401, 404, *ANY_ROUTE)
 STORED_RESPONSE = (401, 404, *ANY_ROUTE)
 # A load waited for answers its download's errors too (a missing repo 404, a failed transfer 502, a full disk 507).
-ADMIN_LOAD = (400, 401, 403, 404, 409, 502, 503, 507, *ANY_ROUTE)
+ADMIN_LOAD = (400, 401, 403, 404, 409, 429, 502, 503, 507, *ANY_ROUTE)
 ADMIN_UNLOAD = (400, 401, 403, 404, 409, 503, *ANY_ROUTE)
 ADMIN_LISTING = (401, 403, *ANY_ROUTE)
 # Hugging Face downloads: a bad repo id or revision is 400; the transfer's own failures arrive later, as the

@@ -22,7 +22,7 @@ from deployments.api.openapi_errors import (
 from deployments.api.unknown_fields import ignored_field_counts
 from deployments.config import ModelConfig
 from deployments.model_calls import MemoryUsage
-from deployments.ingress.model_entries import ModelEntry, ModelQueueStats, ModelStatus
+from deployments.ingress.model_entries import AdminOperation, ModelEntry, ModelQueueStats, ModelStatus
 from engine.errors import ModelLoadError, OrchardError
 from engine.spec_decode.speculator import SpeculationStats
 
@@ -55,12 +55,13 @@ def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
         """200 "loaded" once the model serves (Bodega's answer: the model is then "immediately available"), or
         the load's own error; `?wait=false` (or `Prefer: respond-async`): 202 "loading" at once, as Orchard did."""
         entry = await registry.load(body)
+        operation = entry.operation
         answer = {"status": entry.status.value, "model_id": entry.model_id, "model_path": body.model_path,
                   "model_type": body.model_type}
         if not _waits(request, wait):
             return JSONResponse(answer, status_code=202)
-        await entry.settled.wait()  # a client that leaves does not cancel the load: it runs in the registry
-        _raise_if_failed(entry)
+        await operation.settled.wait()  # a client that leaves does not cancel the load: it runs in the registry
+        _raise_if_failed(operation)
         return JSONResponse({**answer, "status": "loaded"})
 
     @router.delete("/v1/admin/unload-model/{model_id:path}", responses=error_responses(ADMIN_UNLOAD))
@@ -68,10 +69,11 @@ def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
         """200 "unloaded" once the model's memory is freed (its open streams get their drain time first);
         `?wait=false` (or `Prefer: respond-async`): 202 "unloading" at once."""
         entry = await registry.unload(model_id)
+        operation = entry.operation
         if not _waits(request, wait):
             return JSONResponse({"status": entry.status.value, "model_id": entry.model_id}, status_code=202)
-        await entry.settled.wait()
-        _raise_if_failed(entry, OrchardError)  # the backend could not stop it: a server error (500)
+        await operation.settled.wait()
+        _raise_if_failed(operation, OrchardError)  # the backend could not stop it: a server error (500)
         return JSONResponse({"status": "unloaded", "model_id": entry.model_id})
 
     @router.get("/v1/admin/loaded-models", responses=error_responses(ADMIN_LISTING))
@@ -88,16 +90,15 @@ def _waits(request: Request, wait: bool) -> bool:
     return wait and "respond-async" not in preferences
 
 
-def _raise_if_failed(entry: ModelEntry, failure_class: type[OrchardError] = ModelLoadError) -> None:
+def _raise_if_failed(operation: AdminOperation, failure_class: type[OrchardError] = ModelLoadError) -> None:
     """A waited-for load or unload that failed answers its own typed error (a missing repo is 404, a bad folder
     400), with the path as the caller sent it."""
-    if entry.status != ModelStatus.FAILED:
+    failure = operation.failed_with
+    if failure is None:
         return
-    failure = entry.failed_with
     if isinstance(failure, OrchardError):
-        failure.message = entry.error or failure.message
         raise failure
-    raise failure_class(entry.error or "The model failed to load", param="model_path")
+    raise failure_class(f"The operation failed: {failure!r}", param="model_path")
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ engine on a thread of it. Used by the fast ingress tests and handy for debugging
 
 from __future__ import annotations
 
+import asyncio
+import os
 from typing import AsyncIterator
 
 from engine.errors import ModelLoadError, ModelNotFoundError
@@ -15,6 +17,7 @@ from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
     TextTokenCounts, TextTokensJob, TokenCount,
 )
+from deployments.ingress.load_limits import ClusterCapacity, NodeCapacity
 from deployments.ingress.model_entries import DeploymentState, ModelStatus
 
 
@@ -66,6 +69,10 @@ class LocalBackend:
             service = ModelService(config, self._new_engine_client)
         try:
             await service.start()
+        except asyncio.CancelledError:  # an unload or a load's deadline: nothing it started may outlive it
+            self._states.pop(config.id, None)
+            await asyncio.shield(service.shutdown())
+            raise
         except Exception as exc:
             message = getattr(exc, "message", None) or repr(exc)
             self._states[config.id] = DeploymentState(ModelStatus.FAILED, message)
@@ -84,6 +91,14 @@ class LocalBackend:
 
     async def reserved_names(self) -> set[str]:
         return {LOCAL_INGRESS_APP}
+
+    def replica_died(self, info: ModelInfo) -> bool:
+        return False  # in this process: it answers or raises
+
+    async def capacity(self) -> ClusterCapacity:
+        """This machine, as Ray would count it: its CPUs and memory, no GPU (MLX's CPU build here)."""
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return ClusterCapacity((NodeCapacity(cpus=float(os.cpu_count() or 1), gpus=0.0, memory_bytes=float(memory)),))
 
     async def client(self, model_id: str) -> LocalModelClient:
         service = self._services.get(model_id)

@@ -22,14 +22,20 @@ from engine.errors import (
     ModelNotFoundError,
     NoModelsLoadedError,
     OrchardError,
+    TooManyLoadsError,
 )
 from deployments.config import ModelConfig, serve_app_name
+from deployments.ingress_config import AdminLoadLimits
 from deployments.model_sources import (
     HubFetch, check_admin_model, check_admin_policy, default_model_roots, uncached_repos,
 )
 from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo, QueueStats
-from deployments.ingress.model_entries import DeploymentState, ModelBackend, ModelEntry, ModelQueueStats, ModelStatus
+from deployments.ingress.load_limits import check_load_resources
+from deployments.ingress.model_entries import (
+    AdminOperation, DeploymentState, ModelBackend, ModelEntry, ModelQueueStats, ModelStatus,
+)
 from deployments.ingress.model_store import ModelStore
+from deployments.ingress.replica_watch import ReplicaWatch
 from deployments.ingress.status_refresh import StatusRefresher
 
 logger = logging.getLogger("ray.serve.orchard")
@@ -44,8 +50,10 @@ class Registry:
         model_roots: list[str] | None = None,
         poll_interval_s: float = 2.0,
         downloads: DownloadManager | None = None,
+        load_limits: AdminLoadLimits | None = None,
     ) -> None:
         self._backend = backend
+        self._load_limits = load_limits or AdminLoadLimits()
         # Hugging Face downloads of this server (admin downloads, and loads with auto_download).
         self.downloads = downloads
         self._store = store
@@ -54,8 +62,10 @@ class Registry:
         self._poll_interval_s = poll_interval_s
         self._entries: dict[str, ModelEntry] = {}
         self._api_configs: dict[str, ModelConfig] = {}
+        self._served_once: set[str] = set()  # API-loaded ids whose model has served: only these are persisted
         self._tasks: set[asyncio.Task] = set()
         self._status = StatusRefresher(self._refresh_now)
+        self._replicas = ReplicaWatch(backend, self._fetch_info, self._spawn)
 
     # ---- lifecycle --------------------------------------------------------------
     async def start(self, restore: bool = True) -> None:
@@ -70,15 +80,17 @@ class Registry:
         A refused one is never applied and is left out of the list from its next save; one whose folder or
         cached repo is merely missing is kept and shows as failed (check_admin_model runs again in _deploy).
         """
-        reserved = await self._backend.reserved_names()
+        reserved, capacity = await self._backend.reserved_names(), await self._backend.capacity()
         for config in stored:
             try:
                 check_admin_policy(config, self._model_roots)
+                check_load_resources(config, self._load_limits, capacity)
                 self._check_not_reserved(config.id, reserved)
             except InvalidRequestError as exc:
                 logger.warning("not restoring stored model '%s': %s", config.id, exc.message)
                 continue
             self._api_configs[config.id] = config
+            self._served_once.add(config.id)  # it was stored: it served in an earlier run
             running = self._entries.get(config.id)
             if running is not None:  # the ingress restarted, the model's application did not: it is still ours
                 running.source, running.config = "api", config
@@ -107,6 +119,8 @@ class Registry:
                 await self.refresh()
             except Exception:  # a controller hiccup must not end polling
                 logger.exception("model status refresh failed")
+            for entry in self.entries():
+                self._replicas.lost(entry)  # a dead replica shows without anyone asking
 
     # ---- status -------------------------------------------------------------------
     async def refresh(self, force: bool = False) -> None:
@@ -168,28 +182,35 @@ class Registry:
             raise ModelLoadError(f"The model '{model_id}' failed to load: {entry.error}", param="model")
         if entry.status == ModelStatus.UNHEALTHY:  # Serve replaces an unhealthy replica: worth a retry
             raise EngineRestartingError(f"The model '{model_id}' is unhealthy and restarting: {entry.error}")
+        if self._replicas.lost(entry):  # else Serve would hold the call until its replacement serves
+            raise EngineRestartingError(f"The model '{model_id}' is restarting: {entry.current_error}")
         return await self._backend.client(model_id)
 
     async def details(self) -> list[ModelEntry]:
         """Entries with fresh info (memory, pid) from each running model."""
         await self.refresh()
-        running = [e for e in self.entries() if e.status == ModelStatus.RUNNING]
-        infos = await asyncio.gather(*(self._fetch_info(e.model_id) for e in running))
+        running = self._answering()
+        infos = await asyncio.gather(*(self._replicas.unless_lost(e, self._fetch_info(e.model_id)) for e in running))
         for entry, info in zip(running, infos):
             entry.info = info or entry.info
         return self.entries()
 
+    def _answering(self) -> list[ModelEntry]:
+        """The running models whose replica can answer now (a dead one's calls would wait for its replacement)."""
+        return [e for e in self.entries() if e.status == ModelStatus.RUNNING and not self._replicas.lost(e)]
+
     async def queue_stats(self) -> list[ModelQueueStats]:
         await self.refresh()
         entries = self.entries()
-        stats = await asyncio.gather(*(self._fetch_stats(e) for e in entries))
+        stats = await asyncio.gather(*(self._replicas.unless_lost(e, self._fetch_stats(e)) for e in entries))
         return [ModelQueueStats(e, s) for e, s in zip(entries, stats)]
 
     async def metrics(self) -> list[MetricsSnapshot]:
         """Every running model's metrics (a model that does not answer in time is left out of this scrape)."""
         await self.refresh()
-        running = [e for e in self.entries() if e.status == ModelStatus.RUNNING]
-        snapshots = await asyncio.gather(*(self._fetch_metrics(e.model_id) for e in running))
+        running = self._answering()
+        snapshots = await asyncio.gather(*(self._replicas.unless_lost(e, self._fetch_metrics(e.model_id))
+                                           for e in running))
         return [s for s in snapshots if s is not None]
 
     async def _fetch_metrics(self, model_id: str) -> MetricsSnapshot | None:
@@ -209,7 +230,7 @@ class Registry:
             return None
 
     async def _fetch_stats(self, entry: ModelEntry) -> QueueStats | None:
-        if entry.status != ModelStatus.RUNNING:
+        if entry.status != ModelStatus.RUNNING or self._replicas.lost(entry):
             return None
         try:
             client = await self._backend.client(entry.model_id)
@@ -222,9 +243,11 @@ class Registry:
     async def load(self, config: ModelConfig) -> ModelEntry:
         """Accept a load: validated now, deployed in the background (status loading -> running/failed).
 
-        The config is kept as sent (a repo id, not its snapshot folder), so a restore resolves it again.
+        The config is kept as sent (a repo id, not its snapshot folder), so a restore resolves it again; it is
+        persisted once the model serves (a load that never does must not come back at every start).
         """
         self._check_admin(config)
+        check_load_resources(config, self._load_limits, await self._backend.capacity())
         await self.refresh(force=True)
         self._check_not_reserved(config.id, await self._backend.reserved_names())
         existing = self._entries.get(config.id)
@@ -232,15 +255,25 @@ class Registry:
             raise ModelExistsError(f"The model '{config.id}' is configured in serve_config.yaml", param="model_id")
         if existing is not None and existing.status != ModelStatus.FAILED:
             raise ModelExistsError(f"The model '{config.id}' is already {existing.status.value}", param="model_id")
+        self._check_loads_in_flight()
         self._api_configs[config.id] = config
+        self._served_once.discard(config.id)  # a failed one loaded again: stored once this load serves
         self._persist()
         return self._begin_load(config)
 
     def _begin_load(self, config: ModelConfig) -> ModelEntry:
         entry = ModelEntry(config.id, ModelStatus.LOADING, "api", config, busy=True, seen_at=int(time.time()))
         self._entries[config.id] = entry
-        self._spawn(self._deploy(entry, config))
+        entry.load_task = self._spawn(self._deploy(entry, config))
         return entry
+
+    def _check_loads_in_flight(self) -> None:
+        limit = self._load_limits.max_in_flight
+        loading = [e.model_id for e in self._entries.values() if e.load_task is not None and not e.load_task.done()]
+        if len(loading) >= limit:
+            raise TooManyLoadsError(
+                f"{len(loading)} loads are running ({', '.join(sorted(loading))}), as many as this server allows at "
+                f"once (admin_loads.max_in_flight {limit}); retry when one settles, or unload one to cancel it")
 
     def _check_admin(self, config: ModelConfig) -> None:
         """What a load may name; a repo to download is checked for what it names only (it is not on disk yet)."""
@@ -277,25 +310,47 @@ class Registry:
             )
 
     async def _deploy(self, entry: ModelEntry, config: ModelConfig) -> None:
-        started = time.monotonic()
+        started, failure = time.monotonic(), None
         try:
             for fetch in self._pending_downloads(config):
                 await self._download(fetch)
             resolved = check_admin_model(config, self._model_roots)
             if resolved.model_path != config.model_path:
                 entry.loaded_from = resolved.model_path
-            await self._backend.deploy(resolved)
+            await self._deploy_within_deadline(resolved)
+        except asyncio.CancelledError:  # an unload (which deletes what was started), or the ingress closing
+            failure = ModelLoadError(f"The load of '{config.id}' was cancelled: the model was unloaded",
+                                     param="model_id")
+            raise
         except Exception as exc:
-            message = exc.message if isinstance(exc, OrchardError) else repr(exc)
-            message = entry.as_sent(message)
-            entry.status, entry.error, entry.failed_with = ModelStatus.FAILED, message, exc
+            message = entry.as_sent(exc.message if isinstance(exc, OrchardError) else repr(exc))
+            failure = exc if isinstance(exc, OrchardError) else ModelLoadError(message, param="model_path")
+            failure.message = message
+            entry.status, entry.error = ModelStatus.FAILED, message
             logger.error("model %s failed to load: %s", config.id, message)
         else:
             entry.status, entry.error = ModelStatus.RUNNING, None
+            if config.id not in self._served_once:  # a restored one is stored already: a start writes nothing
+                self._served_once.add(config.id)
+                self._persist()
             logger.info("model %s loaded in %.1f s", config.id, time.monotonic() - started)
         finally:
             entry.busy = False
-            entry.settled.set()
+            entry.operation.finish(failure)
+
+    async def _deploy_within_deadline(self, config: ModelConfig) -> None:
+        """The backend's deploy, failed (and its application deleted) past admin_loads.timeout_s: a replica that
+        cannot be placed, or a load that hangs, would otherwise hold the load (and its slot) for good."""
+        timeout_s = self._load_limits.timeout_s
+        try:
+            await asyncio.wait_for(self._backend.deploy(config), timeout_s)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(Exception):
+                await self._backend.undeploy(config.id)
+            raise ModelLoadError(
+                f"The model did not serve within {timeout_s:g} s (admin_loads.timeout_s): its replica could not be "
+                "placed (the resources it asks for are taken) or its start hangs; it was stopped",
+                param="model_path") from None
 
     async def unload(self, model_id: str) -> ModelEntry:
         """Begin an unload and return at once: new requests are refused now, open streams get the model's drain
@@ -305,31 +360,41 @@ class Registry:
         if entry is None:
             raise ModelNotFoundError(f"The model '{model_id}' is not loaded", param="model_id")
         model_id = entry.model_id
-        if entry.busy:
+        if entry.load_task is not None and not entry.load_task.done():
+            await self._cancel_load(entry)  # then unloaded as any other: what it started is deleted
+        elif entry.busy:
             raise ModelExistsError(f"The model '{model_id}' is {entry.status.value}; retry when it settles")
         entry.status, entry.busy = ModelStatus.UNLOADING, True
-        entry.settled, entry.failed_with = asyncio.Event(), None  # now the unload's
+        entry.operation = AdminOperation()  # now the unload's
+        self._served_once.discard(model_id)
         if self._api_configs.pop(model_id, None) is not None:
             self._persist()  # now: a restart during the drain must not bring the model back
         self._spawn(self._undeploy(entry))
         return entry
 
+    @staticmethod
+    async def _cancel_load(entry: ModelEntry) -> None:
+        assert entry.load_task is not None
+        logger.info("cancelling the load of model %s: it is being unloaded", entry.model_id)
+        entry.load_task.cancel()
+        await asyncio.wait([entry.load_task])
+
     async def _undeploy(self, entry: ModelEntry) -> None:
-        started = time.monotonic()
+        started, failure = time.monotonic(), None
         try:
             await self._backend.undeploy(entry.model_id)
         except Exception as exc:
             entry.status, entry.error = ModelStatus.FAILED, f"The unload failed: {exc!r}"
-            entry.failed_with = exc
+            failure = exc
             logger.exception("model %s did not unload", entry.model_id)
             return
         finally:
             entry.busy = False
-            entry.settled.set()
+            entry.operation.finish(failure)
         if self._entries.get(entry.model_id) is entry:
             del self._entries[entry.model_id]
         logger.info("model %s unloaded in %.1f s", entry.model_id, time.monotonic() - started)
 
     def _persist(self) -> None:
         if self._store is not None:
-            self._store.save(list(self._api_configs.values()))
+            self._store.save([c for c in self._api_configs.values() if c.id in self._served_once])

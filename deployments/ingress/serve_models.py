@@ -1,9 +1,9 @@
 """The Ray Serve backend of the model registry: one Serve application per model, reached by its client.
 
-serve.run / serve.delete / serve.status / get_app_handle block on the controller (1-3 s for
-run and delete; serve.run of a failing model until Serve gives up), so they run in threads: the
-ingress loop keeps streaming meanwhile. Status questions have threads of their own, so that loads
-and unloads in flight (or anything else on the loop's default executor) never keep them waiting.
+A load submits its application without waiting (serve.run waits until the application runs, which for a replica
+that cannot be placed is forever, holding a thread: stuck loads once used up the pool and hung every admin call)
+and then watches Serve's status, which one fetch at a time serves to every caller (SharedStatus). serve.delete and
+serve.status block on the controller, so they run in threads of their own: the ingress loop keeps streaming.
 """
 
 from __future__ import annotations
@@ -11,21 +11,28 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+import ray
 from ray import serve
 from ray.serve.exceptions import RayServeException
 from ray.serve.schema import ApplicationStatus, ReplicaState
 
 from engine.errors import ModelLoadError, ModelNotFoundError
 from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, model_id_of_app, serve_app_name
+from deployments.ingress.load_limits import ClusterCapacity, NodeCapacity
 from deployments.ingress.model_entries import DeploymentState, ModelStatus
+from deployments.ingress.replica_watch import process_gone
+from deployments.model_calls import ModelInfo
 from deployments.model.deployment import build_model_application
 from deployments.transport.model_client import ServeModelClient
 
 logger = logging.getLogger("ray.serve.orchard")
 MAX_ERROR_CHARS = 600
+RESERVED_VIEW_AGE_S = 1.0  # a load's name check may use a view this old (the load refreshed just before)
 
 _STATUS = {
     ApplicationStatus.NOT_STARTED: ModelStatus.LOADING,
@@ -37,38 +44,100 @@ _STATUS = {
 }
 
 
-# Loads and unloads at once (each holds a thread until Serve answers); status and handle lookups.
+# Submits and deletes (each holds a thread until the controller answers); status, handle and node lookups.
 _DEPLOY_THREADS = ThreadPoolExecutor(8, thread_name_prefix="orchard-serve-deploy")
 _STATUS_THREADS = ThreadPoolExecutor(2, thread_name_prefix="orchard-serve-status")
+DEPLOY_POLL_S = 0.5  # how often a load looks at its application's status
 
 
 async def _in(executor: ThreadPoolExecutor, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(call, *args, **kwargs))
 
 
+class SharedStatus:
+    """Serve's status, one serve.status call at a time whoever asks: a caller gets a view fetched no earlier
+    than it asks for, joining the fetch in flight when that one is recent enough."""
+
+    def __init__(self) -> None:
+        self._view: Any = None
+        self._view_started = -math.inf
+        self._task: asyncio.Future | None = None
+        self._task_started = -math.inf
+
+    async def get(self, not_before: float) -> Any:
+        while True:
+            if self._view is not None and self._view_started >= not_before:
+                return self._view
+            if self._task is None or self._task.done():
+                self._task_started = time.monotonic()
+                self._task = asyncio.ensure_future(self._fetch(self._task_started))
+            if self._task_started >= not_before:
+                return await asyncio.shield(self._task)
+            await asyncio.wait([self._task])  # too old for this caller: the next one starts after it
+
+    async def _fetch(self, started: float) -> Any:
+        view = await _in(_STATUS_THREADS, serve.status)
+        if started >= self._view_started:
+            self._view, self._view_started = view, started
+        return view
+
+
 class ServeBackend:
     def __init__(self) -> None:
         self._clients: dict[str, ServeModelClient] = {}
+        self._status = SharedStatus()
+        self._submits: dict[str, asyncio.Future] = {}  # application name -> its submit in flight
         # Built in the ingress's replica: its own application (serve_config.yaml's `orchard`) is learned, not assumed.
         self._own_app_name = serve.get_replica_context().app_name
+        self._node_id = ray.get_runtime_context().get_node_id()
 
     async def deploy(self, config: ModelConfig) -> None:
+        """Submit the model's application, then wait until it runs (ModelLoadError if Serve gives up on it);
+        cancelling the wait leaves the application to the unload that cancelled it."""
         self._clients.pop(config.id, None)
-        app = build_model_application(config)
+        name = serve_app_name(config.id)
+        target = serve.RunTarget(build_model_application(config), name=name, route_prefix=None)
+        submit = asyncio.ensure_future(
+            _in(_DEPLOY_THREADS, serve.run_many, [target], wait_for_applications_running=False))
+        self._submits[name] = submit
+        submit.add_done_callback(functools.partial(self._forget_submit, name))
+        submitted_at, seen = time.monotonic(), False
         try:
-            await _in(_DEPLOY_THREADS, serve.run, app, name=serve_app_name(config.id), route_prefix=None)
-        except Exception as exc:  # serve.run's RuntimeError only says "failed"; the deployment says why
-            state = (await self.deployments()).get(config.id)
-            detail = state.message if state is not None and state.message else summarize_failure(str(exc))
-            raise ModelLoadError(detail) from exc
+            await asyncio.shield(submit)
+        except Exception as exc:  # the controller refused the application
+            raise ModelLoadError(summarize_failure(str(exc))) from exc
+        while True:
+            app = (await self._status.get(not_before=submitted_at)).applications.get(name)
+            if app is None and seen:
+                raise ModelLoadError(f"The application of model '{config.id}' disappeared while it loaded")
+            # Serve lists a submitted application from its controller's next loop on: not there yet is not gone.
+            seen = seen or app is not None
+            if app is not None and _running(app):
+                return
+            await asyncio.sleep(DEPLOY_POLL_S)
+
+    def _forget_submit(self, name: str, done: asyncio.Future) -> None:
+        if self._submits.get(name) is done:
+            del self._submits[name]
 
     async def undeploy(self, model_id: str) -> None:
         # Streams in flight keep the old client: the replica drains its channel, then closes it.
         self._clients.pop(model_id, None)
-        await _in(_DEPLOY_THREADS, serve.delete, serve_app_name(model_id))
+        name = serve_app_name(model_id)
+        submit = self._submits.get(name)
+        if submit is not None:  # a cancelled load's submit still in its thread: delete what it creates
+            await asyncio.wait([submit])
+        await _in(_DEPLOY_THREADS, serve.delete, name)
+
+    def replica_died(self, info: ModelInfo) -> bool:
+        return info.sole_replica_node == self._node_id and process_gone(info.pid)
+
+    async def capacity(self) -> ClusterCapacity:
+        nodes = await _in(_STATUS_THREADS, ray.nodes)
+        return ClusterCapacity(tuple(_node_capacity(node["Resources"]) for node in nodes if node.get("Alive")))
 
     async def deployments(self) -> dict[str, DeploymentState]:
-        status = await _in(_STATUS_THREADS, serve.status)
+        status = await self._status.get(not_before=time.monotonic())
         states = {}
         for name, app in status.applications.items():
             if MODEL_SERVER_DEPLOYMENT not in app.deployments:
@@ -85,7 +154,7 @@ class ServeBackend:
         return states
 
     async def reserved_names(self) -> set[str]:
-        status = await _in(_STATUS_THREADS, serve.status)
+        status = await self._status.get(not_before=time.monotonic() - RESERVED_VIEW_AGE_S)
         others = {name for name, app in status.applications.items() if MODEL_SERVER_DEPLOYMENT not in app.deployments}
         return others | {self._own_app_name}
 
@@ -98,6 +167,25 @@ class ServeBackend:
                 raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model") from exc
             client = self._clients[model_id] = ServeModelClient(model_id, handle)
         return client
+
+
+def _running(app: Any) -> bool:
+    """Whether the application runs; ModelLoadError with Serve's reason if it failed."""
+    if app.status == ApplicationStatus.DEPLOY_FAILED:
+        deployment = app.deployments.get(MODEL_SERVER_DEPLOYMENT)
+        raise ModelLoadError(summarize_failure((deployment.message if deployment else "") or app.message))
+    return app.status == ApplicationStatus.RUNNING
+
+
+def _node_capacity(resources: dict[str, float]) -> NodeCapacity:
+    # Ray's own names for its standard resources, and its per-node markers, are not custom resources.
+    custom = {name: amount for name, amount in resources.items()
+              if name not in _RAY_STANDARD_RESOURCES and not name.startswith(("node:", "accelerator_type:"))}
+    return NodeCapacity(cpus=resources.get("CPU", 0.0), gpus=resources.get("GPU", 0.0),
+                        memory_bytes=resources.get("memory", 0.0), custom=custom)
+
+
+_RAY_STANDARD_RESOURCES = {"CPU", "GPU", "memory", "object_store_memory"}
 
 
 def summarize_failure(message: str) -> str:

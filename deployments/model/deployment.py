@@ -83,7 +83,10 @@ class ModelServer:
             yield event
 
     async def info(self) -> ModelInfo:
-        return self.service.info()
+        info = self.service.info()
+        if self.config.num_replicas == 1:
+            info = dataclasses.replace(info, sole_replica_node=ray.get_runtime_context().get_node_id())
+        return info
 
     async def metrics(self) -> MetricsSnapshot:
         return self.service.metrics_snapshot()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -60,12 +61,17 @@ def kill_and_watch(graph: SharedGraph, app: str, deployment: str, call, bystande
     a model, the calls start once the ingress has seen it go (until then Serve holds a call for the new replica)."""
     old = replica_pid(app, deployment)
     assert old is not None, f"no replica process for {app}:{deployment}"
-    os.kill(old, signal.SIGKILL)
     seen: list[httpx.Response] = []
     with graph.http(timeout=60) as http:
         if model is not None:
-            wait_until(lambda: model_status(http, model) != "running", GRAPH_START_S, interval_s=0.05,
-                       what=f"{model} seen restarting")
+            assert model_status(http, model) == "running"  # the ingress knows its replica (its info)
+        os.kill(old, signal.SIGKILL)
+        if model is not None:  # the ingress tells at once, not at Serve's next health check (10 s)
+            killed_at = time.monotonic()
+            health = http.get("/health").json()
+            assert time.monotonic() - killed_at < 1, "/health took a second or more"
+            detail = next(d for d in health["models_detail"] if d["id"] == model)
+            assert detail["status"] != "running" and health["status"] != "ok", health
 
         def served_again():
             answer = call(http)

@@ -126,11 +126,12 @@ def test_load_through_admin_chat_unload_then_404(graph, tiny_models):
         loading = http.post("/v1/chat/completions", json={"model": GAMMA, "messages": CHAT})
         assert loading.status_code == 503 and int(loading.headers["retry-after"]) > 0
         assert loading.json()["error"]["code"] == "model_loading"
-        assert GAMMA in _stored_ids(graph)
+        assert GAMMA not in _stored_ids(graph)  # kept once it serves: a load that never does must not come back
 
         chunks_at_accept = beta_stream.chunks
         wait_until(lambda: (_status_of(http, GAMMA) or {}).get("status") == "running", GRAPH_START_S,
                    what="gamma running")
+        assert GAMMA in _stored_ids(graph)
         beta_stream.stop()
         # The deploy ran off the ingress's event loop: beta's stream kept flowing while gamma loaded.
         assert beta_stream.chunks - chunks_at_accept >= 5, f"a stream on {BETA} stalled while {GAMMA} loaded"

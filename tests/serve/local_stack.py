@@ -14,7 +14,7 @@ import httpx
 from fastapi import FastAPI
 
 from deployments.config import ModelConfig
-from deployments.ingress_config import DEFAULT_MAX_BODY_BYTES, MediaLimits, RagConfig
+from deployments.ingress_config import DEFAULT_MAX_BODY_BYTES, AdminLoadLimits, MediaLimits, RagConfig
 from deployments.ingress.auth import ApiKeys
 from deployments.ingress.generation import KEEPALIVE_S
 from deployments.ingress.routes import create_app
@@ -46,6 +46,7 @@ async def local_stack(
     media: MediaLimits | None = None,
     rag: RagConfig | None = None,
     downloads: DownloadManager | None = None,
+    load_limits: AdminLoadLimits | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
@@ -54,7 +55,7 @@ async def local_stack(
     for config in configs:
         await backend.deploy(config)
     store = ModelStore(state_dir) if state_dir is not None else None
-    registry = Registry(backend, store, model_roots, poll_interval_s=0.2, downloads=downloads)
+    registry = Registry(backend, store, model_roots, poll_interval_s=0.2, downloads=downloads, load_limits=load_limits)
     await registry.start(restore=restore)
     rag_service = None
     if rag is not None:  # the RAG deployment's service in process, reaching the models through the registry

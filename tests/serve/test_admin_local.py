@@ -18,7 +18,8 @@ async def _status(stack, model_id: str) -> str | None:
 
 
 def _stored_ids(state_dir) -> list[str]:
-    return [m["model_id"] for m in json.loads((state_dir / "models.json").read_text())["models"]]
+    stored = state_dir / "models.json"
+    return [m["model_id"] for m in json.loads(stored.read_text())["models"]] if stored.exists() else []
 
 
 def _roots(tiny_models) -> list[str]:
@@ -42,13 +43,14 @@ def test_load_answers_503_while_loading_then_serves_then_unloads(tiny_models, tm
             assert loading.json()["error"]["code"] == "model_loading"
             listed = (await http.get("/v1/models")).json()["data"]
             assert [(m["id"], m["status"]) for m in listed] == [("gamma", "loading")]
-            assert _stored_ids(tmp_path) == ["gamma"]
+            assert _stored_ids(tmp_path) == []  # stored once it serves: a load that never does must not come back
             not_ready = await http.get("/ready")
             assert not_ready.status_code == 503
             assert not_ready.json() == {"ready": False, "running": [], "loading": ["gamma"], "failed": []}
             assert (await http.get("/health")).json()["ready"] is False
 
             await wait_for(lambda: _is(stack, "gamma", "running"))
+            assert _stored_ids(tmp_path) == ["gamma"]
             ready = await http.get("/ready")
             assert ready.status_code == 200
             assert ready.json() == {"ready": True, "running": ["gamma"], "loading": [], "failed": []}
