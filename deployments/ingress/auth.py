@@ -2,7 +2,8 @@
 
 Inference keys guard every route but /health, /ready, /metrics and the API docs; the admin key, if set, alone opens
 /v1/admin/*, /v1/models/local/* and DELETE /v1/models/* (an inference key there gets 403). With no admin key the admin routes need what the inference
-routes need.
+routes need. RAG's writes to the disk (upload, delete) need an inference key, or with none configured the admin key
+when one is set: an operator who keys only the admin API keeps anonymous callers from filling its disk.
 Keys arrive as `Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>` (Anthropic); neither the configured
 keys nor a presented one is ever logged or repeated in an error.
 """
@@ -34,7 +35,12 @@ ADMIN_ONLY = "This route needs the admin key; an inference key may not use it"
 class RouteAccess(Enum):
     OPEN = "open"
     INFERENCE = "inference"
+    DISK_WRITE = "disk_write"  # an inference route that keeps what it is sent on the server's disk (RAG)
     ADMIN = "admin"
+
+
+RAG_PATH = "/v1/rag/"
+RAG_READS = frozenset({"/v1/rag/query", "/v1/rag/documents"})
 
 
 def route_access(path: str, method: str = "GET") -> RouteAccess:
@@ -44,6 +50,8 @@ def route_access(path: str, method: str = "GET") -> RouteAccess:
         return RouteAccess.ADMIN
     if method.upper() == "DELETE" and path.startswith(MODELS_PATH):  # Bodega's DELETE /v1/models/{id}: the cache's
         return RouteAccess.ADMIN
+    if path.startswith(RAG_PATH) and path not in RAG_READS:  # upload, document delete (and unknown RAG paths)
+        return RouteAccess.DISK_WRITE
     return RouteAccess.INFERENCE  # unknown paths too: no route map for callers without a key
 
 
@@ -98,7 +106,7 @@ class ApiKeys:
         if access is RouteAccess.ADMIN and self._admin is not None:
             return (self._admin,)
         if not self._inference:
-            return None
+            return (self._admin,) if access is RouteAccess.DISK_WRITE and self._admin is not None else None
         return self._inference + ((self._admin,) if self._admin is not None else ())
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from deployments.api.errors import AuthenticationError
 from deployments.ingress_config import ADMIN_KEY_ENV, API_KEYS_ENV, IngressConfig
 from deployments.ingress.auth import (
     ApiKeys,
@@ -69,6 +70,21 @@ def test_routes_by_access():
     assert route_access("/v1/models/org/name", "DELETE") == RouteAccess.ADMIN
     assert route_access("/v1/models/org/name", "delete") == RouteAccess.ADMIN
     assert route_access("/v1/models/org/name", "GET") == RouteAccess.INFERENCE
+    # RAG's writes keep what they are sent on the disk; its reads are inference routes.
+    assert [route_access(p, m) for p, m in (("/v1/rag/upload", "POST"), ("/v1/rag/documents/f1", "DELETE"))] == [
+        RouteAccess.DISK_WRITE] * 2
+    assert [route_access(p) for p in ("/v1/rag/query", "/v1/rag/documents")] == [RouteAccess.INFERENCE] * 2
+
+
+def test_rag_writes_follow_the_admin_key_when_no_inference_key_is_set():
+    admin_only, both, none = ApiKeys([], "sk-admin"), ApiKeys(["sk-user"], "sk-admin"), ApiKeys([])
+    with pytest.raises(AuthenticationError):
+        admin_only.authorize(RouteAccess.DISK_WRITE, [])
+    admin_only.authorize(RouteAccess.DISK_WRITE, [b"sk-admin"])
+    admin_only.authorize(RouteAccess.INFERENCE, [])  # reads and generation stay open
+    both.authorize(RouteAccess.DISK_WRITE, [b"sk-user"])  # with inference keys, any of them (or the admin key)
+    both.authorize(RouteAccess.DISK_WRITE, [b"sk-admin"])
+    none.authorize(RouteAccess.DISK_WRITE, [])  # no keys at all: open, as every route
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LOCALHOST", None])
