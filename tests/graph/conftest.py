@@ -134,15 +134,37 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: `-m "not graph"` leaves these out
 def pytest_collection_modifyitems(config, items):
     """Every test here is marked `graph`; tests marked restarts_serve move to just after the last test that uses the
-    shared graph."""
+    shared graph, those among them that use it first."""
     for item in items:
         if GRAPH_DIR in item.path.parents:
             item.add_marker(pytest.mark.graph)
     restarting = [item for item in items if item.get_closest_marker(RESTARTS_SERVE)]
     rest = [item for item in items if not item.get_closest_marker(RESTARTS_SERVE)]
-    users = [i for i, item in enumerate(rest) if "shared_graph" in getattr(item, "fixturenames", ())]
+    users = [i for i, item in enumerate(rest) if _uses_shared_graph(item)]
     at = users[-1] + 1 if users else len(rest)
+    # Those that still use the shared graph first: after the others no test needs it, so none deploys it again.
+    restarting.sort(key=lambda item: not _uses_shared_graph(item))
     items[:] = rest[:at] + restarting + rest[at:]
+    _SHARED_GRAPH_USERS_LEFT[0] = sum(_uses_shared_graph(item) for item in items)
+
+
+def _uses_shared_graph(item) -> bool:
+    return "shared_graph" in getattr(item, "fixturenames", ())
+
+
+_SHARED_GRAPH_USERS_LEFT = [0]  # tests of this session still to run that use the shared graph
+
+
+@pytest.fixture(autouse=True)
+def _count_shared_graph_users(request):
+    yield
+    if "shared_graph" in request.fixturenames:
+        _SHARED_GRAPH_USERS_LEFT[0] -= 1
+
+
+def shared_graph_needed_again() -> bool:
+    """Whether a test still to run uses the shared graph (a module that restarted Serve deploys it again only then)."""
+    return _SHARED_GRAPH_USERS_LEFT[0] > 0
 
 
 @pytest.fixture(scope="session")

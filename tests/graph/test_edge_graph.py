@@ -3,8 +3,9 @@ controller and refuses to start beyond loopback with the admin API on and no adm
 act through Serve's HTTP proxy.
 
 Serve is restarted on 0.0.0.0 for this module (inside the loopback-only namespace that is still loopback only),
-then put back on 127.0.0.1 for the rest of the session, with the shared graph (tests/graph/shared_graph.py) deployed
-again if it was running.
+then put back on 127.0.0.1 for the rest of the session. It runs after the shared graph's tests (restarts_serve), so
+the shared graph (tests/graph/shared_graph.py) is deployed again only if a test still to run uses it (a selection
+that orders them otherwise); that redeploy cost 73 s of every CI run.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import socket
 import httpx
 import pytest
 
-from tests.graph.conftest import GRAPH_START_S, ServeCluster, deploy_graph
+from tests.graph.conftest import GRAPH_START_S, ServeCluster, deploy_graph, shared_graph_needed_again
 from tests.support.serving import wait_until
 from tests.graph.shared_graph import deploy_shared_graph
 
 ADMIN = "sk-graph-admin"
 INFERENCE = "sk-graph-inference"
 LIMIT = 64 * 1024
+pytestmark = pytest.mark.restarts_serve
 
 
 def _ingress_schema(state_dir, **args):
@@ -43,7 +45,7 @@ def serve_on_all_interfaces(serve_cluster) -> ServeCluster:
     finally:
         serve.shutdown()
         serve.start(http_options={"host": "127.0.0.1", "port": serve_cluster.port})
-        if serve_cluster.shared_schema is not None:
+        if serve_cluster.shared_schema is not None and shared_graph_needed_again():
             deploy_shared_graph(serve_cluster.shared_schema, serve_cluster.base_url)
 
 
