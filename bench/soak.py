@@ -11,7 +11,8 @@ the requests are streams the client closes after a random number of events (or b
 bench/serving/answers.py. Exit code 1 on any 5xx, hung request, stream error, wrong answer, unexpected 4xx,
 connection error, an unhealthy server at the end, or a server that does not return to idle (a leak); 2 when
 the run could not start. 429s (with Retry-After and the API's error body) are counted as overload, not failures.
---hostile-fraction adds that share of hostile requests (issue 48: grammar bombs, unknown models, traversal, ...) at
+--hostile-fraction adds that share of hostile requests (issues 48 and 59: grammar bombs, unknown models, traversal,
+resources no node has, 30 MB prompts, 7 MB echoed ids, ...) at
 seeded places among the same normal ones: each must be refused with its expected 4xx, none may hang, and no engine
 process may die; run it with and without to compare the normal requests' latency.
 """
@@ -21,9 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import ipaddress
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -32,7 +31,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import aiohttp
 import numpy as np
@@ -46,6 +44,7 @@ from bench.serving.compare import (
     git_commit,
     orchard_spec,
 )
+from bench.serving.orchard_server import check_loopback, in_loopback_namespace, serve_log_errors
 from bench.serving.reports import (
     asdict_map, read_engines, read_health, read_state, settle, summarize, table, verdict,
 )
@@ -101,9 +100,14 @@ class HostileAnswer:
     refused: bool  # with an expected status
 
 
-def hostile_catalog(tiny: str) -> list[Hostile]:
+def hostile_catalog(tiny: str, smol: str | None) -> list[Hostile]:
     def chat(**extra: Any) -> dict[str, Any]:
         return {"model": tiny, "messages": [{"role": "user", "content": "t1 t2"}], "max_tokens": 4, **extra}
+
+    return [*_issue48_catalog(tiny, chat), *_issue59_catalog(tiny, smol or tiny)]
+
+
+def _issue48_catalog(tiny: str, chat: Any) -> list[Hostile]:
 
     def schema(value: dict[str, Any]) -> dict[str, Any]:
         return {"response_format": {"type": "json_schema", "json_schema": {"name": "e", "schema": value}}}
@@ -128,6 +132,29 @@ def hostile_catalog(tiny: str) -> list[Hostile]:
         Hostile("cache delete with encoded dots", "DELETE", "/v1/models/local/..%2F..%2Fetc", None,
                 (400, 401, 403, 404)),
         Hostile("unknown stored response", "GET", "/v1/responses/resp_none", None, (404,)),
+    ]
+
+
+def _issue59_catalog(tiny: str, big: str) -> list[Hostile]:
+    """Issue 59's: resources no node has, prompts of ~30 MB (on `big`, a model with a real tokenizer: SmolLM2's),
+    7 MB echoed ids."""
+    huge = "w " * 15_500_000
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "word " * 600} for i in range(10_001)]
+    seven_mb = "u" * 7_000_000
+    return [
+        Hostile("admin load asking 1000 CPUs", "POST", "/v1/admin/load-model",
+                {"model_id": "greedy", "model_path": "default", "ray_actor_options": {"num_cpus": 1000}}, (400, 401, 403)),
+        Hostile("admin load of 100 replicas", "POST", "/v1/admin/load-model",
+                {"model_id": "many", "model_path": "default", "num_replicas": 100}, (400, 401, 403)),
+        Hostile("prompt of 31M characters", "POST", "/v1/chat/completions",
+                {"model": big, "messages": [{"role": "user", "content": huge}], "max_tokens": 2}, (400,)),
+        Hostile("10,001 messages of 3 KB", "POST", "/v1/chat/completions",
+                {"model": big, "messages": many, "max_tokens": 2}, (400,)),
+        Hostile("count_tokens of 31M characters", "POST", "/v1/messages/count_tokens",
+                {"model": big, "messages": [{"role": "user", "content": huge}]}, (400,)),
+        Hostile("Responses with 7 MB ids", "POST", "/v1/responses",
+                {"model": tiny, "input": "hi", "max_output_tokens": 4, "user": seven_mb, "prompt_cache_key": seven_mb,
+                 "safety_identifier": seven_mb}, (400,)),
     ]
 
 
@@ -266,7 +293,7 @@ async def soak(args: argparse.Namespace, url: str, tiny: str, smol: str | None) 
     headers = {"Authorization": f"Bearer {args.api_key}", "x-api-key": args.api_key} if args.api_key else {}
     shapes = plan(mix, tiny, smol)
     plan_lanes = lanes(shapes, args.concurrency, smol, args.smol_concurrency)
-    plan_lanes[0].shapes = with_hostile(plan_lanes[0].shapes, hostile_catalog(tiny),
+    plan_lanes[0].shapes = with_hostile(plan_lanes[0].shapes, hostile_catalog(tiny, smol),
                                         round(args.hostile_fraction * len(shapes)), args.seed)
     hostile: list[HostileAnswer] = []
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as session:
@@ -292,23 +319,6 @@ async def soak(args: argparse.Namespace, url: str, tiny: str, smol: str | None) 
 
 
 # ---- where the server is
-def check_loopback(url: str, allow_remote: bool) -> str:
-    host = urlparse(url).hostname
-    if not host:
-        print(f"--url {url!r}: no host", file=sys.stderr)
-        raise SystemExit(2)
-    addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    if not allow_remote and not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
-        print(f"--url {url!r} resolves to {sorted(addresses)}, beyond loopback: a load test there needs "
-              "--allow-remote (and the owner's consent)", file=sys.stderr)
-        raise SystemExit(2)
-    return url.rstrip("/")
-
-
-def in_loopback_namespace() -> bool:
-    return [name for _, name in socket.if_nameindex()] == ["lo"]
-
-
 def start_server(args: argparse.Namespace, folder: Path, log_path: Path, with_smol: bool) -> ServerProcess:
     """A tiny random model (serve_config.yaml's sizes unless --tiny-arg), plus serve_config.yaml's SmolLM2."""
     build_model(argparse.Namespace(random_shape="tiny", dtype="bfloat16", bits=None), folder, timeout_s=120)
@@ -320,17 +330,6 @@ def start_server(args: argparse.Namespace, folder: Path, log_path: Path, with_sm
     server.start()
     print(f"server ready in {server.wait_ready(args.startup_timeout):.1f} s (log {log_path})", flush=True)
     return server
-
-
-def serve_log_errors(server_pid: int, keep: int = 10) -> dict[str, Any]:
-    """ERROR lines and tracebacks in the Ray Serve logs of the server we started (its session is named after
-    its pid): the soak reports them; they do not fail it."""
-    lines = []
-    for path in sorted((Path(tempfile.gettempdir()) / "ray").glob(f"session_*_{server_pid}/logs/serve/*.log")):
-        lines += [f"{path.name}: {line}" for line in path.read_text(errors="replace").splitlines()
-                  if line.startswith(("ERROR", "Traceback"))]
-    errors = [line for line in lines if ": ERROR" in line]
-    return {"error_lines": len(errors), "tracebacks": len(lines) - len(errors), "first": errors[:keep]}
 
 
 async def wait_model(url: str, model: str, timeout_s: float) -> None:

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ipaddress
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
+from urllib.parse import urlparse
 
 import yaml
 
@@ -219,3 +222,32 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---- where a server under load is (bench.soak)
+def check_loopback(url: str, allow_remote: bool) -> str:
+    host = urlparse(url).hostname
+    if not host:
+        print(f"--url {url!r}: no host", file=sys.stderr)
+        raise SystemExit(2)
+    addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    if not allow_remote and not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
+        print(f"--url {url!r} resolves to {sorted(addresses)}, beyond loopback: a load test there needs "
+              "--allow-remote (and the owner's consent)", file=sys.stderr)
+        raise SystemExit(2)
+    return url.rstrip("/")
+
+
+def in_loopback_namespace() -> bool:
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def serve_log_errors(server_pid: int, keep: int = 10) -> dict[str, Any]:
+    """ERROR lines and tracebacks in the Ray Serve logs of the server we started (its session is named after
+    its pid): the soak reports them; they do not fail it."""
+    lines = []
+    for path in sorted((Path(tempfile.gettempdir()) / "ray").glob(f"session_*_{server_pid}/logs/serve/*.log")):
+        lines += [f"{path.name}: {line}" for line in path.read_text(errors="replace").splitlines()
+                  if line.startswith(("ERROR", "Traceback"))]
+    errors = [line for line in lines if ": ERROR" in line]
+    return {"error_lines": len(errors), "tracebacks": len(lines) - len(errors), "first": errors[:keep]}
