@@ -107,7 +107,9 @@ class ServeBackend:
         except Exception as exc:  # the controller refused the application
             raise ModelLoadError(summarize_failure(str(exc))) from exc
         while True:
-            app = (await self._status.get(not_before=submitted_at)).applications.get(name)
+            # A view at most DEPLOY_POLL_S old (shared with other loads' polls), never one from before the submit.
+            fresh_since = max(submitted_at, time.monotonic() - DEPLOY_POLL_S)
+            app = (await self._status.get(not_before=fresh_since)).applications.get(name)
             if app is None and seen:
                 raise ModelLoadError(f"The application of model '{config.id}' disappeared while it loaded")
             # Serve lists a submitted application from its controller's next loop on: not there yet is not gone.
