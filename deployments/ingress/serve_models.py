@@ -44,9 +44,14 @@ _STATUS = {
 }
 
 
-# Submits and deletes (each holds a thread until the controller answers); status, handle and node lookups.
-_DEPLOY_THREADS = ThreadPoolExecutor(8, thread_name_prefix="orchard-serve-deploy")
-_STATUS_THREADS = ThreadPoolExecutor(2, thread_name_prefix="orchard-serve-status")
+# Each kind of blocking call has threads of its own, so that one kind stalling (a delete waits out a replica's
+# graceful shutdown, serve.status a busy controller) never keeps another waiting: submits, deletes, the one
+# status fetch, handle lookups (a request's first call to a model), node lookups (an admin load's check).
+_SUBMIT_THREADS = ThreadPoolExecutor(4, thread_name_prefix="orchard-serve-submit")
+_DELETE_THREADS = ThreadPoolExecutor(8, thread_name_prefix="orchard-serve-delete")
+_STATUS_THREADS = ThreadPoolExecutor(1, thread_name_prefix="orchard-serve-status")
+_HANDLE_THREADS = ThreadPoolExecutor(2, thread_name_prefix="orchard-serve-handle")
+_NODE_THREADS = ThreadPoolExecutor(1, thread_name_prefix="orchard-serve-nodes")
 DEPLOY_POLL_S = 0.5  # how often a load looks at its application's status
 
 
@@ -98,7 +103,7 @@ class ServeBackend:
         name = serve_app_name(config.id)
         target = serve.RunTarget(build_model_application(config), name=name, route_prefix=None)
         submit = asyncio.ensure_future(
-            _in(_DEPLOY_THREADS, serve.run_many, [target], wait_for_applications_running=False))
+            _in(_SUBMIT_THREADS, serve.run_many, [target], wait_for_applications_running=False))
         self._submits[name] = submit
         submit.add_done_callback(functools.partial(self._forget_submit, name))
         submitted_at, seen = time.monotonic(), False
@@ -129,13 +134,13 @@ class ServeBackend:
         submit = self._submits.get(name)
         if submit is not None:  # a cancelled load's submit still in its thread: delete what it creates
             await asyncio.wait([submit])
-        await _in(_DEPLOY_THREADS, serve.delete, name)
+        await _in(_DELETE_THREADS, serve.delete, name)
 
     def replica_died(self, info: ModelInfo) -> bool:
         return info.sole_replica_node == self._node_id and process_gone(info.pid)
 
     async def capacity(self) -> ClusterCapacity:
-        nodes = await _in(_STATUS_THREADS, ray.nodes)
+        nodes = await _in(_NODE_THREADS, ray.nodes)
         return ClusterCapacity(tuple(_node_capacity(node["Resources"]) for node in nodes if node.get("Alive")))
 
     async def deployments(self) -> dict[str, DeploymentState]:
@@ -164,7 +169,7 @@ class ServeBackend:
         client = self._clients.get(model_id)
         if client is None:
             try:
-                handle = await _in(_STATUS_THREADS, serve.get_app_handle, serve_app_name(model_id))
+                handle = await _in(_HANDLE_THREADS, serve.get_app_handle, serve_app_name(model_id))
             except RayServeException as exc:  # deleted between the status check and now
                 raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model") from exc
             client = self._clients[model_id] = ServeModelClient(model_id, handle)
