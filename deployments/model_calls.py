@@ -304,6 +304,9 @@ class ModelClient(Protocol):
     def transcribe(self, job: Any) -> AsyncIterator[Any]:
         """A speech-to-text model's TranscriptEvents for a TranscribeJob (speech_calls.py)."""
 
+    def speak(self, job: Any) -> AsyncIterator[Any]:
+        """A text-to-speech model's SpeechAudioEvents for a SpeakJob (speech_calls.py)."""
+
     async def info(self) -> ModelInfo: ...
 
     async def queue_stats(self) -> QueueStats: ...

@@ -14,6 +14,7 @@ from typing import Any
 
 from deployments.config import ModelConfig
 from engine.errors import InvalidRequestError
+from engine.speech.piper_voice import piper_voice_file
 from deployments.hub.paths import check_repo_id as _check_repo_id
 from deployments.hub.paths import hub_cache_dir as hf_hub_cache
 
@@ -21,15 +22,17 @@ from deployments.hub.paths import hub_cache_dir as hf_hub_cache
 def check_model_folder(
     raw: str, roots: list[str] | None = None, param: str = "model_path", base_dir: Path | None = None
 ) -> Path:
-    """A local model folder, safely: no '..', under `roots` if given, a directory holding config.json.
+    """A local model folder, safely: no '..', under `roots` if given, a directory holding config.json (or a Piper
+    voice: <name>.onnx with its <name>.onnx.json).
 
     Relative paths are allowed only with a base_dir (serve_config.yaml: the directory `serve run` ran in).
     """
     resolved = _allowed_folder_path(raw, roots, param, base_dir)
     if not resolved.is_dir():
         raise InvalidRequestError(f"'{param}' is not a directory: {raw}", param=param)
-    if not (resolved / "config.json").is_file():
-        raise InvalidRequestError(f"'{param}' holds no config.json: {raw}", param=param)
+    if not (resolved / "config.json").is_file() and piper_voice_file(resolved) is None:
+        raise InvalidRequestError(f"'{param}' holds no config.json (nor a Piper voice: <name>.onnx with "
+                                  f"<name>.onnx.json): {raw}", param=param)
     return resolved
 
 

@@ -1,4 +1,4 @@
-"""What crosses between the ingress and a speech-to-text model: plain dataclasses (a contract module, as
+"""What crosses between the ingress and a speech model (speech-to-text and text-to-speech): plain dataclasses (a contract module, as
 model_calls.py is: both sides import it, it imports neither). Errors travel as values."""
 
 from __future__ import annotations
@@ -50,4 +50,37 @@ class TranscriptEvent:
 
     delta: str = ""
     transcript: Transcript | None = None
+    error: OrchardError | None = None
+
+
+@dataclass
+class SpeakJob:
+    """One /v1/audio/speech request: the text, the voice (a name the model has, or one of OpenAI's), the speed
+    (0.25-4) and the response format the audio is encoded in on the model's side."""
+
+    input: str
+    voice: str
+    response_format: str = "mp3"
+    speed: float = 1.0
+    log_id: str = ""
+
+
+@dataclass
+class SpeechUsage:
+    input_tokens: int = 0  # what the model read (phoneme or text tokens)
+    output_tokens: int = 0  # audio frames it wrote (20 ms each)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass
+class SpeechAudioEvent:
+    """Encoded audio since the previous event (`audio`, maybe empty); the last event has `done` (with the usage), or
+    `error`."""
+
+    audio: bytes = b""
+    done: bool = False
+    usage: SpeechUsage | None = None
     error: OrchardError | None = None

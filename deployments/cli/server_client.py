@@ -149,3 +149,13 @@ def error_message(response: httpx.Response) -> str:
         return f"{error['message']} (HTTP {response.status_code})"
     except (ValueError, KeyError, TypeError):
         return f"HTTP {response.status_code}: {response.text[:200]}"
+
+
+def first_running_model(url: str, api_key: str | None, model_type: str, embedded_path: str) -> str:
+    """The id of the server's first running model of `model_type`; a ServerError saying how to load one if none."""
+    running = [m.id for m in served_models(server_health(url, api_key))
+               if m.type == model_type and m.status == "running"]
+    if not running:
+        raise ServerError(f"no {model_type} model runs at {url}: load one, e.g. `curl -X POST {url}/v1/admin/load-model "
+                          f"-H 'content-type: application/json' -d '{{\"model_path\": \"{embedded_path}\"}}'`")
+    return running[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from deployments.cli.server_client import (
-    ServerError, auth_headers, base_url, default_url, error_message, server_health, served_models,
+    ServerError, auth_headers, base_url, default_url, error_message, first_running_model,
 )
 
 FORMATS = ("text", "json", "verbose_json", "srt", "vtt")
@@ -41,20 +41,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"orchard transcribe: {exc}", file=sys.stderr)
         return 2
     try:
-        model = args.model or _speech_model(url, args.api_key)
+        model = args.model or first_running_model(url, args.api_key, "stt", "default-stt")
         return _transcribe(args, url, model, audio)
     except ServerError as exc:
         print(f"orchard transcribe: {exc}", file=sys.stderr)
         return 1
-
-
-def _speech_model(url: str, api_key: str | None) -> str:
-    models = served_models(server_health(url, api_key))
-    speech = [m.id for m in models if m.type == "stt" and m.status == "running"]
-    if not speech:
-        raise ServerError(f"no speech model runs at {url}: load one, e.g. `curl -X POST {url}/v1/admin/load-model "
-                          "-H 'content-type: application/json' -d '{\"model_path\": \"default-stt\"}'`")
-    return speech[0]
 
 
 def _transcribe(args: argparse.Namespace, url: str, model: str, audio: bytes) -> int:

@@ -8,11 +8,11 @@ import os
 from typing import AsyncIterator
 
 from engine.errors import ModelLoadError, ModelNotFoundError
-from deployments.config import ModelConfig
+from deployments.config import AUDIO_MODEL_TYPES, ModelConfig
 from deployments.model.service import EngineClientFactory, ModelService, thread_engine_client
 from deployments.embeddings.service import EmbeddingService
-from deployments.model.services import new_model_service, transcribe_with
-from deployments.speech_calls import TranscribeJob, TranscriptEvent
+from deployments.model.services import new_model_service, speak_with, transcribe_with
+from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
     TextTokenCounts, TextTokensJob, TokenCount,
@@ -40,6 +40,9 @@ class LocalModelClient:
     def transcribe(self, job: TranscribeJob) -> AsyncIterator[TranscriptEvent]:
         return transcribe_with(self._service, self._service.config, job)
 
+    def speak(self, job: SpeakJob) -> AsyncIterator[SpeechAudioEvent]:
+        return speak_with(self._service, self._service.config, job)
+
     async def info(self) -> ModelInfo:
         return self._service.info()
 
@@ -63,7 +66,7 @@ class LocalBackend:
     async def deploy(self, config: ModelConfig) -> None:
         self._states[config.id] = DeploymentState(ModelStatus.LOADING)
         service: ModelService | EmbeddingService
-        if config.model_type in ("embedding", "stt"):
+        if config.model_type in ("embedding", *AUDIO_MODEL_TYPES):
             service = new_model_service(config)
         else:
             service = ModelService(config, self._new_engine_client)

@@ -26,6 +26,7 @@ class Api(str, Enum):
     EMBEDDINGS = "embeddings"
     RAG = "rag"  # /v1/rag/query's answers (retrieval-only queries reach no model)
     AUDIO = "audio"  # /v1/audio/transcriptions and /translations
+    SPEECH = "speech"  # /v1/audio/speech
 
 
 @dataclass

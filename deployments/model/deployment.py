@@ -16,14 +16,14 @@ import ray
 from ray import serve
 from ray.serve import Application
 
-from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
-from deployments.model.services import new_model_service, transcribe_with
+from deployments.config import AUDIO_MODEL_TYPES, MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
+from deployments.model.services import new_model_service, speak_with, transcribe_with
 from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
     TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
-from deployments.speech_calls import TranscribeJob, TranscriptEvent
+from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from deployments.transport.channel import ChannelAddress, ChannelServer
 
 logger = logging.getLogger("ray.serve.orchard")
@@ -48,7 +48,7 @@ class ModelServer:
         self.channel: ChannelServer | None = None
         # With several replicas Serve balances the handle calls; one channel would pin every stream to one replica.
         # An embedding model has no streams.
-        streams = self.config.model_type not in ("embedding", "stt")
+        streams = self.config.model_type not in ("embedding", *AUDIO_MODEL_TYPES)
         if streams and self.config.advanced.stream_channel and self.config.num_replicas == 1:
             channel = ChannelServer(self.service.generate, ray.get_runtime_context().get_node_id())
             try:
@@ -80,6 +80,10 @@ class ModelServer:
 
     async def transcribe(self, job: TranscribeJob) -> AsyncIterator[TranscriptEvent]:
         async for event in transcribe_with(self.service, self.config, job):
+            yield event
+
+    async def speak(self, job: SpeakJob) -> AsyncIterator[SpeechAudioEvent]:
+        async for event in speak_with(self.service, self.config, job):
             yield event
 
     async def info(self) -> ModelInfo:

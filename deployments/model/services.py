@@ -6,12 +6,17 @@ from typing import Any, AsyncIterator
 
 from deployments.config import ModelConfig
 from deployments.model.service import ModelService
-from deployments.speech_calls import TranscribeJob, TranscriptEvent
+from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from engine.errors import InvalidRequestError
 
 
 def new_model_service(config: ModelConfig) -> Any:
-    """The service a model's replica runs: a chat engine, a sentence-transformers embedder, or a speech engine."""
+    """The service a model's replica runs: a chat engine, a sentence-transformers embedder, a speech-to-text engine
+    or a voice."""
+    if config.model_type == "tts":
+        from deployments.speech.voice_service import TextToSpeechService  # the voice's runtime loads with it
+
+        return TextToSpeechService(config)
     if config.model_type == "stt":
         from deployments.speech.service import SpeechService  # MLX and PyAV load with the model
 
@@ -31,4 +36,15 @@ async def transcribe_with(service: Any, config: ModelConfig, job: TranscribeJob)
             "model_type stt", param="model"))
         return
     async for event in service.transcribe(job):
+        yield event
+
+
+async def speak_with(service: Any, config: ModelConfig, job: SpeakJob) -> AsyncIterator[SpeechAudioEvent]:
+    """A text-to-speech model's audio events; any other model answers a 400 saying what it is."""
+    if not hasattr(service, "speak"):
+        yield SpeechAudioEvent(error=InvalidRequestError(
+            f"The model '{config.id}' is a {config.model_type} model: /v1/audio/speech needs a model of "
+            "model_type tts", param="model"))
+        return
+    async for event in service.speak(job):
         yield event

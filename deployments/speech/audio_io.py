@@ -2,7 +2,7 @@
 
 In: any container and codec FFmpeg reads (wav, mp3, flac, ogg/opus, webm, m4a/aac, ...) becomes 16 kHz mono float32,
 what Whisper-class models read; the duration limit is checked while decoding, so a small file that decodes to hours
-(a compressed bomb) stops at the limit. Out: OpenAI's speech formats (mp3, opus, aac, flac, wav, pcm).
+(a compressed bomb) stops at the limit. (Speech out: audio_out.py.)
 """
 
 from __future__ import annotations
@@ -15,11 +15,6 @@ import numpy as np
 from engine.errors import InvalidRequestError
 
 SAMPLE_RATE = 16_000  # what the speech-to-text models read
-OUTPUT_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
-# OpenAI's response_format -> (container, codec); pcm is raw 16-bit little-endian samples with no container.
-_ENCODERS = {"mp3": ("mp3", "libmp3lame"), "opus": ("ogg", "libopus"), "aac": ("adts", "aac"),
-             "flac": ("flac", "flac"), "wav": ("wav", "pcm_s16le")}
-_OPUS_RATE = 48_000  # the rates libopus takes: 48 kHz is the one every opus decoder plays
 
 
 class UnreadableAudioError(InvalidRequestError):
@@ -91,32 +86,3 @@ def _decoded_samples(container, stream, max_seconds: float, param: str, limit_na
 def _reason(exc: BaseException) -> str:
     # FFmpeg's own words ("Invalid data found when processing input"), without the file name PyAV adds.
     return str(getattr(exc, "strerror", None) or exc).split(":")[0][:200]
-
-
-def encode_audio(samples: np.ndarray, sample_rate: int, response_format: str) -> bytes:
-    """Mono float32 samples in [-1, 1] as a file of OpenAI's `response_format`."""
-    if response_format not in OUTPUT_FORMATS:
-        raise InvalidRequestError(f"'response_format' must be one of {', '.join(OUTPUT_FORMATS)}",
-                                  param="response_format")
-    pcm16 = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2")
-    if response_format == "pcm":
-        return pcm16.tobytes()
-    return _encoded(pcm16, sample_rate, *_ENCODERS[response_format])
-
-
-def _encoded(pcm16: np.ndarray, sample_rate: int, container_format: str, codec: str) -> bytes:
-    import av
-
-    out = io.BytesIO()
-    with av.open(out, mode="w", format=container_format) as container:
-        rate = _OPUS_RATE if codec == "libopus" else sample_rate
-        stream = container.add_stream(codec, rate=rate, layout="mono")
-        frame = av.AudioFrame.from_ndarray(pcm16.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = sample_rate
-        resampler = av.AudioResampler(format=stream.format.name, layout="mono", rate=rate)
-        for resampled in resampler.resample(frame) + resampler.resample(None):
-            for packet in stream.encode(resampled):
-                container.mux(packet)
-        for packet in stream.encode(None):
-            container.mux(packet)
-    return out.getvalue()

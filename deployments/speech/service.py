@@ -1,46 +1,38 @@
 """SpeechService: a Whisper-class model serving transcriptions (its engine, engine/speech/, on a thread of its own).
 
 Answers the calls a chat ModelService answers (model/deployment.py and ingress/local_models.py pick the service by
-model_type); chat and embedding calls get a clear 400. The uploaded file is decoded here (PyAV), off the event loop.
+model_type); chat and embedding calls get a clear 400 (audio_service.py). The uploaded file is decoded here (PyAV), off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
 import zlib
 from typing import AsyncIterator
 
 from deployments.config import DEFAULT_STT_MODEL_PATH, ModelConfig
-from deployments.metrics.recorder import MetricsRecorder
-from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
-    TextTokenCounts, TextTokensJob, TokenCount,
-)
+from deployments.model_calls import ModelInfo, QueueStats
+from deployments.speech.audio_service import AudioModelService
 from deployments.speech.audio_io import decode_audio
 from deployments.speech_calls import TranscribeJob, Transcript, TranscriptEvent, TranscriptSegment
-from engine.errors import InvalidRequestError, ModelUnloadedError, OrchardError
-from engine.process_memory import process_rss_bytes
+from engine.errors import ModelUnloadedError, OrchardError
 
 logger = logging.getLogger("ray.serve.orchard")
-MIB = 1024 * 1024
 CPU_MAX_SLOTS = 4
 
 
-class SpeechService:
+class SpeechService(AudioModelService):
+    kind = "speech-to-text"
+    route = "/v1/audio/transcriptions"
+
     def __init__(self, config: ModelConfig) -> None:
-        self.config = config
-        self.model_id = config.id
+        super().__init__(config)
         self._engine = None
         self._whisper = None
-        self._unloading = False
-        self._active = 0
         self._audio_seconds_total = 0.0
-        self._metrics = MetricsRecorder(self.model_id)
-        self.created_at = 0
 
     async def start(self) -> None:
         started = time.monotonic()
@@ -116,49 +108,16 @@ class SpeechService:
         text = "".join(s.text for s in out).strip()
         return TranscriptEvent(transcript=Transcript(text, _language_name(done.language), round(seconds, 3), out))
 
-    # ---- what chat and embedding models answer --------------------------------------------------------
-    def _not_that_model(self, route: str) -> InvalidRequestError:
-        return InvalidRequestError(f"The model '{self.model_id}' is a speech-to-text model: use POST "
-                                   f"/v1/audio/transcriptions, not {route}", param="model")
-
-    async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
-        yield StreamChunk(error=self._not_that_model("a chat or completion route"))
-
-    async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
-        return TokenCount(error=self._not_that_model("token counting"))
-
-    async def embed(self, job: EmbedJob) -> EmbedResult:
-        return EmbedResult(error=self._not_that_model("/v1/embeddings"))
-
-    async def count_text_tokens(self, job: TextTokensJob) -> TextTokenCounts:
-        return TextTokenCounts(error=self._not_that_model("/v1/embeddings"))
-
     # ---- lifecycle and introspection ------------------------------------------------------------------
-    async def unload(self) -> None:
-        self._unloading = True
-        deadline = time.monotonic() + self.config.advanced.unload_drain_s
-        while self._active and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await self.shutdown()
-
     async def shutdown(self) -> None:
-        self._unloading = True
+        await super().shutdown()
         if self._engine is not None:
             await asyncio.to_thread(self._engine.stop)
 
     def info(self) -> ModelInfo:
-        import mlx.core as mx
-
-        rss = round(process_rss_bytes() / MIB, 1)
-        active = round(mx.get_active_memory() / MIB, 1)
-        return ModelInfo(
-            model_id=self.model_id, model_type=self.config.model_type,
-            model_path=str(self._whisper.path) if self._whisper else self.config.model_path,
-            context_length=self._whisper.dims.n_text_ctx if self._whisper else 0, created_at=self.created_at,
-            pid=os.getpid(),
-            memory=MemoryUsage(mlx_active_mb=active, mlx_cache_mb=round(mx.get_cache_memory() / MIB, 1),
-                               mlx_peak_mb=round(mx.get_peak_memory() / MIB, 1), rss_mb=rss, total_mb=rss),
-        )
+        whisper = self._whisper
+        return self._info(str(whisper.path) if whisper else self.config.model_path,
+                          whisper.dims.n_text_ctx if whisper else 0)
 
     def queue_stats(self) -> QueueStats:
         engine = self._engine
@@ -171,9 +130,6 @@ class SpeechService:
             steps_total=engine.steps if engine else 0, step_seconds_total=0.0, step_cpu_seconds_total=0.0,
             process_cpu_seconds_total=round(time.process_time(), 4),
         )
-
-    def metrics_snapshot(self) -> MetricsSnapshot:
-        return self._metrics.snapshot()
 
 
 def _segment(index: int, segment, text: str) -> TranscriptSegment:

@@ -22,7 +22,7 @@ from deployments.model_calls import (
     TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.transport.channel import ChannelClient
-from deployments.speech_calls import TranscribeJob, TranscriptEvent
+from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from deployments.transport.embed_calls import EmbedCalls
 from deployments.transport.errors import model_call_failure
 
@@ -126,6 +126,20 @@ class ServeModelClient:
             yield TranscriptEvent(error=model_call_failure(self._model_id, exc))
         finally:
             if not finished:  # the client went away: the replica's generator is cancelled, its windows with it
+                response.cancel()
+
+    async def speak(self, job: SpeakJob) -> AsyncIterator[SpeechAudioEvent]:
+        response = self._stream_handle.speak.remote(job)
+        finished = False
+        try:
+            async for event in response:
+                finished = event.done or event.error is not None
+                yield event
+        except (RayServeException, RayError) as exc:
+            finished = True
+            yield SpeechAudioEvent(error=model_call_failure(self._model_id, exc))
+        finally:
+            if not finished:  # the client went away: the replica's generator is cancelled, its next sentence with it
                 response.cancel()
 
     async def info(self) -> ModelInfo:

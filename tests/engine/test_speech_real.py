@@ -1,5 +1,6 @@
 """The embedded Whisper base (converted from its PyPI wheels) on real speech made by espeak-ng: what it hears, alone
-and batched, and a 70 s recording decoded as overlapping windows at once. Slow: a real model on the CPU."""
+and batched, and a 70 s recording decoded as overlapping windows at once; and what it hears of the embedded voice
+(Piper's joe), the round trip text -> speech -> text. Slow: a real model on the CPU."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import numpy as np
 import pytest
 
 from deployments.speech.audio_io import SAMPLE_RATE, decode_audio
+from deployments.speech.audio_out import encode_audio
 from engine.speech.default_speech_model import default_stt_path
 from engine.speech.requests import TranscriptDone, TranscriptionRequest
 from engine.speech.speech_engine import SpeechEngine
 from engine.speech.transcript import merged_segments
+from engine.speech.synthesis import SpeechSpec
+from engine.speech.voices import default_voice_path, load_synthesizer
 from engine.speech.whisper_model import load_whisper
 from tests.support.tiny_whisper import espeak_wav
 
@@ -90,3 +94,12 @@ def test_a_long_recording_is_decoded_as_overlapping_windows_without_losing_or_re
     words = _words(text)
     assert [words.count(marker) for marker in MARKERS] == [2] * len(MARKERS), text  # none lost, none repeated
     assert _word_error_rate(" ".join(SENTENCES * 2), text) <= 0.2, text
+
+
+def test_whisper_hears_what_the_embedded_voice_says(engine):
+    voice = load_synthesizer(default_voice_path())
+    said = " ".join(SENTENCES[3:6])
+    spoken = np.concatenate([p.samples for p in voice.pieces(SpeechSpec(said, voice.voices[0]))])
+    audio = decode_audio(encode_audio(spoken, voice.sample_rate, "flac"), 60).samples  # at Whisper's 16 kHz
+    heard = _transcripts(engine, [TranscriptionRequest("voice", audio, language="en")])["voice"]
+    assert _word_error_rate(said, heard) <= 0.2, heard

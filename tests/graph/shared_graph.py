@@ -32,13 +32,15 @@ BETA = "tiny-beta"
 TOOLS = "tiny/tools"
 VISION = "tiny-vl"
 SPEECH = "tiny-whisper"
+VOICE = "en_US-joe-medium"  # the embedded voice (model_path default-tts)
 EMBEDDER = "all-MiniLM-L6-v2"
 ALPHA_CONTEXT = 4096
 TOOLS_CONTEXT = 1536
 VISION_CONTEXT = 2048
 TOOLS_TEMPLATE = REPO / "tests" / "support" / "qwen3_tools.jinja"
 # The models the graph starts with, and the type each must run as before a test may use it.
-MODEL_TYPES = {ALPHA: "lm", BETA: "lm", TOOLS: "lm", VISION: "multimodal", SPEECH: "stt", EMBEDDER: "embedding"}
+MODEL_TYPES = {ALPHA: "lm", BETA: "lm", TOOLS: "lm", VISION: "multimodal", SPEECH: "stt", VOICE: "tts",
+               EMBEDDER: "embedding"}
 
 
 @dataclass
@@ -99,6 +101,7 @@ def shared_graph_config(models: TinyModels, root: Path) -> dict:
         model_app(TOOLS, tools_model, context_length=TOOLS_CONTEXT, chat_template_file=str(TOOLS_TEMPLATE)),
         model_app(VISION, write_qwen25_vl(root / "vision"), model_type="multimodal", context_length=VISION_CONTEXT),
         model_app(SPEECH, write_tiny_whisper(root / "speech", scale=4.0), model_type="stt"),
+        model_app(VOICE, "default-tts", model_type="tts"),
         embedder,
     ]}
 

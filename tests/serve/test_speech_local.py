@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from deployments.config import ModelConfig
-from deployments.speech.audio_io import decode_audio, encode_audio
+from deployments.speech.audio_io import decode_audio
+from deployments.speech.audio_out import encode_audio
 from tests.serve.local_stack import local_stack
 from tests.support.tiny_whisper import espeak_wav, write_tiny_whisper
 
