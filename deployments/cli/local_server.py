@@ -15,6 +15,7 @@ from deployments.config import ModelConfig
 @dataclass
 class LocalServer:
     configs: list[ModelConfig]
+    inference_keys: list[str] = field(default_factory=list)  # none: open, as `orchard chat --local` runs it
     url: str = ""
     error: BaseException | None = None
     _ready: threading.Event = field(default_factory=threading.Event)
@@ -47,6 +48,7 @@ class LocalServer:
         # Imported here: uvicorn, FastAPI and the engine are only needed once a local server runs.
         import uvicorn
 
+        from deployments.ingress.auth import ApiKeys
         from deployments.ingress.local_models import LocalBackend
         from deployments.ingress.model_registry import Registry
         from deployments.ingress.routes import create_app
@@ -60,7 +62,8 @@ class LocalServer:
             await registry.start(restore=False)
             listener = socket.create_server(("127.0.0.1", 0))
             self.url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-            server = uvicorn.Server(uvicorn.Config(create_app(registry, enable_admin=False), log_level="warning"))
+            server = uvicorn.Server(uvicorn.Config(create_app(registry, enable_admin=False,
+                                                                keys=ApiKeys(self.inference_keys)), log_level="warning"))
             serving = asyncio.create_task(server.serve(sockets=[listener]))
             while not server.started and not serving.done():
                 await asyncio.sleep(0.02)

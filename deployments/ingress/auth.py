@@ -139,13 +139,18 @@ class ApiKeyMiddleware:
         self.keys = keys
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or not self.keys.enabled:
+        if scope["type"] not in ("http", "websocket") or not self.keys.enabled:
             await self.app(scope, receive, send)
             return
         try:
-            self.keys.authorize(route_access(scope["path"], scope["method"]), presented_keys(scope["headers"]))
+            self.keys.authorize(route_access(scope["path"], scope.get("method", "GET")),
+                                presented_keys(scope["headers"]))
         except (AuthenticationError, PermissionDeniedError) as exc:
-            await send_error(scope, receive, send, exc)
+            if scope["type"] == "websocket":  # refused before the handshake completes: the client sees HTTP 403
+                await receive()
+                await send({"type": "websocket.close", "code": 1008, "reason": exc.message[:120]})
+            else:
+                await send_error(scope, receive, send, exc)
             return
         await self.app(scope, receive, send)
 

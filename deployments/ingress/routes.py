@@ -46,6 +46,7 @@ from deployments.model_calls import GenerateJob
 from deployments.ingress_config import DEFAULT_MAX_BODY_BYTES, MediaLimits, RagConfig
 from deployments.ingress.auth import ApiKeyMiddleware, ApiKeys
 from deployments.ingress.audio_routes import audio_router
+from deployments.ingress.realtime_routes import realtime_router
 from deployments.ingress.speech_routes import speech_router
 from deployments.ingress.embedding_routes import embeddings_router
 from deployments.ingress.edge import REQUEST_ID, BodyLimitMiddleware, RequestIdMiddleware
@@ -94,6 +95,7 @@ def create_app(
     app.include_router(embeddings_router(registry, metrics))
     app.include_router(audio_router(registry, metrics, keepalive_s))
     app.include_router(speech_router(registry, metrics, keepalive_s))
+    app.include_router(realtime_router(registry))
     app.include_router(metrics_router(registry, metrics))
     if rag is not None:
         app.include_router(rag_router(rag, registry, metrics, keepalive_s))

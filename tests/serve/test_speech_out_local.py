@@ -123,18 +123,20 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("fields,param,words", BAD_REQUESTS, ids=[b[1] + str(i) for i, b in enumerate(BAD_REQUESTS)])
-def test_bad_requests_are_400s_naming_the_field(kitten, tiny_models, fields, param, words):
+def test_bad_requests_are_400s_naming_the_field(kitten, tiny_models):
     async def scenario():
         async with local_stack(_configs(kitten, tiny_models)) as stack:
-            body = {"model": KITTEN, "voice": VOICES[0], "input": SENTENCE, **fields}
-            return await stack.http.post("/v1/audio/speech", json=body)
+            answers = []
+            for fields, _, _ in BAD_REQUESTS:
+                body = {"model": KITTEN, "voice": VOICES[0], "input": SENTENCE, **fields}
+                answers.append(await stack.http.post("/v1/audio/speech", json=body))
+            return answers
 
-    answer = asyncio.run(scenario())
-    assert answer.status_code == 400, answer.text
-    error = answer.json()["error"]
-    assert error["param"] == param or param in error["message"]
-    assert words is None or words in error["message"]
+    for (fields, param, words), answer in zip(BAD_REQUESTS, asyncio.run(scenario())):
+        assert answer.status_code == 400, (fields, answer.text)
+        error = answer.json()["error"]
+        assert error["param"] == param or param in error["message"], (fields, error)
+        assert words is None or words in error["message"], (fields, error)
 
 
 def test_the_voice_refuses_chat_and_transcription_and_takes_unknown_fields(kitten, tiny_models):
