@@ -19,6 +19,7 @@ class TranscribeJob:
     prompt: str | None = None
     temperature: float = 0.0
     log_id: str = ""
+    words: bool = False  # word times wanted (timestamp_granularities[] word)
 
 
 @dataclass
@@ -37,11 +38,21 @@ class TranscriptSegment:
 
 
 @dataclass
+class TranscriptWord:
+    """OpenAI's verbose_json word: the word as written, its start and end in seconds."""
+
+    word: str
+    start: float
+    end: float
+
+
+@dataclass
 class Transcript:
     text: str
     language: str  # its English name, as OpenAI's verbose_json says it ("english")
     duration_s: float
     segments: list[TranscriptSegment] = field(default_factory=list)
+    words: list[TranscriptWord] = field(default_factory=list)
 
 
 @dataclass

@@ -33,7 +33,8 @@ class TranscriptionForm:
     ignored: tuple[str, ...]  # form fields Orchard does not read
 
     def job(self, log_id: str) -> TranscribeJob:
-        return TranscribeJob(self.audio, self.task, self.language, self.prompt, self.temperature, log_id)
+        return TranscribeJob(self.audio, self.task, self.language, self.prompt, self.temperature, log_id,
+                             words="word" in self.granularities)
 
 
 def transcription_form(fields: dict[str, list[Any]], task: str) -> TranscriptionForm:
@@ -96,9 +97,6 @@ def _check_granularities(granularities: tuple[str, ...], response_format: str) -
     if granularities and response_format != "verbose_json":
         raise InvalidRequestError("'timestamp_granularities[]' needs response_format verbose_json",
                                   param="timestamp_granularities[]")
-    if "word" in granularities:  # word times need the cross-attention alignment, not built yet
-        raise InvalidRequestError("word timestamps are not served yet: ask for timestamp_granularities[] segment",
-                                  param="timestamp_granularities[]")
 
 
 # ---- answers ------------------------------------------------------------------------------------------------
@@ -116,7 +114,12 @@ def rendered(transcript: Transcript, form: TranscriptionForm) -> tuple[str, str]
         return "WEBVTT\n\n" + _subtitles(transcript, ".", numbered=False), "text/vtt; charset=utf-8"
     if form.response_format == "verbose_json":
         body = {"task": form.task, "language": transcript.language, "duration": transcript.duration_s,
-                "text": transcript.text, "segments": [vars(s) for s in transcript.segments], "usage": usage(transcript)}
+                "text": transcript.text}
+        if "word" in form.granularities:  # asked for by name; segments unless only words were asked for
+            body["words"] = [vars(w) for w in transcript.words]
+        if form.granularities != ("word",):
+            body["segments"] = [vars(s) for s in transcript.segments]
+        body["usage"] = usage(transcript)
         return json.dumps(body), "application/json"
     return json.dumps({"text": transcript.text, "usage": usage(transcript)}), "application/json"
 

@@ -17,7 +17,7 @@ from deployments.config import DEFAULT_STT_MODEL_PATH, ModelConfig
 from deployments.model_calls import ModelInfo, QueueStats
 from deployments.speech.audio_service import AudioModelService
 from deployments.speech.audio_io import decode_audio
-from deployments.speech_calls import TranscribeJob, Transcript, TranscriptEvent, TranscriptSegment
+from deployments.speech_calls import TranscribeJob, Transcript, TranscriptEvent, TranscriptSegment, TranscriptWord
 from engine.errors import ModelUnloadedError, OrchardError
 
 logger = logging.getLogger("ray.serve.orchard")
@@ -72,7 +72,8 @@ class SpeechService(AudioModelService):
         loop = asyncio.get_running_loop()
         from engine.speech.requests import TranscriptDelta, TranscriptionRequest
 
-        spec = TranscriptionRequest(request_id, audio.samples, job.language, job.task, job.prompt, job.temperature)
+        spec = TranscriptionRequest(request_id, audio.samples, job.language, job.task, job.prompt, job.temperature,
+                                    words=job.words)
         self._active += 1
         try:
             self._engine.submit(spec, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
@@ -106,7 +107,8 @@ class SpeechService(AudioModelService):
         out = [_segment(i, s, self._whisper.decode_text(list(s.tokens))) for i, s in enumerate(segments)]
         self._audio_seconds_total += seconds
         text = "".join(s.text for s in out).strip()
-        return TranscriptEvent(transcript=Transcript(text, _language_name(done.language), round(seconds, 3), out))
+        return TranscriptEvent(transcript=Transcript(text, _language_name(done.language), round(seconds, 3), out,
+                                                     _words(done.windows)))
 
     # ---- lifecycle and introspection ------------------------------------------------------------------
     async def shutdown(self) -> None:
@@ -138,6 +140,19 @@ def _segment(index: int, segment, text: str) -> TranscriptSegment:
     return TranscriptSegment(index, round(segment.start, 2), round(segment.end, 2), text, list(segment.tokens),
                              segment.temperature, round(segment.avg_logprob, 4), round(ratio, 4),
                              round(segment.no_speech_prob, 4))
+
+
+def _words(windows) -> list[TranscriptWord]:
+    """Every window's words on the audio's clock; a later window's words inside the audio already covered (its 5 s
+    overlap with the one before) are dropped, as the segments' stitching drops their repeat."""
+    words: list[TranscriptWord] = []
+    for window in windows:
+        for word in window.words:
+            start, end = round(window.offset_s + word.start, 2), round(window.offset_s + word.end, 2)
+            if words and start < words[-1].end:
+                continue
+            words.append(TranscriptWord(word.word.strip(), start, end))
+    return words
 
 
 def _language_name(code: str) -> str:

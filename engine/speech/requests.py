@@ -16,6 +16,15 @@ class TranscriptionRequest:
     prompt: str | None = None  # earlier text, to steer spelling and style
     temperature: float = 0.0
     timestamps: bool = False  # segment times wanted (verbose_json, srt, vtt, timestamp_granularities)
+    words: bool = False  # word times wanted (timestamp_granularities[] word)
+
+
+@dataclass
+class WordTime:
+    word: str  # as written, its leading space included
+    start: float  # seconds from the window's start
+    end: float
+    probability: float
 
 
 @dataclass
@@ -29,6 +38,7 @@ class WindowResult:
     avg_logprob: float
     no_speech_prob: float
     temperature: float
+    words: list[WordTime] = field(default_factory=list)  # when the request asked for word times
 
 
 @dataclass

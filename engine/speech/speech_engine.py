@@ -25,6 +25,7 @@ from engine.speech.requests import TimestampState, TranscriptDelta, TranscriptDo
 from engine.speech.timestamp_rules import after_sampling, forbidden_next
 from engine.speech.transcript import SAMPLE_RATE, window_offsets
 from engine.speech.whisper_model import LoadedWhisper, window_mel
+from engine.speech.word_timing import window_words
 
 HOP_SAMPLES = 1600  # 0.1 s: enough audio to build the features once
 
@@ -59,6 +60,7 @@ class _Row:
     position: int  # the next position to feed
     token: int  # the token to feed there
     sample_begin: int
+    features: mx.array | None = None  # the window's encoded audio, kept for its word times
     state: TimestampState = field(default_factory=TimestampState)
     sampled: list[int] = field(default_factory=list)
     logprob_sum: float = 0.0
@@ -196,7 +198,9 @@ class SpeechEngine:
         for (request, window), features in zip(admitted, audio):
             slot = len(self._rows)
             self.decoder.admit(slot, features)
-            self._rows.append(self._prefilled(request, window, slot))
+            row = self._prefilled(request, window, slot)
+            row.features = features if request.spec.words else None
+            self._rows.append(row)
 
     def _window_samples(self, request: _Request, window: int):
         offset, duration = request.offsets[window]
@@ -278,11 +282,20 @@ class SpeechEngine:
         tokens = [t for t in row.sampled if t != self.tokens.eot]
         request.results[row.window] = WindowResult(row.window, offset, duration, tokens,
                                                    row.logprob_sum / max(len(row.sampled), 1), row.no_speech_prob,
-                                                   request.spec.temperature)
+                                                   request.spec.temperature, self._words(row, tokens, duration))
         if request.cancelled:
             request.finished = True
         elif request.done:
             self._finish_request(request)
+
+    def _words(self, row: _Row, tokens: list[int], duration: float) -> list:
+        if row.features is None or row.request.cancelled:
+            return []
+        t, request = self.tokens, row.request
+        sot_sequence = [t.sot, t.language_token(request.language),
+                        t.transcribe if request.spec.task == "transcribe" else t.translate]
+        text = [token for token in tokens if token < t.eot]
+        return window_words(self.whisper, row.features, sot_sequence, text, request.language or "en", duration)
 
     def _finish_request(self, request: _Request) -> None:
         request.finished = True

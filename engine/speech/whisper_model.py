@@ -58,6 +58,11 @@ def load_whisper(folder: Path, dtype: mx.Dtype | None = None) -> LoadedWhisper:
         raise ValueError(f"{folder}: weights missing for {', '.join(missing[:3])}")
     model.update(tree_unflatten([(k, v) for k, v in weights.items() if k in expected]))
     mx.eval(model.parameters())
+    generation = folder / "generation_config.json"
+    if generation.is_file():  # the heads whose cross-attention follows the audio (word times); else the upper half
+        heads = json.loads(generation.read_text()).get("alignment_heads")
+        if heads:
+            model.set_alignment_heads(heads)
     tokenizer = load_tokenizer(folder)
     return LoadedWhisper(model, whisper_tokens(tokenizer, model.dims.n_vocab), tokenizer, dtype, folder)
 

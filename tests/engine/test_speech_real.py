@@ -103,3 +103,22 @@ def test_whisper_hears_what_the_embedded_voice_says(engine):
     audio = decode_audio(encode_audio(spoken, voice.sample_rate, "flac"), 60).samples  # at Whisper's 16 kHz
     heard = _transcripts(engine, [TranscriptionRequest("voice", audio, language="en")])["voice"]
     assert _word_error_rate(said, heard) <= 0.2, heard
+
+
+def test_word_times_follow_the_speech(engine, tmp_path):
+    first = decode_audio(espeak_wav(SENTENCES[0], tmp_path / "a.wav"), 60).samples
+    second = decode_audio(espeak_wav(SENTENCES[1], tmp_path / "b.wav"), 60).samples
+    pause = np.zeros(2 * SAMPLE_RATE, np.float32)
+    audio = np.concatenate([first, pause, second])
+    events: queue.Queue = queue.Queue()
+    engine.submit(TranscriptionRequest("words", audio, language="en", words=True), events.put)
+    done = events.get(timeout=900)
+    while not isinstance(done, TranscriptDone):
+        done = events.get(timeout=900)
+    words = done.windows[0].words
+    heard = [w.word.strip(" .,").lower() for w in words]
+    assert "paris" in heard and "green" in heard, heard
+    first_end, second_start = len(first) / SAMPLE_RATE, (len(first) + len(pause)) / SAMPLE_RATE
+    paris, green = words[heard.index("paris")], words[heard.index("green")]
+    assert paris.end <= first_end + 0.3 and green.start >= second_start - 0.3  # each word on its side of the pause
+    assert all(w.start <= w.end for w in words) and all(a.start <= b.start for a, b in zip(words, words[1:]))

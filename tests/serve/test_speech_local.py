@@ -65,6 +65,28 @@ def test_every_response_format_with_the_openai_client(speech, tiny_models):
     assert isinstance(translated.text, str)
 
 
+def test_word_timestamps_cover_the_text_in_order(speech, tiny_models):
+    async def scenario():
+        async with local_stack(_configs(speech, tiny_models)) as stack:
+            client = _client(stack)
+            audio = ("hello.wav", speech["hello"], "audio/wav")
+            both = await client.audio.transcriptions.create(
+                model="whisper", file=audio, language="en", response_format="verbose_json",
+                timestamp_granularities=["word", "segment"])
+            words_only = await client.audio.transcriptions.create(
+                model="whisper", file=audio, language="en", response_format="verbose_json",
+                timestamp_granularities=["word"])
+            return both, words_only
+
+    both, words_only = asyncio.run(scenario())
+    assert both.words and both.segments and not getattr(words_only, "segments", None)
+    assert [(w.word, w.start, w.end) for w in both.words] == [(w.word, w.start, w.end) for w in words_only.words]
+    # Every character of the text, in order, in the words (the random model's text is no language: compared bare).
+    assert "".join(w.word for w in both.words).replace(" ", "") == both.text.replace(" ", "")
+    assert all(0.0 <= w.start <= w.end <= both.duration + 0.02 for w in both.words)
+    assert all(a.start <= b.start for a, b in zip(both.words, both.words[1:]))
+
+
 def test_streamed_text_equals_the_whole_transcript(speech, tiny_models):
     async def scenario():
         async with local_stack(_configs(speech, tiny_models)) as stack:
@@ -91,7 +113,7 @@ def test_streamed_text_equals_the_whole_transcript(speech, tiny_models):
     ({"file": ("hello.wav", b"@hello", "audio/wav")}, {"model": "whisper", "temperature": "1.5"}, "temperature"),
     ({"file": ("hello.wav", b"@hello", "audio/wav")}, {"model": "whisper", "language": "klingon"}, "language"),
     ({"file": ("hello.wav", b"@hello", "audio/wav")},
-     {"model": "whisper", "timestamp_granularities[]": "word", "response_format": "verbose_json"},
+     {"model": "whisper", "timestamp_granularities[]": "word", "response_format": "json"},
      "timestamp_granularities[]"),
     ({"file": ("hello.wav", b"@hello", "audio/wav")}, {"model": CHAT_MODEL_ID}, "model"),
 ])
