@@ -12,7 +12,7 @@
 #   call's 600). EXTRA: more compare flags (e.g. "--workloads mixed,uniform,burst,long").
 # engine: bench.engine_throughput (Orchard vs mlx-lm generate_step / BatchGenerator / mlx_forward, mlx-lm's bare
 #   forward loop; random bf16 Qwen3-0.6B shape, 128-token prompts, 128 new tokens, REPEAT runs per level (default
-#   5), engines alternating; medians and paired ratios) at LEVELS (default 1,8,32,64,128); then bench.prefix_cache
+#   5), engines alternating; medians and paired ratios) at LEVELS (default 1,8,32,64,128); then bench.kv_cache ttft
 #   ttft (2,048-token shared prefix + 16-token suffix, hit vs miss) on the Qwen3-0.6B shape and, unless SKIP_8B=1,
 #   the Llama-3.1-8B shape. Writes $OUT/engine_throughput.{json,txt}, $OUT/prefix_ttft_<shape>.json and
 #   $OUT/prefix_ttft.txt.
@@ -53,7 +53,7 @@ case "$MODE" in
     shapes="qwen3-0.6b"
     [ -z "${SKIP_8B:-}" ] && shapes="$shapes llama-3.1-8b"
     for shape in $shapes; do
-      python3 -m bench.prefix_cache ttft --random-shape "$shape" --json "$OUT/prefix_ttft_${shape}.json" \
+      python3 -m bench.kv_cache ttft --random-shape "$shape" --json "$OUT/prefix_ttft_${shape}.json" \
         2>&1 | tail -n 5 | sed "s/^/${shape}: /" >> "$OUT/prefix_ttft.txt"
     done
     cat "$OUT/engine_throughput.txt" "$OUT/prefix_ttft.txt"
