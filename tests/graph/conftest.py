@@ -124,9 +124,6 @@ def serve_cluster():
 
 
 RESTARTS_SERVE = "restarts_serve"
-# Under pytest-xdist (scripts/test.sh runs two workers), every test that starts Ray runs in one worker, in order:
-# one Ray cluster and one shared graph per run.
-RAY_GROUP = "ray"
 
 
 def pytest_configure(config):
@@ -141,7 +138,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if GRAPH_DIR in item.path.parents:
             item.add_marker(pytest.mark.graph)
-            item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
     restarting = [item for item in items if item.get_closest_marker(RESTARTS_SERVE)]
     rest = [item for item in items if not item.get_closest_marker(RESTARTS_SERVE)]
     users = [i for i, item in enumerate(rest) if _uses_shared_graph(item)]
