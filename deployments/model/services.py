@@ -1,11 +1,12 @@
-"""Which service a model's process runs, by model_type (no Ray here: the in-process backend uses it too)."""
+"""Which service a model's process runs, by model_type (no Ray here: the in-process backend uses it too). Each
+service is imported when a model of its type starts: building an application (`serve run`'s import of
+deployments.app, in a process per application) then imports no MLX, mlx-lm or torch."""
 
 from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
 from deployments.config import ModelConfig
-from deployments.model.service import ModelService
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from engine.errors import InvalidRequestError
 
@@ -25,6 +26,8 @@ def new_model_service(config: ModelConfig) -> Any:
         from deployments.embeddings.service import EmbeddingService  # numpy only; torch loads with the model
 
         return EmbeddingService(config)
+    from deployments.model.service import ModelService  # the engine (MLX, mlx-lm) loads with a chat model
+
     return ModelService(config)
 
 

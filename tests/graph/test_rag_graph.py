@@ -1,8 +1,8 @@
 """RAG through the real graph (serve_config.yaml on Ray Serve, the session's shared graph): the RAG deployment beside
 the ingress reaches the embedded all-MiniLM-L6-v2 and a tiny chat model through their Serve handles. Uploads, answers
-streamed and not, parallel uploads and queries, a 200 MB upload refused before it is read, and a restart of Serve (the
-last test of the shared graph) that leaves the documents and the answers as they were, and brings back a model loaded
-through the admin API."""
+streamed and not, parallel uploads and queries, a 200 MB upload refused before it is read, and a restart of the ingress
+(the last test of the shared graph) that leaves the documents and the answers as they were, and brings back a model
+loaded through the admin API."""
 
 from __future__ import annotations
 
@@ -145,9 +145,11 @@ def rag_applications(schema: dict) -> dict:
 
 @pytest.mark.restarts_serve
 def test_restart_keeps_documents_answers_and_loaded_models(rag_graph, tiny_models):
-    """Tears the shared graph down and deploys its ingress, chat model and embedder again (what RAG needs: the
-    others would only add to the start), so it runs after every other test of the shared graph. Run-time apps vanish
-    when Serve restarts: the ingress restores the one loaded through the admin API from its state_dir."""
+    """Deletes the ingress application (the ingress and its RAG deployment: the state lives on disk only) and the
+    model loaded through the admin API (a run-time app: Serve's restart loses it), then deploys the ingress again
+    beside the chat model and embedder RAG needs (Serve leaves those running: their config is unchanged; the graph's
+    other models go), so it runs after every other test of the shared graph. The new ingress restores the loaded
+    model from its state_dir."""
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
@@ -160,9 +162,9 @@ def test_restart_keeps_documents_answers_and_loaded_models(rag_graph, tiny_model
         whole_before, streamed_before = answer_pair(http, file_id)
         wait_until(lambda: (loaded_model_status(http) or {}).get("status") == "running", GRAPH_START_S,
                    what=f"{LOADED_MODEL} running")
-    serve.shutdown()
-    assert serve.status().applications == {}
-    serve.start(http_options={"host": "127.0.0.1", "port": rag_graph.port})
+    serve.delete(INGRESS_APP)
+    serve.delete(serve_app_name(LOADED_MODEL))
+    assert not {INGRESS_APP, serve_app_name(LOADED_MODEL)} & set(serve.status().applications)
     restarted = rag_applications(rag_graph.schema)
     assert LOADED_MODEL not in {app["args"].get("model_id") for app in restarted["applications"]}
     deploy_graph(ServeDeploySchema.model_validate(restarted))
