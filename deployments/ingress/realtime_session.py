@@ -211,6 +211,7 @@ class TranscriptionSession:
     def _spawn(self, work: Awaitable[None]) -> asyncio.Task:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
+        task.add_done_callback(_finished)
         task.add_done_callback(self._tasks.discard)
         return task
 
@@ -218,6 +219,12 @@ class TranscriptionSession:
 def _key(word: str) -> str:
     """A word as two passes are compared: "Today?" and "today." agree."""
     return re.sub(r"[^\w']", "", word.lower())
+
+
+def _finished(task: asyncio.Task) -> None:
+    """A pass whose client went away fails on its send: that is the end of it, not an error to report."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.info("realtime transcription pass ended: %r", task.exception())
 
 
 def _common_prefix(words: list[str], other: list[str]) -> list[str]:

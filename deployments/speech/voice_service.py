@@ -8,6 +8,7 @@ The audio is encoded here (audio_out.py), off the ingress. A client that goes aw
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -86,7 +87,8 @@ class TextToSpeechService(AudioModelService):
                 yield event
         finally:
             self._active -= 1
-            self._thread.submit(pieces.close)  # on the thread that may still be running it (a client gone)
+            with contextlib.suppress(RuntimeError):  # the service shut down: its thread and generators are gone
+                self._thread.submit(pieces.close)  # on the thread that may still be running it (a client gone)
 
     async def _spoken(self, pieces: Iterator, encoder: SpeechEncoder) -> AsyncIterator[SpeechAudioEvent]:
         loop = asyncio.get_running_loop()
