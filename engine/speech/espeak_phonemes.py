@@ -21,17 +21,25 @@ _OUTPUT_SYNCHRONOUS = 2  # AUDIO_OUTPUT_SYNCHRONOUS: no sound device is opened
 _CLAUSE = re.compile(r"([^.,;:!?]+)([.,;:!?]*)")
 _LOCK = threading.Lock()
 _library: ctypes.CDLL | None = None
-INSTALL_HINT = "espeak-ng's library is not installed (apt-get install libespeak-ng1, or espeak-ng)"
+INSTALL_HINT = "espeak-ng's library is not installed (apt-get install libespeak-ng1; brew install espeak-ng)"
+# Where the library lies when find_library misses it: Debian's soname, Homebrew on Apple silicon and on Intel.
+_CANDIDATES = ["libespeak-ng.so.1", "/opt/homebrew/lib/libespeak-ng.dylib", "/usr/local/lib/libespeak-ng.dylib"]
+
+
+def _opened(names: list[str | None]) -> ctypes.CDLL:
+    errors = []
+    for name in filter(None, names):
+        try:
+            return ctypes.CDLL(name)
+        except OSError as exc:
+            errors.append(str(exc))
+    raise ModelLoadError(f"{INSTALL_HINT}: {'; '.join(errors)[:300]}")
 
 
 def _espeak() -> ctypes.CDLL:
     global _library
     if _library is None:
-        name = ctypes.util.find_library("espeak-ng") or "libespeak-ng.so.1"
-        try:
-            library = ctypes.CDLL(name)
-        except OSError as exc:
-            raise ModelLoadError(f"{INSTALL_HINT}: {exc}") from exc
+        library = _opened([ctypes.util.find_library("espeak-ng"), *_CANDIDATES])
         library.espeak_Initialize.restype = ctypes.c_int
         library.espeak_TextToPhonemes.restype = ctypes.c_char_p
         library.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
