@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -21,6 +20,7 @@ import numpy as np
 from deployments.api.realtime_schemas import (
     PCM_RATE, TranscriptionSessionConfig, appended_audio, error_event, new_id, server_event,
 )
+from deployments.speech.audio_out import wav_file
 from deployments.speech_calls import TranscribeJob, Transcript
 from engine.errors import InvalidRequestError, OrchardError
 
@@ -158,7 +158,7 @@ class TranscriptionSession:
 
     def _job(self, audio: bytes) -> tuple[str, TranscribeJob]:
         options = self._transcription()
-        return options.model, TranscribeJob(_wav(audio), "transcribe", options.language, options.prompt)
+        return options.model, TranscribeJob(wav_file(audio, PCM_RATE), "transcribe", options.language, options.prompt)
 
     def _maybe_partial(self) -> None:
         item = self._item
@@ -243,10 +243,3 @@ def _same(words: list[str], sent: list[str]) -> bool:
 def _rms(frame: bytes) -> float:
     samples = np.frombuffer(frame, dtype="<i2").astype(np.float32) / 32768.0
     return float(np.sqrt(np.mean(samples * samples))) if samples.size else 0.0
-
-
-def _wav(pcm16: bytes) -> bytes:
-    """pcm16 mono at 24 kHz as a wav file (the model's side decodes it like any upload)."""
-    header = b"RIFF" + struct.pack("<I", 36 + len(pcm16)) + b"WAVEfmt " + struct.pack(
-        "<IHHIIHH", 16, 1, 1, PCM_RATE, PCM_RATE * 2, 2, 16) + b"data" + struct.pack("<I", len(pcm16))
-    return header + pcm16

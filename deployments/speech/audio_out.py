@@ -75,7 +75,7 @@ class SpeechEncoder:
 
     def finish(self) -> bytes:
         if self.response_format == "wav":
-            return _wav_file(b"".join(self._wav), self.sample_rate)
+            return wav_file(b"".join(self._wav), self.sample_rate)
         tail = self._encoded(None)
         if self._container is not None:
             for packet in self._stream.encode(None):
@@ -107,7 +107,8 @@ def encode_audio(samples: np.ndarray, sample_rate: int, response_format: str) ->
     return encoder.add(samples) + encoder.finish()
 
 
-def _wav_file(pcm16: bytes, sample_rate: int) -> bytes:
+def wav_file(pcm16: bytes, sample_rate: int) -> bytes:
+    """16-bit little-endian mono samples as a wav file."""
     out = io.BytesIO()
     with wave.open(out, "wb") as file:
         file.setnchannels(1)
