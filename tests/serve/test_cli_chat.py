@@ -187,7 +187,10 @@ def test_terminal_session_streams_in_colour_keeps_history_and_quits_on_ctrl_d(se
         assert ANSI.sub("", shown) == answer["content"]
         shell.send("/stats\r")
         shell.expect(r"\x1b\[2m\d+ tokens, [\d.-]+ tok/s, TTFT [\d.]+ s")
-        shell.send("\x04")  # Ctrl-D
+        # Ctrl-D at the prompt: typed ahead while the terminal is still cooked, the line discipline turns it into a
+        # NUL byte once readline switches to raw mode, and readline never sees an EOF (as in any readline shell)
+        shell.expect(r">>> ")
+        shell.send("\x04")
         assert shell.process.wait(timeout=30) == 0
     finally:
         shell.close()
