@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from deployments.config import DEFAULT_EMBEDDING_MODEL_ID, RayActorOptions
+from deployments.mcp_config import McpConfig
 
 # Keys from the environment where a config field is unset (the config wins: see IngressConfig).
 API_KEYS_ENV = "ORCHARD_API_KEYS"  # comma-separated
@@ -102,6 +103,7 @@ class IngressConfig(BaseModel):
     ray_actor_options: RayActorOptions = Field(
         default_factory=RayActorOptions, description="Ray's resources for the ingress replica (and the RAG one)")
     rag: RagConfig | None = Field(default_factory=RagConfig, description="/v1/rag/* (null: off)")
+    mcp: McpConfig = Field(default_factory=McpConfig, description="the MCP servers the tool loop may use, its bounds")
     admin_loads: AdminLoadLimits = Field(
         default_factory=AdminLoadLimits, description="what POST /v1/admin/load-model may reserve, and its deadline")
     # Images in requests: data URLs and base64 always; http(s) URLs only when allowed, from public addresses only

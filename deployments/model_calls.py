@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Literal, Protocol
 from engine.health import EngineHealth, EngineStatus
 from engine.errors import OrchardError
 from engine.output.request_output import Finish
-from deployments.output_deltas import ToolCallDelta
+from deployments.output_deltas import McpEvent, ToolCallDelta
 from engine.sampling.params import SamplingParams
 from engine.spec_decode.speculator import SpeculationStats
 
@@ -114,7 +114,8 @@ class StreamChunk:
 
     `text` is the content (all the text when the model has no output parser), `reasoning` the
     reasoning text and `tool_calls` the tool-call deltas the model side parsed out of the output.
-    Within a chunk they come in that order. The first chunk carries the prompt's token count. A streamed
+    Within a chunk they come in that order, then `mcp`: what the ingress's MCP tool loop did (its listings, calls
+    and their results), after the model turn whose calls it ran. The first chunk carries the prompt's token count. A streamed
     job's first chunk is `queued` (the engine accepted the request: refusals are behind it; the ingress opens the
     HTTP stream with it); a later one is `admitted` (taken into the batch, its prefill starts) and carries
     `cached_tokens`: the API's opening event goes out with it, usually before any output.
@@ -131,6 +132,8 @@ class StreamChunk:
     queued: bool = False  # the engine accepted the request (it may still wait for a slot)
     admitted: bool = False
     cached_tokens: int | None = None  # of prompt_tokens, from the prefix cache (told with the admission)
+    mcp: list[McpEvent] = field(default_factory=list)
+    tool_loop_paused: bool = False  # the last chunk: the MCP tool loop stopped at its bound of rounds
 
     @property
     def is_last(self) -> bool:
@@ -139,7 +142,8 @@ class StreamChunk:
     @property
     def is_admission_only(self) -> bool:
         """Queued or admitted, with no output yet: sent at once, and no coalescing window starts with it."""
-        return (self.queued or self.admitted) and not (self.num_tokens or self.text or self.reasoning or self.tool_calls or self.is_last)
+        return (self.queued or self.admitted) and not (
+            self.num_tokens or self.text or self.reasoning or self.tool_calls or self.mcp or self.is_last)
 
     def merge(self, later: "StreamChunk") -> None:
         self.text += later.text
@@ -150,6 +154,7 @@ class StreamChunk:
                 self.tool_calls[-1] = last.joined(delta)
             else:
                 self.tool_calls.append(delta)
+        self.mcp += later.mcp
         self.num_tokens += later.num_tokens
         if later.logprobs is not None:
             self.logprobs = (self.logprobs or []) + later.logprobs
@@ -159,8 +164,17 @@ class StreamChunk:
             self.cached_tokens = later.cached_tokens
         self.queued = self.queued or later.queued
         self.admitted = self.admitted or later.admitted
+        self.tool_loop_paused = self.tool_loop_paused or later.tool_loop_paused
         self.finish = later.finish or self.finish
         self.error = later.error or self.error
+
+
+def merged(parts: list[StreamChunk]) -> StreamChunk:
+    """An answer's chunks as one (a new chunk: the parts are left as they are)."""
+    total = StreamChunk()
+    for part in parts:
+        total.merge(part)
+    return total
 
 
 @dataclass

@@ -113,3 +113,10 @@ class TooManyLoadsError(OrchardError):
     """As many admin loads run as the operator allows (admin_loads.max_in_flight): retry once one settles."""
 
     code = "too_many_loads"
+
+
+class McpServerError(OrchardError):
+    """An MCP server a request uses could not be connected to or listed (424, as OpenAI answers), or is declared
+    with a setting that cannot be used (an environment variable it names is not set)."""
+
+    code = "mcp_server_error"

@@ -31,6 +31,7 @@ from deployments.api.anthropic_schemas import (
     ToolUseBlock,
     _MessagesFields,
 )
+from deployments.api.mcp_schemas import McpToolResultBlock, McpToolUseBlock
 from deployments.api.images import MessageContent, image_from_base64, image_from_url
 from deployments.model_calls import ChatPrompt, GenerateJob, ImageInput, ToolChoiceMode
 
@@ -122,7 +123,8 @@ def _tool_choice(body: _MessagesFields, tools: list[dict[str, Any]] | None) -> t
     parallel = not choice.disable_parallel_tool_use
     if choice.type in ("auto", "none"):
         return choice.type, None, parallel
-    if not tools:
+    mcp = bool(getattr(body, "mcp_servers", None))  # their tools are known once listed: the tool loop checks
+    if not tools and not mcp:
         raise InvalidRequestError(f"tool_choice '{choice.type}' requires 'tools' to be given", param="tool_choice")
     if choice.type == "any":
         return "required", None, parallel
@@ -133,8 +135,8 @@ def _tool_choice(body: _MessagesFields, tools: list[dict[str, Any]] | None) -> t
             "run: only custom tools (with an input_schema) can be called",
             param="tool_choice.name",
         )
-    names = [t["function"]["name"] for t in tools]
-    if not choice.name or choice.name not in names:
+    names = [t["function"]["name"] for t in tools or []]
+    if not choice.name or (choice.name not in names and not mcp):
         raise InvalidRequestError(
             f"tool_choice.name '{choice.name}' is not the name of a tool in 'tools'", param="tool_choice.name"
         )
@@ -154,7 +156,7 @@ def _messages(body: _MessagesFields, images: list[ImageInput]) -> list[dict[str,
         elif message.role == "user":
             messages += _user_messages(message, index, images)
         else:
-            messages.append(_assistant_message(message, index))
+            messages += _assistant_messages(message, index)
     if system:
         messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
     return messages
@@ -253,21 +255,35 @@ def _document_text(block: DocumentBlock, param: str) -> str:
     return "\n\n".join(part for part in (block.title, block.context, body) if part)
 
 
-def _assistant_message(message: Message, index: int) -> dict[str, Any]:
+def _assistant_messages(message: Message, index: int) -> list[dict[str, Any]]:
+    """An assistant turn; an MCP tool result in it (the connector's, replayed) splits it: the calls before it, the
+    result as a `tool` message, then the rest of the turn."""
     if isinstance(message.content, str):
-        return {"role": "assistant", "content": message.content}
+        return [{"role": "assistant", "content": message.content}]
+    out: list[dict[str, Any]] = []
     texts, reasoning, calls = [], [], []
     for position, block in enumerate(message.content):
         if isinstance(block, TextBlock):
             texts.append(block.text)
         elif isinstance(block, ThinkingBlock):
             reasoning.append(block.thinking)
-        elif isinstance(block, ToolUseBlock):
+        elif isinstance(block, (ToolUseBlock, McpToolUseBlock)):
             calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input}})
+        elif isinstance(block, McpToolResultBlock):
+            out.append(_assistant_turn(texts, reasoning, calls))
+            texts, reasoning, calls = [], [], []
+            prefix = "Error: " if block.is_error else ""
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": prefix + block.text()})
         elif isinstance(block, RedactedThinkingBlock):
             continue  # encrypted by another provider: nothing a local model can read
         else:
             _refuse_block(block, f"messages.{index}.content.{position}")
+    if texts or reasoning or calls or not out:
+        out.append(_assistant_turn(texts, reasoning, calls))
+    return out
+
+
+def _assistant_turn(texts: list[str], reasoning: list[str], calls: list[dict[str, Any]]) -> dict[str, Any]:
     rendered: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if reasoning:
         rendered["reasoning_content"] = "\n\n".join(reasoning)

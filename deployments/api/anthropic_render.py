@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.output.request_output import Finish, Usage
-from deployments.output_deltas import ToolCallDelta
+from deployments.output_deltas import McpEvent, McpToolCall, McpToolResult, ToolCallDelta
 from engine.request import FinishReason
 from deployments.api.errors import WireError, as_anthropic
 from deployments.api.sse import SSE_KEEPALIVE, named_sse_events
-from deployments.model_calls import StreamChunk
+from deployments.model_calls import StreamChunk, merged
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ class BlockBuilder:
             ops.append(BlockOp("delta", self._count - 1, delta={"type": "text_delta", "text": chunk.text}))
         for call in chunk.tool_calls:
             ops += self._tool_ops(call)
+        for event in chunk.mcp:
+            ops += self._mcp_ops(event)
         return ops
 
     def close(self) -> list[BlockOp]:
@@ -102,8 +104,27 @@ class BlockBuilder:
         return ops
 
 
-def stop_reason(finish: Finish, called_tools: bool) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) as Anthropic names them."""
+    def _mcp_ops(self, event: McpEvent) -> list[BlockOp]:
+        """The MCP connector's blocks: mcp_tool_use (its input as one delta, as a tool_use's), mcp_tool_result
+        (whole in its start: it has no delta type). Listings are OpenAI's only."""
+        if isinstance(event, McpToolCall):
+            start = {"type": "mcp_tool_use", "id": event.id, "name": event.name, "server_name": event.server,
+                     "input": {}}
+            ops = self.close() + self._ensure(("mcp_tool_use", None), start)
+            delta = {"type": "input_json_delta", "partial_json": _tool_input_json(event.arguments)}
+            return ops + [BlockOp("delta", self._count - 1, delta=delta)] + self.close()
+        if isinstance(event, McpToolResult):
+            text = event.output if event.error is None else event.error
+            block = {"type": "mcp_tool_result", "tool_use_id": event.call_id, "is_error": event.error is not None,
+                     "content": [{"type": "text", "text": text}]}
+            return self.close() + self._ensure(("mcp_tool_result", None), block) + self.close()
+        return []
+
+
+def stop_reason(finish: Finish, called_tools: bool, paused: bool = False) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) as Anthropic names them; `paused`: the MCP tool loop stopped at its bound."""
+    if paused:
+        return "pause_turn", None
     if finish.reason is FinishReason.LENGTH:
         return "max_tokens", None
     if called_tools:
@@ -127,19 +148,22 @@ def _message_shell(meta: MessageMeta) -> dict[str, Any]:
     return {"id": meta.id, "type": "message", "role": "assistant", "model": meta.model, "content": []}
 
 
-def message_response(meta: MessageMeta, total: StreamChunk) -> dict[str, Any]:
+def message_response(meta: MessageMeta, parts: list[StreamChunk]) -> dict[str, Any]:
+    """The whole message from the answer's chunks, in order: the same blocks its stream would hold."""
+    total = merged(parts)
     assert total.finish is not None
     builder = BlockBuilder()
     content: list[dict[str, Any]] = []
-    for op in builder.ops(total) + builder.close():
+    ops = [op for part in parts for op in builder.ops(part)]
+    for op in ops + builder.close():
         if op.kind == "start":
             content.append(dict(op.block or {}))
         elif op.kind == "delta":
             _apply_delta(content[op.index], op.delta or {})
     for block in content:
-        if block["type"] == "tool_use":
+        if block["type"] in ("tool_use", "mcp_tool_use"):
             block["input"] = json.loads(block.pop("_json", "") or "{}")
-    reason, sequence = stop_reason(total.finish, builder.called_tools)
+    reason, sequence = stop_reason(total.finish, builder.called_tools, total.tool_loop_paused)
     return {**_message_shell(meta), "content": content, "stop_reason": reason, "stop_sequence": sequence,
             "usage": usage_dict(total.finish.usage)}
 
@@ -179,7 +203,7 @@ class MessageStreamRenderer:
             events.append(_op_event(op))
         if chunk.finish is not None:
             events += [_op_event(op) for op in self._builder.close()]
-            reason, sequence = stop_reason(chunk.finish, self._builder.called_tools)
+            reason, sequence = stop_reason(chunk.finish, self._builder.called_tools, chunk.tool_loop_paused)
             delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                      "usage": usage_dict(chunk.finish.usage)}
             events += [("message_delta", delta), ("message_stop", {"type": "message_stop"})]
@@ -201,8 +225,8 @@ class MessagesRenderer:
         self._meta = meta
         self._stream = MessageStreamRenderer(meta)
 
-    def completion(self, total: StreamChunk) -> dict[str, Any]:
-        return message_response(self._meta, total)
+    def completion(self, parts: list[StreamChunk]) -> dict[str, Any]:
+        return message_response(self._meta, parts)
 
     def sse_start(self, first: StreamChunk) -> str:
         return named_sse_events(self._stream.start(first))

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from deployments.api.mcp_schemas import MAX_MCP_SERVERS, McpServerDefinition, McpToolResultBlock, McpToolUseBlock
 from deployments.api.unknown_fields import accept_unknown_fields
 from engine.errors import InvalidRequestError
 from deployments.api.request_limits import (
@@ -103,7 +104,8 @@ class RedactedThinkingBlock(_Block):
 
 
 ContentBlock = Annotated[
-    Union[TextBlock, ImageBlock, DocumentBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+    Union[TextBlock, ImageBlock, DocumentBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock,
+          McpToolUseBlock, McpToolResultBlock],
     Field(discriminator="type"),
 ]
 
@@ -257,9 +259,13 @@ class MessagesRequest(_MessagesFields):
     # Accepted and unused: they concern Anthropic's own service. Ids are bounded all the same (request_limits).
     service_tier: IdString | None = None
     container: Any = None  # a container's id, or its parameters
-    mcp_servers: list[Any] | None = None
+    # The MCP connector: the ingress runs these servers' tools in its tool loop (mcp/tool_loop.py).
+    mcp_servers: list[McpServerDefinition] | None = Field(None, max_length=MAX_MCP_SERVERS)
     # Ours (as on the OpenAI routes): false keeps this request from speculating (null: true).
     speculative: StrictBool | None = None
+    # Ours (the Responses API's field): the MCP tool calls this answer may run; a forced tool_choice holds while
+    # they last (null: for the first turn only).
+    max_tool_calls: int | None = Field(None, ge=1, le=INT32_MAX)
 
     @field_validator("container")
     @classmethod

@@ -18,6 +18,7 @@ from engine.errors import (
     ModelLoadingError,
     ModelNotFoundError,
     NoModelsLoadedError,
+    McpServerError,
     NotServedYetError,
     ModelUnloadedError,
     OrchardError,
@@ -125,6 +126,7 @@ _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (DownloadCancelledError, _Rule(409, "invalid_request_error")),
     (DiskFullError, _Rule(507, "server_error")),
     (DownloadFailedError, _Rule(502, "server_error")),
+    (McpServerError, _Rule(424, "server_error")),
 ]
 
 

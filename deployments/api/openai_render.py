@@ -31,7 +31,7 @@ from deployments.output_deltas import ToolCallDelta
 from engine.request import FinishReason
 from deployments.api.errors import WireError
 from deployments.api.sse import SSE_DONE, SSE_KEEPALIVE, sse_event, sse_events
-from deployments.model_calls import StreamChunk, TokenLogprobInfo
+from deployments.model_calls import StreamChunk, TokenLogprobInfo, merged
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,8 @@ class ChatRenderer(_OpenAIStream):
         self._sent_role = False
         self._called_tools = False
 
-    def completion(self, total: StreamChunk) -> dict[str, Any]:
+    def completion(self, parts: list[StreamChunk]) -> dict[str, Any]:
+        total = merged(parts)
         assert total.finish is not None
         calls = tool_calls_out(total.tool_calls)
         message = AssistantMessageOut(content=total.text or (None if calls else ""), refusal=None)
@@ -210,7 +211,8 @@ class CompletionRenderer(_OpenAIStream):
         self._include_usage = include_usage
         self._text_offset = 0
 
-    def completion(self, total: StreamChunk) -> dict[str, Any]:
+    def completion(self, parts: list[StreamChunk]) -> dict[str, Any]:
+        total = merged(parts)
         assert total.finish is not None
         choice = CompletionChoice(
             index=0, text=total.text, logprobs=self._logprobs(total.logprobs), finish_reason=finish_reason(total.finish)

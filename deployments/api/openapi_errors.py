@@ -38,6 +38,8 @@ _MEANING = {
          "it or it downloads)",
     413: "The request body is larger than the ingress's max_body_bytes (a RAG upload: rag.max_upload_bytes, pages, "
          "text, or its reader's time or memory)",
+    424: "An MCP server the request uses (Anthropic's mcp_servers, a Responses mcp tool) could not be reached or "
+         "listed",
     429: "The model's queue is full, or as many admin loads run as the server allows; retry after Retry-After seconds",
     500: "Internal server error",
     501: "A documented route this server does not serve yet (Bodega's image generation and edits)",
@@ -50,6 +52,7 @@ _MEANING = {
 # Every route can answer these: the body limit and the last-resort handler apply everywhere.
 ANY_ROUTE = (413, 500)
 GENERATION = (400, 401, 404, 429, 503, *ANY_ROUTE)
+TOOL_LOOP_GENERATION = (*GENERATION, 424)  # /v1/messages and /v1/responses: their MCP servers
 COUNT_TOKENS = (400, 401, 404, 503, *ANY_ROUTE)
 LISTING = (401, *ANY_ROUTE)
 MODEL_LISTING = (400, 401, *ANY_ROUTE)  # GET /v1/models: its ?verify_with_hub= must be a boolean

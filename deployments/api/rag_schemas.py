@@ -112,8 +112,8 @@ class RagChatRenderer(ChatRenderer):
         super().__init__(meta, include_usage)
         self.sources: list[SearchHit] = []  # set once retrieval is done, before the first chunk is rendered
 
-    def completion(self, total: StreamChunk) -> dict[str, Any]:
-        return {**super().completion(total), "sources": sources_out(self.sources)}
+    def completion(self, parts: list[StreamChunk]) -> dict[str, Any]:
+        return {**super().completion(parts), "sources": sources_out(self.sources)}
 
     def opening_payloads(self) -> list[dict[str, Any]]:
         payloads = super().opening_payloads()

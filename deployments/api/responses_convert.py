@@ -36,6 +36,7 @@ from deployments.api.responses_schemas import (
     UnsupportedItem,
 )
 from deployments.api.images import MessageContent, image_from_url
+from deployments.api.mcp_schemas import McpCallItem, McpTool, McpToolChoice
 from deployments.api.openai_convert import template_arguments
 from deployments.api.unknown_fields import accept_unknown_type
 from deployments.model_calls import ChatPrompt, GenerateJob, ImageInput, ToolChoiceMode
@@ -126,6 +127,8 @@ def _offered_tools(body: ResponsesRequest) -> tuple[list[FunctionTool], dict[str
             grouped = _functions(tool.tools, f"tools[{index}].tools")
             namespaces.update((function.name, tool.name) for function in grouped)
             offered += grouped
+        elif isinstance(tool, McpTool):
+            continue  # the tool loop's (api/mcp_requests.py): listed and offered by the ingress
         else:
             offered += _functions([tool], "tools", first_index=index)
     names = [function.name for function in offered]
@@ -156,6 +159,14 @@ def _tool_choice(
     if choice is None or choice in ("auto", "none"):
         return ("auto" if choice is None else choice), None, offered  # type: ignore[return-value]
     names = [t.name for t in offered]
+    mcp = any(isinstance(tool, McpTool) for tool in body.tools or ())  # their tools: checked once listed
+    if isinstance(choice, McpToolChoice):
+        if not any(isinstance(t, McpTool) and t.server_label == choice.server_label for t in body.tools or ()):
+            raise InvalidRequestError(f"'tool_choice' names the MCP server '{choice.server_label}', which is not "
+                                      "in 'tools'", param="tool_choice.server_label")
+        return ("function", choice.name, offered) if choice.name else ("required", None, offered)
+    if mcp and (choice == "required" or isinstance(choice, FunctionChoice)):
+        return ("required", None, offered) if choice == "required" else ("function", choice.name, offered)
     if not offered:
         raise InvalidRequestError("'tool_choice' requires function tools in 'tools'", param="tool_choice")
     if choice == "required":
@@ -200,6 +211,8 @@ def _echo_tools(body: ResponsesRequest, functions: list[FunctionTool]) -> list[d
             echoed.append({"type": "namespace", "name": tool.name, "description": tool.description, "tools": grouped})
         elif id(tool) in offered:
             echoed.append(_echo_tool(tool))
+        elif isinstance(tool, McpTool):
+            echoed.append(tool.model_dump(exclude_none=True, exclude={"headers", "authorization"}))  # no secrets
     return echoed
 
 
@@ -254,6 +267,15 @@ def template_messages(
     turn: _AssistantTurn | None = None
     names: dict[str, str] = {}  # call_id -> function name, for templates that name tool results
     for index, item in enumerate(items):
+        if isinstance(item, McpCallItem):  # a call the tool loop ran: the turn's call, then its result
+            turn = turn or _AssistantTurn()
+            turn.tool_calls.append({"id": item.id, "type": "function",
+                                    "function": {"name": item.name, "arguments": template_arguments(item.arguments)}})
+            output = item.output if item.error is None else f"Error: {item.error_text()}"
+            messages += [turn.message(), {"role": "tool", "tool_call_id": item.id, "name": item.name,
+                                          "content": output or ""}]
+            turn = None
+            continue
         if isinstance(item, (ReasoningItem, FunctionCallItem)) or (
                 isinstance(item, MessageItem) and item.role == "assistant"):
             # Text or reasoning after a call starts a new turn: a template writes a turn's calls last.

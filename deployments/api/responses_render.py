@@ -17,8 +17,8 @@ from typing import Any
 from deployments.api.errors import WireError
 from deployments.api.responses_schemas import ResponsesRequest
 from deployments.api.sse import named_sse_events
-from deployments.output_deltas import ToolCallDelta
-from deployments.model_calls import StreamChunk, TokenLogprobInfo
+from deployments.output_deltas import McpEvent, McpToolCall, McpToolListing, McpToolResult, ToolCallDelta
+from deployments.model_calls import StreamChunk, TokenLogprobInfo, merged
 from engine.output.request_output import Finish, Usage
 from engine.request import FinishReason
 
@@ -97,7 +97,7 @@ class OutputBuilder:
 
     items: list[dict[str, Any]] = field(default_factory=list)
     namespaces: dict[str, str] = field(default_factory=dict)  # function name -> namespace, told in its calls
-    _open: str | None = None  # "reasoning" | "message" | "function_call"
+    _open: str | None = None  # "reasoning" | "message" | "function_call" | "mcp_call"
 
     def feed(self, chunk: StreamChunk) -> list[Event]:
         events: list[Event] = []
@@ -109,6 +109,8 @@ class OutputBuilder:
             events.append(self._text_delta("response.output_text.delta", chunk.text, chunk.logprobs or []))
         for call in chunk.tool_calls:
             events += self._call(call)
+        for event in chunk.mcp:
+            events += self._mcp(event)
         return events
 
     def close(self, status: str = "completed") -> list[Event]:
@@ -121,6 +123,8 @@ class OutputBuilder:
         events: list[Event] = []
         if kind == "function_call":
             events.append(("response.function_call_arguments.done", {**where, "arguments": item["arguments"]}))
+        elif kind == "mcp_call":  # its result never came (the answer ended or failed first)
+            item["status"] = "incomplete"
         else:
             part = item["content"][0]
             done = {**where, "content_index": 0, "text": part["text"]}
@@ -177,8 +181,67 @@ class OutputBuilder:
             events.append(("response.function_call_arguments.delta", {**self._where(), "delta": call.arguments}))
         return events
 
+    def _mcp(self, event: McpEvent) -> list[Event]:
+        """The MCP loop's items: mcp_list_tools, mcp_call (open from its arguments to its result), and
+        mcp_approval_request, with their events as OpenAI names them."""
+        if isinstance(event, McpToolResult):
+            return self._mcp_result(event)
+        events = self.close()
+        if isinstance(event, McpToolListing):
+            item = {"id": _new_id("mcpl"), "type": "mcp_list_tools", "server_label": event.server, "tools": []}
+            events += self._add("mcp_list_tools", item)
+            events.append(("response.mcp_list_tools.in_progress", self._where()))
+            item["tools"] = copy.deepcopy(event.tools)
+            events.append(("response.mcp_list_tools.completed", self._where()))
+            return events + self._done()
+        if isinstance(event, McpToolCall) and event.needs_approval:
+            item = {"id": event.id, "type": "mcp_approval_request", "server_label": event.server,
+                    "name": event.name, "arguments": event.arguments}
+            return events + self._add("mcp_approval_request", item) + self._done()
+        if isinstance(event, McpToolCall):
+            item = {"id": event.id, "type": "mcp_call", "status": "in_progress", "server_label": event.server,
+                    "name": event.name, "arguments": "", "approval_request_id": event.approval_request_id,
+                    "output": None, "error": None}
+            events += self._add("mcp_call", item)
+            events.append(("response.mcp_call.in_progress", self._where()))
+            item["arguments"] = event.arguments
+            events.append(("response.mcp_call_arguments.delta", {**self._where(), "delta": event.arguments}))
+            events.append(("response.mcp_call_arguments.done", {**self._where(), "arguments": event.arguments}))
+            self._open = "mcp_call"
+            return events
+        return events
+
+    def _mcp_result(self, result: McpToolResult) -> list[Event]:
+        item = next((i for i in reversed(self.items) if i["type"] == "mcp_call" and i["id"] == result.call_id), None)
+        if item is None:
+            return []
+        if item is self.items[-1] and self._open == "mcp_call":
+            self._open = None
+        item["status"] = "completed" if result.error is None else "failed"
+        if result.error is None:
+            item["output"] = result.output
+        else:
+            item["error"] = mcp_call_error(result)
+        where = {"item_id": item["id"], "output_index": self.items.index(item)}
+        return [(f"response.mcp_call.{item['status']}", where),
+                ("response.output_item.done", {"output_index": where["output_index"], "item": copy.deepcopy(item)})]
+
+    def _done(self) -> list[Event]:
+        """An item added whole: done at once."""
+        self._open = None
+        return [("response.output_item.done", {"output_index": len(self.items) - 1,
+                                               "item": copy.deepcopy(self.items[-1])})]
+
     def _where(self) -> dict[str, Any]:
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
+
+
+def mcp_call_error(result: McpToolResult) -> dict[str, Any]:
+    """OpenAI's McpToolCallError for a failed call."""
+    if result.error_kind == "execution":
+        return {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": result.error}]}
+    kind = "mcp_protocol_error" if result.error_kind == "protocol" else "http_error"
+    return {"type": kind, "code": result.error_code or 0, "message": result.error}
 
 
 def _part_logprob(info: TokenLogprobInfo) -> dict[str, Any]:
@@ -218,10 +281,12 @@ class ResponsesRenderer:
         self._created = False  # response.created sent (at admission, or while queued)
         self._started = False  # response.in_progress sent
 
-    def completion(self, total: StreamChunk) -> dict[str, Any]:
+    def completion(self, parts: list[StreamChunk]) -> dict[str, Any]:
+        total = merged(parts)
         assert total.finish is not None
         builder = OutputBuilder(namespaces=self._shell.namespaces)
-        builder.feed(total)
+        for part in parts:
+            builder.feed(part)
         builder.close(_item_status(total.finish))
         return self._final(total.finish, builder.items)
 

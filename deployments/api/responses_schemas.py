@@ -35,6 +35,14 @@ from deployments.api.request_limits import (
     bounded_metadata,
     refuse_invalid_unicode,
 )
+from deployments.api.mcp_schemas import (
+    McpApprovalRequestItem,
+    McpApprovalResponseItem,
+    McpCallItem,
+    McpListToolsItem,
+    McpTool,
+    McpToolChoice,
+)
 from deployments.api.unknown_fields import accept_unknown_fields
 from engine.errors import InvalidRequestError
 
@@ -152,12 +160,13 @@ UNSUPPORTED_ITEM_TYPES = {
     "file_search_call", "computer_call", "computer_call_output", "web_search_call", "tool_search_call",
     "tool_search_output", "additional_tools", "configuration_update", "compaction", "compaction_trigger",
     "image_generation_call", "code_interpreter_call", "local_shell_call", "local_shell_call_output", "shell_call",
-    "shell_call_output", "apply_patch_call", "apply_patch_call_output", "mcp_list_tools", "mcp_approval_request",
-    "mcp_approval_response", "mcp_call", "custom_tool_call", "custom_tool_call_output", "item_reference", "program",
+    "shell_call_output", "apply_patch_call", "apply_patch_call_output", "custom_tool_call", "custom_tool_call_output", "item_reference", "program",
     "program_output",
 }
 _ITEMS = {"message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem,
-          "reasoning": ReasoningItem, **{kind: UnsupportedItem for kind in sorted(UNSUPPORTED_ITEM_TYPES)},
+          "reasoning": ReasoningItem, "mcp_list_tools": McpListToolsItem, "mcp_call": McpCallItem,
+          "mcp_approval_request": McpApprovalRequestItem, "mcp_approval_response": McpApprovalResponseItem,
+          **{kind: UnsupportedItem for kind in sorted(UNSUPPORTED_ITEM_TYPES)},
           "unknown": UnknownItem}
 InputItem = Annotated[
     Union[tuple(Annotated[model, Tag(kind)] for kind, model in _ITEMS.items())],  # noqa: UP007
@@ -199,8 +208,8 @@ class NamespaceTool(_Lenient):
 
 Tool = Annotated[
     Annotated[FunctionTool, Tag("function")] | Annotated[NamespaceTool, Tag("namespace")]
-    | Annotated[HostedTool, Tag("unknown")],
-    Discriminator(_by_type({"function", "namespace"})),
+    | Annotated[McpTool, Tag("mcp")] | Annotated[HostedTool, Tag("unknown")],
+    Discriminator(_by_type({"function", "namespace", "mcp"})),
 ]
 
 
@@ -229,8 +238,9 @@ class HostedToolChoice(_Lenient):
 ToolChoice = Annotated[
     Annotated[FunctionChoice, Tag("function")]
     | Annotated[AllowedToolsChoice, Tag("allowed_tools")]
+    | Annotated[McpToolChoice, Tag("mcp")]
     | Annotated[HostedToolChoice, Tag("unknown")],
-    Discriminator(_by_type({"function", "allowed_tools"})),
+    Discriminator(_by_type({"function", "allowed_tools", "mcp"})),
 ]
 
 
@@ -279,7 +289,7 @@ class ResponsesRequest(BaseModel):
     tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
-    max_tool_calls: int | None = Field(None, ge=1)  # bounds built-in tool calls, of which none run here
+    max_tool_calls: int | None = Field(None, ge=1)  # bounds the MCP tool loop's calls (the only built-in tool here)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_logprobs: int | None = Field(None, ge=0, le=20)

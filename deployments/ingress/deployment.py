@@ -12,6 +12,7 @@ from ray import serve
 from ray.serve.context import _get_global_client
 
 from deployments.ingress_config import IngressConfig
+from deployments.mcp.hub import McpHub
 from deployments.ingress.auth import ApiKeys, check_admin_exposure
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.model_store import ModelStore
@@ -43,18 +44,23 @@ class Ingress:
         self.responses = ResponseStore(self.config.responses_store_size, self.config.responses_store_ttl_s,
                                        max_bytes=self.config.responses_store_bytes)
         self.rag = ServeRagClient(rag_handle) if rag_handle is not None else None
+        self.mcp = McpHub(self.config.mcp)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         rag_limit = self.config.rag.max_upload_bytes if self.config.rag is not None else 0
         return create_app(self.registry, self.config.enable_admin, self.keys, self.config.max_body_bytes,
                           responses=self.responses, media=self.config.media_limits(), rag=self.rag,
-                          rag_max_upload_bytes=rag_limit)
+                          rag_max_upload_bytes=rag_limit, mcp=self.mcp)
 
     async def __del__(self) -> None:
         registry = getattr(self, "registry", None)
         if registry is not None:
             with contextlib.suppress(Exception):
                 await registry.close()
+        mcp = getattr(self, "mcp", None)
+        if mcp is not None:
+            with contextlib.suppress(Exception):
+                await mcp.aclose()  # stdio servers' processes end with their sessions
 
 
 async def proxy_bind_host() -> str | None:

@@ -15,7 +15,7 @@ from deployments.api.errors import WireError, wire_error
 from deployments.api.sse import SSE_HEADERS
 from deployments.ingress.edge import REQUEST_ID
 from deployments.metrics.ingress_metrics import RequestOutcome, RequestTally, untracked
-from deployments.model_calls import GenerateJob, StreamChunk
+from deployments.model_calls import GenerateJob, StreamChunk, merged
 
 logger = logging.getLogger("ray.serve.orchard")
 
@@ -28,7 +28,8 @@ class Renderer(Protocol):
     """How a route writes its answer: one JSON body, or an SSE stream that opens at admission (before any
     output), renders the chunks, keeps itself alive while none comes, and ends (or reports an error)."""
 
-    def completion(self, total: StreamChunk) -> dict[str, Any]: ...
+    def completion(self, parts: list[StreamChunk]) -> dict[str, Any]:
+        """The whole answer from its chunks in order (an MCP tool loop's text, calls and results interleave)."""
 
     def sse_start(self, first: StreamChunk) -> str: ...
 
@@ -121,9 +122,9 @@ async def answer(
             handed_to_response = True
             body = _sse_body(first, chunks, renderer, keepalive_s, tally)
             return ClosingStreamingResponse(body, close=lambda: _close_stream(chunks, tally))
-        total = await _whole(first, chunks)
-        tally.end_with(total)
-        return JSONResponse(renderer.completion(total))
+        parts = await _parts(first, chunks)
+        tally.end_with(merged(parts))
+        return JSONResponse(renderer.completion(parts))
     except BaseException as exc:
         tally.end_by_exception(exc)
         raise
@@ -137,13 +138,13 @@ async def _close_stream(chunks: ChunkReader, tally: RequestTally) -> None:
     await chunks.aclose()
 
 
-async def _whole(first: StreamChunk, chunks: ChunkReader) -> StreamChunk:
-    total = first
-    while not total.is_last:
-        total.merge(await chunks.next(None))
-    if total.error is not None:
-        raise total.error
-    return total
+async def _parts(first: StreamChunk, chunks: ChunkReader) -> list[StreamChunk]:
+    parts = [first]
+    while not parts[-1].is_last:
+        parts.append(await chunks.next(None))
+    if parts[-1].error is not None:
+        raise parts[-1].error
+    return parts
 
 
 async def _sse_body(

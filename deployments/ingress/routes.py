@@ -33,6 +33,7 @@ from deployments.api.openapi_errors import (
     MODEL_LISTING,
     MODEL_LOOKUP,
     STORED_RESPONSE,
+    TOOL_LOOP_GENERATION,
     document_errors_as_sent,
     error_responses,
 )
@@ -42,6 +43,10 @@ from deployments.api.openai_schemas import ChatCompletionRequest, CompletionRequ
 from deployments.api.responses_convert import responses_job
 from deployments.api.responses_render import ResponsesRenderer, response_shell
 from deployments.api.responses_schemas import ResponsesRequest
+from deployments.api.mcp_requests import anthropic_mcp_use, responses_mcp_use
+from deployments.mcp.hub import McpHub
+from deployments.mcp.tool_loop import tool_loop_client
+from deployments.mcp_calls import McpUse
 from deployments.model_calls import GenerateJob
 from deployments.ingress_config import DEFAULT_MAX_BODY_BYTES, MediaLimits, RagConfig
 from deployments.ingress.auth import ApiKeyMiddleware, ApiKeys
@@ -72,16 +77,20 @@ def create_app(
     media: MediaLimits | None = None,
     rag: RagClient | None = None,
     rag_max_upload_bytes: int = RagConfig().max_upload_bytes,
+    mcp: McpHub | None = None,
 ) -> FastAPI:
     images = ImageLoader(media or MediaLimits())
+    mcp = mcp or McpHub()  # none configured: a request naming a server is refused
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         await images.aclose()  # the remote-image client, if one was made
+        await mcp.aclose()  # the declared MCP servers' sessions (stdio servers' processes end with them)
 
     app = FastAPI(title="Orchard", version="0.1.0", lifespan=lifespan)
     app.state.image_loader = images  # where no lifespan runs (httpx's ASGI transport), its owner closes it
+    app.state.mcp = mcp
     metrics = IngressMetrics()
     # The last added runs first: request id, then the key check, then the body limit (no body read before both).
     upload_limit = {UPLOAD_ROUTE: rag_max_upload_bytes + MULTIPART_OVERHEAD_BYTES} if rag is not None else {}
@@ -90,8 +99,8 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     _install_error_handlers(app)
     app.include_router(openai_router(registry, images, metrics, keepalive_s))
-    app.include_router(responses_router(registry, responses or ResponseStore(), images, metrics, keepalive_s))
-    app.include_router(anthropic_router(registry, images, metrics, keepalive_s))
+    app.include_router(responses_router(registry, responses or ResponseStore(), images, metrics, mcp, keepalive_s))
+    app.include_router(anthropic_router(registry, images, metrics, mcp, keepalive_s))
     app.include_router(embeddings_router(registry, metrics))
     app.include_router(audio_router(registry, metrics, keepalive_s))
     app.include_router(speech_router(registry, metrics, keepalive_s))
@@ -183,21 +192,22 @@ def openai_router(
 
 
 def responses_router(
-    registry: Registry, responses: ResponseStore, images: ImageLoader, metrics: IngressMetrics,
+    registry: Registry, responses: ResponseStore, images: ImageLoader, metrics: IngressMetrics, mcp: McpHub,
     keepalive_s: float = KEEPALIVE_S,
 ) -> APIRouter:
     """OpenAI's Responses API on the chat path; stored responses live in this ingress (ingress/responses_store.py)."""
     router = APIRouter()
 
-    @router.post("/v1/responses", responses={**EVENT_STREAM, **error_responses(GENERATION)})
+    @router.post("/v1/responses", responses={**EVENT_STREAM, **error_responses(TOOL_LOOP_GENERATION)})
     async def create_response(body: ResponsesRequest) -> Response:
         response_id = f"resp_{uuid.uuid4().hex}"
         history = responses.history(body.previous_response_id) if body.previous_response_id else []
         request = responses_job(body, history, response_id, REQUEST_ID.get())
+        use = responses_mcp_use(body, history, request.items)
         store = partial(responses.put, input_items=request.items, previous_id=body.previous_response_id)
         renderer = ResponsesRenderer(response_shell(body, request.tools, response_id, request.namespaces), store if body.stores else None)
         return await _generation_response(
-            registry, body.model, request.job, renderer, keepalive_s, images, metrics, Api.RESPONSES
+            registry, body.model, request.job, renderer, keepalive_s, images, metrics, Api.RESPONSES, (mcp, use)
         )
 
     @router.get("/v1/responses/{response_id}", responses=error_responses(STORED_RESPONSE))
@@ -213,18 +223,19 @@ def responses_router(
 
 
 def anthropic_router(
-    registry: Registry, images: ImageLoader, metrics: IngressMetrics, keepalive_s: float = KEEPALIVE_S
+    registry: Registry, images: ImageLoader, metrics: IngressMetrics, mcp: McpHub, keepalive_s: float = KEEPALIVE_S
 ) -> APIRouter:
     """Anthropic's Messages API; the `anthropic-version` / `anthropic-beta` headers are tolerated."""
     router = APIRouter()
 
-    @router.post("/v1/messages", responses={**EVENT_STREAM, **error_responses(GENERATION, anthropic=True)})
+    @router.post("/v1/messages", responses={**EVENT_STREAM, **error_responses(TOOL_LOOP_GENERATION, anthropic=True)})
     async def messages(body: MessagesRequest) -> Response:
         message_id = f"msg_{uuid.uuid4().hex}"
         job = messages_job(body, message_id, REQUEST_ID.get())
         renderer = MessagesRenderer(MessageMeta(message_id, body.model))
         return await _generation_response(
-            registry, body.model, job, renderer, keepalive_s, images, metrics, Api.MESSAGES
+            registry, body.model, job, renderer, keepalive_s, images, metrics, Api.MESSAGES,
+            (mcp, anthropic_mcp_use(body)),
         )
 
     @router.post("/v1/messages/count_tokens", responses=error_responses(COUNT_TOKENS, anthropic=True))
@@ -255,18 +266,23 @@ def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
 async def _generation_response(
     registry: Registry, model_id: str, job: GenerateJob, renderer: Renderer, keepalive_s: float,
     images: ImageLoader | None, metrics: IngressMetrics, api: Api,
+    tool_loop: tuple[McpHub, McpUse | None] | None = None,
 ) -> Response:
     """Route, make the job's images ready (limits, remote ones fetched: only once the model is known to serve),
-    answer. Counted from the routing on (a request for a model that is not served names no metric)."""
+    answer: from the model, or from the MCP tool loop over it where the request uses MCP servers (their tools are
+    listed first: a server that cannot be reached is refused before the model is asked). Counted from the routing on
+    (a request for a model that is not served names no metric)."""
     logger.info("request %s for model %s, stream=%s [X-Request-Id %s]", job.request_id, model_id, job.stream, job.log_id)
     client = await registry.route(model_id)
     tally = metrics.request(api, model_id)
-    if images is not None:
-        try:
+    try:
+        if images is not None:
             await images.load(job.prompt)
-        except BaseException as exc:
-            tally.end_by_exception(exc)
-            raise
+        if tool_loop is not None and tool_loop[1] is not None:
+            client = await tool_loop_client(tool_loop[0], tool_loop[1], job, client)
+    except BaseException as exc:
+        tally.end_by_exception(exc)
+        raise
     return await answer(client, job, renderer, keepalive_s, tally)
 
 

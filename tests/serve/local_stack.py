@@ -23,6 +23,7 @@ from deployments.model.service import EngineClientFactory, thread_engine_client
 from deployments.ingress.model_registry import Registry
 from deployments.ingress.model_store import ModelStore
 from deployments.hub.downloads import DownloadManager
+from deployments.mcp.hub import McpHub
 
 
 @dataclass
@@ -47,6 +48,7 @@ async def local_stack(
     rag: RagConfig | None = None,
     downloads: DownloadManager | None = None,
     load_limits: AdminLoadLimits | None = None,
+    mcp: McpHub | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
@@ -63,12 +65,13 @@ async def local_stack(
 
         rag_service = RagService(rag, registry.route)
     app = create_app(registry, keys=keys, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s, media=media,
-                     rag=rag_service, rag_max_upload_bytes=rag.max_upload_bytes if rag is not None else 0)
+                     rag=rag_service, rag_max_upload_bytes=rag.max_upload_bytes if rag is not None else 0, mcp=mcp)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://orchard", timeout=30) as http:
             yield LocalStack(http, registry, backend, app)
     finally:
         await app.state.image_loader.aclose()  # httpx's ASGI transport runs no lifespan
+        await app.state.mcp.aclose()
         await registry.close()
         await backend.close()
 

@@ -107,7 +107,7 @@ def _logprob(token: str, logprob: float) -> TokenLogprobInfo:
 def test_chat_renderer_full_response_parses_as_openai():
     finish = Finish(FinishReason.STOP, Usage(5, 2, cached_tokens=3))
     total = StreamChunk(text="Hi!", num_tokens=2, logprobs=[_logprob("Hi", -0.1), _logprob("!", -0.2)], finish=finish)
-    body = ChatRenderer(META).completion(total)
+    body = ChatRenderer(META).completion([total])
     parsed = ChatCompletion.model_validate(body)
     assert parsed.choices[0].message.content == "Hi!" and parsed.choices[0].finish_reason == "stop"
     assert parsed.usage.prompt_tokens_details.cached_tokens == 3 and parsed.usage.total_tokens == 7

@@ -128,7 +128,7 @@ def test_anthropic_unknown_fields_are_ignored_known_ones_read():
 
 # ---- Anthropic responses -------------------------------------------------------------------------
 def test_anthropic_whole_response_blocks_and_usage():
-    body = message_response(MessageMeta("msg_1", "m"), _whole())
+    body = message_response(MessageMeta("msg_1", "m"), [_whole()])
     message = Message.model_validate(body)
     assert [b.type for b in message.content] == ["thinking", "text", "tool_use", "tool_use"]
     assert message.content[0].thinking == "Need the weather." and message.content[1].text == "Checking both."
@@ -155,7 +155,7 @@ def test_anthropic_stream_accumulates_to_the_whole_response():
         assert payload["type"] == name
         if name != "ping":
             snapshot = accumulate_event(event=payload, current_snapshot=snapshot, json_bufs=json_bufs)
-    whole = Message.model_validate(message_response(MessageMeta("msg_1", "m"), _whole()))
+    whole = Message.model_validate(message_response(MessageMeta("msg_1", "m"), [_whole()]))
     assert snapshot.model_dump(exclude={"content": {"__all__": {"parsed_output"}}}) == whole.model_dump()
 
 
@@ -166,7 +166,7 @@ def test_anthropic_stream_accumulates_to_the_whole_response():
     (Finish(FinishReason.STOP, Usage(1, 1), stop_reason=2), [ToolCallDelta(0, "oops", "call_x", "f")], ("tool_use", None)),
 ])
 def test_anthropic_stop_reasons(finish, calls, expected):
-    body = message_response(MessageMeta("msg_1", "m"), StreamChunk(text="hi", tool_calls=calls, finish=finish))
+    body = message_response(MessageMeta("msg_1", "m"), [StreamChunk(text="hi", tool_calls=calls, finish=finish)])
     assert (body["stop_reason"], body["stop_sequence"]) == expected
     if calls:  # arguments that are not a JSON object are kept under one key
         assert body["content"][1]["input"] == {"_raw_arguments": "oops"}
@@ -189,7 +189,7 @@ def test_anthropic_error_bodies(error, status, type_):
 
 # ---- OpenAI ----------------------------------------------------------------------------------------
 def test_openai_whole_response_with_reasoning_and_tool_calls():
-    body = ChatRenderer(ResponseMeta("chatcmpl-1", 1, "m")).completion(_whole())
+    body = ChatRenderer(ResponseMeta("chatcmpl-1", 1, "m")).completion([_whole()])
     parsed = ChatCompletion.model_validate(body)
     choice = parsed.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking both."
@@ -212,7 +212,7 @@ def test_openai_stream_tool_call_deltas_are_openai_shaped():
     for payload in payloads:
         state.handle_chunk(ChatCompletionChunk.model_validate(payload))
     streamed = state.get_final_completion().choices[0].message
-    whole = ChatCompletion.model_validate(ChatRenderer(ResponseMeta("chatcmpl-1", 1, "m")).completion(_whole()))
+    whole = ChatCompletion.model_validate(ChatRenderer(ResponseMeta("chatcmpl-1", 1, "m")).completion([_whole()]))
     assert streamed.content == whole.choices[0].message.content
     assert [c.function.model_dump(exclude={"parsed_arguments"}) for c in streamed.tool_calls] == [
         c.function.model_dump() for c in whole.choices[0].message.tool_calls]

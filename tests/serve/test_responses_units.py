@@ -62,7 +62,7 @@ def without_ids(response: dict[str, Any]) -> dict[str, Any]:
 
 def test_streamed_items_accumulate_to_the_whole_response():
     stored: list[dict[str, Any]] = []
-    whole = renderer(stored).completion(_merged(CHUNKS))
+    whole = renderer(stored).completion([_merged(CHUNKS)])
     stream = renderer()
     events = events_of("".join(stream.sse(chunk) for chunk in CHUNKS) + stream.sse_end())
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
