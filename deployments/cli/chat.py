@@ -16,6 +16,7 @@ from typing import TextIO
 
 import httpx
 
+from deployments.cli.chat_messages import stream_mcp_answer
 from deployments.cli.chat_stream import Answer, AnswerError, AnswerStats, stream_answer
 from deployments.cli.server_client import (
     ServedModel,
@@ -53,6 +54,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     chat.add_argument("--tools", default=None, metavar="FILE",
                       help="offer the tools of this JSON file (OpenAI's `tools` list); calls are shown, not run")
     chat.add_argument("--tool-choice", default=None, help="auto, required, none")
+    chat.add_argument("--mcp", action="append", default=None, metavar="NAME",
+                      help="the server runs the tools of its MCP server NAME (serve_config.yaml's mcp.servers; "
+                           "repeatable); answers go over /v1/messages, calls and results shown as they run")
 
 
 @dataclass
@@ -65,6 +69,7 @@ class Session:
     last: AnswerStats | None = None
     failed_answers: int = 0  # piped, any makes the exit status 1
     request_fields: dict = field(default_factory=dict)  # max_tokens, temperature, tools, tool_choice
+    mcp_servers: list[str] = field(default_factory=list)  # --mcp: the server's MCP servers its tool loop uses
 
 
 class Screen:
@@ -99,8 +104,16 @@ class Screen:
             self._write("\n")
         for call in answer.tool_calls:
             self._write(f"[tool call] {call.name}({call.arguments})\n", YELLOW)
-        if answer.finish_reason == "length":
+        if answer.finish_reason in ("length", "max_tokens"):
             self._write("[cut at --max-tokens]\n", DIM)
+
+    def tool_call(self, server: str, name: str, arguments: str) -> None:
+        self._end_reasoning()
+        self._write(f"\n[{server}] {name}({arguments})\n", YELLOW)
+
+    def tool_result(self, text: str, is_error: bool) -> None:
+        shown = text if len(text) <= 500 else text[:500] + f"... ({len(text):,} characters)"
+        self._write(("error: " if is_error else "-> ") + shown + "\n", DIM)
 
     def stopped(self) -> None:
         self._in_reasoning = False
@@ -180,9 +193,16 @@ def _open_session(args: argparse.Namespace, url: str) -> Session:
             fields["tools"] = json.loads(Path(args.tools).read_text())
         except (OSError, ValueError) as exc:
             raise ServerError(f"--tools {args.tools}: {exc}") from exc
+    if args.mcp and args.tools is not None:
+        raise ServerError("--tools and --mcp exclude each other (the server runs --mcp's tools; --tools are shown)")
     if args.tool_choice is not None:
-        fields["tool_choice"] = args.tool_choice
-    return Session(url, args.model or models[0].id, models, system=args.system, request_fields=fields)
+        fields["tool_choice"] = _anthropic_choice(args.tool_choice) if args.mcp else args.tool_choice
+    return Session(url, args.model or models[0].id, models, system=args.system, request_fields=fields,
+                   mcp_servers=args.mcp or [])
+
+
+def _anthropic_choice(choice: str) -> dict:
+    return {"type": {"required": "any"}.get(choice, choice)}
 
 
 def _loop(session: Session, http: httpx.Client, screen: Screen, read_line: Callable[[str], str | None]) -> int:
@@ -208,7 +228,11 @@ def _ask(session: Session, http: httpx.Client, screen: Screen, message: str) -> 
     system = [{"role": "system", "content": session.system}] if session.system else []
     body = {"model": session.model, "messages": system + session.messages + turn, **session.request_fields}
     try:
-        answer = stream_answer(http, session.url, body, screen)
+        if session.mcp_servers:
+            body["mcp_servers"] = [{"type": "url", "name": name} for name in session.mcp_servers]
+            answer = stream_mcp_answer(http, session.url, body, screen)
+        else:
+            answer = stream_answer(http, session.url, body, screen)
     except KeyboardInterrupt:  # leaving the stream closes the connection: the server aborts the answer
         screen.stopped()
         return
@@ -226,7 +250,10 @@ def _ask(session: Session, http: httpx.Client, screen: Screen, message: str) -> 
 
 
 def _assistant_turn(answer: Answer) -> list[dict]:
-    """The answer as history; tool calls are shown, never run, and the model is told so in their results."""
+    """The answer as history; tool calls are shown, never run, and the model is told so in their results. Over
+    /v1/messages (--mcp) its blocks, the server's tool calls and results among them."""
+    if answer.blocks:
+        return [{"role": "assistant", "content": answer.blocks}]
     if not answer.tool_calls:
         return [{"role": "assistant", "content": answer.text}]
     calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

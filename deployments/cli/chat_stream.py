@@ -55,6 +55,7 @@ class Answer:
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     stats: AnswerStats = field(default_factory=AnswerStats)
+    blocks: list[dict] = field(default_factory=list)  # over /v1/messages (--mcp): the content blocks, as history
 
 
 class AnswerError(Exception):

@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from deployments.config import ModelConfig
+from deployments.mcp_config import McpConfig
 
 
 @dataclass
 class LocalServer:
     configs: list[ModelConfig]
     inference_keys: list[str] = field(default_factory=list)  # none: open, as `orchard chat --local` runs it
+    mcp: McpConfig | None = None  # the MCP servers its tool loop may use (none: requests naming one get 400)
     url: str = ""
     error: BaseException | None = None
     _ready: threading.Event = field(default_factory=threading.Event)
@@ -52,6 +54,7 @@ class LocalServer:
         from deployments.ingress.local_models import LocalBackend
         from deployments.ingress.model_registry import Registry
         from deployments.ingress.routes import create_app
+        from deployments.mcp.hub import McpHub
 
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         backend = LocalBackend()
@@ -62,8 +65,8 @@ class LocalServer:
             await registry.start(restore=False)
             listener = socket.create_server(("127.0.0.1", 0))
             self.url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-            server = uvicorn.Server(uvicorn.Config(create_app(registry, enable_admin=False,
-                                                                keys=ApiKeys(self.inference_keys)), log_level="warning"))
+            app = create_app(registry, enable_admin=False, keys=ApiKeys(self.inference_keys), mcp=McpHub(self.mcp))
+            server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
             serving = asyncio.create_task(server.serve(sockets=[listener]))
             while not server.started and not serving.done():
                 await asyncio.sleep(0.02)

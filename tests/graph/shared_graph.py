@@ -10,6 +10,7 @@ host) deploys its own graph after shutting Serve down, and puts this one back (`
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,8 @@ VISION = "tiny-vl"
 SPEECH = "tiny-whisper"
 VOICE = "en_US-joe-medium"  # the embedded voice (model_path default-tts)
 EMBEDDER = "all-MiniLM-L6-v2"
+MCP_SERVER = "demo"
+MCP_DEMO = "tests.support.mcp_demo_server"
 ALPHA_CONTEXT = 4096
 TOOLS_CONTEXT = 1536
 VISION_CONTEXT = 2048
@@ -80,7 +83,10 @@ def shared_graph_config(models: TinyModels, root: Path) -> dict:
     assert embedder["args"]["model_path"] == "default-embedding"
     ingress["args"].update(state_dir=str(root / "state"), status_poll_interval_s=0.5,
                            model_roots=[str(models.alpha.parent)], rag={"storage_dir": str(root / "rag")},
-                           responses_store_size=10, responses_store_ttl_s=600)
+                           responses_store_size=10, responses_store_ttl_s=600,
+                           # the demo MCP server over stdio, started by the ingress replica at first use
+                           mcp={"servers": [{"name": MCP_SERVER, "command": [sys.executable, "-m", MCP_DEMO],
+                                             "cwd": str(REPO)}]})
 
     def model_app(name: str, path: Path, advanced: dict | None = None, **overrides) -> dict:
         app = copy.deepcopy(model_template)

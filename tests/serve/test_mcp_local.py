@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anthropic
-import httpx
 import httpx2
 import openai
 import pytest
@@ -29,6 +30,7 @@ from deployments.config import ModelConfig
 from deployments.mcp.hub import McpHub
 from deployments.mcp_config import McpConfig, McpServerConfig
 from tests.serve.local_stack import local_stack, send_streaming
+from tests.support.mcp_demo_server import check_result
 from tests.support.serving import free_port, wait_until
 from tests.support.tiny_models import write_smollm2_tokenizer_model
 
@@ -97,16 +99,6 @@ def sdk_clients(stack) -> tuple[anthropic.AsyncAnthropic, openai.AsyncOpenAI]:
     claude = anthropic.AsyncAnthropic(base_url="http://orchard", api_key="unused", http_client=http2, max_retries=0)
     gpt = openai.AsyncOpenAI(base_url="http://orchard/v1", api_key="unused", http_client=stack.http, max_retries=0)
     return claude, gpt
-
-
-def check_result(name: str, arguments: dict, output: str) -> None:
-    """What the demo server's tool answers for these arguments."""
-    if name == "add":
-        assert output == str(arguments["a"] + arguments["b"])
-    elif name == "shout":
-        assert output == arguments["text"].upper()
-    else:
-        raise AssertionError(f"unexpected tool {name}")
 
 
 def without_ids(value):
@@ -326,3 +318,23 @@ async def wait_for_log(condition, timeout_s: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the MCP server's log did not show it"
         await asyncio.sleep(0.05)
+
+
+# ---- orchard chat --mcp -----------------------------------------------------------------------------
+def test_orchard_chat_shows_the_servers_calls_and_results_between_the_text(model_folder, servers, tmp_path):
+    from deployments.cli.local_server import LocalServer
+
+    model = ModelConfig(model_id=MODEL, model_path=str(model_folder), context_length=4096,
+                        chat_template_file=str(QWEN3_TEMPLATE))
+    config = McpConfig(servers=[McpServerConfig(name="local", command=DEMO, cwd=str(REPO), allowed_tools=["add"])])
+    with LocalServer([model], mcp=config) as server:
+        chat = subprocess.run(
+            [sys.executable, "-m", "deployments.cli.main", "chat", "--url", server.url, "--mcp", "local",
+             "--tool-choice", "required", "--temperature", "0", "--max-tokens", "64"],
+            input="Add two numbers.\n/stats\n", capture_output=True, text=True, cwd=REPO, timeout=120,
+            env={**os.environ, "ORCHARD_HOME": str(tmp_path)})
+    assert chat.returncode == 0, chat.stderr
+    call = re.search(r"^\[local\] add\((\{.*\})\)\n-> (-?\d+)$", chat.stdout, re.MULTILINE)
+    assert call is not None, chat.stdout
+    check_result("add", json.loads(call[1]), call[2])
+    assert re.search(r"^\d+ tokens, .* prompt \d+ tokens \(\d+ from the prefix cache\)$", chat.stdout, re.MULTILINE)

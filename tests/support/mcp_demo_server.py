@@ -70,6 +70,16 @@ def die() -> str:
     os._exit(3)
 
 
+def check_result(name: str, arguments: dict, output: str) -> None:
+    """Asserts `output` is what `name` answers for these arguments (of the tools that answer)."""
+    if name == "add":
+        assert output == str(arguments["a"] + arguments["b"]), (arguments, output)
+    elif name == "shout":
+        assert output == arguments["text"].upper(), (arguments, output)
+    else:
+        raise AssertionError(f"{name} gives no answer to check")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["http"]:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
