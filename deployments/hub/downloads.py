@@ -285,18 +285,25 @@ class DownloadManager:
         """The running download of this repo and revision, or a new one (the `token` of a merged request is
         not used: the first request's token downloads). `files`: only these files of the repo (one GGUF of
         many, say) instead of what an MLX model needs."""
+        return self.start_watched(repo_id, revision, token, files)[0]
+
+    def start_watched(self, repo_id: str, revision: str | None = None, token: str | None = None,
+                      files: list[str] | None = None) -> tuple[DownloadJob, Subscription]:
+        """start(), with a subscription taken before a new download's thread runs: a stream of it opens with its
+        first event even when it fails at once (an unknown repo)."""
         check_repo_id(repo_id, param="repo_id")
         revision = check_revision(revision)
         patterns = tuple(files) if files else tuple(self.allow_patterns)
         with self._lock:
             job = self._active.get((repo_id, revision, patterns))
             if job is not None and not job.latest.final:  # one whose final event is out is over, if not yet removed
-                return job
+                return job, job.subscribe()
             job = DownloadJob(f"dl-{next(self._ids)}", repo_id, revision, self, token or self.token, patterns)
             self._active[(repo_id, revision, patterns)] = job
             self._jobs[job.download_id] = job
+            subscription = job.subscribe()
         job._thread.start()
-        return job
+        return job, subscription
 
     def download(self, repo_id: str, revision: str | None = None, token: str | None = None,
                  files: list[str] | None = None) -> DownloadCompleted:

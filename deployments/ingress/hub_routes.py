@@ -37,6 +37,7 @@ from deployments.api.openapi_errors import (
 from deployments.api.sse import SSE_HEADERS, SSE_KEEPALIVE
 from deployments.hub.cache import CachedModel, HubVerification, list_cached_models
 from deployments.hub.downloads import DownloadJob, DownloadManager
+from deployments.hub.events import Subscription
 from deployments.hub.errors import CachedModelInUseError, DownloadNotFoundError
 from deployments.ingress.generation import KEEPALIVE_S
 from deployments.ingress.model_entries import ModelEntry, ModelStatus
@@ -60,9 +61,9 @@ def hub_router(downloads: DownloadManager, registry: Registry, keepalive_s: floa
     @router.post("/v1/admin/download-model-stream",
                  responses={**EVENT_STREAM, **error_responses(DOWNLOAD_START)})
     async def download_model_stream(body: DownloadRequest) -> StreamingResponse:
-        job = downloads.start(body.repo_id, body.revision, body.token)
+        job, subscription = downloads.start_watched(body.repo_id, body.revision, body.token)
         logger.info("download %s of %s@%s streamed", job.download_id, job.repo_id, job.revision)
-        return StreamingResponse(_download_events(job, keepalive_s), media_type="text/event-stream",
+        return StreamingResponse(_download_events(job, subscription, keepalive_s), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
 
     @router.get("/v1/admin/downloads", responses=error_responses(ADMIN_LISTING))
@@ -99,10 +100,9 @@ def hub_router(downloads: DownloadManager, registry: Registry, keepalive_s: floa
     return router
 
 
-async def _download_events(job: DownloadJob, keepalive_s: float) -> AsyncIterator[str]:
+async def _download_events(job: DownloadJob, subscription: Subscription, keepalive_s: float) -> AsyncIterator[str]:
     """The download's events as SSE until its final one; a keep-alive while none comes. Leaving (the client's
     disconnect cancels this generator) ends only this reader."""
-    subscription = job.subscribe()
     while True:
         try:
             event = await asyncio.wait_for(subscription.get_async(), keepalive_s)
