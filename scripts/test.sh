@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Run the test suite: `bash scripts/test.sh` runs every test but the slow ones (those that run the real
 # SmolLM2 model: `bash scripts/test.sh -m slow` runs them; a later -m wins). Extra arguments go to pytest.
-# Without a test path among them, the suite runs as two pytest processes at once, each in its own namespace, as
+# Without a test path or -m among them, the suite runs as two pytest processes at once, each in its own namespace, as
 # halves of about equal time: the engine's tests then the graph's (tests/engine, tests/graph: Ray starts only for
 # the latter), beside all the others. Each half's output follows when both are done; the run fails if either does.
-# (On 2 cores: 1,305 s in one process, 1,050 s for the longer of graph | the rest; these halves are closer.)
+# (On 2 cores: 1,305 s in one process; these two halves at once, 746 s and 785 s.)
 # The tests run in a private network namespace holding only loopback (scripts/loopback.sh), so a test server
 # can neither expose nor reach anything else. Its lo also carries a stand-in for a host's interface address
 # (192.0.2.1, a documentation address), with a route for the address Ray probes to find its node IP (8.8.8.8):
@@ -26,11 +26,11 @@ pytest_isolated() {
   fi
 }
 
-named_paths=0
+one_process=0  # a test path, or -m (the slow tests: some measure real time and need the machine to themselves)
 for arg in "$@"; do
-  case "$arg" in tests|tests/*|*.py|*::*) named_paths=1 ;; esac
+  case "$arg" in tests|tests/*|*.py|*::*|-m|-m*) one_process=1 ;; esac
 done
-if [ "$named_paths" = 1 ]; then
+if [ "$one_process" = 1 ]; then
   pytest_isolated "$@"
   exit
 fi
