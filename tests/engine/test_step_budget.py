@@ -35,7 +35,11 @@ def test_the_step_budget_is_cut_so_that_each_padded_forward_fits_the_memory_allo
     held = bounded.transient_bytes_per_token * MASKED_FORWARD_MARGIN
     assert bounded.step_tokens == largest_step_within(
         allowance / held, 32, 512, MIN_STEP_TOKENS, bounded.speed_step_tokens)
-    assert largest_forward_tokens(32, bounded.step_tokens, 512) * held <= allowance
+    # Each padded forward fits, unless the bound is the floor ("lowest when none does"): MLX's peak memory is the
+    # process's, so a probe that also counted another thread's allocations (an earlier test's engine winding down;
+    # an engine process has no other) can measure more per token than the allowance was made from.
+    fits = largest_forward_tokens(32, bounded.step_tokens, 512) * held <= allowance
+    assert fits or bounded.step_tokens == MIN_STEP_TOKENS
     assert bounded.step_tokens < bounded.speed_step_tokens or bounded.speed_step_tokens <= 1500
 
 
