@@ -15,7 +15,7 @@ from deployments.api.errors import WireError, wire_error
 from deployments.api.sse import SSE_HEADERS
 from deployments.ingress.edge import REQUEST_ID
 from deployments.metrics.ingress_metrics import RequestOutcome, RequestTally, untracked
-from deployments.model_calls import GenerateJob, StreamChunk, merged
+from deployments.model_calls import GenerateJob, StreamChunk
 
 logger = logging.getLogger("ray.serve.orchard")
 
@@ -123,7 +123,7 @@ async def answer(
             body = _sse_body(first, chunks, renderer, keepalive_s, tally)
             return ClosingStreamingResponse(body, close=lambda: _close_stream(chunks, tally))
         parts = await _parts(first, chunks)
-        tally.end_with(merged(parts))
+        tally.end_with(parts[-1])
         return JSONResponse(renderer.completion(parts))
     except BaseException as exc:
         tally.end_by_exception(exc)

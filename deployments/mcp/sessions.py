@@ -9,6 +9,7 @@ next use.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -126,7 +127,9 @@ class McpSession:
         """The session's task: enters the client, hands it over, holds it until released; the client's own
         failure (the transport gone) ends it too."""
         try:
-            async with Client(self._transport(), read_timeout_seconds=None) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                transport = await self._transport(stack)
+                client = await stack.enter_async_context(Client(transport, read_timeout_seconds=None))
                 ready.set_result(client)
                 await self._release.wait()
         except BaseException as exc:  # noqa: BLE001 - whatever ended the connection, its callers are told
@@ -137,13 +140,16 @@ class McpSession:
             if isinstance(exc, asyncio.CancelledError):
                 raise
 
-    def _transport(self) -> Any:
+    async def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
+        """What the client connects over; an HTTP client of ours is closed with `stack` (the SDK leaves a client it
+        was given open)."""
         target = self.target
         if target.url is None:
             return StdioServerParameters(command=target.command[0], args=list(target.command[1:]),
                                          env=dict(target.env), cwd=target.cwd)
-        http = httpx2.AsyncClient(headers=target.headers, timeout=httpx2.Timeout(30.0, read=300.0),
-                                  follow_redirects=False)  # a redirect could lead anywhere: the operator named this URL
+        http = await stack.enter_async_context(httpx2.AsyncClient(
+            headers=target.headers, timeout=httpx2.Timeout(30.0, read=300.0),
+            follow_redirects=False))  # a redirect could lead anywhere: the operator named this URL
         return streamable_http_client(target.url, http_client=http)
 
     async def _drop(self) -> None:

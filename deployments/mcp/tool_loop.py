@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Protocol
 
+from deployments.api.openai_convert import template_arguments
 from deployments.mcp.hub import McpHub, OfferedTool, Toolset
 from deployments.mcp_calls import McpUse, PendingMcpCall
 from deployments.mcp_config import McpConfig
@@ -270,7 +271,7 @@ def _assistant_turn(turn: _Turn, calls: list[McpToolCall]) -> dict[str, Any]:
     if turn.reasoning:
         message["reasoning_content"] = turn.reasoning
     message["tool_calls"] = [{"id": call.id, "type": "function",
-                              "function": {"name": call.name, "arguments": _arguments(call.arguments) or {}}}
+                              "function": {"name": call.name, "arguments": template_arguments(call.arguments)}}
                              for call in calls]
     return message
 
