@@ -27,3 +27,11 @@ def accelerator_memory_bytes() -> int:
 def device_memory_bytes() -> int:
     """The memory MLX's device may use: the GPU's, else the machine's RAM (the CPU backend's buffers live there)."""
     return accelerator_memory_bytes() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def release_thread_streams() -> None:
+    """Destroy the MLX streams this thread made, each of which holds a worker thread until then (one per engine
+    started: 150 left over in one test process). Call it last on a thread whose model is closed (an engine's own
+    thread), never on one whose streams still serve."""
+    mx.synchronize()
+    mx.clear_streams()

@@ -6,6 +6,9 @@ from hypothesis import settings
 from deployments.hub.downloads import DownloadManager
 from tests.support.fake_hub import FakeHub
 
+# A test hung for minutes fails with its event loop's tasks in the log (tests/support/hang_watch.py).
+pytest_plugins = ["tests.support.hang_watch"]
+
 # No per-example deadline: a loaded 2-core machine can slow any example past Hypothesis's 200 ms default,
 # which fails a test that found no bug. Example counts still bound each test's work.
 settings.register_profile("orchard", deadline=None)

@@ -18,6 +18,7 @@ from engine.client.loop import EngineLoop, GuidedIntake
 from engine.client.messages import AbortRequest, AddRequest, Shutdown
 from engine.client.spec import EngineSpec, build_engine_core, load_serving_processor
 from engine.core import EngineCore
+from engine.device_memory import release_thread_streams
 from engine.errors import EngineDeadError
 from engine.request import Request
 
@@ -87,6 +88,7 @@ class ThreadEngineClient(EngineClientBase):
             self._intake = GuidedIntake(self._core.guides, self._enqueue, self._post_outputs)
             self._intake.warm()
         except BaseException as exc:  # report any build failure to start()'s caller
+            release_thread_streams()
             self._loop.call_soon_threadsafe(_resolve, ready, exc)
             return
         self._loop.call_soon_threadsafe(_resolve, ready, None)
@@ -97,6 +99,7 @@ class ThreadEngineClient(EngineClientBase):
             self._die(EngineDeadError(f"The engine thread died: {exc!r}"))
         finally:
             self._core.close()
+            release_thread_streams()  # the runner's stream was made on this thread, which ends here
 
     def _enqueue(self, request: Request) -> None:
         self._commands.put(AddRequest(request))
