@@ -99,6 +99,10 @@ class EngineConfig:
         "not with speculative decoding")
     kv_group_size: int = knob(64, "values per quantization group of the KV cache: 32, 64 or 128 "
                               "(they must divide the head dimension)")
+    max_loras: int = knob(
+        4, "most per-request LoRA adapters loaded at once; loading one more unloads the least recently used one "
+        "no request runs on (0: none)", ge=0)
+    max_lora_rank: int = knob(64, "the highest rank a per-request LoRA adapter may have", ge=1)
 
     def __post_init__(self) -> None:
         if self.prefix_cache_bytes is not None and not (

@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
+from engine.adapters.registry import LoadedAdapter
+from engine.adapters.served import ServedAdapters
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.kv.block_store import new_prefix_cache
@@ -17,7 +20,7 @@ from engine.kv.quantized_kv import check_quantizable
 from engine.models.loader import LoadedModel
 from engine.output.detokenizer import text_source_factory
 from engine.output.request_output import RequestOutput, RequestOutputState
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestStatus, adapter_cache_keys
 from engine.request_limits import RequestLimits
 from engine.runner.memory import EngineMemory, read_engine_memory
 from engine.runner.runner import ModelRunner
@@ -109,7 +112,10 @@ class EngineCore:
         self.limits = RequestLimits(loaded.vocab_size, self.context_length, self.kv_budget, loaded.longest_token_chars)
         speculation = new_speculative_decoder(loaded, config.speculative, draft)
         guides = HeldGuides()  # compiled guides by key: held by the scheduler, resolved by the runner
-        self.runner = ModelRunner(loaded, config, guides, prefix_cache, speculation)
+        vision = isinstance(loaded.model, VisionLanguageModel)
+        self.adapters = ServedAdapters(loaded.model, config.max_loras, config.max_lora_rank,
+                                       refused="a vision-language model (text models only)" if vision else None)
+        self.runner = ModelRunner(loaded, config, guides, prefix_cache, speculation, self.adapters)
         self.scheduler = Scheduler(config, kv=KVCacheManager(prefix_cache), kv_budget=self.kv_budget, guides=guides)
         self._states: dict[str, RequestOutputState] = {}
         self._text_source = text_source_factory(loaded.tokenizer)
@@ -131,10 +137,25 @@ class EngineCore:
             raise InvalidRequestError(f"Duplicate request id '{request.request_id}'", param="request_id")
         if request.sampling.guided is not None and request.guide is None:
             request.guide = self.guides.compile(request.sampling.guided)  # engine clients compile off-thread first
+        if request.adapter is not None:
+            adapter = self.adapters.slots.find(request.adapter)
+            request.adapter_slot = adapter.slot
+            request.prompt_cache_keys = adapter_cache_keys(request.cache_keys, request.prompt_token_ids[0], adapter.uid)
         self.scheduler.add_request(request)
         self._states[request.request_id] = RequestOutputState(
             request, self._text_source, self.loaded.eos_token_ids
         )
+
+    # ---- per-request adapters (engine/adapters/) --------------------------
+    def load_adapter(self, name: str, path: Path) -> LoadedAdapter:
+        """Load a LoRA adapter that requests then name (Request.adapter); may unload the least recently used one."""
+        return self.adapters.load(name, path, in_use=self._adapter_in_use)
+
+    def unload_adapter(self, name: str) -> LoadedAdapter:
+        return self.adapters.unload(name)
+
+    def _adapter_in_use(self, slot: int) -> bool:
+        return any(state.request.adapter_slot == slot for state in self._states.values())
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its KV is freed at the next step. None if it is unknown or done."""

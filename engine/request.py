@@ -79,6 +79,10 @@ class Request:
     prompt_cache_keys: Sequence[int] | None = None
     # False: never speculate for this request (it decodes plainly, in the same batch).
     speculative: bool = True
+    # A per-request LoRA adapter, by its name on this model (None: the base model), and the bank slot the engine
+    # runs it on (set when the engine takes the request; 0: none).
+    adapter: str | None = None
+    adapter_slot: int = 0
     # Draft tokens verified for this request, and how many of them it accepted (usage reports both).
     num_drafted_tokens: int = 0
     num_accepted_draft_tokens: int = 0
@@ -152,10 +156,11 @@ class Request:
 
     def as_submitted(self) -> "Request":
         """A new request of this one's inputs (prompt, sampling, images, cache keys, speculation opt-out, compiled
-        guide) and none of its progress: what a replacement engine runs again."""
+        guide, adapter) and none of its progress: what a replacement engine runs again."""
         return Request(
             self.request_id, self.prompt_token_ids, self.sampling, arrival_time=self.arrival_time, guide=self.guide,
             vision=self.vision, prompt_cache_keys=self.prompt_cache_keys, speculative=self.speculative,
+            adapter=self.adapter,
         )
 
     def append_output_token(self, token_id: int) -> None:
@@ -163,3 +168,15 @@ class Request:
 
     def all_cache_keys(self) -> list[int]:
         return [*self.cache_keys, *self._output_token_ids]
+
+
+# A prompt's first key under an adapter: above every token id (< 2**32) and image key (negative), one value per
+# (adapter load, first token), so each adapter load's KV chains apart from the base model's and other adapters'.
+ADAPTER_KEY_BIT = 1 << 62
+
+
+def adapter_cache_keys(keys: Sequence[int], first_token: int, adapter_uid: int) -> tuple[int, ...]:
+    """`keys` with the first replaced by the adapter's (blocks chain from their first: every block differs)."""
+    if not (0 <= first_token < 1 << 32 and 0 < adapter_uid < 1 << 29):
+        raise ValueError("an adapter's cache keys need a token id below 2**32 and a uid below 2**29")
+    return (ADAPTER_KEY_BIT | adapter_uid << 32 | first_token, *keys[1:])

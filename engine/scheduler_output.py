@@ -38,6 +38,8 @@ class NewRequest:
     # generated before (recomputed), and its completing chunk samples generated token number num_generated + 1.
     resumed: bool = False
     num_generated: int = 0
+    # The adapter bank slot its rows run on (0: the base model).
+    adapter_slot: int = 0
 
     @property
     def cache_keys(self) -> tuple[int, ...]:

@@ -51,11 +51,13 @@ class PrefillResult:
     shared: list[SharedBatch] = field(default_factory=list)
 
     def followed_by(self, later: "PrefillResult") -> "PrefillResult":
-        """This result, then that of the chunks that come after this one's in the step (no padded forwards)."""
-        assert not later.shared, "padded forwards' rows are indexed from the step's first chunk"
+        """This result, then that of the chunks that come after this one's in the step (their padded forwards'
+        rows renumbered: a shared batch's rows index the step's chunks)."""
         logits = [r.last_logits for r in (self, later) if r.last_logits is not None]
         joined = None if not logits else logits[0] if len(logits) == 1 else mx.concatenate(logits)
-        return PrefillResult(self.caches + later.caches, self.completing + later.completing, joined, self.shared)
+        offset = len(self.caches)
+        shared = self.shared + [SharedBatch(batch.caches, [row + offset for row in batch.rows]) for batch in later.shared]
+        return PrefillResult(self.caches + later.caches, self.completing + later.completing, joined, shared)
 
     def kv_arrays(self) -> list:
         """The step's KV: padded forwards' batches whole (their rows' caches are views of them: one

@@ -16,6 +16,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from engine.adapters.served import ServedAdapters
 from engine.config import EngineConfig
 from engine.kv.batch_cache import LayerCaches, cache_nbytes, new_request_cache
 from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes
@@ -23,6 +24,7 @@ from engine.kv.cache_manager import PrefixCache
 from engine.kv.plain_batch import RowBlock
 from engine.models.head_split import head_split
 from engine.models.loader import LoadedModel
+from engine.runner.adapter_rows import AdapterRows
 from engine.runner.decode_batch import DecodeBatch, new_row_sampling
 from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
@@ -42,7 +44,7 @@ from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
 class ModelRunner:
     def __init__(
         self, loaded: LoadedModel, config: EngineConfig, guides: HeldGuides, prefix_cache: PrefixCache | None = None,
-        speculation: SpeculativeDecoder | None = None,
+        speculation: SpeculativeDecoder | None = None, adapters: ServedAdapters | None = None,
     ) -> None:
         self.model = loaded.model
         self.config = config
@@ -52,6 +54,7 @@ class ModelRunner:
         self.batch = DecodeBatch(vocab_size=loaded.vocab_size)
         # What the runner keeps of each scheduled request (from its NewRequest) until it is freed.
         self._requests: dict[str, NewRequest] = {}
+        self._adapter_rows = AdapterRows(adapters, self._requests)  # per-request LoRA: each forward's rows' slots
         # Structured-output guides by a NewRequest's guide_key, held by the scheduler while their requests live.
         self._guides = guides
         self._prefill_caches: dict[str, LayerCaches] = {}
@@ -141,7 +144,8 @@ class ModelRunner:
         rows = scheduled.decode_rows
         self._update_batch(rows, scheduled.rows_to_cache)
         inputs = [self._next_inputs.pop(rid) for rid in self.batch.request_ids]
-        step = self.speculation.dispatch(self.batch, inputs, lengths, rows)
+        with self._adapter_rows.rows(self.batch.request_ids):
+            step = self.speculation.dispatch(self.batch, inputs, lengths, rows)
         if before_device_work is not None:
             before_device_work()
         if self._blocks is not None:
@@ -218,7 +222,8 @@ class ModelRunner:
         if self._rope_deltas:
             deltas = mx.array([[self._rope_deltas.get(rid, 0)] for rid in self.batch.request_ids])
             return self.model(inputs[:, None], cache=self.batch.caches, rope_deltas=deltas)[:, -1, :]
-        return self.model(inputs[:, None], cache=self.batch.caches)[:, -1, :]
+        with self._adapter_rows.rows(self.batch.request_ids):
+            return self.model(inputs[:, None], cache=self.batch.caches)[:, -1, :]
 
     def _dispatch_sampling(self, logits: mx.array | None, rows: list[DecodeRow]) -> PendingStep | None:
         if logits is None:
@@ -284,7 +289,7 @@ class ModelRunner:
 
     def _text_chunks_first(self, chunks: list[PrefillChunk]) -> list[PrefillChunk]:
         if self.vision is None:
-            return chunks
+            return self._adapter_rows.ordered(chunks)  # one adapter's chunks together (vision models have none)
         return [c for c in chunks if not self._has_images(c)] + [c for c in chunks if self._has_images(c)]
 
     def _has_images(self, chunk: PrefillChunk) -> bool:
@@ -295,10 +300,10 @@ class ModelRunner:
         with_images = sum(1 for chunk in chunks if self.vision is not None and self._has_images(chunk))
         split = len(chunks) - with_images
         rows_limit = self.config.max_prefill_seqs if self.pad_prefill_shapes else None
-        text = (
-            run_prefill(self.model, chunks[:split], caches[:split], rows_limit, self.batch.vocab_size, self.head_split)
-            if split else PrefillResult([], [], None)
-        )
+        def run_text(text_chunks: list[PrefillChunk], text_caches: list[LayerCaches]) -> PrefillResult:
+            return run_prefill(self.model, text_chunks, text_caches, rows_limit, self.batch.vocab_size, self.head_split)
+
+        text = self._adapter_rows.prefill(chunks[:split], caches[:split], run_text) if split else PrefillResult([], [], None)
         if not with_images:
             return text
         prompts = {chunk.request_id: self._embedded_prompt(chunk.request_id) for chunk in chunks[split:]}

@@ -288,7 +288,7 @@ class Scheduler:
         new_requests.append(NewRequest(
             request.request_id, request.prefill_token_ids(), request.sampling,
             tuple(block.block_hash for block in request.prefix_blocks), request.vision, keys, request.speculative,
-            resumed=resumed, num_generated=request.num_recomputed_outputs,
+            resumed=resumed, num_generated=request.num_recomputed_outputs, adapter_slot=request.adapter_slot,
         ))
 
     def _add_chunk(
