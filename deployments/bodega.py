@@ -21,8 +21,6 @@ ALIASES = {
 
 # Bodega fields with no Orchard meaning yet: why each is refused (any value but null).
 UNSUPPORTED: dict[str, str] = {
-    "lora_paths": "'lora_paths': LoRA adapters are not served yet (Orchard would have to fuse them at load)",
-    "lora_scales": "'lora_scales': LoRA adapters are not served yet (Orchard would have to fuse them at load)",
     "config_name": "'config_name' names an image-generation or image-edit model, which this server does not serve "
                    "yet",
 }

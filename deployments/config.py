@@ -156,6 +156,15 @@ class ModelConfig(EngineKnobs):
     speculative: SpeculativeOptions | None = Field(
         None, description="speculative decoding (null: off), model_type lm only; Bodega's draft_model_path "
         "(+ num_draft_tokens) means a draft model, its num_draft_tokens alone n-gram prompt lookup")
+    lora_paths: list[str] | None = Field(
+        None, description="LoRA adapter folders (mlx-lm's or PEFT's format) applied to every request from load on "
+        "(Bodega's name): fused into float weights, kept beside quantized ones; model_type lm")
+    lora_scales: list[float] | None = Field(
+        None, description="one scale per lora_paths entry (null: 1.0 each; Bodega's name)")
+    adapters: dict[str, str] = Field(
+        default_factory=dict, description="per-request LoRA adapters, name -> folder (mlx-lm's or PEFT's format): "
+        "a request sends model 'MODEL:NAME'; listed in /v1/models with parent MODEL; POST "
+        "/v1/admin/load-adapter adds more; model_type lm")
     num_replicas: int = Field(1, ge=1, description="Serve replicas of this model")
     max_ongoing_requests: int = Field(
         512, ge=1, description="requests one replica takes at once (Serve's default of 5 would throttle an LLM)")
@@ -218,11 +227,21 @@ class ModelConfig(EngineKnobs):
                              f"'lm', not '{self.model_type}': that engine does not speculate")
         if self.kv_bits is not None and self.model_type != "lm":
             raise ValueError(f"'kv_bits' applies to model_type 'lm', not '{self.model_type}'")
+        self._check_lora()
         try:
             self.engine_config()
         except InvalidRequestError as exc:  # surface engine limits at config time, not in the replica
             raise ValueError(exc.message) from exc
         return self
+
+    def _check_lora(self) -> None:
+        if (self.lora_paths or self.lora_scales or self.adapters) and self.model_type != "lm":
+            raise ValueError(f"LoRA adapters (lora_paths, adapters) apply to model_type 'lm', not '{self.model_type}'")
+        if self.lora_scales and len(self.lora_scales) != len(self.lora_paths or []):
+            raise ValueError(f"'lora_scales' has {len(self.lora_scales)} entries for {len(self.lora_paths or [])} "
+                             "lora_paths: give one scale per adapter (or none: 1.0 each)")
+        for name in self.adapters:
+            check_adapter_name(name)
 
     @property
     def id(self) -> str:
@@ -259,6 +278,16 @@ class ModelConfig(EngineKnobs):
             # Serve kills a replica that has not stopped by then: the unload's drain and the engine's stop come first.
             "graceful_shutdown_timeout_s": self.advanced.unload_drain_s + 20.0,
         }
+
+
+_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9._@+-]{1,64}$")
+
+
+def check_adapter_name(name: str) -> str:
+    """A per-request adapter's name: what follows 'MODEL:' in a request's model."""
+    if not _ADAPTER_NAME.match(name):
+        raise ValueError(f"adapter name '{name}' must be 1-64 letters, digits or . _ @ + -")
+    return name
 
 
 def check_model_id(model_id: str) -> str:

@@ -89,6 +89,27 @@ class GenerateJob:
     clamp_max_tokens: bool = False
     # False: the request never speculates (the request field `speculative`), on a model that does.
     speculative: bool = True
+    # The per-request LoRA adapter the request's model ('MODEL:NAME') names (None: the base model).
+    adapter: "AdapterRef | None" = None
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """A per-request adapter: its name on the model and its folder (checked where it was registered), so that any
+    replica can load it."""
+
+    name: str
+    path: str
+
+
+@dataclass
+class AdapterListing:
+    """A model replica's per-request adapters: registered (name -> folder) and loaded in its engine now; or why an
+    adapter call failed (nothing changed then)."""
+
+    registered: dict[str, str] = field(default_factory=dict)
+    loaded: list[str] = field(default_factory=list)
+    error: OrchardError | None = None
 
 
 @dataclass
@@ -248,6 +269,8 @@ class ModelInfo:
     # Ray's node of the replica that answered, when it is the model's only one: an ingress on that node can tell
     # at once that its process died (Serve notices at its next health check, up to 10 s later).
     sole_replica_node: str | None = None
+    # Its per-request LoRA adapters (a text model's): registered on the replica that answered, and loaded there.
+    adapters: AdapterListing = field(default_factory=AdapterListing)
 
 
 @dataclass
@@ -326,3 +349,8 @@ class ModelClient(Protocol):
     async def queue_stats(self) -> QueueStats: ...
 
     async def metrics(self) -> MetricsSnapshot: ...
+
+    async def load_adapter(self, name: str, path: str) -> AdapterListing:
+        """Register a per-request adapter and load it (on one replica: others load it when a request names it)."""
+
+    async def unload_adapter(self, name: str) -> AdapterListing: ...

@@ -74,7 +74,28 @@ def check_model_sources(config: ModelConfig, base_dir: Path | None = None) -> Mo
     draft = _draft_path(config)
     if draft is not None:
         updates["speculative"] = _with_draft_folder(config, _operator_draft(draft, base_dir, config.auto_download))
+    updates.update(_adapter_folders(config, None, base_dir))
     return config.model_copy(update=updates)
+
+
+def _adapter_folders(config: ModelConfig, roots: list[str] | None, base_dir: Path | None = None) -> dict[str, Any]:
+    """lora_paths and adapters as absolute folders (under `roots` when given; relative to base_dir for the
+    operator's file): the same rules as a model folder's."""
+    updates: dict[str, Any] = {}
+    if config.lora_paths:
+        updates["lora_paths"] = [str(adapter_folder(p, roots, "lora_paths", base_dir)) for p in config.lora_paths]
+    if config.adapters:
+        updates["adapters"] = {name: str(adapter_folder(p, roots, f"adapters.{name}", base_dir))
+                               for name, p in config.adapters.items()}
+    return updates
+
+
+def adapter_folder(raw: str, roots: list[str] | None, param: str, base_dir: Path | None = None) -> Path:
+    """A LoRA adapter's folder, safely (no '..', under `roots` if given), holding an adapter_config.json."""
+    resolved = _allowed_folder_path(raw, roots, param, base_dir)
+    if not (resolved / "adapter_config.json").is_file():
+        raise InvalidRequestError(f"'{param}' is not an adapter folder (no adapter_config.json): {raw}", param=param)
+    return resolved
 
 
 # ---- the draft model of speculative decoding: a local folder, or a repo id already in the hub cache ------
@@ -178,6 +199,10 @@ def check_admin_policy(config: ModelConfig, roots: list[str]) -> None:
         _allowed_folder_path(draft, roots, DRAFT_PARAM)
     elif draft is not None:
         _check_draft_repo_id(draft)
+    for path in config.lora_paths or []:
+        _allowed_folder_path(path, roots, "lora_paths")
+    for name, path in config.adapters.items():
+        _allowed_folder_path(path, roots, f"adapters.{name}")
     if config.uses_embedded_model:
         return
     if _is_local_path(config.model_path):
@@ -205,6 +230,7 @@ def check_admin_model(config: ModelConfig, roots: list[str]) -> ModelConfig:
     if draft is not None:
         folder = check_model_folder(draft, roots, DRAFT_PARAM) if _is_local_path(draft) else _cached_draft(draft)
         updates["speculative"] = _with_draft_folder(config, folder)
+    updates.update(_adapter_folders(config, roots))
     if config.uses_embedded_model:
         return config.model_copy(update=updates)
     if _is_local_path(config.model_path):

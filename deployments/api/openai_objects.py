@@ -167,6 +167,7 @@ class ModelCard(_Out):
     created: int
     owned_by: str
     status: str  # ours: loading / running
+    parent: str | None = None  # a per-request adapter's base model (vLLM's field); absent for a model
 
 
 class ModelList(_Out):

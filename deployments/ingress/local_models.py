@@ -14,7 +14,7 @@ from deployments.embeddings.service import EmbeddingService
 from deployments.model.services import new_model_service, speak_with, transcribe_with
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
+    AdapterListing, ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
     TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.ingress.load_limits import ClusterCapacity, NodeCapacity
@@ -51,6 +51,12 @@ class LocalModelClient:
 
     async def metrics(self) -> MetricsSnapshot:
         return self._service.metrics_snapshot()
+
+    async def load_adapter(self, name: str, path: str) -> AdapterListing:
+        return await self._service.adapters.load(name, path)
+
+    async def unload_adapter(self, name: str) -> AdapterListing:
+        return await self._service.adapters.unload(name)
 
 
 # The ingress's application name in process, as serve_config.yaml names it under Serve.

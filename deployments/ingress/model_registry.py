@@ -30,6 +30,7 @@ from deployments.model_sources import (
     HubFetch, check_admin_model, check_admin_policy, default_model_roots, uncached_repos,
 )
 from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo, QueueStats
+from deployments.ingress.adapter_catalog import AdapterCatalog, route_adapter, split_adapter_id
 from deployments.ingress.load_limits import check_load_resources
 from deployments.ingress.model_entries import (
     AdminOperation, DeploymentState, ModelBackend, ModelEntry, ModelQueueStats, ModelStatus,
@@ -66,6 +67,7 @@ class Registry:
         self._tasks: set[asyncio.Task] = set()
         self._status = StatusRefresher(self._refresh_now)
         self._replicas = ReplicaWatch(backend, self._fetch_info, self._spawn)
+        self.adapters = AdapterCatalog()  # per-request LoRA adapters: 'MODEL:NAME' (adapter_catalog.py)
 
     # ---- lifecycle --------------------------------------------------------------
     async def start(self, restore: bool = True) -> None:
@@ -167,6 +169,8 @@ class Registry:
         if entry is None or entry.status != ModelStatus.RUNNING:
             await self.refresh()
             entry = self.named(model_id)
+        if entry is None and (split := split_adapter_id(model_id)) is not None and self.named(split[0]) is not None:
+            return await route_adapter(self, *split)
         if entry is None and not self._entries:
             raise NoModelsLoadedError(
                 f"No model is loaded: load '{model_id}' first (POST /v1/admin/load-model)", param="model")
@@ -185,6 +189,21 @@ class Registry:
         if self._replicas.lost(entry):  # else Serve would hold the call until its replacement serves
             raise EngineRestartingError(f"The model '{model_id}' is restarting: {entry.current_error}")
         return await self._backend.client(model_id)
+
+    @property
+    def model_roots(self) -> list[str]:
+        return self._model_roots
+
+    async def fetch_info(self, model_id: str) -> ModelInfo | None:
+        return await self._fetch_info(model_id)
+
+    def store_adapters(self, entry: ModelEntry) -> None:
+        """An API-loaded model's adapters are kept with its config, so a restart restores them."""
+        config = self._api_configs.get(entry.model_id)
+        if config is None:
+            return
+        self._api_configs[entry.model_id] = entry.config = config.model_copy(update={"adapters": self.adapters.of(entry)})
+        self._persist()
 
     async def details(self) -> list[ModelEntry]:
         """Entries with fresh info (memory, pid) from each running model."""
@@ -367,6 +386,7 @@ class Registry:
         entry.status, entry.busy = ModelStatus.UNLOADING, True
         entry.operation = AdminOperation()  # now the unload's
         self._served_once.discard(model_id)
+        self.adapters.forget(model_id)
         if self._api_configs.pop(model_id, None) is not None:
             self._persist()  # now: a restart during the drain must not bring the model back
         self._spawn(self._undeploy(entry))

@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import ModelNotFoundError, NotServedYetError, OrchardError
+from deployments.ingress.adapter_catalog import adapter_cards, adapter_ref, split_adapter_id
+from deployments.ingress.adapter_routes import adapter_router
 from deployments.ingress.admin_routes import admin_router
 from deployments.ingress.hub_routes import cache_listing, hub_router
 from deployments.api.anthropic_convert import chat_prompt, messages_job
@@ -110,6 +112,8 @@ def create_app(
         app.include_router(rag_router(rag, registry, metrics, keepalive_s))
     app.include_router(images_router())
     app.include_router(admin_router(registry, enable_admin))
+    if enable_admin:
+        app.include_router(adapter_router(registry))
     if enable_admin and registry.downloads is not None:  # no manager (or no admin API): no downloads
         app.include_router(hub_router(registry.downloads, registry, keepalive_s))
     document_errors_as_sent(app)
@@ -171,7 +175,8 @@ def openai_router(
         Bodega's size_gb, download_percentage, is_complete; a loaded model served from the cache carries them too)."""
         await registry.refresh()
         loaded = [e for e in registry.entries() if e.status in _LISTED]
-        listing = ModelList(data=[_model_card(e) for e in loaded]).dump()
+        adapters = [_adapter_card(e, name) for e, name in await adapter_cards(registry, loaded)]
+        listing = ModelList(data=[_model_card(e) for e in loaded] + adapters).dump()
         if registry.downloads is None:
             return listing
         cache = await cache_listing(registry.downloads, loaded, verify_with_hub)
@@ -184,6 +189,10 @@ def openai_router(
     async def get_model(model_id: str) -> dict[str, Any]:
         await registry.refresh()
         entry = registry.named(model_id)  # its id, or the model_path it was loaded from
+        split = split_adapter_id(model_id) if entry is None else None
+        base = registry.named(split[0]) if split is not None else None
+        if base is not None and base.status in _LISTED and await adapter_ref(registry, base, split[1]) is not None:
+            return _adapter_card(base, split[1]).dump()
         if entry is None or entry.status not in _LISTED:
             raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model")
         return _model_card(entry).dump()
@@ -257,6 +266,12 @@ _LISTED = (ModelStatus.RUNNING, ModelStatus.LOADING)
 def _model_card(entry: ModelEntry) -> ModelCard:
     created = entry.info.created_at if entry.info is not None else entry.seen_at
     return ModelCard(id=entry.model_id, created=created, owned_by="orchard", status=entry.status.value)
+
+
+def _adapter_card(base: ModelEntry, name: str) -> ModelCard:
+    card = _model_card(base)
+    return ModelCard(id=f"{base.model_id}:{name}", created=card.created, owned_by=card.owned_by, status=card.status,
+                     parent=base.model_id)
 
 
 def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:

@@ -19,8 +19,8 @@ from ray.serve import Application
 from deployments.config import AUDIO_MODEL_TYPES, MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
 from deployments.model.services import new_model_service, speak_with, transcribe_with
 from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
-    TextTokenCounts, TextTokensJob, TokenCount,
+    AdapterListing, AdapterRef, ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo,
+    QueueStats, StreamChunk, TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
@@ -57,10 +57,29 @@ class ModelServer:
             except OSError as exc:  # no socket here (e.g. no writable temp dir): the handle path still serves
                 logger.warning("model %s: no stream channel (%s); streams go through Ray", self.config.id, exc)
         self.metrics_refresh = asyncio.create_task(self._refresh_metrics())
+        self._adapter_loader: Any = None  # Serve's multiplexed loader, made at the first multiplexed request
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
+        if job.adapter is not None and serve.get_multiplexed_model_id():
+            await self._multiplexed_adapter(job.adapter)
         async for chunk in self.service.generate(job):
             yield chunk
+
+    async def _multiplexed_adapter(self, ref: AdapterRef) -> None:
+        """Serve's model multiplexing (several replicas): the ingress names the adapter as the multiplexed model id,
+        Serve routes to a replica that holds it, and this replica tells Serve what it holds (LRU, max_loras)."""
+        if self._adapter_loader is None:
+            async def resident(name: str) -> ResidentAdapter:
+                return ResidentAdapter(self.service, name)
+
+            self._adapter_loader = serve.multiplexed(max_num_models_per_replica=max(1, self.config.max_loras))(resident)
+        await self._adapter_loader(ref.name)
+
+    async def load_adapter(self, name: str, path: str) -> AdapterListing:
+        return await self.service.adapters.load(name, path)
+
+    async def unload_adapter(self, name: str) -> AdapterListing:
+        return await self.service.adapters.unload(name)
 
     async def channel_address(self) -> ChannelAddress | None:
         return self.channel.address if self.channel is not None else None
@@ -121,6 +140,14 @@ class ModelServer:
             await service.unload()
         if channel is not None:
             await channel.close(drain_s=CHANNEL_FLUSH_S)  # the streams' last (error) chunks reach the ingress
+
+
+class ResidentAdapter:
+    """What Serve's multiplexing holds for an adapter on this replica: the engine loads it when a request runs on
+    it (ServiceAdapters.held) and unloads idle ones least recently used first; Serve's own LRU only routes."""
+
+    def __init__(self, service: Any, name: str) -> None:
+        self.service, self.name = service, name
 
 
 def build_model_application(config: ModelConfig) -> Application:

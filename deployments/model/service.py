@@ -23,6 +23,7 @@ from deployments.chat.prompts import EncodedPrompt, PromptEncoder, TokenTexts
 from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
 from deployments.config import ModelConfig
 from deployments.metrics.model_metrics import ModelMemory, ModelMetrics, RequestTiming
+from deployments.model.adapters import ServiceAdapters
 from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, MetricsSnapshot, ModelInfo, QueueStats,
     StreamChunk, TextPrompt, TextTokenCounts, TextTokensJob, TokenCount,
@@ -71,6 +72,8 @@ def engine_spec(config: ModelConfig) -> EngineSpec:
         gil_switch_interval_s=_seconds(config.advanced.gil_switch_interval_ms),
         quantize=config.quantize,
         memory_budget_bytes=config.memory_budget_bytes,
+        lora_paths=tuple(config.lora_paths or ()),
+        lora_scales=tuple(config.lora_scales or ()),
     )
 
 
@@ -90,6 +93,7 @@ class ModelService:
         self.model_id = config.id
         # A dead engine is restarted in place (same replica, same config) within a budget.
         self._engine = SupervisedEngine(lambda: new_engine_client(config))
+        self.adapters = ServiceAdapters(self.model_id, self._engine, config.adapters, config.max_loras)
         self._prompts: PromptEncoder | None = None
         self._token_texts: TokenTexts | None = None
         self._tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="orchard-tokenize")
@@ -105,6 +109,7 @@ class ModelService:
         if switch_ms is not None:  # process-wide (under Ray each model has its own)
             sys.setswitchinterval(switch_ms / 1000.0)
         await self._engine.start()
+        await self.adapters.start()
         tokenizer = self._engine.served.tokenizer
         self.parser_names = resolve_parser_names(
             self.config.tool_call_parser, self.config.reasoning_parser, getattr(tokenizer, "chat_template", None)
@@ -158,10 +163,15 @@ class ModelService:
             prompt = await self._encode(job.prompt)
             plan = plan_output(self.parser_names, job, prompt.text)
             sampling = self._with_max_tokens(plan.sampling, len(prompt.token_ids), job.clamp_max_tokens)
-            stream = self._engine.submit(Request(
+            request = Request(
                 job.request_id, prompt.token_ids, sampling, vision=prompt.vision, prompt_cache_keys=prompt.cache_keys,
-                speculative=job.speculative,
-            ))
+                speculative=job.speculative, adapter=job.adapter.name if job.adapter is not None else None,
+            )
+            if job.adapter is None:
+                stream = self._engine.submit(request)
+            else:
+                async with self.adapters.held(job.adapter):
+                    stream = self._engine.submit(request)
         except OrchardError as exc:
             logger.info("request %s (%s) refused: %s", job.request_id, job.log_id, exc.message)
             yield StreamChunk(error=exc)
@@ -278,6 +288,7 @@ class ModelService:
             memory=memory_usage(self._engine.stats().memory, served.in_own_process),
             health=self._engine.health(),
             engine_restarts=self._engine.restarts_total,
+            adapters=self.adapters.listing(),
         )
 
     def queue_stats(self) -> QueueStats:

@@ -18,7 +18,7 @@ from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
 from deployments.model_calls import (
-    ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
+    AdapterListing, ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
     TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.transport.channel import ChannelClient
@@ -54,7 +54,10 @@ class ServeModelClient:
                 yield chunk
 
     async def _handle_stream(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
-        response = self._stream_handle.generate.remote(job)
+        handle = self._stream_handle
+        if job.adapter is not None:  # Serve's model multiplexing: a replica that holds the adapter, where one does
+            handle = handle.options(multiplexed_model_id=job.adapter.name)
+        response = handle.generate.remote(job)
         finished = False
         try:
             async for chunk in response:
@@ -92,6 +95,18 @@ class ServeModelClient:
         except OSError as exc:
             logger.warning("stream channel of model '%s' unreachable (%s): streaming through Ray", self._model_id, exc)
             return None
+
+    async def load_adapter(self, name: str, path: str) -> AdapterListing:
+        try:
+            return await self._handle.load_adapter.remote(name, path)
+        except (RayServeException, RayError) as exc:
+            return AdapterListing(error=model_call_failure(self._model_id, exc))
+
+    async def unload_adapter(self, name: str) -> AdapterListing:
+        try:
+            return await self._handle.unload_adapter.remote(name)
+        except (RayServeException, RayError) as exc:
+            return AdapterListing(error=model_call_failure(self._model_id, exc))
 
     async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
         try:

@@ -97,7 +97,7 @@ def serve(conn: Connection) -> int:
     outbox.send(EngineReady(str(core.loaded.path), core.context_length, core.loaded.vocab_size, core.stats(), core.kv_budget,
                             core.limits.token_chars))
     try:
-        EngineLoop(core, commands, outbox.post_outputs, lambda stats: outbox.send(StatsUpdate(stats))).run()
+        EngineLoop(core, commands, outbox.post_outputs, lambda stats: outbox.send(StatsUpdate(stats)), outbox.send).run()
     except BaseException as exc:
         logger.exception("engine loop died")
         outbox.send(EngineDied(repr(exc)))

@@ -8,12 +8,15 @@ request is validated), opens its stream and hands it to the engine; `abort`, `st
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
+from engine.adapters.registry import LoadedAdapter
+from engine.client.messages import AdapterCommand, AdapterReply
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
 from engine.health import EngineHealth, EngineStatus
@@ -56,6 +59,9 @@ class EngineClientBase(ABC):
         self._heard_at = time.monotonic()  # the engine's heartbeat: its last outputs or stats
         self._died: asyncio.Event | None = None  # set on the loop once the engine has stopped
         self.stall_after_s: float | None = None  # silence that makes the engine degraded (None: derived)
+        self.adapters: list[LoadedAdapter] = []  # the per-request adapters loaded, as of the last adapter call
+        self._adapter_calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count(1)
 
     async def wait_dead(self) -> OrchardError:
         """Return (with the reason) once the engine has stopped: died, or closed."""
@@ -77,6 +83,7 @@ class EngineClientBase(ABC):
         error = error or EngineDeadError("The engine was closed")
         # First: the engine's own end (the process's socket closing) must not be what the streams are told.
         self._streams.fail_all(error)
+        self._fail_calls(error)
         if self._dead is None:
             self._dead = error
         await self._stop()
@@ -115,6 +122,43 @@ class EngineClientBase(ABC):
     @abstractmethod
     def abort(self, request_id: str) -> None:
         """Stop a request (its stream ends with an abort finish); unknown or finished ids are ignored."""
+
+    # ---- per-request adapters ----------------------------------------------
+    async def load_adapter(self, name: str, path: Path) -> list[LoadedAdapter]:
+        """Load a LoRA adapter that requests then name; the adapters loaded after it (raises why it failed)."""
+        return await self._adapter_call(name, path)
+
+    async def unload_adapter(self, name: str) -> list[LoadedAdapter]:
+        return await self._adapter_call(name, None)
+
+    async def _adapter_call(self, name: str, path: Path | None) -> list[LoadedAdapter]:
+        if self._dead is not None or self._closed:
+            raise EngineDeadError("The engine stopped")
+        command = AdapterCommand(next(self._call_ids), name, path)
+        reply = self._adapter_calls[command.call_id] = asyncio.get_running_loop().create_future()
+        self._send_command(command)
+        answer: AdapterReply = await reply
+        self.adapters = answer.adapters
+        if answer.error is not None:
+            raise answer.error
+        return answer.adapters
+
+    @abstractmethod
+    def _send_command(self, command: AdapterCommand) -> None: ...
+
+    def _post_reply(self, reply: AdapterReply) -> None:  # any thread
+        self._loop.call_soon_threadsafe(self._settle_call, reply)
+
+    def _settle_call(self, reply: AdapterReply) -> None:
+        future = self._adapter_calls.pop(reply.call_id, None)
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    def _fail_calls(self, error: OrchardError) -> None:
+        calls, self._adapter_calls = self._adapter_calls, {}
+        for future in calls.values():
+            if not future.done():
+                future.set_exception(error)
 
     # ---- state -----------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -157,6 +201,7 @@ class EngineClientBase(ABC):
         if self._dead is None:
             self._dead = error
         self._loop.call_soon_threadsafe(self._streams.fail_all, error)
+        self._loop.call_soon_threadsafe(self._fail_calls, error)
         self._loop.call_soon_threadsafe(self._signal_dead)
 
     def _signal_dead(self) -> None:

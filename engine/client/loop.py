@@ -14,7 +14,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
-from engine.client.messages import AbortRequest, AddRequest, Shutdown
+from engine.client.messages import AbortRequest, AddRequest, AdapterCommand, AdapterReply, Shutdown
 from engine.core import EngineCore, EngineStats
 from engine.errors import EngineDeadError, InvalidRequestError, OrchardError
 from engine.output.request_output import Finish, Queued, RequestOutput, Usage
@@ -39,11 +39,13 @@ class EngineLoop:
         commands: queue.SimpleQueue,
         post_outputs: Callable[[list[RequestOutput]], None],
         post_stats: Callable[[EngineStats], None],
+        post_reply: Callable[[AdapterReply], None] = lambda reply: None,
     ) -> None:
         self._core = core
         self._commands = commands
         self._post_outputs = post_outputs
         self._post_stats = post_stats
+        self._post_reply = post_reply
         self._held_outputs: list[RequestOutput] = []  # the last step's, until the next one keeps the device busy
         self._idle_since: float | None = None  # when the work ran out (None: busy; inf: buffers released)
 
@@ -124,6 +126,8 @@ class EngineLoop:
                 aborted = self._core.abort_request(command.request_id)
                 if aborted is not None:
                     outputs.append(aborted)
+            elif isinstance(command, AdapterCommand):  # between steps: a slot's weights never change under a forward
+                self._post_reply(apply_adapter_command(self._core, command))
 
 
 class GuidedIntake:
@@ -183,6 +187,22 @@ class GuidedIntake:
             return
         request.guide = future.result()
         self._enqueue(request)
+
+
+def apply_adapter_command(core: EngineCore, command: AdapterCommand) -> AdapterReply:
+    """Load or unload the adapter; the reply lists the adapters after it, or says why nothing changed."""
+    try:
+        if command.path is not None:
+            core.load_adapter(command.name, command.path)
+        else:
+            core.unload_adapter(command.name)
+    except OrchardError as exc:
+        return AdapterReply(command.call_id, core.adapters.slots.listing(), exc)
+    except Exception as exc:  # e.g. MLX refusing a file: the request's failure, not the engine's
+        logger.exception("adapter %s: %s failed", command.name, "load" if command.path else "unload")
+        error = InvalidRequestError(f"Could not load the adapter '{command.name}': {exc!r}", param="adapter_path")
+        return AdapterReply(command.call_id, core.adapters.slots.listing(), error)
+    return AdapterReply(command.call_id, core.adapters.slots.listing())
 
 
 def compile_error(error: BaseException) -> OrchardError:

@@ -1,16 +1,18 @@
 """Every message an engine client and its engine loop exchange, as typed dataclasses.
 
 To the engine (a queue in the thread client, a socket in the process client): an EngineSpec first (process
-client only), then AddRequest / AbortRequest / Shutdown. From the engine process: EngineReady or EngineFailed,
-then StepOutputs and StatsUpdate, and EngineDied if its loop fails. Over the socket each message is one pickled
+client only), then AddRequest / AbortRequest / AdapterCommand / Shutdown. From the engine process: EngineReady or
+EngineFailed, then StepOutputs, StatsUpdate and AdapterReply, and EngineDied if its loop fails. Over the socket each message is one pickled
 dataclass (multiprocessing.connection framing).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.adapters.registry import LoadedAdapter
 from engine.errors import OrchardError
 from engine.kv.budget import KVBudget
 from engine.output.request_output import RequestOutput
@@ -34,6 +36,24 @@ class AbortRequest:
 @dataclass
 class Shutdown:
     pass
+
+
+@dataclass
+class AdapterCommand:
+    """Load a per-request LoRA adapter (`path` given) or unload one (None); answered by an AdapterReply."""
+
+    call_id: int
+    name: str
+    path: Path | None = None
+
+
+@dataclass
+class AdapterReply:
+    """The engine's adapters after an AdapterCommand, or why it failed (nothing changed then)."""
+
+    call_id: int
+    adapters: list[LoadedAdapter] = field(default_factory=list)
+    error: OrchardError | None = None
 
 
 # ---- from the engine process ----------------------------------------------------------------------

@@ -24,6 +24,8 @@ from engine.client.interface import EngineClientBase, ServedModel
 from engine.client.messages import (
     AbortRequest,
     AddRequest,
+    AdapterCommand,
+    AdapterReply,
     EngineDied,
     EngineFailed,
     EngineReady,
@@ -126,6 +128,9 @@ class ProcessEngineClient(EngineClientBase):
     def abort(self, request_id: str) -> None:
         self._send(AbortRequest(request_id))
 
+    def _send_command(self, command: AdapterCommand) -> None:
+        self._send(command)
+
     def _send(self, message: object) -> None:
         with self._send_lock:  # the loop and to_thread helpers may both send
             try:
@@ -146,6 +151,8 @@ class ProcessEngineClient(EngineClientBase):
                 self._post_outputs(message.outputs)
             elif isinstance(message, StatsUpdate):
                 self._set_stats(message.stats)
+            elif isinstance(message, AdapterReply):
+                self._post_reply(message)
             elif isinstance(message, EngineDied):
                 break
         with self._send_lock:  # later sends (aborts of failed streams) then fail fast, and the socket is freed

@@ -30,6 +30,9 @@ class EngineSpec:
     # that fits memory_budget_bytes (None: the memory MLX can use now) with one full-context request's KV cache.
     quantize: int | str | None = None
     memory_budget_bytes: int | None = None
+    # LoRA adapters applied to every request from load on (Bodega's lora_paths / lora_scales: engine/adapters/fuse.py).
+    lora_paths: tuple[str, ...] = ()
+    lora_scales: tuple[float, ...] = ()
 
 
 def build_engine_core(spec: EngineSpec) -> "EngineCore":
@@ -51,6 +54,11 @@ def build_engine_core(spec: EngineSpec) -> "EngineCore":
     if spec.model_type == "multimodal":
         from engine.vision.loader import load_vision_model as load
     loaded = load(path, dtype=spec.dtype, chat_template_file=spec.chat_template_file, trust_remote_code=spec.trust_remote_code)
+    if spec.lora_paths:
+        from engine.adapters.fuse import LoadTimeAdapter, apply_load_time_adapters, lora_scales_for
+
+        scales = lora_scales_for(list(spec.lora_paths), list(spec.lora_scales))
+        apply_load_time_adapters(loaded.model, [LoadTimeAdapter(Path(p), s) for p, s in zip(spec.lora_paths, scales)])
     return EngineCore(loaded, spec.engine_config, draft=_load_draft(spec))
 
 

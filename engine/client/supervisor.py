@@ -4,7 +4,8 @@ An engine client reports its engine's death at once (the process client's socket
 loop raises). The supervisor then starts a new engine in its place from the same factory, within a restart
 budget, and re-submits the requests that had produced nothing yet: their clients only see a later first token.
 Requests that had streamed some output end with the engine's error (their text cannot be resumed exactly).
-While the new engine loads, new requests are refused with EngineRestartingError (503 + Retry-After).
+While the new engine loads, new requests are refused with EngineRestartingError (503 + Retry-After). The
+per-request adapters the dead engine held are loaded into the new one before it serves.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import AsyncIterator, Callable
 
+from engine.adapters.registry import LoadedAdapter
 from engine.client.interface import EngineClient, RequestStream, ServedModel, StreamEvent
 from engine.health import EngineHealth, EngineStatus
 from engine.core import EngineStats
@@ -51,6 +54,7 @@ class SupervisedEngine:
         self._watch: asyncio.Task | None = None
         self._stats: EngineStats | None = None  # the dead engine's last, while a new one loads
         self.restarts_total = 0
+        self._adapter_paths: dict[str, str] = {}  # the loaded adapters, for an engine that replaces a dead one
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> None:
@@ -103,6 +107,7 @@ class SupervisedEngine:
                 reason = exc.message if isinstance(exc, OrchardError) else repr(exc)
                 logger.error("the engine did not restart: %s", reason)
                 continue
+            await self._reload_adapters(client)
             self._client = client
             logger.info("engine restarted in %.1f s", time.monotonic() - self._restart_began)
             self._set_status(EngineStatus.RUNNING)
@@ -112,6 +117,29 @@ class SupervisedEngine:
         logger.error("%s; giving up (unload and load the model to try again)", self._failure)
         self._set_status(EngineStatus.FAILED)
         return False
+
+    async def _reload_adapters(self, client: EngineClient) -> None:
+        for name, path in self._adapter_paths.items():
+            try:
+                await client.load_adapter(name, Path(path))
+            except OrchardError as exc:
+                logger.error("adapter %s was not loaded into the new engine: %s", name, exc.message)
+        self._adapter_paths = {adapter.name: adapter.path for adapter in client.adapters}
+
+    # ---- per-request adapters --------------------------------------------
+    async def load_adapter(self, name: str, path: Path) -> list[LoadedAdapter]:
+        return self._note_adapters(await self._running_client().load_adapter(name, path))
+
+    async def unload_adapter(self, name: str) -> list[LoadedAdapter]:
+        return self._note_adapters(await self._running_client().unload_adapter(name))
+
+    @property
+    def adapters(self) -> list[LoadedAdapter]:
+        return self._client.adapters if self._client is not None else []
+
+    def _note_adapters(self, adapters: list[LoadedAdapter]) -> list[LoadedAdapter]:
+        self._adapter_paths = {adapter.name: adapter.path for adapter in adapters}
+        return adapters
 
     def _within_budget(self) -> bool:
         now = time.monotonic()

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from engine.client.interface import EngineClientBase, ServedModel
 from engine.client.loop import EngineLoop, GuidedIntake
-from engine.client.messages import AbortRequest, AddRequest, Shutdown
+from engine.client.messages import AbortRequest, AddRequest, AdapterCommand, Shutdown
 from engine.client.spec import EngineSpec, build_engine_core, load_serving_processor
 from engine.core import EngineCore
 from engine.device_memory import release_thread_streams
@@ -79,6 +79,9 @@ class ThreadEngineClient(EngineClientBase):
         if not self._intake.cancel(request_id):  # in the engine (or done): the engine thread aborts it
             self._commands.put(AbortRequest(request_id))
 
+    def _send_command(self, command: AdapterCommand) -> None:
+        self._commands.put(command)
+
     # ---- engine thread ---------------------------------------------------
     def _run(self, ready: asyncio.Future) -> None:
         try:
@@ -93,7 +96,7 @@ class ThreadEngineClient(EngineClientBase):
             return
         self._loop.call_soon_threadsafe(_resolve, ready, None)
         try:
-            EngineLoop(self._core, self._commands, self._post_outputs, self._set_stats).run()
+            EngineLoop(self._core, self._commands, self._post_outputs, self._set_stats, self._post_reply).run()
         except BaseException as exc:  # what was already decided has reached its streams, before the error
             logger.exception("engine thread died")
             self._die(EngineDeadError(f"The engine thread died: {exc!r}"))

@@ -126,15 +126,24 @@ def test_E32_E58_trust_remote_code_true_is_an_operator_setting(requests):
 
 @pytest.mark.parametrize("field, value, because", [
     ("config_name", "solomon", ("image",)),
-    ("lora_paths", ["/adapters/raptor-lora"], ("LoRA",)),
-    ("lora_scales", [1.0], ("LoRA",)),
     ("disable_auto_resize", True, NOT_SERVED),
-], ids=["config_name", "lora_paths", "lora_scales", "disable_auto_resize-true"])
+], ids=["config_name", "disable_auto_resize-true"])
 def test_E32_fields_without_an_orchard_meaning_are_refused_saying_why(requests, field, value, because):
-    """L433-487: config_name (image models), lora_paths and lora_scales (LoRA adapters), disable_auto_resize true:
-    a 400 that names the field and says why, never a silent reinterpretation."""
+    """L433-487: config_name (image models), disable_auto_resize true: a 400 that names the field and says why, never
+    a silent reinterpretation."""
     response = requests.post(f"{BASE_URL}/v1/admin/load-model", json={"model_path": RAPTOR, field: value})
     assert_refused(response, 400, field, because)
+
+
+@pytest.mark.parametrize("fields, because", [
+    ({"lora_paths": ["/adapters/raptor-lora"]}, ("outside the allowed model_roots",)),
+    ({"lora_paths": ["/adapters/a", "/adapters/b"], "lora_scales": [1.0]}, ("2 lora_paths",)),
+], ids=["lora_paths-outside-roots", "lora_scales-unpaired"])
+def test_E32_lora_paths_follow_the_model_folder_rules(requests, fields, because):
+    """L453-456: lora_paths (adapters fused at load, lora_scales one per path) are folders under model_roots, as a
+    model's; a scale list that does not pair with the paths is refused naming it."""
+    response = requests.post(f"{BASE_URL}/v1/admin/load-model", json={"model_path": RAPTOR, **fields})
+    assert_refused(response, 400, next(iter(fields)) if len(fields) == 1 else "lora_scales", because)
 
 
 def test_E32_model_path_is_required(requests):

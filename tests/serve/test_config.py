@@ -60,8 +60,10 @@ def test_unknown_fields_are_refused_by_name():
         ({"prompt_cache_size": -1}, "'prompt_cache_size' must be an integer >= 0"),
         ({"prompt_cache_size": 10, "cb_enable_prefix_cache": False}, "asks for prompt caching"),
         # Bodega's fields with no meaning here yet: refused naming the field and why, never silently ignored.
-        ({"lora_paths": ["/m/adapter"]}, "'lora_paths': LoRA adapters are not served yet"),
-        ({"lora_scales": [1.0]}, "'lora_scales': LoRA adapters are not served yet"),
+        ({"lora_scales": [1.0]}, "'lora_scales' has 1 entries for 0 lora_paths"),
+        ({"lora_paths": ["/a", "/b"], "lora_scales": [1.0]}, "'lora_scales' has 1 entries for 2 lora_paths"),
+        ({"adapters": {"a:b": "/a"}}, "adapter name 'a:b'"),
+        ({"model_path": "default-embedding", "adapters": {"a": "/a"}}, "apply to model_type 'lm'"),
         ({"config_name": "solomon"}, "'config_name' names an image-generation or image-edit model"),
         ({"model_type": "image-generation", "config_name": "solomon"}, "model_type 'image-generation': image "
          "generation is not served yet"),

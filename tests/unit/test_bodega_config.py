@@ -76,7 +76,8 @@ def test_the_speculative_and_batching_examples_map_to_our_fields():
     ({"models": []}, "'models' must be a list"),
     ({"server": {"workers": 4}, "models": [{"model_path": "default"}]}, "server.workers"),
     ({"models": [{"model_path": "default"}], "logging": {}}, "'logging'"),
-    ({"models": [{"model_path": "default", "lora_paths": ["/a"]}]}, "models\\[0\\].*LoRA adapters are not served"),
+    ({"models": [{"model_path": "default", "lora_paths": ["/a"], "lora_scales": [1, 2]}]},
+     "models\\[0\\].*'lora_scales' has 2 entries for 1 lora_paths"),
     ({"models": [{"model_path": "/m/a", "model_id": "x"}, {"model_path": "/m/b", "model_id": "x"}]},
      "model_id 'x' is given to two"),
 ])
