@@ -11,7 +11,7 @@ from engine.errors import ModelLoadError, ModelNotFoundError
 from deployments.config import AUDIO_MODEL_TYPES, ModelConfig
 from deployments.model.service import EngineClientFactory, ModelService, thread_engine_client
 from deployments.embeddings.service import EmbeddingService
-from deployments.model.services import new_model_service, speak_with, transcribe_with
+from deployments.model.services import adapter_call, new_model_service, speak_with, transcribe_with
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from deployments.model_calls import (
     AdapterListing, ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
@@ -53,10 +53,10 @@ class LocalModelClient:
         return self._service.metrics_snapshot()
 
     async def load_adapter(self, name: str, path: str) -> AdapterListing:
-        return await self._service.adapters.load(name, path)
+        return await adapter_call(self._service, self._service.config, name, path)
 
     async def unload_adapter(self, name: str) -> AdapterListing:
-        return await self._service.adapters.unload(name)
+        return await adapter_call(self._service, self._service.config, name, None)
 
 
 # The ingress's application name in process, as serve_config.yaml names it under Serve.

@@ -17,7 +17,7 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.config import AUDIO_MODEL_TYPES, MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
-from deployments.model.services import new_model_service, speak_with, transcribe_with
+from deployments.model.services import adapter_call, new_model_service, speak_with, transcribe_with
 from deployments.model_calls import (
     AdapterListing, AdapterRef, ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo,
     QueueStats, StreamChunk, TextTokenCounts, TextTokensJob, TokenCount,
@@ -76,10 +76,10 @@ class ModelServer:
         await self._adapter_loader(ref.name)
 
     async def load_adapter(self, name: str, path: str) -> AdapterListing:
-        return await self.service.adapters.load(name, path)
+        return await adapter_call(self.service, self.config, name, path)
 
     async def unload_adapter(self, name: str) -> AdapterListing:
-        return await self.service.adapters.unload(name)
+        return await adapter_call(self.service, self.config, name, None)
 
     async def channel_address(self) -> ChannelAddress | None:
         return self.channel.address if self.channel is not None else None

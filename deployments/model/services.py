@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from deployments.config import ModelConfig
+from deployments.model_calls import AdapterListing
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from engine.errors import InvalidRequestError
 
@@ -51,3 +52,14 @@ async def speak_with(service: Any, config: ModelConfig, job: SpeakJob) -> AsyncI
         return
     async for event in service.speak(job):
         yield event
+
+
+async def adapter_call(service: Any, config: ModelConfig, name: str, path: str | None) -> AdapterListing:
+    """Load (`path` given) or unload a text model's per-request adapter (deployments/model/adapters.py); any other
+    model's answer is the typed error saying why not."""
+    adapters = getattr(service, "adapters", None)
+    if adapters is None:
+        return AdapterListing(error=InvalidRequestError(
+            f"The model '{config.id}' is a {config.model_type} model: LoRA adapters go on text models (model_type lm)",
+            param="model"))
+    return await (adapters.load(name, path) if path is not None else adapters.unload(name))
