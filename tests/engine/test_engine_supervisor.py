@@ -155,3 +155,31 @@ def test_a_stalled_engine_is_degraded_until_its_steps_end_again(tiny_llama):
     assert before.status is EngineStatus.RUNNING and after.status is EngineStatus.RUNNING
     assert stalled.status is EngineStatus.DEGRADED and stalled.alive
     assert "No engine step has ended for" in stalled.message
+
+
+def test_a_restarted_engine_gets_the_dead_ones_adapters_back(tiny_llama, tmp_path):
+    """Per-request LoRA adapters loaded over the process client live in the engine process: a replacement engine
+    loads them again before it serves, so a request naming one answers as before the kill."""
+    from tests.support.tiny_adapters import random_lora, write_mlx_lm_adapter
+
+    folder = write_mlx_lm_adapter(tmp_path / "style", random_lora(tiny_llama.model, 4, 7), scale=2.0)
+
+    async def scenario():
+        engine = _supervised(tiny_llama)
+        await engine.start()
+        try:
+            loaded = await engine.load_adapter("style", folder)
+            before = await collect(engine.submit(Request("a", [4, 5, 6], SamplingParams(max_tokens=6, **GREEDY),
+                                                         adapter="style")))
+            base = await collect(engine.submit(Request("b", [4, 5, 6], SamplingParams(max_tokens=6, **GREEDY))))
+            await _kill_and_see_it_noticed(engine)
+            await _wait_status(engine, EngineStatus.RUNNING)
+            after = await collect(engine.submit(Request("c", [4, 5, 6], SamplingParams(max_tokens=6, **GREEDY),
+                                                        adapter="style")))
+            return loaded, before, base, after, [a.name for a in engine.adapters]
+        finally:
+            await engine.close()
+
+    loaded, before, base, after, names = run(scenario, timeout_s=2 * HANG_S)
+    assert [a.name for a in loaded] == ["style"] and names == ["style"]
+    assert after[0] == before[0] != base[0]
