@@ -200,9 +200,15 @@ class EngineClientBase(ABC):
         """The engine stopped: every open stream ends with `error` (what was already decided came first)."""
         if self._dead is None:
             self._dead = error
-        self._loop.call_soon_threadsafe(self._streams.fail_all, error)
-        self._loop.call_soon_threadsafe(self._fail_calls, error)
-        self._loop.call_soon_threadsafe(self._signal_dead)
+        try:
+            self._loop.call_soon_threadsafe(self._on_death, error)
+        except RuntimeError:  # the loop itself has closed: nobody is left to tell
+            pass
+
+    def _on_death(self, error: EngineDeadError) -> None:
+        self._streams.fail_all(error)
+        self._fail_calls(error)
+        self._signal_dead()
 
     def _signal_dead(self) -> None:
         if self._died is not None:

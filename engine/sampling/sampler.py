@@ -83,7 +83,7 @@ class RowParamArrays:
     def of(cls, rows: list[RowSampling], vocab_size: int) -> "RowParamArrays":
         params = [r.params for r in rows]
         return cls(
-            temperatures=mx.array([p.temperature for p in params], mx.float32),
+            temperatures=mx.array([float(p.temperature) for p in params], mx.float32),  # an int past int64 casts badly
             seeds=mx.array([r.seed for r in rows], mx.uint32),
             top_ks=mx.array([_kept_by_top_k(p.top_k, vocab_size) for p in params], mx.int32),
             top_ps=mx.array([p.top_p for p in params], mx.float32),
@@ -198,9 +198,9 @@ class BatchSampler:
             for token_id in tokens:
                 rows.append(row)
                 cols.append(token_id)
-                rep.append(p.repetition_penalty)
-                pres.append(p.presence_penalty)
-                freq.append(p.frequency_penalty)
+                rep.append(float(p.repetition_penalty))  # 10**20 is a valid penalty; MLX cannot cast that int
+                pres.append(float(p.presence_penalty))
+                freq.append(float(p.frequency_penalty))
                 counts.append(state.generated_counts.get(token_id, 0))
         if not rows:
             return logits

@@ -160,3 +160,15 @@ def test_random_extreme_parameters_are_refused_or_finish_and_the_engine_survives
         assert all(math.isfinite(lp) and lp <= 1e-4 for lp in outcome.logprobs)
     assert plain_tokens(core)[0] == shared_engine.plain_tokens
     assert not core.has_unfinished_requests()
+
+
+def test_huge_integer_temperature_and_penalty_are_numbers_the_sampler_takes(shared_engine):
+    """Hypothesis found it: 10**20 is a valid repetition_penalty (and temperature) as a Python int, which MLX could not
+    turn into a float32 array (std::bad_cast inside the step, then a corrupted engine)."""
+    core = shared_engine.core
+    params = SamplingParams(max_tokens=3, ignore_eos=True, temperature=10**20, repetition_penalty=10**20)
+    request = Request(f"x-{next(_request_numbers)}", [1, 2, 3], params)
+    core.limits.validate(request)
+    plain, results = plain_tokens(core, beside=request)
+    assert plain == shared_engine.plain_tokens
+    assert results[request.request_id].finish.reason == FinishReason.LENGTH
