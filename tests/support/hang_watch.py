@@ -3,36 +3,33 @@
 Most serving tests drive an event loop with asyncio.run. When one waits forever, the thread stacks that
 faulthandler writes show only an idle `select`; what waits on what lives in the loop's tasks. After HANG_S in one
 test this writes every task of every open event loop (its coroutine stack) to the log, then cancels them: the
-test fails with CancelledError and the suite goes on. Only loops made on the main thread (the tests' own) are
+test fails with CancelledError and the suite goes on. Only loops running on the main thread (the tests' own) are
 touched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import os
 import sys
 import threading
-import weakref
 
 import pytest
 
+# The slowest test takes ~150 s alone on the 2-core machine; pyproject's faulthandler dump comes at 300 s.
 # ORCHARD_TEST_HANG_S sets it (this plugin's own check uses 2 s).
-HANG_S = float(os.environ.get("ORCHARD_TEST_HANG_S", "420"))  # the slowest test takes ~150 s alone on the 2-core machine; pyproject's faulthandler dump is at 300 s
-
-_loops: "weakref.WeakSet[asyncio.AbstractEventLoop]" = weakref.WeakSet()
+HANG_S = float(os.environ.get("ORCHARD_TEST_HANG_S", "420"))
 
 
-class _WatchedPolicy(asyncio.DefaultEventLoopPolicy):
-    """Remembers each loop made on the main thread (asyncio.run makes its loop through the policy); loops of
-    servers' own threads (Ray's router, a uvicorn thread) are left alone."""
-
-    def new_event_loop(self) -> asyncio.AbstractEventLoop:
-        loop = super().new_event_loop()
-        if threading.current_thread() is threading.main_thread():
-            _loops.add(loop)
-        return loop
+def _main_thread_loops() -> list[asyncio.AbstractEventLoop]:
+    """The event loops running on the main thread (the tests' own; servers' loops run on threads of their own).
+    Looked up only when a test hangs: a global event loop policy that recorded them made a real-time test slower."""
+    main = threading.main_thread().ident
+    return [obj for obj in gc.get_objects()
+            if isinstance(obj, asyncio.AbstractEventLoop) and getattr(obj, "_thread_id", None) == main
+            and obj.is_running() and not obj.is_closed()]
 
 
 def _dump_and_cancel(loop: asyncio.AbstractEventLoop, test: str) -> None:
@@ -61,13 +58,8 @@ def _write_await_chain(coro, out: io.StringIO) -> None:
 
 
 def _on_hang(test: str) -> None:
-    for loop in list(_loops):
-        if loop.is_running() and not loop.is_closed():
-            loop.call_soon_threadsafe(_dump_and_cancel, loop, test)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    asyncio.set_event_loop_policy(_WatchedPolicy())
+    for loop in _main_thread_loops():
+        loop.call_soon_threadsafe(_dump_and_cancel, loop, test)
 
 
 @pytest.hookimpl(hookwrapper=True)
