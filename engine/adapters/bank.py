@@ -178,14 +178,6 @@ class AdapterBank:
         self._group_shared_inputs()
         self._evaluate()
 
-    def clear(self, slot: int) -> None:
-        """Zero `slot` (its adapter unloaded): rows naming it would get the base model."""
-        for stacks in self._stacks.values():
-            if slot < stacks.a.shape[1]:
-                stacks.write(slot, None, None, 0.0)
-        self._group_shared_inputs()
-        self._evaluate()
-
     def _group_shared_inputs(self) -> None:
         for stacks in self._stacks.values():
             stacks.group = None
