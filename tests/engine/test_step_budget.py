@@ -40,7 +40,11 @@ def test_the_step_budget_is_cut_so_that_each_padded_forward_fits_the_memory_allo
     # an engine process has no other) can measure more per token than the allowance was made from.
     fits = largest_forward_tokens(32, bounded.step_tokens, 512) * held <= allowance
     assert fits or bounded.step_tokens == MIN_STEP_TOKENS
-    assert bounded.step_tokens < bounded.speed_step_tokens or bounded.speed_step_tokens <= 1500
+    # And it cuts below the speed's step wherever that step does not fit. (The allowance was made for 1,500 tokens
+    # from the first probe; a second probe that measures fewer bytes a token, the first having counted an earlier
+    # test's allocations, can find the speed's whole step within it: then it is not cut, rightly.)
+    speed_fits = largest_forward_tokens(32, bounded.speed_step_tokens, 512) * held <= allowance
+    assert bounded.step_tokens < bounded.speed_step_tokens or speed_fits
 
 
 def test_a_kv_budget_that_takes_the_whole_device_leaves_prefill_the_smallest_step(tiny_llama):
