@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
-
-from typing import Protocol
+from typing import Any, AsyncIterator, Protocol
 
 from deployments.config import check_adapter_name
 from deployments.model_calls import AdapterRef, GenerateJob, ModelClient, ModelInfo, StreamChunk
@@ -58,7 +56,7 @@ class AdapterCatalog:
             declared.update(entry.info.adapters.registered)
         changes = self._changes.get(entry.model_id, ModelAdapters())
         declared.update(changes.added)
-        return {name: path for name, path in declared.items() if name not in changes.removed or name in changes.added}
+        return {name: path for name, path in declared.items() if name not in changes.removed}  # added: never removed
 
     def ref(self, entry: ModelEntry, name: str) -> AdapterRef | None:
         path = self.of(entry).get(name)

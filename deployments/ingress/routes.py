@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import ModelNotFoundError, NotServedYetError, OrchardError
-from deployments.ingress.adapter_catalog import adapter_cards, adapter_ref, split_adapter_id
+from deployments.ingress.adapter_catalog import SEPARATOR, adapter_cards, adapter_ref, split_adapter_id
 from deployments.ingress.adapter_routes import adapter_router
 from deployments.ingress.admin_routes import admin_router
 from deployments.ingress.hub_routes import cache_listing, hub_router
@@ -270,7 +270,7 @@ def _model_card(entry: ModelEntry) -> ModelCard:
 
 def _adapter_card(base: ModelEntry, name: str) -> ModelCard:
     card = _model_card(base)
-    return ModelCard(id=f"{base.model_id}:{name}", created=card.created, owned_by=card.owned_by, status=card.status,
+    return ModelCard(id=f"{base.model_id}{SEPARATOR}{name}", created=card.created, owned_by=card.owned_by, status=card.status,
                      parent=base.model_id)
 
 

@@ -191,8 +191,7 @@ class AdapterBank:
 
     @property
     def nbytes(self) -> int:
-        return (sum(array.nbytes for stacks in self._stacks.values() for array in stacks.arrays())
-                + sum(array.nbytes for group in self._groups for array in group.arrays()))
+        return sum(array.nbytes for array in self._arrays())
 
     @contextlib.contextmanager
     def applying(self, slots: Sequence[int]) -> Iterator[None]:
@@ -230,9 +229,12 @@ class AdapterBank:
         if wrapped:
             self.model.update_modules(tree_unflatten(wrapped))
 
-    def _evaluate(self) -> None:
-        mx.eval([array for stacks in self._stacks.values() for array in stacks.arrays()]
+    def _arrays(self) -> list[mx.array]:
+        return ([array for stacks in self._stacks.values() for array in stacks.arrays()]
                 + [array for group in self._groups for array in group.arrays()])
+
+    def _evaluate(self) -> None:
+        mx.eval(self._arrays())
 
 
 __all__ = ["AdapterBank", "MultiLoraLinear", "RowAdapters"]

@@ -2,8 +2,8 @@
 
 To the engine (a queue in the thread client, a socket in the process client): an EngineSpec first (process
 client only), then AddRequest / AbortRequest / AdapterCommand / Shutdown. From the engine process: EngineReady or
-EngineFailed, then StepOutputs, StatsUpdate and AdapterReply, and EngineDied if its loop fails. Over the socket each message is one pickled
-dataclass (multiprocessing.connection framing).
+EngineFailed, then StepOutputs, StatsUpdate and AdapterReply, and EngineDied if its loop fails. Over the socket each
+message is one pickled dataclass (multiprocessing.connection framing).
 """
 
 from __future__ import annotations

@@ -54,7 +54,6 @@ class SupervisedEngine:
         self._watch: asyncio.Task | None = None
         self._stats: EngineStats | None = None  # the dead engine's last, while a new one loads
         self.restarts_total = 0
-        self._adapter_paths: dict[str, str] = {}  # the loaded adapters, for an engine that replaces a dead one
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> None:
@@ -89,10 +88,10 @@ class SupervisedEngine:
             self._restart_began = time.monotonic()
             self._set_status(EngineStatus.RESTARTING)
             await client.close()  # reaps the dead process; its streams have already ended
-            if not await self._restart(reason):
+            if not await self._restart(reason, client.adapters):
                 return
 
-    async def _restart(self, reason: str) -> bool:
+    async def _restart(self, reason: str, adapters: list[LoadedAdapter]) -> bool:
         """Start engines until one runs or the budget is spent (then FAILED); whether one runs."""
         while self._within_budget():
             self._restarts.append(time.monotonic())
@@ -107,7 +106,7 @@ class SupervisedEngine:
                 reason = exc.message if isinstance(exc, OrchardError) else repr(exc)
                 logger.error("the engine did not restart: %s", reason)
                 continue
-            await self._reload_adapters(client)
+            await self._reload_adapters(client, adapters)
             self._client = client
             logger.info("engine restarted in %.1f s", time.monotonic() - self._restart_began)
             self._set_status(EngineStatus.RUNNING)
@@ -118,28 +117,25 @@ class SupervisedEngine:
         self._set_status(EngineStatus.FAILED)
         return False
 
-    async def _reload_adapters(self, client: EngineClient) -> None:
-        for name, path in self._adapter_paths.items():
+    @staticmethod
+    async def _reload_adapters(client: EngineClient, adapters: list[LoadedAdapter]) -> None:
+        """The dead engine's per-request adapters (its client's last listing), into the engine replacing it."""
+        for adapter in adapters:
             try:
-                await client.load_adapter(name, Path(path))
+                await client.load_adapter(adapter.name, Path(adapter.path))
             except OrchardError as exc:
-                logger.error("adapter %s was not loaded into the new engine: %s", name, exc.message)
-        self._adapter_paths = {adapter.name: adapter.path for adapter in client.adapters}
+                logger.error("adapter %s was not loaded into the new engine: %s", adapter.name, exc.message)
 
     # ---- per-request adapters --------------------------------------------
     async def load_adapter(self, name: str, path: Path) -> list[LoadedAdapter]:
-        return self._note_adapters(await self._running_client().load_adapter(name, path))
+        return await self._running_client().load_adapter(name, path)
 
     async def unload_adapter(self, name: str) -> list[LoadedAdapter]:
-        return self._note_adapters(await self._running_client().unload_adapter(name))
+        return await self._running_client().unload_adapter(name)
 
     @property
     def adapters(self) -> list[LoadedAdapter]:
         return self._client.adapters if self._client is not None else []
-
-    def _note_adapters(self, adapters: list[LoadedAdapter]) -> list[LoadedAdapter]:
-        self._adapter_paths = {adapter.name: adapter.path for adapter in adapters}
-        return adapters
 
     def _within_budget(self) -> bool:
         now = time.monotonic()

@@ -23,18 +23,23 @@ class AdapterRows:
         self._adapters = adapters
         self._requests = requests  # the runner's own: request id -> its NewRequest (adapter_slot)
 
+    @property
+    def _active(self) -> bool:
+        """An adapter was ever loaded (before that, forwards are the base model's, untouched)."""
+        return self._adapters is not None and self._adapters.active
+
     def _slot(self, request_id: str) -> int:
         return self._requests[request_id].adapter_slot
 
     def rows(self, request_ids: Sequence[str]) -> ContextManager:
         """Around a forward whose batch rows are these requests', in order."""
-        if self._adapters is None or not self._adapters.active:
+        if not self._active:
             return contextlib.nullcontext()
         return self._adapters.bank.applying([self._slot(rid) for rid in request_ids])
 
     def ordered(self, chunks: list[PrefillChunk]) -> list[PrefillChunk]:
         """Chunks of one adapter next to each other (stable: the base model's first)."""
-        if self._adapters is None or not self._adapters.active:
+        if not self._active:
             return chunks
         return sorted(chunks, key=lambda chunk: self._slot(chunk.request_id))
 
@@ -43,7 +48,7 @@ class AdapterRows:
         run: Callable[[list[PrefillChunk], list[LayerCaches]], PrefillResult],
     ) -> PrefillResult:
         """`run` once per adapter over its chunks (ordered by `ordered`), the results joined in chunk order."""
-        if self._adapters is None or not self._adapters.active:
+        if not self._active:
             return run(chunks, caches)
         result: PrefillResult | None = None
         start = 0
