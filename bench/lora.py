@@ -7,6 +7,7 @@ One process, one random bf16 model of the shape (tests/support/random_model.py),
 q/k/v/o (mlx-lm's format). The same seeded random prompts in every column, greedy, EOS ignored:
 - `base`: the engine, every stream on the base model;
 - `adapters`: the engine, stream i on adapter i % N, all streams in one continuous batch;
+- `adapters-dense` (where the fused kernel serves, CUDA): the same with the bank's dense form instead;
 - `mlx-lm`: what mlx-lm's own server does when requests name different adapters: for each adapter in turn, load it
   onto the model (mlx_lm.tuner.utils.load_adapters), generate that adapter's streams together (BatchGenerator),
   take the adapter off (remove_lora_layers) and go on with the next; the timer spans all of it.
@@ -48,8 +49,10 @@ def write_adapters(model, folder: Path, count: int, rank: int) -> list[Path]:
     return paths
 
 
-def run_engine(core, prompts: list[list[int]], gen_tokens: int, adapters: list[Optional[str]]) -> float:
-    """Generated tokens per second, every request added at once and stepped to the end."""
+def run_engine(core, prompts: list[list[int]], gen_tokens: int, adapters: list[Optional[str]],
+               step_seconds: list[float]) -> float:
+    """Generated tokens per second, every request added at once and stepped to the end; each step's duration is
+    added to `step_seconds` (their median: a decode step's)."""
     started = time.perf_counter()
     for index, (prompt, adapter) in enumerate(zip(prompts, adapters)):
         request = greedy_request(f"r{index}-{started}", prompt, gen_tokens)
@@ -57,7 +60,9 @@ def run_engine(core, prompts: list[list[int]], gen_tokens: int, adapters: list[O
         core.add_request(request)
     generated = 0
     while core.has_unfinished_requests():
+        step_started = time.perf_counter()
         generated += sum(len(output.new_token_ids) for output in core.step())
+        step_seconds.append(time.perf_counter() - step_started)
     return generated / (time.perf_counter() - started)
 
 
@@ -81,6 +86,15 @@ def run_mlx_lm_switching(model, prompts: list[list[int]], gen_tokens: int, paths
     return generated / (time.perf_counter() - started)
 
 
+def with_dense(bank, run):
+    """`run` with per-row adapters in the bank's dense form."""
+    bank.fused = False
+    try:
+        return run()
+    finally:
+        bank.fused = True
+
+
 def bench(args) -> dict:
     check_engine_api()
     from engine.models.loader import load_model
@@ -98,20 +112,30 @@ def bench(args) -> dict:
     reference = load_model(model_path).model  # mlx-lm's column: its own model object, adapters put on and off
     prompts = make_prompts(args.streams, args.prompt_tokens, engine.loaded.vocab_size, [0])
     names = [f"a{index % args.adapters}" for index in range(args.streams)]
+    bank = engine.adapters.bank
+    steps: dict[str, list[float]] = {"base": [], "adapters": [], "adapters-dense": []}
     columns = {
-        "base": lambda p: run_engine(engine, p, args.gen_tokens, [None] * args.streams),
-        "adapters": lambda p: run_engine(engine, p, args.gen_tokens, names),
+        "base": lambda p: run_engine(engine, p, args.gen_tokens, [None] * args.streams, steps["base"]),
+        "adapters": lambda p: run_engine(engine, p, args.gen_tokens, names, steps["adapters"]),
         "mlx-lm": lambda p: run_mlx_lm_switching(reference, p, args.gen_tokens, paths),
     }
+    if bank.fused:  # the dense form beside the fused kernel (engine/adapters/kernels.py), for the record
+        columns["adapters-dense"] = lambda p: with_dense(
+            bank, lambda: run_engine(engine, p, args.gen_tokens, names, steps["adapters-dense"]))
     for column in columns.values():  # kernels of every shape built before timing
         column(make_prompts(args.streams, args.prompt_tokens, engine.loaded.vocab_size, [99])[: args.streams])
     rounds = []
+    for timed in steps.values():
+        timed.clear()
     for repeat in range(args.repeat):
         round_prompts = make_prompts(args.streams, args.prompt_tokens, engine.loaded.vocab_size, [repeat + 1])
         rounds.append({name: column(round_prompts) for name, column in columns.items()})
         print(f"round {repeat}: " + ", ".join(f"{name} {rate:,.0f} tok/s" for name, rate in rounds[-1].items()))
+    step_ms = {name: 1000 * statistics.median(timed) for name, timed in steps.items() if timed}
+    print("median step: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in step_ms.items()))
     return {
         "machine": machine_info(), "commit": git_commit(), "args": vars(args), "rounds": rounds,
+        "median_step_ms": step_ms,
         "adapters_over_base": statistics.median(r["adapters"] / r["base"] for r in rounds),
         "adapters_over_mlx_lm": statistics.median(r["adapters"] / r["mlx-lm"] for r in rounds),
     }

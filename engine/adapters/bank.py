@@ -9,7 +9,9 @@ keeping each row's own slot's columns, then addmm onto the base's output with B_
 read the same input (q/k/v, gate/up: SharedInput) share one masked x A. The extra FLOPs (slots × a small rank) cost
 nothing next to kernel launches: on an H200, 32 decode rows over 8 adapters on q/k/v/o of a Qwen3-0.6B shape took
 14.4 ms a step with two mx.gather_mm a layer (65 µs a layer), 11.9 ms with three dense kernels a layer (~13 µs a
-kernel), against 7.6 ms for the base model alone; all-one-adapter matmuls of (x A_k) B_k took 19 ms.
+kernel), against 7.6 ms for the base model alone; all-one-adapter matmuls of (x A_k) B_k took 19 ms. So on a CUDA
+GPU forwards of up to FUSED_MAX_TOKENS tokens (decode, verify) take one kernel of ours a layer or shared-input group
+instead (kernels.py); longer ones (prefill) keep the dense form, whose extra operations are nothing next to theirs.
 The stacks live outside the module tree (plain attributes): the model's parameters, dtype casts and memory reports
 do not see them.
 """
@@ -24,7 +26,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
+from engine.adapters.kernels import MemberUpdate, fused_kernel_works, lora_rows
 from engine.adapters.weights import AdapterWeights, linear_dims
+
+FUSED_MAX_TOKENS = 256
 
 
 @dataclass
@@ -34,7 +39,18 @@ class RowAdapters:
 
     mask: mx.array
     used: frozenset[int]
+    slots: tuple[int, ...]  # one per batch row
+    fused: bool  # the fused kernel (kernels.py) serves this forward's short inputs
     _tiled: dict[int, mx.array] = field(default_factory=dict, compare=False)
+    _token_slots: dict[int, mx.array] = field(default_factory=dict, compare=False)
+
+    def token_slots(self, x: mx.array) -> mx.array | None:
+        """The slot of each token of x [rows, tokens, in] ([rows * tokens] int32) when the fused kernel takes x."""
+        if not self.fused or x.ndim != 3 or x.shape[0] != len(self.slots) or x.shape[0] * x.shape[1] > FUSED_MAX_TOKENS:
+            return None
+        if x.shape[1] not in self._token_slots:
+            self._token_slots[x.shape[1]] = mx.array([s for s in self.slots for _ in range(x.shape[1])], mx.int32)
+        return self._token_slots[x.shape[1]]
 
     def mask_of(self, members: int) -> mx.array:
         """The mask over `members` layers' columns side by side (a shared-input group's)."""
@@ -49,10 +65,15 @@ class ModuleStacks:
     """One wrapped layer's adapters: A [in, slots, R] and scale·B [slots, R, out] (a plain object: nn.Module would
     take the arrays for parameters)."""
 
-    def __init__(self, in_dims: int, out_dims: int, num_slots: int, rank: int, dtype: mx.Dtype) -> None:
+    def __init__(self, base: nn.Module, in_dims: int, out_dims: int, num_slots: int, rank: int, dtype: mx.Dtype,
+                 fused: bool) -> None:
+        self.base = base
         self.dtype = dtype
         self.a = mx.zeros((in_dims, num_slots, rank), dtype)
         self.b = mx.zeros((num_slots, rank, out_dims), dtype)
+        self.fused = fused
+        self.a_rows: mx.array | None = None  # [slots, R, in]: the fused kernel's layout of A, where it serves
+        self._lay_out_rows()
         self.targeted: set[int] = set()  # slots whose adapter updates this layer
         self.group: SharedInput | None = None  # the layers beside it that read the same input (q/k/v, gate/up)
         self.place = 0  # its place in that group
@@ -63,6 +84,7 @@ class ModuleStacks:
         if rank > old_rank or num_slots > slots:
             self.a = mx.pad(self.a, [(0, 0), (0, num_slots - slots), (0, rank - old_rank)])
             self.b = mx.pad(self.b, [(0, num_slots - slots), (0, rank - old_rank), (0, 0)])
+            self._lay_out_rows()
 
     def write(self, slot: int, a: mx.array | None, b: mx.array | None, scale: float) -> None:
         rank = self.a.shape[2]
@@ -70,13 +92,21 @@ class ModuleStacks:
             self.a[:, slot, :] = mx.zeros((self.a.shape[0], rank), self.dtype)
             self.b[slot] = mx.zeros(self.b.shape[1:], self.dtype)
             self.targeted.discard(slot)
-            return
-        self.a[:, slot, :] = mx.pad(a, [(0, 0), (0, rank - a.shape[1])]).astype(self.dtype)
-        self.b[slot] = mx.pad(b * scale, [(0, rank - b.shape[0]), (0, 0)]).astype(self.dtype)
-        self.targeted.add(slot)
+        else:
+            self.a[:, slot, :] = mx.pad(a, [(0, 0), (0, rank - a.shape[1])]).astype(self.dtype)
+            self.b[slot] = mx.pad(b * scale, [(0, rank - b.shape[0]), (0, 0)]).astype(self.dtype)
+            self.targeted.add(slot)
+        self._lay_out_rows()
+
+    def _lay_out_rows(self) -> None:
+        if self.fused:
+            self.a_rows = mx.contiguous(self.a.transpose(1, 2, 0))
+
+    def update(self, y: mx.array) -> MemberUpdate:
+        return MemberUpdate(y.reshape(-1, y.shape[-1]), self.a_rows, self.b)
 
     def arrays(self) -> list[mx.array]:
-        return [self.a, self.b]
+        return [self.a, self.b] + ([self.a_rows] if self.a_rows is not None else [])
 
 
 class MultiLoraLinear(nn.Module):
@@ -89,10 +119,15 @@ class MultiLoraLinear(nn.Module):
         self._bank = bank
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = self.base(x)
         rows, stacks = self._bank.rows, self._stacks
         if rows is None or not (stacks.targeted & rows.used):
-            return y
+            return self.base(x)
+        token_slots = rows.token_slots(x)
+        if token_slots is not None:
+            if stacks.group is not None:
+                return stacks.group.fused(x, rows, token_slots)[stacks.place]
+            return fused_update(x, token_slots, [stacks])[0]
+        y = self.base(x)
         if x.dtype != stacks.dtype:
             x = x.astype(stacks.dtype)
         if stacks.group is not None:  # x A of the whole group, made by its first layer called
@@ -104,6 +139,15 @@ class MultiLoraLinear(nn.Module):
         if y.dtype != stacks.dtype:
             own, b = own.astype(y.dtype), b.astype(y.dtype)
         return mx.addmm(y.reshape(-1, y.shape[-1]), own, b).reshape(y.shape)
+
+
+def fused_update(x: mx.array, token_slots: mx.array, members: list[ModuleStacks]) -> list[mx.array]:
+    """Each member layer's output on x with its rows' updates, by one kernel (kernels.py)."""
+    bases = [member.base(x) for member in members]
+    dtype = members[0].dtype
+    outputs = lora_rows(x.reshape(-1, x.shape[-1]).astype(dtype), token_slots,
+                        [member.update(y.astype(dtype)) for member, y in zip(members, bases)])
+    return [out.reshape(y.shape).astype(y.dtype) for out, y in zip(outputs, bases)]
 
 
 def masked_product(x: mx.array, a: mx.array, mask: mx.array) -> mx.array:
@@ -128,7 +172,9 @@ class SharedInput:
         self.b = [mx.pad(m.b.reshape(width, -1), [(i * width, (len(members) - 1 - i) * width), (0, 0)])
                   for i, m in enumerate(members)]
         self.members = len(members)
+        self._stacks = members
         self._last: tuple[mx.array, RowAdapters, mx.array] | None = None
+        self._last_fused: tuple[mx.array, RowAdapters, list[mx.array]] | None = None
         for place, member in enumerate(members):
             member.group, member.place = self, place
 
@@ -139,8 +185,15 @@ class SharedInput:
         self._last = (x, rows, own)
         return own
 
+    def fused(self, x: mx.array, rows: RowAdapters, token_slots: mx.array) -> list[mx.array]:
+        """Every member's output on x, updates included, made by the first member called (mlx-lm's models call
+        q/k/v, gate/up one after the other on the same x; lazy arrays: the others' bases run in the same graph)."""
+        if self._last_fused is None or self._last_fused[0] is not x or self._last_fused[1] is not rows:
+            self._last_fused = (x, rows, fused_update(x, token_slots, self._stacks))
+        return self._last_fused[2]
+
     def forget(self) -> None:
-        self._last = None
+        self._last = self._last_fused = None
 
     def arrays(self) -> list[mx.array]:
         return [self.a, *self.b]
@@ -165,6 +218,7 @@ class AdapterBank:
     _stacks: dict[str, ModuleStacks] = field(default_factory=dict)
     _groups: list[SharedInput] = field(default_factory=list)
     dtype: mx.Dtype = mx.float32  # the stacks' and masks': the model's compute dtype
+    fused: bool = field(default_factory=fused_kernel_works)  # short forwards take the fused kernel (CUDA GPU)
     _last_rows: tuple[tuple, RowAdapters | None] | None = None
 
     def write(self, slot: int, weights: AdapterWeights) -> None:
@@ -205,7 +259,7 @@ class AdapterBank:
                 group.forget()
 
     def _rows_of(self, slots: tuple[int, ...]) -> RowAdapters | None:
-        key = (slots, self.num_slots, self.rank)
+        key = (slots, self.num_slots, self.rank, self.fused)
         if self._last_rows is not None and self._last_rows[0] == key:  # decode: the same rows step after step
             return self._last_rows[1]
         used = frozenset(slots) - {0}
@@ -214,7 +268,7 @@ class AdapterBank:
             rows_slots = mx.array(slots[:1] if len(set(slots)) == 1 else slots, mx.int32)
             column_slots = mx.arange(self.num_slots * self.rank) // self.rank
             mask = (rows_slots[:, None] == column_slots[None, :]).astype(self.dtype)
-            rows = RowAdapters(mask, used)
+            rows = RowAdapters(mask, used, slots, self.fused)
         self._last_rows = (key, rows)
         return rows
 
@@ -224,7 +278,8 @@ class AdapterBank:
         for path in paths:
             in_dims, out_dims = linear_dims(modules[path])
             self.dtype = compute_dtype(modules[path])
-            stacks = self._stacks[path] = ModuleStacks(in_dims, out_dims, self.num_slots, self.rank, self.dtype)
+            stacks = self._stacks[path] = ModuleStacks(modules[path], in_dims, out_dims, self.num_slots, self.rank,
+                                                       self.dtype, self.fused)
             wrapped.append((path, MultiLoraLinear(modules[path], stacks, self)))
         if wrapped:
             self.model.update_modules(tree_unflatten(wrapped))
