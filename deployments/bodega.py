@@ -19,18 +19,6 @@ ALIASES = {
     "cb_enable_prefix_cache": "enable_prefix_cache",
 }
 
-# Bodega fields with no Orchard meaning yet: why each is refused (any value but null).
-UNSUPPORTED: dict[str, str] = {
-    "config_name": "'config_name' names an image-generation or image-edit model, which this server does not serve "
-                   "yet",
-}
-# Bodega's model types that Orchard does not serve yet (its own are lm, multimodal and embedding).
-UNSERVED_MODEL_TYPES = {
-    "image-generation": "model_type 'image-generation': image generation is not served yet (POST "
-                        "/v1/images/generations answers 501); served model types: lm, multimodal, embedding",
-    "image-edit": "model_type 'image-edit': image editing is not served yet (POST /v1/images/edits answers 501); "
-                  "served model types: lm, multimodal, embedding",
-}
 # Bodega's speculative-decoding fields, mapped onto our `speculative:` (deployments/speculative.py).
 DRAFT_FIELDS = ("draft_model_path", "num_draft_tokens")
 DEFAULT_MAX_CONCURRENCY = 1  # sequential mode's sequences at once
@@ -58,14 +46,7 @@ def from_bodega(fields: Any) -> Any:
     if not isinstance(fields, dict):
         return fields  # pydantic reports the type
     fields = dict(fields)
-    model_type = fields.get("model_type")
-    if isinstance(model_type, str) and model_type in UNSERVED_MODEL_TYPES:
-        raise ValueError(UNSERVED_MODEL_TYPES[model_type])
     _drop_no_op_fields(fields)
-    for name, why in UNSUPPORTED.items():
-        if fields.get(name) is not None:
-            raise ValueError(why)
-        fields.pop(name, None)
     sent_as: dict[str, str] = {}  # our name -> the Bodega name the body used, for messages
     for bodega, ours in ALIASES.items():
         if bodega not in fields:

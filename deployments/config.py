@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
+from engine.images.families import FAMILIES as IMAGE_FAMILIES
+from engine.images.families import MODEL_TYPES as IMAGE_MODEL_TYPES
+from engine.images.families import image_family
 from deployments.hub.paths import check_revision
 from engine.models.names import DEFAULT_MODEL_ID
 from deployments.bodega import from_bodega
@@ -39,6 +42,8 @@ EMBEDDED_MODEL_IDS = {DEFAULT_EMBEDDING_MODEL_PATH: DEFAULT_EMBEDDING_MODEL_ID, 
                       DEFAULT_TTS_MODEL_PATH: DEFAULT_TTS_MODEL_ID}
 # Speech models: no chat engine, no stream channel, a service of their own (deployments/speech/).
 AUDIO_MODEL_TYPES = ("stt", "tts")
+# Models whose service is not a chat engine: no token stream channel, no engine client.
+NO_ENGINE_MODEL_TYPES = ("embedding", *AUDIO_MODEL_TYPES, "image-generation", "image-edit")
 # Bodega's parser names (chat/parsers/selection.py); unset ones are inferred from the chat template.
 KNOWN_PARSERS = {"tool_call_parser": TOOL_PARSER_NAMES, "reasoning_parser": REASONING_PARSER_NAMES}
 # The Serve deployment of every model application (the registry recognises model applications by it).
@@ -112,12 +117,16 @@ class ModelConfig(EngineKnobs):
     model_id: str | None = Field(
         None, description="the name clients send as `model` (null: model_path's last part, or the embedded "
         "model's name)")
-    model_type: Literal["lm", "multimodal", "embedding", "stt", "tts"] = Field(
+    model_type: Literal["lm", "multimodal", "embedding", "stt", "tts", "image-generation", "image-edit"] = Field(
         "lm", description="lm: a text model (mlx-lm); multimodal: a vision-language model (mlx-vlm); embedding: a "
         "sentence-transformers model for /v1/embeddings (the `embeddings` extra; the default for default-embedding); "
         "stt: a Whisper model for /v1/audio/transcriptions (the default for default-stt); tts: a text-to-speech "
         "model for /v1/audio/speech, a Piper voice (.onnx + .onnx.json) or an mlx-audio model folder (the default for "
-        "default-tts)")
+        "default-tts); image-generation / image-edit: an mflux model for /v1/images/generations / edits (the "
+        "`images` extra; config_name says which)")
+    config_name: str | None = Field(
+        None, description=f"an image model's family (Bodega's name): {', '.join(IMAGE_FAMILIES)}")
+    max_images_per_request: int = Field(4, ge=1, le=10, description="an image model refuses a larger `n`")
     max_audio_seconds: float = Field(
         3600.0, gt=0, description="a speech-to-text model refuses longer audio (checked while it decodes the file)")
     max_speech_input_chars: int = Field(
@@ -147,10 +156,11 @@ class ModelConfig(EngineKnobs):
     gguf_file: str | None = Field(
         None, pattern=r"^[A-Za-z0-9._-]+\.gguf$", description="with a repo id: the .gguf file of the repo to load "
         "(one of its quantizations), converted by Orchard's GGUF import (llama-family architectures)")
-    quantize: Literal[4, 8, "auto"] | None = Field(
+    quantize: Literal[4, 8, 16, "auto"] | None = Field(
         None, description="load the weights quantized (mlx-lm's converter, once, into the model cache): 4 or 8 "
         "bits, or auto: as stored if the weights and one full-context request's KV fit memory_budget_bytes, "
-        "else the widest of 8 and 4 bits that fits")
+        "else the widest of 8 and 4 bits that fits; an image model: 4 or 8 (mflux quantizes at load) or 16 (as "
+        "stored; null: 8 on a GPU, as stored on the CPU, where MLX's quantized matmuls are the slower)")
     memory_budget_bytes: int | None = Field(
         None, ge=1, description="for quantize auto (null: what MLX can use now)")
     speculative: SpeculativeOptions | None = Field(
@@ -177,6 +187,9 @@ class ModelConfig(EngineKnobs):
     @classmethod
     def _bodega_names(cls, fields: Any) -> Any:
         fields = from_bodega(fields)
+        model_type = fields.get("model_type") if isinstance(fields, dict) else None
+        if isinstance(model_type, str) and model_type in IMAGE_MODEL_TYPES and "model_path" not in fields:
+            fields["model_path"] = _image_repository(fields)
         model_path = fields.get("model_path") if isinstance(fields, dict) else None
         if isinstance(model_path, str) and model_path in EMBEDDED_MODEL_TYPES:
             fields.setdefault("model_type", EMBEDDED_MODEL_TYPES[model_path])
@@ -220,8 +233,7 @@ class ModelConfig(EngineKnobs):
             raise ValueError("'gguf_file' names a .gguf file of a Hugging Face repo (model_path: owner/name), model_type lm")
         if self.revision is not None and (self.model_path.startswith(("/", "~", ".")) or self.uses_embedded_model):
             raise ValueError("'revision' pins a Hugging Face repo (model_path: owner/name)")
-        if self.quantize is not None and self.model_type != "lm":
-            raise ValueError(f"'quantize' applies to model_type 'lm' (mlx-lm's converter), not '{self.model_type}'")
+        self._check_quantize()
         if self.speculative is not None and self.model_type != "lm":
             raise ValueError(f"'speculative' (or Bodega's 'draft_model_path' / 'num_draft_tokens') applies to model_type "
                              f"'lm', not '{self.model_type}': that engine does not speculate")
@@ -234,9 +246,27 @@ class ModelConfig(EngineKnobs):
             raise ValueError(exc.message) from exc
         return self
 
+    def _check_quantize(self) -> None:
+        if self.is_image_model:
+            if self.quantize == "auto":
+                raise ValueError("an image model's 'quantize' is 4, 8 or 16 bits")
+            try:
+                image_family(self.config_name, self.model_type)
+            except InvalidRequestError as exc:
+                raise ValueError(exc.message) from exc
+        elif self.config_name is not None:
+            raise ValueError(f"'config_name' names an image model's family, not a model_type '{self.model_type}' one")
+        elif self.quantize is not None and self.model_type != "lm":
+            raise ValueError(f"'quantize' applies to model_type 'lm' (mlx-lm's converter), not '{self.model_type}'")
+        elif self.quantize == 16:
+            raise ValueError("a text model's 'quantize' is 4, 8 or auto (16: leave it out)")
+
     def _check_lora(self) -> None:
-        if (self.lora_paths or self.lora_scales or self.adapters) and self.model_type != "lm":
-            raise ValueError(f"LoRA adapters (lora_paths, adapters) apply to model_type 'lm', not '{self.model_type}'")
+        if self.adapters and self.model_type != "lm":
+            raise ValueError(f"per-request adapters apply to model_type 'lm', not '{self.model_type}'")
+        if (self.lora_paths or self.lora_scales) and self.model_type != "lm" and not self.is_image_model:
+            raise ValueError(f"LoRA adapters (lora_paths) apply to model_type 'lm' and image models, not "
+                             f"'{self.model_type}'")
         if self.lora_scales and len(self.lora_scales) != len(self.lora_paths or []):
             raise ValueError(f"'lora_scales' has {len(self.lora_scales)} entries for {len(self.lora_paths or [])} "
                              "lora_paths: give one scale per adapter (or none: 1.0 each)")
@@ -247,6 +277,10 @@ class ModelConfig(EngineKnobs):
     def id(self) -> str:
         assert self.model_id is not None  # filled by the validator
         return self.model_id
+
+    @property
+    def is_image_model(self) -> bool:
+        return self.model_type in IMAGE_MODEL_TYPES
 
     @property
     def uses_default_model(self) -> bool:
@@ -278,6 +312,14 @@ class ModelConfig(EngineKnobs):
             # Serve kills a replica that has not stopped by then: the unload's drain and the engine's stop come first.
             "graceful_shutdown_timeout_s": self.advanced.unload_drain_s + 20.0,
         }
+
+
+def _image_repository(fields: dict[str, Any]) -> str:
+    """An image model named by its config_name alone (as Bodega's docs load them): the family's Hub repository."""
+    try:
+        return image_family(fields.get("config_name"), fields["model_type"]).repository
+    except InvalidRequestError as exc:
+        raise ValueError(exc.message) from exc
 
 
 _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9._@+-]{1,64}$")

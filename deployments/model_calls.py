@@ -344,6 +344,9 @@ class ModelClient(Protocol):
     def speak(self, job: Any) -> AsyncIterator[Any]:
         """A text-to-speech model's SpeechAudioEvents for a SpeakJob (speech_calls.py)."""
 
+    def generate_images(self, job: Any) -> AsyncIterator[Any]:
+        """An image model's ImageEvents for an ImageJob (image_calls.py)."""
+
     async def info(self) -> ModelInfo: ...
 
     async def queue_stats(self) -> QueueStats: ...

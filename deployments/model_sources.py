@@ -23,17 +23,22 @@ def check_model_folder(
     raw: str, roots: list[str] | None = None, param: str = "model_path", base_dir: Path | None = None
 ) -> Path:
     """A local model folder, safely: no '..', under `roots` if given, a directory holding config.json (or a Piper
-    voice: <name>.onnx with its <name>.onnx.json).
+    voice: <name>.onnx with its <name>.onnx.json, or an image model's component folders).
 
     Relative paths are allowed only with a base_dir (serve_config.yaml: the directory `serve run` ran in).
     """
     resolved = _allowed_folder_path(raw, roots, param, base_dir)
     if not resolved.is_dir():
         raise InvalidRequestError(f"'{param}' is not a directory: {raw}", param=param)
-    if not (resolved / "config.json").is_file() and piper_voice_file(resolved) is None:
+    if not (resolved / "config.json").is_file() and piper_voice_file(resolved) is None and not is_image_model(resolved):
         raise InvalidRequestError(f"'{param}' holds no config.json (nor a Piper voice: <name>.onnx with "
-                                  f"<name>.onnx.json): {raw}", param=param)
+                                  f"<name>.onnx.json, nor an image model's transformer/): {raw}", param=param)
     return resolved
+
+
+def is_image_model(folder: Path) -> bool:
+    """A diffusion model in the Hugging Face layout (or mflux's): its components in folders, the transformer's first."""
+    return (folder / "transformer").is_dir()
 
 
 def _allowed_folder_path(raw: str, roots: list[str] | None, param: str, base_dir: Path | None = None) -> Path:

@@ -97,12 +97,6 @@ class ModelLoadingError(RetryLaterError):
     code = "model_loading"
 
 
-class NotServedYetError(OrchardError):
-    """A documented route (Bodega's image generation and edits) that this server does not serve yet (501)."""
-
-    code = "not_implemented"
-
-
 class ModelExistsError(OrchardError):
     """A load asked for a model id that is already loaded (or loading)."""
 

@@ -19,7 +19,7 @@ from pydantic_core import PydanticUndefined
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, wherever it runs from
 
-from deployments.bodega import ALIASES, BODEGA_ONLY_FIELDS, DRAFT_FIELDS, UNSUPPORTED  # noqa: E402
+from deployments.bodega import ALIASES, BODEGA_ONLY_FIELDS, DRAFT_FIELDS  # noqa: E402
 from deployments.config import AdvancedOptions, ModelConfig, RayActorOptions
 from deployments.ingress_config import AdminLoadLimits, IngressConfig, RagConfig
 from deployments.mcp_config import McpConfig, McpServerConfig
@@ -91,7 +91,6 @@ def rows(model: type[BaseModel], names: list[str] | None = None, prefix: str = "
 def bodega_only_rows() -> list[str]:
     lines = ["| Bodega's field | what it does here |", "|---|---|"]
     lines += [f"| `{name}` | {meaning} |" for name, meaning in BODEGA_ONLY_FIELDS.items()]
-    lines += [f"| `{name}` | refused: {why} |" for name, why in UNSUPPORTED.items()]
     return lines
 
 

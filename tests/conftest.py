@@ -34,3 +34,11 @@ def hub():
 def manager(hub, tmp_path) -> DownloadManager:
     """A DownloadManager pointed at the stand-in, with a hub cache of the test's own."""
     return DownloadManager(cache_dir=tmp_path / "hf-cache", endpoint=hub.url)
+
+
+@pytest.fixture(scope="session")
+def tiny_klein(tmp_path_factory):
+    """A tiny random FLUX.2 [klein] image model folder (tests/support/tiny_images.py)."""
+    from tests.support.tiny_images import write_tiny_klein
+
+    return write_tiny_klein(tmp_path_factory.mktemp("tiny-klein"))

@@ -27,6 +27,7 @@ from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, MetricsSnapshot, ModelInfo, QueueStats,
     StreamChunk, TextTokenCounts, TextTokensJob, TokenCount,
 )
+from deployments.route_service import drained
 from engine.errors import EngineDeadError, InvalidRequestError, ModelLoadError, ModelUnloadedError, OrchardError
 from engine.process_memory import process_rss_bytes
 
@@ -229,9 +230,7 @@ class EmbeddingService:
     # ---- lifecycle and introspection ---------------------------------------
     async def unload(self) -> None:
         self._unloading = True
-        deadline = time.monotonic() + self.config.advanced.unload_drain_s
-        while self._active and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await drained(lambda: self._active, self.config.advanced.unload_drain_s)
         await self.shutdown()
 
     async def shutdown(self) -> None:

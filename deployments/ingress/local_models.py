@@ -8,10 +8,11 @@ import os
 from typing import AsyncIterator
 
 from engine.errors import ModelLoadError, ModelNotFoundError
-from deployments.config import AUDIO_MODEL_TYPES, ModelConfig
+from deployments.config import NO_ENGINE_MODEL_TYPES, ModelConfig
 from deployments.model.service import EngineClientFactory, ModelService, thread_engine_client
 from deployments.embeddings.service import EmbeddingService
-from deployments.model.services import adapter_call, new_model_service, speak_with, transcribe_with
+from deployments.model.services import adapter_call, images_with, new_model_service, speak_with, transcribe_with
+from deployments.image_calls import ImageEvent, ImageJob
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from deployments.model_calls import (
     AdapterListing, ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
@@ -43,6 +44,9 @@ class LocalModelClient:
     def speak(self, job: SpeakJob) -> AsyncIterator[SpeechAudioEvent]:
         return speak_with(self._service, self._service.config, job)
 
+    def generate_images(self, job: ImageJob) -> AsyncIterator[ImageEvent]:
+        return images_with(self._service, self._service.config, job)
+
     async def info(self) -> ModelInfo:
         return self._service.info()
 
@@ -72,7 +76,7 @@ class LocalBackend:
     async def deploy(self, config: ModelConfig) -> None:
         self._states[config.id] = DeploymentState(ModelStatus.LOADING)
         service: ModelService | EmbeddingService
-        if config.model_type in ("embedding", *AUDIO_MODEL_TYPES):
+        if config.model_type in NO_ENGINE_MODEL_TYPES:
             service = new_model_service(config)
         else:
             service = ModelService(config, self._new_engine_client)

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import ModelNotFoundError, NotServedYetError, OrchardError
+from engine.errors import ModelNotFoundError, OrchardError
 from deployments.ingress.adapter_catalog import SEPARATOR, adapter_cards, adapter_ref, split_adapter_id
 from deployments.ingress.adapter_routes import adapter_router
 from deployments.ingress.admin_routes import admin_router
@@ -53,6 +53,7 @@ from deployments.model_calls import GenerateJob
 from deployments.ingress_config import DEFAULT_MAX_BODY_BYTES, MediaLimits, RagConfig
 from deployments.ingress.auth import ApiKeyMiddleware, ApiKeys
 from deployments.ingress.audio_routes import audio_router
+from deployments.ingress.image_routes import image_router
 from deployments.ingress.realtime_routes import realtime_router
 from deployments.ingress.speech_routes import speech_router
 from deployments.ingress.embedding_routes import embeddings_router
@@ -110,7 +111,7 @@ def create_app(
     app.include_router(metrics_router(registry, metrics))
     if rag is not None:
         app.include_router(rag_router(rag, registry, metrics, keepalive_s))
-    app.include_router(images_router())
+    app.include_router(image_router(registry, metrics, keepalive_s))
     app.include_router(admin_router(registry, enable_admin))
     if enable_admin:
         app.include_router(adapter_router(registry))
@@ -128,20 +129,6 @@ def metrics_router(registry: Registry, metrics: IngressMetrics) -> APIRouter:
         """Prometheus's text format: this ingress's request counts and every running model's metrics."""
         snapshots = metrics.snapshots() + await registry.metrics()
         return Response(render_metrics(snapshots), media_type=CONTENT_TYPE)
-
-    return router
-
-
-def images_router() -> APIRouter:
-    """Bodega's image generation and edit routes: documented, not served yet. A typed 501 saying so, not a bare 404,
-    so that a client written against Bodega's docs learns why."""
-    router = APIRouter()
-
-    @router.post("/v1/images/generations", include_in_schema=False)
-    @router.post("/v1/images/edits", include_in_schema=False)
-    async def images_not_served(request: Request) -> Response:
-        raise NotServedYetError(f"{request.url.path}: this server does not generate or edit images yet; its chat, "
-                                "completion, embedding and RAG routes serve the loaded models (GET /v1/models)")
 
     return router
 

@@ -27,6 +27,7 @@ class Api(str, Enum):
     RAG = "rag"  # /v1/rag/query's answers (retrieval-only queries reach no model)
     AUDIO = "audio"  # /v1/audio/transcriptions and /translations
     SPEECH = "speech"  # /v1/audio/speech
+    IMAGES = "images"  # /v1/images/generations and /edits
 
 
 @dataclass

@@ -16,13 +16,14 @@ import ray
 from ray import serve
 from ray.serve import Application
 
-from deployments.config import AUDIO_MODEL_TYPES, MODEL_SERVER_DEPLOYMENT, ModelConfig, serve_app_name
-from deployments.model.services import adapter_call, new_model_service, speak_with, transcribe_with
+from deployments.config import MODEL_SERVER_DEPLOYMENT, NO_ENGINE_MODEL_TYPES, ModelConfig, serve_app_name
+from deployments.model.services import adapter_call, images_with, new_model_service, speak_with, transcribe_with
 from deployments.model_calls import (
     AdapterListing, AdapterRef, ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo,
     QueueStats, StreamChunk, TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.ray_loopback import keep_replica_grpc_on_loopback
+from deployments.image_calls import ImageEvent, ImageJob
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from deployments.transport.channel import ChannelAddress, ChannelServer
 
@@ -48,7 +49,7 @@ class ModelServer:
         self.channel: ChannelServer | None = None
         # With several replicas Serve balances the handle calls; one channel would pin every stream to one replica.
         # An embedding model has no streams.
-        streams = self.config.model_type not in ("embedding", *AUDIO_MODEL_TYPES)
+        streams = self.config.model_type not in NO_ENGINE_MODEL_TYPES
         if streams and self.config.advanced.stream_channel and self.config.num_replicas == 1:
             channel = ChannelServer(self.service.generate, ray.get_runtime_context().get_node_id())
             try:
@@ -103,6 +104,10 @@ class ModelServer:
 
     async def speak(self, job: SpeakJob) -> AsyncIterator[SpeechAudioEvent]:
         async for event in speak_with(self.service, self.config, job):
+            yield event
+
+    async def generate_images(self, job: ImageJob) -> AsyncIterator[ImageEvent]:
+        async for event in images_with(self.service, self.config, job):
             yield event
 
     async def info(self) -> ModelInfo:

@@ -7,14 +7,19 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from deployments.config import ModelConfig
+from deployments.image_calls import ImageEvent, ImageJob
 from deployments.model_calls import AdapterListing
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from engine.errors import InvalidRequestError
 
 
 def new_model_service(config: ModelConfig) -> Any:
-    """The service a model's replica runs: a chat engine, a sentence-transformers embedder, a speech-to-text engine
-    or a voice."""
+    """The service a model's replica runs: a chat engine, a sentence-transformers embedder, a speech-to-text engine,
+    a voice or an image model."""
+    if config.is_image_model:
+        from deployments.images.service import ImageService  # mflux and MLX load with the model
+
+        return ImageService(config)
     if config.model_type == "tts":
         from deployments.speech.voice_service import TextToSpeechService  # the voice's runtime loads with it
 
@@ -32,25 +37,31 @@ def new_model_service(config: ModelConfig) -> Any:
     return ModelService(config)
 
 
-async def transcribe_with(service: Any, config: ModelConfig, job: TranscribeJob) -> AsyncIterator[TranscriptEvent]:
+def transcribe_with(service: Any, config: ModelConfig, job: TranscribeJob) -> AsyncIterator[TranscriptEvent]:
     """A speech-to-text model's transcript events; any other model answers a 400 saying what it is."""
-    if not hasattr(service, "transcribe"):
-        yield TranscriptEvent(error=InvalidRequestError(
-            f"The model '{config.id}' is a {config.model_type} model: /v1/audio/transcriptions needs a model of "
-            "model_type stt", param="model"))
-        return
-    async for event in service.transcribe(job):
-        yield event
+    return _route_events(service, config, "transcribe", job, TranscriptEvent,
+                         "/v1/audio/transcriptions needs a model of model_type stt")
 
 
-async def speak_with(service: Any, config: ModelConfig, job: SpeakJob) -> AsyncIterator[SpeechAudioEvent]:
+def speak_with(service: Any, config: ModelConfig, job: SpeakJob) -> AsyncIterator[SpeechAudioEvent]:
     """A text-to-speech model's audio events; any other model answers a 400 saying what it is."""
-    if not hasattr(service, "speak"):
-        yield SpeechAudioEvent(error=InvalidRequestError(
-            f"The model '{config.id}' is a {config.model_type} model: /v1/audio/speech needs a model of "
-            "model_type tts", param="model"))
+    return _route_events(service, config, "speak", job, SpeechAudioEvent,
+                         "/v1/audio/speech needs a model of model_type tts")
+
+
+def images_with(service: Any, config: ModelConfig, job: ImageJob) -> AsyncIterator[ImageEvent]:
+    """An image model's events; any other model answers a 400 saying what it is."""
+    return _route_events(service, config, "generate_images", job, ImageEvent,
+                         "the image routes need a model of model_type image-generation or image-edit")
+
+
+async def _route_events(service: Any, config: ModelConfig, method: str, job: Any, event_type: type,
+                        needs: str) -> AsyncIterator[Any]:
+    if not hasattr(service, method):
+        yield event_type(error=InvalidRequestError(f"The model '{config.id}' is a {config.model_type} model: {needs}",
+                                                   param="model"))
         return
-    async for event in service.speak(job):
+    async for event in getattr(service, method)(job):
         yield event
 
 

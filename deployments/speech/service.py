@@ -1,7 +1,7 @@
 """SpeechService: a Whisper-class model serving transcriptions (its engine, engine/speech/, on a thread of its own).
 
 Answers the calls a chat ModelService answers (model/deployment.py and ingress/local_models.py pick the service by
-model_type); chat and embedding calls get a clear 400 (audio_service.py). The uploaded file is decoded here (PyAV), off the event loop.
+model_type); chat and embedding calls get a clear 400 (deployments/route_service.py). The uploaded file is decoded here (PyAV), off the event loop.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import AsyncIterator
 
 from deployments.config import DEFAULT_STT_MODEL_PATH, ModelConfig
 from deployments.model_calls import ModelInfo, QueueStats
-from deployments.speech.audio_service import AudioModelService
+from deployments.route_service import OneRouteService
 from deployments.speech.audio_io import decode_audio
 from deployments.speech_calls import TranscribeJob, Transcript, TranscriptEvent, TranscriptSegment, TranscriptWord
 from engine.errors import ModelUnloadedError, OrchardError
@@ -24,7 +24,7 @@ logger = logging.getLogger("ray.serve.orchard")
 CPU_MAX_SLOTS = 4
 
 
-class SpeechService(AudioModelService):
+class SpeechService(OneRouteService):
     kind = "speech-to-text"
     route = "/v1/audio/transcriptions"
 

@@ -18,7 +18,7 @@ from typing import AsyncIterator, Iterator
 from deployments.config import DEFAULT_TTS_MODEL_PATH, ModelConfig
 from deployments.model_calls import ModelInfo, QueueStats
 from deployments.speech.audio_out import SpeechEncoder
-from deployments.speech.audio_service import AudioModelService
+from deployments.route_service import OneRouteService
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, SpeechUsage
 from engine.errors import InvalidRequestError, ModelUnloadedError, OrchardError
 
@@ -29,7 +29,7 @@ OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "no
 FRAMES_PER_SECOND = 50  # usage's output_tokens: 20 ms audio frames
 
 
-class TextToSpeechService(AudioModelService):
+class TextToSpeechService(OneRouteService):
     kind = "text-to-speech"
     route = "/v1/audio/speech"
 

@@ -22,6 +22,7 @@ from deployments.model_calls import (
     TextTokenCounts, TextTokensJob, TokenCount,
 )
 from deployments.transport.channel import ChannelClient
+from deployments.image_calls import ImageEvent, ImageJob
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from deployments.transport.embed_calls import EmbedCalls
 from deployments.transport.errors import model_call_failure
@@ -129,32 +130,29 @@ class ServeModelClient:
         except (RayServeException, RayError) as exc:
             return TextTokenCounts(error=model_call_failure(self._model_id, exc))
 
-    async def transcribe(self, job: TranscribeJob) -> AsyncIterator[TranscriptEvent]:
-        response = self._stream_handle.transcribe.remote(job)
-        finished = False
-        try:
-            async for event in response:
-                finished = event.transcript is not None or event.error is not None
-                yield event
-        except (RayServeException, RayError) as exc:
-            finished = True
-            yield TranscriptEvent(error=model_call_failure(self._model_id, exc))
-        finally:
-            if not finished:  # the client went away: the replica's generator is cancelled, its windows with it
-                response.cancel()
+    def transcribe(self, job: TranscribeJob) -> AsyncIterator[TranscriptEvent]:
+        return self._events("transcribe", job, TranscriptEvent, lambda event: event.transcript is not None)
 
-    async def speak(self, job: SpeakJob) -> AsyncIterator[SpeechAudioEvent]:
-        response = self._stream_handle.speak.remote(job)
+    def speak(self, job: SpeakJob) -> AsyncIterator[SpeechAudioEvent]:
+        return self._events("speak", job, SpeechAudioEvent, lambda event: event.done)
+
+    def generate_images(self, job: ImageJob) -> AsyncIterator[ImageEvent]:
+        return self._events("generate_images", job, ImageEvent, lambda event: event.done)
+
+    async def _events(self, method: str, job: Any, event_type: type, last: Callable[[Any], bool]) -> AsyncIterator[Any]:
+        """A replica's event stream (speech, images) through Ray's handle; a Ray failure becomes an error event, and
+        a client gone before the last event cancels the replica's generator (its next window, sentence or step)."""
+        response = getattr(self._stream_handle, method).remote(job)
         finished = False
         try:
             async for event in response:
-                finished = event.done or event.error is not None
+                finished = last(event) or event.error is not None
                 yield event
         except (RayServeException, RayError) as exc:
             finished = True
-            yield SpeechAudioEvent(error=model_call_failure(self._model_id, exc))
+            yield event_type(error=model_call_failure(self._model_id, exc))
         finally:
-            if not finished:  # the client went away: the replica's generator is cancelled, its next sentence with it
+            if not finished:
                 response.cancel()
 
     async def info(self) -> ModelInfo:

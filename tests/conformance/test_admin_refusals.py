@@ -1,7 +1,7 @@
 """What Orchard answers to the Bodega docs with no model loaded, and the documented requests it refuses on purpose
-or does not serve yet: /health and chat with no models (L810-814, L840-848), the image routes (L334-380: a typed
-501 until image generation is built), image-model loads (L336-399), and the load-model fields that are operator
-settings or have no Orchard meaning (L433-487, L792-799).
+or does not serve yet: /health and chat with no models (L810-814, L840-848), the image routes with their documented
+bodies and no image model loaded (L334-380), image-model loads of Bodega's own model names (L336-399), and the
+load-model fields that are operator settings or have no Orchard meaning (L433-487, L792-799).
 
 Every refusal here happens before anything is downloaded: the Hub stand-in serves the repo the bodies name, and no
 file of it may be fetched.
@@ -55,9 +55,9 @@ def test_E52_chat_with_no_model_loaded_is_503(requests):
     assert response.json()["error"]["code"] == "no_models_loaded"
 
 
-def test_E24_E25_image_generation_route_is_a_typed_501(requests):
-    """L352-371: POST /v1/images/generations with the documented body. Not served yet ("Coming week of March 17",
-    L334): a typed 501 not_implemented, not a bare 404, so a client learns why."""
+def test_E24_E25_image_generation_route_takes_the_documented_body(requests):
+    """L352-371: POST /v1/images/generations with the documented body: valid as it stands (size, guidance_scale,
+    steps, seed), answered as every model route is with no model loaded: 503 no_models_loaded, naming it."""
     response = curl_json(requests, "POST", "/v1/images/generations", """{
 "model": "solomon",
 "prompt": "A highly detailed portrait of a tiny red dragon wearing a chef hat, pulling a fresh loaf of sourdough bread out of a medieval stone oven.",
@@ -66,18 +66,19 @@ def test_E24_E25_image_generation_route_is_a_typed_501(requests):
 "steps": 14,
 "seed": 42
 }""")
-    assert response.status_code == 501, response.text
+    assert response.status_code == 503, response.text
     assert_documented_shape(response.json(), ERROR)
-    assert response.json()["error"]["code"] == "not_implemented"
+    assert response.json()["error"]["code"] == "no_models_loaded" and "solomon" in response.json()["error"]["message"]
 
 
-def test_E26_image_edit_route_is_a_typed_501(requests):
+def test_E26_image_edit_route_takes_an_image_and_an_instruction(requests):
     """L371-380: POST /v1/images/edits (the docs show no body for it: an image and an instruction, as OpenAI's edits
-    take them)."""
+    take them), answered as every model route is with no model loaded."""
     response = requests.post(f"{BASE_URL}/v1/images/edits", data={"model": "kalamkari-edit", "prompt": "Make it dusk"},
                              files={"image": ("oven.png", b"\x89PNG\r\n\x1a\n", "image/png")})
-    assert response.status_code == 501, response.text
-    assert response.json()["error"]["code"] == "not_implemented"
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "no_models_loaded"
+    assert "kalamkari-edit" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("body", [
@@ -99,10 +100,10 @@ def test_E26_image_edit_route_is_a_typed_501(requests):
 "config_name": "solomon",
 "quantize": 8
 }"""], ids=["E22-solomon", "E23-keshav", "E26-kalamkari-edit", "E28-quantize"])
-def test_E22_E23_E26_E28_image_model_loads_are_refused_naming_the_model_type(requests, body):
-    """L336-352, L373-380, L392-399: image-generation and image-edit models are not served yet: a 400 that names
-    model_type and says so (and which model types are served)."""
-    assert_refused(load(requests, body), 400, "model_type", NOT_SERVED)
+def test_E22_E23_E26_E28_image_model_loads_of_unknown_families_name_those_served(requests, body):
+    """L336-352, L373-380, L392-399: Bodega's config names stand for models it does not publish (solomon, keshav), or
+    for families not served here yet (qwen-image-edit): a 400 naming config_name and the families this server runs."""
+    assert_refused(load(requests, body), 400, "config_name", ("this server runs flux2-klein",))
 
 
 def test_E49_chat_template_file_is_an_operator_setting(requests):

@@ -22,6 +22,7 @@ import yaml
 from deployments.config import serve_app_name
 from tests.graph.conftest import GRAPH_START_S, ServeCluster, deploy_graph
 from tests.support.serving import TinyModels, wait_until
+from tests.support.tiny_images import write_tiny_klein
 from tests.support.tiny_models import write_smollm2_tokenizer_model
 from tests.support.tiny_vlms import write_qwen25_vl
 from tests.support.tiny_whisper import write_tiny_whisper
@@ -34,6 +35,7 @@ TOOLS = "tiny/tools"
 VISION = "tiny-vl"
 SPEECH = "tiny-whisper"
 VOICE = "en_US-joe-medium"  # the embedded voice (model_path default-tts)
+IMAGES = "tiny-klein"
 EMBEDDER = "all-MiniLM-L6-v2"
 MCP_SERVER = "demo"
 MCP_DEMO = "tests.support.mcp_demo_server"
@@ -43,7 +45,7 @@ VISION_CONTEXT = 2048
 TOOLS_TEMPLATE = REPO / "tests" / "support" / "qwen3_tools.jinja"
 # The models the graph starts with, and the type each must run as before a test may use it.
 MODEL_TYPES = {ALPHA: "lm", BETA: "lm", TOOLS: "lm", VISION: "multimodal", SPEECH: "stt", VOICE: "tts",
-               EMBEDDER: "embedding"}
+               IMAGES: "image-generation", EMBEDDER: "embedding"}
 
 
 @dataclass
@@ -108,6 +110,7 @@ def shared_graph_config(models: TinyModels, root: Path) -> dict:
         model_app(VISION, write_qwen25_vl(root / "vision"), model_type="multimodal", context_length=VISION_CONTEXT),
         model_app(SPEECH, write_tiny_whisper(root / "speech", scale=4.0), model_type="stt"),
         model_app(VOICE, "default-tts", model_type="tts"),
+        model_app(IMAGES, write_tiny_klein(root / "klein"), model_type="image-generation", config_name="flux2-klein-4b"),
         embedder,
     ]}
 

@@ -64,10 +64,15 @@ def test_unknown_fields_are_refused_by_name():
         ({"lora_paths": ["/a", "/b"], "lora_scales": [1.0]}, "'lora_scales' has 1 entries for 2 lora_paths"),
         ({"adapters": {"a:b": "/a"}}, "adapter name 'a:b'"),
         ({"model_path": "default-embedding", "adapters": {"a": "/a"}}, "apply to model_type 'lm'"),
-        ({"config_name": "solomon"}, "'config_name' names an image-generation or image-edit model"),
-        ({"model_type": "image-generation", "config_name": "solomon"}, "model_type 'image-generation': image "
-         "generation is not served yet"),
-        ({"model_type": "image-edit"}, "model_type 'image-edit': image editing is not served yet"),
+        ({"config_name": "solomon"}, "'config_name' names an image model's family, not a model_type 'lm' one"),
+        ({"model_type": "image-generation", "config_name": "solomon"}, "model_type image-generation with "
+         "config_name 'solomon': this server runs flux2-klein-4b, flux2-klein-9b"),
+        ({"model_type": "image-edit"}, "model_type image-edit with no config_name: this server runs "
+         "flux2-klein-edit-4b, flux2-klein-edit-9b"),
+        ({"model_type": "image-generation", "config_name": "flux2-klein-4b", "quantize": "auto"},
+         "an image model's 'quantize' is 4, 8 or 16 bits"),
+        ({"model_type": "image-generation", "config_name": "flux2-klein-4b", "adapters": {"a": "/a"}},
+         "per-request adapters apply to model_type 'lm'"),
         ({"disable_auto_resize": True}, "'disable_auto_resize: true' is not served"),
         ({"continuous_batching": False, "cb_prefill_batch_size": 8}, "'cb_prefill_batch_size' cannot be set with "
          "continuous_batching: false"),  # named as the body sent it

@@ -1,12 +1,13 @@
-"""What a speech model's service (speech-to-text or text-to-speech) shares: the 400s it answers on the chat and
-embedding routes, the drain on unload, and its memory as loaded-models shows it."""
+"""What the service of a model that answers one route of its own shares (speech-to-text, text-to-speech, image
+generation): the 400s it answers on the chat and embedding routes, the drain on unload, and its memory as
+loaded-models shows it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from deployments.config import ModelConfig
 from deployments.metrics.recorder import MetricsRecorder
@@ -20,7 +21,14 @@ from engine.process_memory import process_rss_bytes
 MIB = 1024 * 1024
 
 
-class AudioModelService:
+async def drained(active: Callable[[], int], within_s: float) -> None:
+    """Wait until no request is active (an unload's drain), at most within_s seconds."""
+    deadline = time.monotonic() + within_s
+    while active() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+class OneRouteService:
     kind = "speech"  # what the model is, as the 400s say it ("a speech-to-text model")
     route = ""  # the route it answers
 
@@ -50,9 +58,7 @@ class AudioModelService:
 
     async def unload(self) -> None:
         self._unloading = True
-        deadline = time.monotonic() + self.config.advanced.unload_drain_s
-        while self._active and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await drained(lambda: self._active, self.config.advanced.unload_drain_s)
         await self.shutdown()
 
     async def shutdown(self) -> None:

@@ -1,0 +1,155 @@
+"""ImageService: an image model (model_type image-generation or image-edit) serving /v1/images/generations or edits.
+
+One generation thread per model: requests take turns image by image (n images of one request are n turns), and each
+denoising step's progress goes back to its request as it happens. A request whose client goes away stops at its next
+step. The image is encoded on the thread too (image_io.py), off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import AsyncIterator
+
+from deployments.config import ModelConfig
+from deployments.image_calls import ImageEvent, ImageJob, ImageUsage
+from deployments.images.image_io import EditInputs, edit_inputs, encoded
+from deployments.model_calls import ModelInfo, QueueStats
+from deployments.route_service import OneRouteService
+from engine.errors import InvalidRequestError, ModelUnloadedError, OrchardError
+from engine.images.families import image_family
+
+logger = logging.getLogger("ray.serve.orchard")
+# quantize left out: Bodega's 8 bits on a GPU; on the CPU the weights as stored, since MLX's CPU quantized matmuls are
+# slower than plain ones (a tiny FLUX.2 model's 64x64 image: ~18 s at 8 bits, ~2 s as stored, on 2 cores)
+GPU_DEFAULT_BITS = 8
+MAX_INPUT_PIXELS = 4096 * 4096
+
+
+class GenerationCancelled(Exception):
+    """Raised from the step callback when the request's client has gone: the denoising loop ends there."""
+
+
+class ImageService(OneRouteService):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.family = image_family(config.config_name, config.model_type)
+        self.kind = "image-edit" if self.family.edits else "image-generation"
+        self.route = "/v1/images/edits" if self.family.edits else "/v1/images/generations"
+        self._generator = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"img-{config.id}"[:15])
+        self._images_total = 0
+        self._steps_total = 0
+        self._step_seconds_total = 0.0
+
+    async def start(self) -> None:
+        started = time.monotonic()
+        self._generator = await asyncio.get_running_loop().run_in_executor(self._thread, self._load)
+        self.created_at = int(time.time())
+        logger.info("image model %s (%s) ready in %.1f s", self.model_id, self.family.name, time.monotonic() - started)
+
+    def _load(self):
+        from engine.images.generator import ImageGenerator
+
+        import mlx.core as mx
+
+        bits = self.config.quantize
+        if bits is None:
+            bits = GPU_DEFAULT_BITS if mx.default_device() == mx.gpu else None
+        return ImageGenerator(Path(self.config.model_path), self.family, quantize=bits,
+                              lora_paths=self.config.lora_paths, lora_scales=self.config.lora_scales)
+
+    async def generate_images(self, job: ImageJob) -> AsyncIterator[ImageEvent]:
+        try:
+            kept = self._checked(job)
+        except OrchardError as exc:
+            yield ImageEvent(error=exc)
+            return
+        seed = job.seed if job.seed is not None else random.randrange(2**31)
+        steps = job.steps or self.family.default_steps
+        cancelled = threading.Event()
+        self._active += 1
+        try:
+            for index in range(job.n):
+                async for event in self._one_image(job, index, seed + index, steps, kept, cancelled):
+                    yield event
+            yield ImageEvent(done=True, usage=ImageUsage(len(job.prompt.split()), steps * job.n))
+        except OrchardError as exc:
+            yield ImageEvent(error=exc)
+        except Exception as exc:  # the model's own failure: the request ends with it, the service serves on
+            logger.exception("image model %s failed", self.model_id)
+            yield ImageEvent(error=OrchardError(f"image generation failed: {exc!r}"[:500]))
+        finally:
+            cancelled.set()  # a client gone mid-image: its next step ends the generation
+            self._active -= 1
+
+    def _checked(self, job: ImageJob) -> EditInputs | None:
+        if self._unloading or self._generator is None:
+            raise ModelUnloadedError(f"The model '{self.model_id}' is not serving", param="model")
+        if job.n > self.config.max_images_per_request:
+            raise InvalidRequestError(f"'n' is {job.n}; this model makes at most {self.config.max_images_per_request}"
+                                      " images a request (max_images_per_request)", param="n")
+        if not self.family.edits:
+            if job.images:
+                raise InvalidRequestError(f"The model '{self.model_id}' generates images from text: send the image to "
+                                          "edit to an image-edit model (POST /v1/images/edits)", param="model")
+            return None
+        if len(job.images) > self.family.max_input_images:
+            raise InvalidRequestError(f"{len(job.images)} images: {self.family.name} edits with at most "
+                                      f"{self.family.max_input_images}", param="image")
+        return edit_inputs(job.images, job.mask, MAX_INPUT_PIXELS)
+
+    async def _one_image(self, job: ImageJob, index: int, seed: int, steps: int, kept: EditInputs | None,
+                         cancelled: threading.Event) -> AsyncIterator[ImageEvent]:
+        """Image `index` of the request: each step's progress, then the encoded image."""
+        from engine.images.generator import ImageSpec
+
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        spec = ImageSpec(job.prompt, job.width, job.height, steps,
+                         job.guidance if job.guidance is not None else self.family.default_guidance, seed, job.images)
+
+        def on_step(done: int, total: int) -> None:
+            if cancelled.is_set():
+                raise GenerationCancelled(f"the client of image {index} went away at step {done} of {total}")
+            loop.call_soon_threadsafe(events.put_nowait, ImageEvent(index=index, step=done, steps=total))
+
+        started = time.monotonic()
+        made = loop.run_in_executor(self._thread, self._make, spec, on_step, job, kept)
+        # The end wakes the loop below; a failure is read there (or dropped if the client has gone)
+        made.add_done_callback(lambda future: (future.cancelled() or future.exception(), events.put_nowait(None)))
+        while (event := await events.get()) is not None:
+            yield event
+        image = made.result()
+        self._images_total += 1
+        self._steps_total += steps
+        self._step_seconds_total += time.monotonic() - started
+        yield ImageEvent(index=index, step=steps, steps=steps, image=image, seed=seed)
+
+    def _make(self, spec, on_step, job: ImageJob, kept: EditInputs | None) -> bytes:
+        """On the generation thread: the image, encoded as the request asks."""
+        image = self._generator.generate(spec, on_step)
+        return encoded(image, job.output_format, job.output_compression, kept)
+
+    def info(self) -> ModelInfo:
+        return self._info(self.config.model_path, 0)
+
+    def queue_stats(self) -> QueueStats:
+        return QueueStats(
+            model_id=self.model_id, waiting=0, running=self._active, decoding=self._active, max_num_seqs=1,
+            queue_size=None, kv_cache_bytes=0, prompt_tokens_total=0, generation_tokens_total=self._images_total,
+            tokens_per_s=0.0, steps_total=self._steps_total, step_seconds_total=round(self._step_seconds_total, 4),
+            step_cpu_seconds_total=0.0, process_cpu_seconds_total=round(time.process_time(), 4),
+        )
+
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["GenerationCancelled", "ImageService"]
