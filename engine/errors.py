@@ -97,6 +97,12 @@ class ModelLoadingError(RetryLaterError):
     code = "model_loading"
 
 
+class InsufficientMemoryError(OrchardError):
+    """A model that would not fit the memory left beside the models already running (507)."""
+
+    code = "insufficient_memory"
+
+
 class ModelExistsError(OrchardError):
     """A load asked for a model id that is already loaded (or loading)."""
 

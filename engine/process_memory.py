@@ -16,3 +16,16 @@ def process_rss_bytes() -> int:
     except (OSError, ValueError, IndexError):
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the OS could give processes now (Linux: /proc/meminfo's MemAvailable, other processes' models
+    included); None where the OS does not say (macOS)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

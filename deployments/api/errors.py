@@ -12,6 +12,7 @@ from engine.errors import (
     ContextLengthExceededError,
     EngineDeadError,
     EngineRestartingError,
+    InsufficientMemoryError,
     InvalidRequestError,
     ModelExistsError,
     ModelLoadError,
@@ -123,6 +124,7 @@ _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (CachedModelInUseError, _Rule(409, "invalid_request_error")),
     (DownloadCancelledError, _Rule(409, "invalid_request_error")),
     (DiskFullError, _Rule(507, "server_error")),
+    (InsufficientMemoryError, _Rule(507, "server_error")),
     (DownloadFailedError, _Rule(502, "server_error")),
     (McpServerError, _Rule(424, "server_error")),
 ]

@@ -58,11 +58,16 @@ class ImageService(OneRouteService):
 
         import mlx.core as mx
 
+        from engine.images.generator import free_memory_bytes
+        from engine.images.memory import check_fits
+
         bits = self.config.quantize
         if bits is None:
             bits = GPU_DEFAULT_BITS if mx.default_device() == mx.gpu else None
-        return ImageGenerator(Path(self.config.model_path), self.family, quantize=bits,
-                              lora_paths=self.config.lora_paths, lora_scales=self.config.lora_scales)
+        folder = Path(self.config.model_path)
+        check_fits(self.model_id, folder, bits, free_memory_bytes())
+        return ImageGenerator(folder, self.family, quantize=bits, lora_paths=self.config.lora_paths,
+                              lora_scales=self.config.lora_scales)
 
     async def generate_images(self, job: ImageJob) -> AsyncIterator[ImageEvent]:
         try:

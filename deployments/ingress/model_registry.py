@@ -11,6 +11,8 @@ import contextlib
 import copy
 import logging
 import time
+from pathlib import Path
+
 from deployments.hub.downloads import DownloadManager
 from deployments.hub.events import DownloadFailed
 from engine.errors import (
@@ -24,6 +26,8 @@ from engine.errors import (
     OrchardError,
     TooManyLoadsError,
 )
+from engine.images.memory import check_fits
+from engine.process_memory import available_memory_bytes
 from deployments.config import ModelConfig, serve_app_name
 from deployments.ingress_config import AdminLoadLimits
 from deployments.model_sources import (
@@ -298,7 +302,9 @@ class Registry:
         """What a load may name; a repo to download is checked for what it names only (it is not on disk yet)."""
         check_admin_policy(config, self._model_roots)  # first: the repo ids are valid ones
         if not self._pending_downloads(config):
-            check_admin_model(config, self._model_roots)
+            resolved = check_admin_model(config, self._model_roots)
+            if resolved.is_image_model:  # at its smallest default (8 bits): the replica checks again, exactly
+                check_fits(config.id, Path(resolved.model_path), config.quantize or 8, available_memory_bytes())
 
     def _pending_downloads(self, config: ModelConfig) -> list[HubFetch]:
         """The repos (model, draft) to download before the load. Null auto_download downloads too: the admin

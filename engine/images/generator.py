@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from engine.device_memory import accelerator_memory_bytes, device_memory_bytes
 from engine.errors import InvalidRequestError
 from engine.images.families import ImageFamily
+from engine.process_memory import available_memory_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,18 @@ class _StepWatch:
     def call_in_loop(self, t: int, seed: int, prompt: str, latents, config, time_steps) -> None:
         if self.on_step is not None:
             self.on_step(t + 1, config.num_inference_steps)
+
+
+def free_memory_bytes() -> int:
+    """What a model loaded now could still take: a CUDA card's memory less MLX's use of it in this process (other
+    processes' use unseen); else the OS's available memory (unified memory: every process's models count), or,
+    where the OS does not say, the device's less this process's use."""
+    import mlx.core as mx
+
+    if mx.cuda.is_available() and mx.default_device() == mx.gpu:
+        return accelerator_memory_bytes() - mx.get_active_memory()
+    available = available_memory_bytes()
+    return available if available is not None else device_memory_bytes() - mx.get_active_memory()
 
 
 def component_overrides(folder: Path, component: str, accepted: Callable) -> dict:
@@ -121,4 +135,4 @@ def _written_images(images: list[bytes], folder: Path) -> list[str]:
     return paths
 
 
-__all__ = ["ImageGenerator", "ImageSpec", "OnStep", "model_config"]
+__all__ = ["ImageGenerator", "ImageSpec", "OnStep", "free_memory_bytes", "model_config"]

@@ -134,3 +134,21 @@ def test_every_bad_request_is_a_400_naming_its_field(stack_configs):
     for case, answer in answers.items():
         assert answer.status_code == 400, (case, answer.text)
         assert said[case] in answer.json()["error"]["message"], (case, answer.text)
+
+
+def test_an_image_model_loads_over_the_admin_api_and_serves(tiny_klein, tiny_models):
+    async def scenario():
+        async with local_stack([ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha))],
+                               model_roots=[str(tiny_klein.parent)]) as stack:
+            loaded = await stack.http.post("/v1/admin/load-model", json={
+                "model_id": "klein", "model_path": str(tiny_klein), "model_type": "image-generation",
+                "config_name": "flux2-klein-4b"})
+            listed = (await stack.http.get("/v1/admin/loaded-models")).json()["data"]
+            made = await _client(stack).images.generate(model="klein", prompt="a puffin", size="64x64",
+                                                        extra_body={"seed": 1, "steps": 1})
+            return loaded, listed, made
+
+    loaded, listed, made = asyncio.run(scenario())
+    assert loaded.status_code == 200 and loaded.json()["status"] == "loaded", loaded.text
+    assert {m["id"]: m["type"] for m in listed}["klein"] == "image-generation"
+    assert _image(made.data[0].b64_json).size == (64, 64)
