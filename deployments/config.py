@@ -127,6 +127,9 @@ class ModelConfig(EngineKnobs):
     config_name: str | None = Field(
         None, description=f"an image model's family (Bodega's name): {', '.join(IMAGE_FAMILIES)}")
     max_images_per_request: int = Field(4, ge=1, le=10, description="an image model refuses a larger `n`")
+    max_image_batch: int | None = Field(
+        None, ge=1, le=16, description="an image model denoises up to this many waiting images of one size together "
+        "(null: 4 on a GPU, 1 on the CPU)")
     max_audio_seconds: float = Field(
         3600.0, gt=0, description="a speech-to-text model refuses longer audio (checked while it decodes the file)")
     max_speech_input_chars: int = Field(

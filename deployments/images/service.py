@@ -1,8 +1,8 @@
 """ImageService: an image model (model_type image-generation or image-edit) serving /v1/images/generations or edits.
 
-One generation thread per model: requests take turns image by image (n images of one request are n turns), and each
-denoising step's progress goes back to its request as it happens. A request whose client goes away stops at its next
-step. The image is encoded on the thread too (image_io.py), off the event loop.
+One generation thread per model (engine/images/worker.py): waiting images of one size are denoised together, up to
+max_image_batch; each denoising step's progress goes back to its request as it happens, and a request whose client
+goes away leaves its batch at its next step. Images are encoded off the event loop (image_io.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import logging
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -23,11 +22,13 @@ from deployments.model_calls import ModelInfo, QueueStats
 from deployments.route_service import OneRouteService
 from engine.errors import InvalidRequestError, ModelUnloadedError, OrchardError
 from engine.images.families import image_family
+from engine.images.worker import ImageWorker
 
 logger = logging.getLogger("ray.serve.orchard")
 # quantize left out: Bodega's 8 bits on a GPU; on the CPU the weights as stored, since MLX's CPU quantized matmuls are
 # slower than plain ones (a tiny FLUX.2 model's 64x64 image: ~18 s at 8 bits, ~2 s as stored, on 2 cores)
 GPU_DEFAULT_BITS = 8
+GPU_MAX_BATCH = 4  # max_image_batch left out on a GPU; on the CPU 1 (its matmuls are busy with one image already)
 MAX_INPUT_PIXELS = 4096 * 4096
 
 
@@ -41,17 +42,30 @@ class ImageService(OneRouteService):
         self.family = image_family(config.config_name, config.model_type)
         self.kind = "image-edit" if self.family.edits else "image-generation"
         self.route = "/v1/images/edits" if self.family.edits else "/v1/images/generations"
-        self._generator = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"img-{config.id}"[:15])
+        self._worker: ImageWorker | None = None
         self._images_total = 0
         self._steps_total = 0
         self._step_seconds_total = 0.0
 
     async def start(self) -> None:
         started = time.monotonic()
-        self._generator = await asyncio.get_running_loop().run_in_executor(self._thread, self._load)
+        worker = ImageWorker(self._load, self._max_batch(), f"img-{self.model_id}")
+        try:
+            await asyncio.wrap_future(worker.loaded)
+        except BaseException:
+            worker.close()
+            raise
+        self._worker = worker
         self.created_at = int(time.time())
-        logger.info("image model %s (%s) ready in %.1f s", self.model_id, self.family.name, time.monotonic() - started)
+        logger.info("image model %s (%s) ready in %.1f s, batches of up to %d images", self.model_id,
+                    self.family.name, time.monotonic() - started, self._worker.max_batch)
+
+    def _max_batch(self) -> int:
+        import mlx.core as mx
+
+        if self.config.max_image_batch is not None:
+            return self.config.max_image_batch
+        return GPU_MAX_BATCH if mx.default_device() == mx.gpu else 1
 
     def _load(self):
         from engine.images.generator import ImageGenerator
@@ -80,9 +94,8 @@ class ImageService(OneRouteService):
         cancelled = threading.Event()
         self._active += 1
         try:
-            for index in range(job.n):
-                async for event in self._one_image(job, index, seed + index, steps, kept, cancelled):
-                    yield event
+            async for event in self._images(job, seed, steps, kept, cancelled):
+                yield event
             yield ImageEvent(done=True, usage=ImageUsage(len(job.prompt.split()), steps * job.n))
         except OrchardError as exc:
             yield ImageEvent(error=exc)
@@ -94,7 +107,7 @@ class ImageService(OneRouteService):
             self._active -= 1
 
     def _checked(self, job: ImageJob) -> EditInputs | None:
-        if self._unloading or self._generator is None:
+        if self._unloading or self._worker is None:
             raise ModelUnloadedError(f"The model '{self.model_id}' is not serving", param="model")
         if job.n > self.config.max_images_per_request:
             raise InvalidRequestError(f"'n' is {job.n}; this model makes at most {self.config.max_images_per_request}"
@@ -109,37 +122,47 @@ class ImageService(OneRouteService):
                                       f"{self.family.max_input_images}", param="image")
         return edit_inputs(job.images, job.mask, MAX_INPUT_PIXELS)
 
-    async def _one_image(self, job: ImageJob, index: int, seed: int, steps: int, kept: EditInputs | None,
-                         cancelled: threading.Event) -> AsyncIterator[ImageEvent]:
-        """Image `index` of the request: each step's progress, then the encoded image."""
+    async def _images(self, job: ImageJob, seed: int, steps: int, kept: EditInputs | None,
+                      cancelled: threading.Event) -> AsyncIterator[ImageEvent]:
+        """The request's n images, submitted at once (they can share a batch): each step's progress, then each
+        encoded image as it is made."""
         from engine.images.generator import ImageSpec
 
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        spec = ImageSpec(job.prompt, job.width, job.height, steps,
-                         job.guidance if job.guidance is not None else self.family.default_guidance, seed, job.images)
+        guidance = job.guidance if job.guidance is not None else self.family.default_guidance
+        started = time.monotonic()
+        made = [self._worker.submit(ImageSpec(job.prompt, job.width, job.height, steps, guidance, seed + index,
+                                              job.images), self._progress(index, events, loop, cancelled))
+                for index in range(job.n)]
+        for index, future in enumerate(made):
+            # Each end wakes the loop below with its index; a failure is read there (or dropped: a client gone)
+            asyncio.wrap_future(future).add_done_callback(
+                lambda done, index=index: (done.cancelled() or done.exception(), events.put_nowait(index)))
+        try:
+            for _ in range(job.n):
+                while not isinstance(event := await events.get(), int):
+                    yield event
+                image = await asyncio.to_thread(encoded, made[event].result(), job.output_format,
+                                                job.output_compression, kept)
+                self._images_total += 1
+                yield ImageEvent(index=event, step=steps, steps=steps, image=image, seed=seed + event)
+        finally:
+            for future in made:
+                future.cancel()  # one not started never will be (one started ends at its next step)
+        self._steps_total += steps * job.n
+        self._step_seconds_total += time.monotonic() - started
 
+    @staticmethod
+    def _progress(index: int, events: asyncio.Queue, loop: asyncio.AbstractEventLoop, cancelled: threading.Event):
+        """Image `index`'s step callback (on the generation thread): its progress event, or the end if the
+        request's client has gone."""
         def on_step(done: int, total: int) -> None:
             if cancelled.is_set():
                 raise GenerationCancelled(f"the client of image {index} went away at step {done} of {total}")
             loop.call_soon_threadsafe(events.put_nowait, ImageEvent(index=index, step=done, steps=total))
 
-        started = time.monotonic()
-        made = loop.run_in_executor(self._thread, self._make, spec, on_step, job, kept)
-        # The end wakes the loop below; a failure is read there (or dropped if the client has gone)
-        made.add_done_callback(lambda future: (future.cancelled() or future.exception(), events.put_nowait(None)))
-        while (event := await events.get()) is not None:
-            yield event
-        image = made.result()
-        self._images_total += 1
-        self._steps_total += steps
-        self._step_seconds_total += time.monotonic() - started
-        yield ImageEvent(index=index, step=steps, steps=steps, image=image, seed=seed)
-
-    def _make(self, spec, on_step, job: ImageJob, kept: EditInputs | None) -> bytes:
-        """On the generation thread: the image, encoded as the request asks."""
-        image = self._generator.generate(spec, on_step)
-        return encoded(image, job.output_format, job.output_compression, kept)
+        return on_step
 
     def info(self) -> ModelInfo:
         return self._info(self.config.model_path, 0)
@@ -154,7 +177,8 @@ class ImageService(OneRouteService):
 
     async def shutdown(self) -> None:
         await super().shutdown()
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        if self._worker is not None:
+            self._worker.close()
 
 
 __all__ = ["GenerationCancelled", "ImageService"]

@@ -101,6 +101,11 @@ class ImageGenerator:
         self._watch = _StepWatch()
         self._model.callbacks.register(self._watch)
 
+    @property
+    def model(self):
+        """mflux's model object (batch.py runs its parts)."""
+        return self._model
+
     def generate(self, spec: ImageSpec, on_step: OnStep | None = None):
         """The image (a PIL image); on_step(done, steps) after every denoising step, raising to stop it there."""
         self._watch.on_step = on_step

@@ -19,7 +19,7 @@ STEPS = {"steps": 2}
 
 def _configs(tiny_klein, tiny_models) -> list[ModelConfig]:
     return [ModelConfig(model_id="klein", model_path=str(tiny_klein), model_type="image-generation",
-                        config_name="flux2-klein-4b", max_images_per_request=2),
+                        config_name="flux2-klein-4b", max_images_per_request=2, max_image_batch=2),
             ModelConfig(model_id="klein-edit", model_path=str(tiny_klein), model_type="image-edit",
                         config_name="flux2-klein-edit-4b"),
             ModelConfig(model_id="alpha", model_path=str(tiny_models.alpha))]
@@ -63,7 +63,7 @@ def test_seeded_images_repeat_in_every_format_and_stream_with_their_progress(sta
 
     two, again, jpeg, events, lines = asyncio.run(scenario())
     assert len(two.data) == 2 and all(_image(d.b64_json).size == (64, 64) for d in two.data)
-    assert two.data[1].b64_json == again.data[0].b64_json  # image i of n uses seed + i
+    assert two.data[1].b64_json == again.data[0].b64_json  # image i of n uses seed + i; batched == alone
     assert two.data[0].b64_json != two.data[1].b64_json
     assert two.output_format == "png" and two.size == "64x64" and two.usage.output_tokens == 4
     assert _image(jpeg.data[0].b64_json).format == "JPEG" and _image(jpeg.data[0].b64_json).size == (96, 64)
