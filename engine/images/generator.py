@@ -98,6 +98,11 @@ class ImageGenerator:
         self._model = model_class(quantize=None if quantize in (None, 16) else quantize, model_path=str(folder),
                                   lora_paths=lora_paths or None, lora_scales=lora_scales or None,
                                   model_config=model_config(family, folder))
+        import mlx.core as mx
+
+        # Weights read now, not at the first image; and evaluated arrays can serve any thread (a lazy one needs the
+        # MLX stream of the thread that made it)
+        mx.eval(self._model.parameters())
         self._watch = _StepWatch()
         self._model.callbacks.register(self._watch)
 

@@ -3,7 +3,8 @@ tokenizer/ with their config.json), with weights in mflux's own saved format.
 
 The transformer (1 + 1 blocks, 2 heads) and text encoder (hidden size 64; 28 layers, since the prompt encoder reads
 layers 9, 18 and 27) are tiny; mflux's FLUX.2 VAE has fixed dimensions (84 M parameters, written in bfloat16:
-168 MB). A 64x64 image in 2 steps takes ~2 s on 2 cores with OpenBLAS.
+168 MB). A 64x64 image in 2 steps takes ~2 s on 2 cores with OpenBLAS. write_klein also writes FLUX.2 [klein] 4B's own
+shape (the GPU bench's, bench/images.py).
 """
 
 from __future__ import annotations
@@ -39,24 +40,42 @@ def write_tokenizer(folder: Path) -> int:
     return tokenizer.get_vocab_size()
 
 
+# FLUX.2 [klein] 4B's own dimensions (mflux's registry entry and Qwen3-4B's config): the GPU bench's random model.
+KLEIN_4B = (dict(num_layers=5, num_single_layers=20, num_attention_heads=24, attention_head_dim=128,
+                 axes_dims_rope=[32, 32, 32, 32], joint_attention_dim=7680),
+            dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                 intermediate_size=9728, head_dim=128, max_position_embeddings=40960))
+SHAPES = {"tiny": (TRANSFORMER, TEXT_ENCODER), "klein-4b": KLEIN_4B}
+
+
 def write_tiny_klein(folder: Path, seed: int = 0) -> Path:
+    return write_klein(folder, "tiny", seed)
+
+
+def write_klein(folder: Path, shape: str, seed: int = 0) -> Path:
+    """A random FLUX.2 [klein] of one of SHAPES, in bfloat16."""
     import mlx.core as mx
     from mflux.models.flux2.model.flux2_text_encoder.qwen3_text_encoder import Qwen3TextEncoder
     from mflux.models.flux2.model.flux2_transformer.transformer import Flux2Transformer
     from mflux.models.flux2.model.flux2_vae.vae import Flux2VAE
     from mlx.utils import tree_flatten
 
+    transformer, text_encoder = SHAPES[shape]
     vocab_size = write_tokenizer(folder / "tokenizer")
-    text_encoder = dict(TEXT_ENCODER, vocab_size=vocab_size)
+    text_encoder = dict(text_encoder, vocab_size=vocab_size)
     mx.random.seed(seed)
-    components = {"transformer": (Flux2Transformer(**dict(TRANSFORMER, axes_dims_rope=(8, 8, 8, 8))), TRANSFORMER),
-                  "text_encoder": (Qwen3TextEncoder(**text_encoder), text_encoder),
-                  "vae": (Flux2VAE(), {})}
+    components = {
+        "transformer": (lambda: Flux2Transformer(**dict(transformer, axes_dims_rope=tuple(transformer["axes_dims_rope"]))),
+                        transformer),
+        "text_encoder": (lambda: Qwen3TextEncoder(**text_encoder), text_encoder),
+        "vae": (Flux2VAE, {}),
+    }
     metadata = {"mflux_version": "0.24.0", "quantization_level": "None"}
-    for name, (module, config) in components.items():
+    for name, (build, config) in components.items():  # one component in memory at a time
         (folder / name).mkdir(parents=True, exist_ok=True)
         (folder / name / "config.json").write_text(json.dumps(config))
         weights = {key: value.astype(mx.bfloat16) if value.dtype == mx.float32 else value
-                   for key, value in tree_flatten(module.parameters())}
+                   for key, value in tree_flatten(build().parameters())}
         mx.save_safetensors(str(folder / name / "0.safetensors"), weights, metadata=metadata)
+        del weights
     return folder
