@@ -27,12 +27,13 @@ Image.MAX_IMAGE_PIXELS = None
 
 @dataclass(frozen=True)
 class DecodedImage:
-    image: Image.Image  # RGB
+    image: Image.Image  # RGB unless asked otherwise
     source: ImageInput
 
 
-def decode_image(image: ImageInput, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> DecodedImage:
-    """The image's pixels in RGB; InvalidRequestError naming it when it cannot be read or breaks a limit."""
+def decode_image(image: ImageInput, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, mode: str | None = "RGB") -> DecodedImage:
+    """The image's pixels in `mode` (None: the file's own, e.g. an edit mask's alpha); InvalidRequestError naming
+    it when it cannot be read or breaks a limit."""
     try:
         opened = Image.open(io.BytesIO(image.data))
     except (UnidentifiedImageError, OSError, ValueError):
@@ -43,7 +44,7 @@ def decode_image(image: ImageInput, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) 
         _check_header(image, opened, max_pixels)
         try:
             opened.load()
-            rgb = opened.convert("RGB")
+            rgb = opened.convert(mode) if mode is not None else opened.copy()
             if image.detail == "low":
                 rgb.thumbnail((LOW_DETAIL_SIDE, LOW_DETAIL_SIDE), Image.Resampling.BICUBIC)
         except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt data

@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+from deployments.chat.images import decode_image
+from deployments.model_calls import ImageInput
 from engine.errors import InvalidRequestError
 
 PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
@@ -24,39 +26,24 @@ class EditInputs:
     alpha: object
 
 
-def read_image(data: bytes, where: str, max_pixels: int):
-    """A PIL image from an upload; a 400 naming the part when it is unreadable or too large."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        image = Image.open(io.BytesIO(data))
-        if image.width * image.height > max_pixels:
-            raise InvalidRequestError(f"'{where}' has {image.width}x{image.height} pixels, more than this server's "
-                                      f"{max_pixels}", param=where)
-        image.load()
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
-        raise InvalidRequestError(f"'{where}' is not an image this server reads (PNG, JPEG, WebP): {exc}",
-                                  param=where) from exc
-    return image
-
-
 def edit_inputs(images: list[bytes], mask: bytes | None, max_pixels: int) -> EditInputs | None:
-    """The images checked readable, and the mask (if any) checked against the first: same size, an alpha channel."""
+    """The images checked readable (the chat routes' decoder: format, pixel limit, corruption), and the mask (if
+    any) checked against the first: same size, an alpha channel. Decodes pixels: call it off the event loop."""
     if not images:
         raise InvalidRequestError("An edit needs 'image': the image (or images) to edit", param="image")
-    first = read_image(images[0], "image", max_pixels)
+    first = decode_image(ImageInput(images[0], "image"), max_pixels).image
     for index, data in enumerate(images[1:], start=1):
-        read_image(data, f"image[{index}]", max_pixels)
+        decode_image(ImageInput(data, f"image[{index}]"), max_pixels)
     if mask is None:
         return None
-    masked = read_image(mask, "mask", max_pixels)
+    masked = decode_image(ImageInput(mask, "mask"), max_pixels, mode=None).image
     if masked.size != first.size:
         raise InvalidRequestError(f"'mask' is {masked.width}x{masked.height} but 'image' is {first.width}x"
                                   f"{first.height}: they must be the same size", param="mask")
     if "A" not in masked.getbands():
         raise InvalidRequestError("'mask' has no alpha channel: its transparent pixels say where to edit (a PNG "
                                   "with transparency)", param="mask")
-    return EditInputs(first.convert("RGB"), masked.getchannel("A"))
+    return EditInputs(first, masked.getchannel("A"))
 
 
 def encoded(image, output_format: str, quality: int, kept: EditInputs | None = None) -> bytes:
@@ -73,4 +60,4 @@ def encoded(image, output_format: str, quality: int, kept: EditInputs | None = N
     return out.getvalue()
 
 
-__all__ = ["EditInputs", "MEDIA_TYPES", "edit_inputs", "encoded", "read_image"]
+__all__ = ["EditInputs", "MEDIA_TYPES", "edit_inputs", "encoded"]

@@ -85,7 +85,9 @@ class ImageService(OneRouteService):
 
     async def generate_images(self, job: ImageJob) -> AsyncIterator[ImageEvent]:
         try:
-            kept = self._checked(job)
+            self._checked(job)
+            kept = (await asyncio.to_thread(edit_inputs, job.images, job.mask, MAX_INPUT_PIXELS)
+                    if self.family.edits else None)
         except OrchardError as exc:
             yield ImageEvent(error=exc)
             return
@@ -106,7 +108,7 @@ class ImageService(OneRouteService):
             cancelled.set()  # a client gone mid-image: its next step ends the generation
             self._active -= 1
 
-    def _checked(self, job: ImageJob) -> EditInputs | None:
+    def _checked(self, job: ImageJob) -> None:
         if self._unloading or self._worker is None:
             raise ModelUnloadedError(f"The model '{self.model_id}' is not serving", param="model")
         if job.n > self.config.max_images_per_request:
@@ -116,11 +118,9 @@ class ImageService(OneRouteService):
             if job.images:
                 raise InvalidRequestError(f"The model '{self.model_id}' generates images from text: send the image to "
                                           "edit to an image-edit model (POST /v1/images/edits)", param="model")
-            return None
-        if len(job.images) > self.family.max_input_images:
+        elif len(job.images) > self.family.max_input_images:
             raise InvalidRequestError(f"{len(job.images)} images: {self.family.name} edits with at most "
                                       f"{self.family.max_input_images}", param="image")
-        return edit_inputs(job.images, job.mask, MAX_INPUT_PIXELS)
 
     async def _images(self, job: ImageJob, seed: int, steps: int, kept: EditInputs | None,
                       cancelled: threading.Event) -> AsyncIterator[ImageEvent]:

@@ -13,7 +13,8 @@ import logging
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
@@ -54,7 +55,7 @@ def image_router(registry: Registry, metrics: IngressMetrics, keepalive_s: float
             return StreamingResponse(_streamed(first, reader, tally, request, kind, keepalive_s),
                                      media_type="text/event-stream", headers=SSE_HEADERS)
         images, usage = await _whole(first, reader, tally)
-        return Response(_json(images_body(request, images, usage)), media_type="application/json")
+        return JSONResponse(images_body(request, images, usage))
 
     @router.post("/v1/images/generations", responses={**EVENT_STREAM, **error_responses(GENERATION)})
     async def generations(body: ImageRequest) -> Response:
@@ -98,10 +99,8 @@ async def _read_edit_form(request: Request) -> tuple[ImageRequest, list[bytes], 
             raise InvalidRequestError("An edit needs 'image': the image (or images, image[]) to edit", param="image")
         try:
             body = ImageRequest.model_validate(fields)
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join(str(part) for part in error.get("loc", ())) or None
-            raise InvalidRequestError(f"{where or 'form'}: {error['msg']}", param=where) from exc
+        except ValidationError as exc:  # answered as a JSON body's would be (routes.py's handler)
+            raise RequestValidationError(exc.errors()) from None
         return body, images, mask
 
 
@@ -175,12 +174,6 @@ async def _streamed(first: ImageEvent | None, reader: ChunkReader, tally: Reques
     finally:
         tally.end(RequestOutcome.ABORTED)  # counted once: a stream that ended above keeps its outcome
         await reader.aclose()
-
-
-def _json(body: dict[str, Any]) -> bytes:
-    import json
-
-    return json.dumps(body).encode()
 
 
 __all__ = ["image_router"]

@@ -110,6 +110,8 @@ def test_every_bad_request_is_a_400_naming_its_field(stack_configs):
                 "no image": await post("/v1/images/edits", data=base | {"model": "klein-edit"},
                                        files={"mask": ("m.png", small_mask, "image/png")}),
                 "not multipart": await post("/v1/images/edits", data=base | {"model": "klein-edit"}),
+                "form n": await post("/v1/images/edits", data=base | {"model": "klein-edit", "n": 11},
+                                     files={"image": ("a.png", source, "image/png")}),
                 "mask": await post("/v1/images/edits", data=base | {"model": "klein-edit"},
                                    files=[("image", ("a.png", source, "image/png")),
                                           ("mask", ("m.png", small_mask, "image/png"))]),
@@ -127,8 +129,9 @@ def test_every_bad_request_is_a_400_naming_its_field(stack_configs):
         "max_images_per_request": "at most 2 images a request (max_images_per_request)",
         "response_format": "hosts no image files", "background": "paint opaque images",
         "negative_prompt": "take none", "image-to-text-model": "generates images from text",
-        "no image": "An edit needs 'image'", "not multipart": "send the edit as multipart/form-data", "mask": "'mask' is 32x32 but 'image' is 64x64",
-        "unreadable": "'image' is not an image this server reads", "edit model on generations": "An edit needs 'image'",
+        "no image": "An edit needs 'image'", "not multipart": "send the edit as multipart/form-data",
+        "form n": "Invalid request: n: Input should be less than or equal to 10", "mask": "'mask' is 32x32 but 'image' is 64x64",
+        "unreadable": "The image at image is not an image Orchard can read", "edit model on generations": "An edit needs 'image'",
         "chat model": "is a lm model: the image routes need", "chat on an image model": "is a image-generation model",
     }
     for case, answer in answers.items():
