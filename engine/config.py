@@ -102,6 +102,10 @@ class EngineConfig:
     max_loras: int = knob(
         4, "most per-request LoRA adapters loaded at once; loading one more unloads the least recently used one "
         "no request runs on (0: none)", ge=0)
+    vision_feature_cache_bytes: int | None = knob(
+        None, "vision-language models: the vision tower's outputs kept per image across requests (least recently "
+        "used out), a byte budget counted beside the KV's (0: none kept; null: 1% of device memory, RAM on the CPU)",
+        ge=0)
     max_lora_rank: int = knob(64, "the highest rank a per-request LoRA adapter may have", ge=1)
 
     def __post_init__(self) -> None:

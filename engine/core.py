@@ -22,7 +22,7 @@ from engine.output.detokenizer import text_source_factory
 from engine.output.request_output import RequestOutput, RequestOutputState
 from engine.request import Request, RequestStatus, adapter_cache_keys
 from engine.request_limits import RequestLimits
-from engine.runner.memory import EngineMemory, read_engine_memory
+from engine.runner.memory import EngineMemory, read_engine_memory, vision_features_budget
 from engine.runner.runner import ModelRunner
 from engine.runner.step_budget import measure_prefill_budget
 from engine.runner.verify_step import new_speculative_decoder
@@ -32,6 +32,7 @@ from engine.sampling.structured import GuideCompileStats, GuideCompiler
 from engine.scheduler.scheduler import Scheduler
 from engine.scheduler_output import SchedulerOutput
 from engine.spec_decode.speculator import SpeculationStats
+from engine.vision.feature_cache import FeatureCacheStats
 from engine.vision.model import VisionLanguageModel
 
 THROUGHPUT_WINDOW_S = 10.0
@@ -84,6 +85,8 @@ class EngineStats:
     kv_planned_bytes: int = 0
     num_preemptions: int = 0
     num_preempted: int = 0
+    # Vision-language models: the vision tower's kept outputs (None: a text model).
+    vision_features: FeatureCacheStats | None = None
 
 
 class EngineCore:
@@ -280,6 +283,7 @@ class EngineCore:
             kv_planned_bytes=self.scheduler.kv_planned_bytes,
             num_preemptions=self.scheduler.num_preemptions,
             num_preempted=self.scheduler.num_preempted,
+            vision_features=self.runner.features.stats() if self.runner.features is not None else None,
         )
 
     def release_idle_buffers(self) -> None:
@@ -298,7 +302,8 @@ def _kv_budget(loaded: LoadedModel, config: EngineConfig, prefix_cache: PrefixCa
         kv_bytes_per_token(draft.model) if draft is not None else 0)
     budget = config.kv_budget_bytes
     if budget is None:
-        budget = default_kv_budget_bytes(config.kv_memory_fraction, prefix_cache.capacity_bytes if prefix_cache else 0)
+        kept = vision_features_budget(config) if isinstance(loaded.model, VisionLanguageModel) else 0
+        budget = default_kv_budget_bytes(config.kv_memory_fraction, (prefix_cache.capacity_bytes if prefix_cache else 0) + kept)
     drafts = config.speculative.num_draft_tokens if config.speculative is not None else 0
     kv_budget = KVBudget(budget, per_token, KV_ALLOCATION_STEP + drafts)
     logger.info(

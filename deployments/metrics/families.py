@@ -91,6 +91,12 @@ PREFIX_LOOKUPS = MetricSpec(
 )
 PREFIX_HIT_TOKENS = MetricSpec("prefix_cache_hit_tokens_total", COUNTER, "Prompt tokens read from the prefix cache.")
 PREFIX_CACHE_BYTES = MetricSpec("prefix_cache_bytes", GAUGE, "Bytes the prefix cache holds.")
+VISION_LOOKUPS = MetricSpec(
+    "vision_feature_cache_lookups_total", COUNTER,
+    "Prompts with images by whether every image's vision features were kept (hit) or the tower ran (miss).",
+    ("result",),
+)
+VISION_CACHE_BYTES = MetricSpec("vision_feature_cache_bytes", GAUGE, "Bytes of vision features kept across requests.")
 SPEC_VERIFY_STEPS = MetricSpec("spec_decode_verify_steps_total", COUNTER, "Engine steps that verified draft tokens.")
 SPEC_DRAFT_TOKENS = MetricSpec("spec_decode_num_draft_tokens_total", COUNTER, "Draft tokens proposed.")
 SPEC_ACCEPTED_TOKENS = MetricSpec("spec_decode_num_accepted_tokens_total", COUNTER, "Draft tokens accepted.")
@@ -109,6 +115,7 @@ MEMORY_BYTES = MetricSpec(
 
 ALL_SPECS = (
     REQUESTS, REQUEST_SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, TTFT, ITL, E2E, QUEUE_TIME, RUNNING, WAITING,
-    KV_CACHE_BYTES, KV_BUDGET_BYTES, PREEMPTIONS, PREEMPTED, PREFIX_LOOKUPS, PREFIX_HIT_TOKENS, PREFIX_CACHE_BYTES, SPEC_VERIFY_STEPS, SPEC_DRAFT_TOKENS,
+    KV_CACHE_BYTES, KV_BUDGET_BYTES, PREEMPTIONS, PREEMPTED, PREFIX_LOOKUPS, PREFIX_HIT_TOKENS, PREFIX_CACHE_BYTES, VISION_LOOKUPS,
+    VISION_CACHE_BYTES, SPEC_VERIFY_STEPS, SPEC_DRAFT_TOKENS,
     SPEC_ACCEPTED_TOKENS, GUIDE_COMPILES, GUIDE_COMPILE_SECONDS, ENGINE_RESTARTS, MEMORY_BYTES,
 )

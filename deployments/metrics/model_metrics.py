@@ -105,6 +105,11 @@ class ModelMetrics:
             rec.set_total(families.PREFIX_LOOKUPS, prefix.misses, result="miss")
             rec.set_total(families.PREFIX_HIT_TOKENS, prefix.hit_tokens)
             rec.set(families.PREFIX_CACHE_BYTES, prefix.bytes_used)
+        vision = stats.vision_features
+        if vision is not None:
+            rec.set_total(families.VISION_LOOKUPS, vision.hits, result="hit")
+            rec.set_total(families.VISION_LOOKUPS, vision.misses, result="miss")
+            rec.set(families.VISION_CACHE_BYTES, vision.bytes)
         if stats.guide_compiles is not None:
             rec.set_total(families.GUIDE_COMPILES, stats.guide_compiles.compiles)
             rec.set_total(families.GUIDE_COMPILE_SECONDS, stats.guide_compiles.seconds_total)

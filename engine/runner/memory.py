@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from engine.config import EngineConfig
+from engine.device_memory import device_memory_bytes
 from engine.process_memory import process_rss_bytes
 
 
@@ -28,3 +30,10 @@ def read_engine_memory() -> EngineMemory:
         rss_bytes=process_rss_bytes(),
         buffers_in_rss=mx.default_device().type == mx.DeviceType.cpu,
     )
+
+
+def vision_features_budget(config: EngineConfig) -> int:
+    """The vision-feature cache's byte budget: the config's, else 1% of the device's memory."""
+    if config.vision_feature_cache_bytes is not None:
+        return config.vision_feature_cache_bytes
+    return device_memory_bytes() // 100

@@ -26,6 +26,7 @@ from engine.models.head_split import head_split
 from engine.models.loader import LoadedModel
 from engine.runner.adapter_rows import AdapterRows
 from engine.runner.decode_batch import DecodeBatch, new_row_sampling
+from engine.runner.memory import vision_features_budget
 from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
@@ -38,6 +39,7 @@ from engine.sampling.pending_step import PendingStep
 from engine.sampling.sampler import BatchSampler, RowSampling
 from engine.scheduler_output import DecodeRow, NewRequest, PrefillChunk, SchedulerOutput
 from engine.spec_decode.speculator import SpeculationStats
+from engine.vision.feature_cache import FeatureCache
 from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
 
 
@@ -79,6 +81,7 @@ class ModelRunner:
         self.head_split = self.vision.head_split() if self.vision is not None else head_split(self.model)
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._rope_deltas: dict[str, int] = {}
+        self.features = FeatureCache(vision_features_budget(config)) if self.vision is not None else None
         # Speculative decoding (verify_step.py): models of plain KV caches only, not vision models.
         self.speculation = speculation if speculation is not None and self.vision is None else None
 
@@ -318,7 +321,8 @@ class ModelRunner:
         embedded = self._embedded.get(request_id)
         if embedded is None:
             request = self._requests[request_id]
-            embedded = self._embedded[request_id] = self.vision.embed_prompt(request.prompt_token_ids, request.vision)
+            embedded = self._embedded[request_id] = self.vision.embed_prompt(
+                request.prompt_token_ids, request.vision, self.features)
             if embedded.rope_delta:
                 self._rope_deltas[request_id] = embedded.rope_delta
         return embedded
@@ -416,6 +420,8 @@ class ModelRunner:
         self._next_inputs.clear()
         self._embedded.clear()
         self._rope_deltas.clear()
+        if self.features is not None:
+            self.features.clear()
         if self.prefix_cache is not None:
             self.prefix_cache.evict_all_unlocked()
         self.batch.caches = []

@@ -43,7 +43,7 @@ def cache_key_ids(token_ids: Sequence[int], media: Sequence[tuple[int, Sequence[
     """
     out = list(token_ids)
     for token_id, digests in media:
-        runs = _image_token_runs(token_ids, token_id)
+        runs = media_token_runs(token_ids, token_id)
         if not runs or not digests:
             continue
         if len(runs) == len(digests):
@@ -55,7 +55,8 @@ def cache_key_ids(token_ids: Sequence[int], media: Sequence[tuple[int, Sequence[
     return tuple(out)
 
 
-def _image_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[tuple[int, int]]:
+def media_token_runs(token_ids: Sequence[int], image_token_id: int) -> list[tuple[int, int]]:
+    """[start, end) of each run of the placeholder token in the prompt."""
     runs: list[tuple[int, int]] = []
     start = None
     for i, token in enumerate(token_ids):

@@ -33,7 +33,8 @@ def load_vision_model(
     if dtype is not None:
         cast_model(model, dtype)
     tokenizer = load_tokenizer_only(folder, chat_template_file=chat_template_file, trust_remote_code=trust_remote_code)
-    return LoadedModel(model=VisionLanguageModel(model), tokenizer=tokenizer, config=config, path=folder)
+    image_token = _config_int(config, ("image_token_id", "image_token_index"))
+    return LoadedModel(model=VisionLanguageModel(model, image_token), tokenizer=tokenizer, config=config, path=folder)
 
 
 def load_vision_processor(path: str | Path, *, trust_remote_code: bool = False) -> Any:

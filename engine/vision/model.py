@@ -12,6 +12,7 @@ model's own per-generation state (`_rope_deltas`, `_position_ids`), which one sh
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +21,10 @@ import mlx.nn as nn
 
 from engine.errors import ModelLoadError
 from engine.models.head_split import HeadSplit, agrees
-from engine.vision.inputs import VisionInputs
+from engine.vision.feature_cache import FeatureCache
+from engine.vision.inputs import VisionInputs, media_token_runs
 
+log = logging.getLogger(__name__)
 PROBE_TOKENS = (1, 2, 3, 4, 5)
 
 
@@ -39,8 +42,14 @@ class EmbeddedPrompt:
 class VisionLanguageModel:
     """mlx-vlm's `Model` (vision tower + language model) behind the call the runner makes of an mlx-lm model."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, image_token_id: int | None = None) -> None:
         self.vlm = model
+        self.image_token_id = image_token_id
+        # Whether the family merges kept tower outputs (mlx-vlm's `cached_image_features`) exactly as its own: checked
+        # on the first prompt with images (None: not yet; False: its features are never kept), and in which layout:
+        # every image's rows end to end (Qwen's tower output) or one image per batch row (Gemma 3's projector's).
+        self.reuses_features: bool | None = None if image_token_id is not None else False
+        self.stacks_features = False
         self.language_model = model.language_model
         if hasattr(self.language_model, "make_cache"):  # sliding-window families (Gemma 3): their own caches
             self.make_cache = self.language_model.make_cache
@@ -92,17 +101,72 @@ class VisionLanguageModel:
                 return split
         return None
 
-    def embed_prompt(self, token_ids: tuple[int, ...], vision: VisionInputs) -> EmbeddedPrompt:
-        """Run the vision tower over the prompt's images and merge them into its token embeddings."""
+    def embed_prompt(
+        self, token_ids: tuple[int, ...], vision: VisionInputs, features: FeatureCache | None = None
+    ) -> EmbeddedPrompt:
+        """Run the vision tower over the prompt's images (or take their kept features from `features`) and merge
+        them into its token embeddings."""
         ids = mx.array(token_ids, mx.int32)[None]
         arrays = {name: mx.array(value) for name, value in vision.model_arrays.items()}
         pixels = None if vision.pixel_values is None else mx.array(vision.pixel_values)  # None: a video's frames
-        features = self.vlm.get_input_embeddings(ids, pixels, mask=mx.ones(ids.shape, mx.int32), **arrays)
-        extra = {k: v for k, v in features.to_dict().items() if k != "inputs_embeds" and v is not None}
+        keeps = features is not None and pixels is not None and bool(vision.image_digests) and self.reuses_features is not False
+        kept = features.lookup(vision.image_digests) if keeps else None
+        reuse = {} if kept is None else {"cached_image_features": self._kept_layout(kept)}
+        merged = self.vlm.get_input_embeddings(ids, pixels, mask=mx.ones(ids.shape, mx.int32), **arrays, **reuse)
+        if keeps and kept is None:
+            self._keep_features(token_ids, vision.image_digests, merged, (ids, pixels, arrays), features)
+        extra = {k: v for k, v in merged.to_dict().items() if k != "inputs_embeds" and v is not None}
         delta = 0
         if self.uses_rope_deltas and extra.get("rope_deltas") is not None:
             delta = int(extra["rope_deltas"].reshape(-1)[0].item())
-        return EmbeddedPrompt(ids, features.inputs_embeds.astype(self.text_dtype), {**arrays, **extra}, delta)
+        return EmbeddedPrompt(ids, merged.inputs_embeds.astype(self.text_dtype), {**arrays, **extra}, delta)
+
+    def _keep_features(
+        self, token_ids: tuple[int, ...], digests: tuple[str, ...], merged: Any, inputs: tuple, features: FeatureCache
+    ) -> None:
+        """Each image's rows of the merged embeddings (its tokens' run), kept by its digest. The first time, the
+        family's merge of kept features is checked against its own (else nothing is ever kept)."""
+        runs = media_token_runs(token_ids, self.image_token_id)
+        if len(runs) != len(digests):  # images split in tiles, or placeholders the processor moved: not kept
+            return
+        rows = [merged.inputs_embeds[0, start:end] * 1 for start, end in runs]  # own buffers, not the prompt's
+        mx.eval(rows)
+        if self.reuses_features is None:
+            self.reuses_features = self._merges_kept_features(merged, rows, inputs)
+            if not self.reuses_features:
+                log.info("%s: the vision tower's outputs are not kept (its merge of kept features differs)",
+                         type(self.vlm).__module__)
+                return
+        for digest, row in zip(digests, rows):
+            features.put(digest, row)
+
+    def _kept_layout(self, rows: list[mx.array]) -> mx.array:
+        if self.stacks_features:
+            return mx.stack(rows)
+        return mx.concatenate(rows) if len(rows) > 1 else rows[0]
+
+    def _merges_kept_features(self, merged: Any, rows: list[mx.array], inputs: tuple) -> bool:
+        """The family reads kept features (zeros change its embeddings) and merges them as its own tower's, in one
+        of the two layouts (stacked needs images of equal token counts)."""
+        ids, pixels, arrays = inputs
+
+        def merge(features: mx.array) -> Any:
+            return self.vlm.get_input_embeddings(ids, pixels, mask=mx.ones(ids.shape, mx.int32), **arrays,
+                                                 cached_image_features=features)
+        for stacked in (False, True):
+            if stacked and len({row.shape for row in rows}) != 1:
+                break
+            self.stacks_features = stacked
+            kept = self._kept_layout(rows)
+            try:
+                again, zeros = merge(kept), merge(mx.zeros_like(kept))
+            except Exception:  # noqa: BLE001 — a family that takes kept features in another shape
+                continue
+            first, second = merged.to_dict(), again.to_dict()
+            if first.keys() == second.keys() and all(_same(first[k], second[k]) for k in first):
+                return not _same(merged.inputs_embeds, zeros.inputs_embeds)
+        self.stacks_features = False
+        return False
 
     def prefill_embedded(self, prompt: EmbeddedPrompt, start: int, end: int, cache: Any) -> mx.array:
         """Write prompt positions [start, end) to `cache` (which holds exactly `start`); their logits (lazy)."""
@@ -111,6 +175,15 @@ class VisionLanguageModel:
             n_to_process=end - start, **prompt.language_kwargs,
         )
         return output.logits
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values: arrays bit for bit (shape and dtype too), lists item by item, anything else by ==."""
+    if isinstance(a, mx.array) and isinstance(b, mx.array):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(mx.array_equal(a, b).item())
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and (a is b or a == b)
 
 
 def _text_probe(model: nn.Module) -> Any:

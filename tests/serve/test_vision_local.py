@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from deployments.config import ModelConfig
-from tests.serve.local_stack import local_stack
+from tests.serve.local_stack import local_stack, wait_for
+from tests.serve.test_metrics_local import Scrape
 from tests.support.tiny_vlms import write_qwen25_vl
 from tests.support.vlm_images import jpeg_bytes, png_bytes, truncated_png_bytes
 
@@ -91,6 +92,14 @@ def test_images_in_all_three_apis_streamed_equal_whole_and_counted(vl_config, tm
                 {"role": "user", "content": [{"type": "input_image", "image_url": data_url(image)},
                                              {"type": "input_text", "text": QUESTION}]}])
             assert response.status in ("completed", "incomplete") and response.output_text
+
+            # One tower run: the four requests after the first merged the image's kept features.
+            async def lookups() -> tuple | None:
+                scrape = Scrape((await stack.http.get("/metrics")).text)
+                seen = tuple(scrape.values.get(("orchard:vision_feature_cache_lookups_total",
+                                                (("model_name", VL), ("result", result)))) for result in ("miss", "hit"))
+                return seen if seen == (1.0, 4.0) else None
+            await wait_for(lookups, timeout_s=10)
 
     asyncio.run(scenario())
 
