@@ -24,6 +24,7 @@ from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
 from deployments.config import ModelConfig
 from deployments.metrics.model_metrics import ModelMemory, ModelMetrics, RequestTiming
 from deployments.model.adapters import ServiceAdapters
+from deployments.model.vision_warmup import vision_warmup_sizes, warm_vision
 from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, MetricsSnapshot, ModelInfo, QueueStats,
     StreamChunk, TextPrompt, TextTokenCounts, TextTokensJob, TokenCount,
@@ -120,6 +121,8 @@ class ModelService:
             vision=self._vision_encoder(), context_length=self._engine.served.context_length,
         )
         self._token_texts = TokenTexts(tokenizer)
+        if self._engine.served.processor is not None:
+            await warm_vision(vision_warmup_sizes(self.config), self._encode, self._engine.submit)
         self.created_at = int(time.time())
         logger.info(
             "model %s ready in %.1f s (tool-call parser %s, reasoning parser %s)", self.model_id,

@@ -322,3 +322,13 @@ def test_bodega_switches_that_change_nothing_here_are_accepted():
     for extra in ({"enable_auto_tool_choice": True}, {"enable_auto_tool_choice": False},
                   {"disable_auto_resize": False}, {"lora_paths": None, "config_name": None}):
         assert ModelConfig.model_validate({"model_path": "default", **extra}) == plain, extra
+
+
+def test_vision_warmup_sizes_are_checked_and_default_to_none_on_the_cpu():
+    from deployments.model.vision_warmup import vision_warmup_sizes
+
+    assert vision_warmup_sizes(ModelConfig(model_path="default")) == ()  # this machine's MLX runs on the CPU
+    assert vision_warmup_sizes(ModelConfig(model_path="default", vision_warmup_sizes=["672x672"])) == ("672x672",)
+    for bad in (["672"], ["0x10"], ["10x10x3"], ["12345x2"]):
+        with pytest.raises(ValueError, match="is not a size WxH"):
+            ModelConfig(model_path="default", vision_warmup_sizes=bad)

@@ -104,6 +104,26 @@ def test_images_in_all_three_apis_streamed_equal_whole_and_counted(vl_config, tm
     asyncio.run(scenario())
 
 
+def test_warm_up_images_run_at_load_and_leave_answers_unchanged(vl_config, tmp_path):
+    """vision_warmup_sizes: one request per size before the model is ready (the tower ran twice: two misses); a
+    user's image then answers as on a model loaded without them."""
+    warm = vl_config.model_copy(update={"vision_warmup_sizes": ["64x48", "56x56"]})
+    request = dict(model=VL, messages=openai_image_message(png_bytes(64, 48, seed=9)), max_tokens=6, temperature=0)
+
+    async def answer(config) -> tuple[str, tuple]:
+        async with local_stack([config], tmp_path) as stack:
+            scrape = Scrape((await stack.http.get("/metrics")).text)
+            warmed = tuple(scrape.values.get(("orchard:vision_feature_cache_lookups_total",
+                                              (("model_name", VL), ("result", result)))) for result in ("miss", "hit"))
+            oa, _ = clients(stack)
+            return (await oa.chat.completions.create(**request)).choices[0].message.content, warmed
+
+    warm_answer, warmed = asyncio.run(answer(warm))
+    cold_answer, cold = asyncio.run(answer(vl_config))
+    assert warmed == (2.0, 0.0) and cold in ((None, None), (0.0, 0.0))
+    assert warm_answer == cold_answer != ""
+
+
 BAD_IMAGES = [
     (truncated_png_bytes(), "image/png", "truncated or corrupt"),
     (png_bytes(1, 1), "image/png", "1x1 pixels; images need at least 2 pixels a side"),
