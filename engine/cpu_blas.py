@@ -89,6 +89,7 @@ def _candidates() -> list[str]:
 def _open(path: str) -> BlasChoice | None:
     if os.sep in path and not Path(path).is_file():
         return None
+    _name_core_type()
     try:
         library = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError:
@@ -96,6 +97,24 @@ def _open(path: str) -> BlasChoice | None:
     if not hasattr(library, "cblas_sgemm"):
         return None
     return BlasChoice("OpenBLAS", path=path, detail=_openblas_config(library), optimized=True)
+
+
+def _name_core_type() -> None:
+    """Tell OpenBLAS which x86 kernels to use where it would not know: its runtime detection reads the CPU's model
+    number, and on a virtual machine reporting a generic "Intel Xeon Processor" it fell back to its oldest kernels
+    ("Prescott": 30 GFLOP/s for the float32 matmul above, against ~155 with SkylakeX on the same 2 cores). The CPU's
+    own feature flags say which it can run; an OPENBLAS_CORETYPE the user set wins."""
+    if "OPENBLAS_CORETYPE" in os.environ or platform.machine() != "x86_64":
+        return
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        os.environ["OPENBLAS_CORETYPE"] = "SKYLAKEX"
+    elif {"avx2", "fma"} <= flags:
+        os.environ["OPENBLAS_CORETYPE"] = "HASWELL"
 
 
 def _openblas_config(library: ctypes.CDLL) -> str:
