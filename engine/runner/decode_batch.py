@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import mlx.core as mx
+
 from engine.kv import plain_batch, quantized_kv
 from engine.kv.batch_cache import (
     LayerCaches,
@@ -43,17 +45,21 @@ class DecodeBatch:
     # Rows' left padding, host-side, while the batch is built from plain KV caches (kv/plain_batch.py) or quantized
     # ones (kv/quantized_kv.py); None for other cache types, which go through mlx-lm's merge / extend / filter.
     padding: list[int] | None = None
+    # Rows whose text positions are shifted from their KV's (a VLM's rope delta), folded into the batch cache's
+    # offsets (what mlx-lm's models rotate by; the mask reads the padding): then a plain text model decodes them.
+    position_shifts: dict[str, int] = field(default_factory=dict)
+    shifts_folded: bool = True  # False: a row's shift could not be folded (a lone or non-plain cache)
 
     def __len__(self) -> int:
         return len(self.request_ids)
 
     def update_membership(
         self, request_ids: list[str], joiner_caches: dict[str, LayerCaches], all_rows: dict[str, RowSampling],
-        joiner_blocks: dict[str, plain_batch.RowBlock] | None = None,
+        joiner_blocks: dict[str, plain_batch.RowBlock] | None = None, position_shifts: dict[str, int] | None = None,
     ) -> list[int]:
         """Make the batch exactly `request_ids` (kept rows keep their order, joiners go last).
         `joiner_blocks` says where a joiner's KV sits in a batched prefill cache (plain caches only),
-        so that adjacent rows join together.
+        so that adjacent rows join together. `position_shifts`: rows whose positions to fold into the offsets.
 
         Returns the previous row index of each kept row, to gather their next inputs.
         """
@@ -67,8 +73,11 @@ class DecodeBatch:
             self._filter(keep_rows)
             self.request_ids = [self.request_ids[i] for i in keep_rows]
             self.rows = {rid: self.rows[rid] for rid in self.request_ids}
+        shifts = position_shifts or {}
         if joiners:
-            self._add_joiners(joiners, [joiner_caches[rid] for rid in joiners], all_rows, joiner_blocks or {})
+            lone = not self.request_ids and len(joiners) == 1 and not shifts.get(joiners[0])
+            self._add_joiners(joiners, [joiner_caches[rid] for rid in joiners], all_rows, joiner_blocks or {}, lone)
+        self._fold_shifts(shifts)
         rows = [self.rows[rid] for rid in self.request_ids]
         self.sampler = BatchSampler(rows, self.vocab_size) if rows else None
         return keep_rows
@@ -95,9 +104,9 @@ class DecodeBatch:
 
     def _add_joiners(
         self, joiners: list[str], caches: list[LayerCaches], all_rows: dict[str, RowSampling],
-        blocks: dict[str, plain_batch.RowBlock],
+        blocks: dict[str, plain_batch.RowBlock], lone: bool,
     ) -> None:
-        if not self.request_ids and len(joiners) == 1:
+        if lone:
             # A lone sequence decodes on its own cache: no padding mask, as fast as mlx-lm's generate_step.
             self.caches, self.is_batched, self.padding = caches[0], False, None
         else:
@@ -117,6 +126,18 @@ class DecodeBatch:
         for request_id in joiners:
             self.rows[request_id] = all_rows[request_id]
             self.request_ids.append(request_id)
+
+    def _fold_shifts(self, shifts: dict[str, int]) -> None:
+        """The rows' shifts added to the offsets the batch was just (re)built with, on every layer (one array)."""
+        values = [shifts.get(rid, 0) for rid in self.request_ids]
+        self.position_shifts = {rid: v for rid, v in zip(self.request_ids, values) if v}
+        self.shifts_folded = not self.position_shifts
+        if self.shifts_folded or self.padding is None or quantized_kv.is_quantized_batch(self.caches):
+            return
+        offsets = self.caches[0].offset + mx.array(values)
+        for cache in self.caches:
+            cache.offset = offsets
+        self.shifts_folded = True
 
     def _extend_through_mlx_lm(self, caches: list[LayerCaches]) -> None:
         if self.padding:  # a plain batch meeting a joiner of another cache type (not seen in practice)

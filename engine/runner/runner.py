@@ -81,6 +81,7 @@ class ModelRunner:
         self.head_split = self.vision.head_split() if self.vision is not None else head_split(self.model)
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._rope_deltas: dict[str, int] = {}
+        self.text_twin = self.vision.text_twin if self.vision is not None else None
         self.features = FeatureCache(vision_features_budget(config)) if self.vision is not None else None
         # Speculative decoding (verify_step.py): models of plain KV caches only, not vision models.
         self.speculation = speculation if speculation is not None and self.vision is None else None
@@ -214,7 +215,8 @@ class ModelRunner:
         joiner_caches = {rid: self._prefill_caches.pop(rid) for rid in request_ids if rid not in self.batch.rows}
         blocks = {rid: self._joiner_blocks.pop(rid) for rid in joiner_caches if rid in self._joiner_blocks}
         self._cache_leaving_rows(rows_to_cache)
-        return self.batch.update_membership(request_ids, joiner_caches, self._rows, blocks)
+        shifts = self._rope_deltas if self.text_twin is not None else None  # folded into offsets for the twin
+        return self.batch.update_membership(request_ids, joiner_caches, self._rows, blocks, shifts)
 
     def _dispatch_forward(self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]]) -> mx.array | None:
         previous_ids = list(self.batch.request_ids)
@@ -222,6 +224,8 @@ class ModelRunner:
         if not self.batch.request_ids:
             return None
         inputs = self._decode_inputs(previous_ids, keep_rows)
+        if self.text_twin is not None and self.batch.shifts_folded:  # a VLM's rows decode as text (mx.fast.rope)
+            return self.text_twin(inputs[:, None], cache=self.batch.caches)[:, -1, :]
         if self._rope_deltas:
             deltas = mx.array([[self._rope_deltas.get(rid, 0)] for rid in self.batch.request_ids])
             return self.model(inputs[:, None], cache=self.batch.caches, rope_deltas=deltas)[:, -1, :]

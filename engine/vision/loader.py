@@ -23,6 +23,7 @@ def load_vision_model(
     from mlx_vlm.utils import load_model as mlx_vlm_load_model
 
     from engine.vision.model import VisionLanguageModel
+    from engine.vision.text_twin import load_text_twin
 
     apply_mlx_settings()
     folder, config = _checked_folder(path, trust_remote_code)
@@ -33,8 +34,9 @@ def load_vision_model(
     if dtype is not None:
         cast_model(model, dtype)
     tokenizer = load_tokenizer_only(folder, chat_template_file=chat_template_file, trust_remote_code=trust_remote_code)
-    image_token = _config_int(config, ("image_token_id", "image_token_index"))
-    return LoadedModel(model=VisionLanguageModel(model, image_token), tokenizer=tokenizer, config=config, path=folder)
+    vision = VisionLanguageModel(model, _config_int(config, ("image_token_id", "image_token_index")))
+    vision.text_twin = load_text_twin(folder, vision)
+    return LoadedModel(model=vision, tokenizer=tokenizer, config=config, path=folder)
 
 
 def load_vision_processor(path: str | Path, *, trust_remote_code: bool = False) -> Any:

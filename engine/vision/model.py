@@ -50,6 +50,8 @@ class VisionLanguageModel:
         # every image's rows end to end (Qwen's tower output) or one image per batch row (Gemma 3's projector's).
         self.reuses_features: bool | None = None if image_token_id is not None else False
         self.stacks_features = False
+        # mlx-lm's text model of the family on these weights (vision/text_twin.py): decode rows run through it.
+        self.text_twin: nn.Module | None = None
         self.language_model = model.language_model
         if hasattr(self.language_model, "make_cache"):  # sliding-window families (Gemma 3): their own caches
             self.make_cache = self.language_model.make_cache
@@ -166,6 +168,8 @@ class VisionLanguageModel:
             if first.keys() == second.keys() and all(_same(first[k], second[k]) for k in first):
                 return not _same(merged.inputs_embeds, zeros.inputs_embeds)
         self.stacks_features = False
+        # mlx-lm's text model of the family on these weights (vision/text_twin.py): decode rows run through it.
+        self.text_twin: nn.Module | None = None
         return False
 
     def prefill_embedded(self, prompt: EmbeddedPrompt, start: int, end: int, cache: Any) -> mx.array:
