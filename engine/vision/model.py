@@ -168,8 +168,6 @@ class VisionLanguageModel:
             if first.keys() == second.keys() and all(_same(first[k], second[k]) for k in first):
                 return not _same(merged.inputs_embeds, zeros.inputs_embeds)
         self.stacks_features = False
-        # mlx-lm's text model of the family on these weights (vision/text_twin.py): decode rows run through it.
-        self.text_twin: nn.Module | None = None
         return False
 
     def prefill_embedded(self, prompt: EmbeddedPrompt, start: int, end: int, cache: Any) -> mx.array:

@@ -29,6 +29,7 @@ def test_rows_decode_through_the_text_twin_as_through_mlx_vlm(family):
         return [Arrival(3 * i, r) for i, r in enumerate(requests)]
 
     through_twin = run_core(EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False)), arrivals())
+    assert model.text_twin is not None  # images seen (the feature check ran) leave it in place
     twin, model.text_twin = model.text_twin, None
     try:
         through_vlm = run_core(EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False)), arrivals())
