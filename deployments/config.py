@@ -146,6 +146,11 @@ class ModelConfig(EngineKnobs):
     # Decoding an image costs 3 bytes a pixel.
     max_image_pixels: int = Field(
         DEFAULT_MAX_IMAGE_PIXELS, ge=1, description="a multimodal model refuses images with more pixels")
+    pinned: bool = Field(
+        False, description="under the ingress's memory budget: never unloaded to make room for another model")
+    idle_unload_s: float | None = Field(
+        None, gt=0, description="under the ingress's memory budget: unloaded after this many seconds without a "
+        "request (null: never)")
     # The first images at a new shape built kernels for seconds on a GPU (TTFT 4.3 s mean, 8.0 s P95 on an H200).
     vision_warmup_sizes: list[str] | None = Field(
         None, max_length=8, description="a multimodal model answers one image of each size (WxH, e.g. 672x672) at "

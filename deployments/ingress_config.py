@@ -74,6 +74,16 @@ class AdminLoadLimits(BaseModel):
         "(its application is deleted); the download before it is not counted")
 
 
+class MemoryBudget(BaseModel):
+    """serve_config.yaml's `memory`: one memory budget across the node's models (ingress/residency.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    budget_bytes: int | None = Field(
+        None, ge=1, description="the models' memory on this node together: a load that would pass it unloads the "
+        "least recently used idle models that are not pinned first, or is refused (507) (null: no budget)")
+
+
 class IngressConfig(BaseModel):
     """The ingress application's `args` in serve_config.yaml.
 
@@ -106,6 +116,7 @@ class IngressConfig(BaseModel):
     mcp: McpConfig = Field(default_factory=McpConfig, description="the MCP servers the tool loop may use, its bounds")
     admin_loads: AdminLoadLimits = Field(
         default_factory=AdminLoadLimits, description="what POST /v1/admin/load-model may reserve, and its deadline")
+    memory: MemoryBudget = Field(default_factory=MemoryBudget, description="the models' memory budget on the node")
     # Images in requests: data URLs and base64 always; http(s) URLs only when allowed, from public addresses only
     # unless remote_media_allow_private (ingress/media_hosts.py). file:// and other schemes never.
     allow_remote_media: bool = Field(MediaLimits.allow_remote_media, description="fetch http(s) image URLs")

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from deployments.bodega import ALIASES, BODEGA_ONLY_FIELDS, DRAFT_FIELDS  # noqa: E402
 from deployments.config import AdvancedOptions, ModelConfig, RayActorOptions
-from deployments.ingress_config import AdminLoadLimits, IngressConfig, RagConfig
+from deployments.ingress_config import AdminLoadLimits, IngressConfig, MemoryBudget, RagConfig
 from deployments.mcp_config import McpConfig, McpServerConfig
 from deployments.engine_fields import ADVANCED_KNOBS, FIXED_KNOBS, SERVING_DEFAULTS, EngineKnobs  # noqa: E402
 from deployments.speculative import SpeculativeOptions  # noqa: E402
@@ -138,6 +138,10 @@ def ingress_section() -> list[str]:
         "What `POST /v1/admin/load-model` may reserve (serve_config.yaml's own models are the operator's and are not "
         "bounded), how many loads run at once, and how long one may take to serve.", "",
         *rows(AdminLoadLimits), "",
+        "### `memory`", "",
+        "One memory budget across the node's models ([operations.md](operations.md#a-memory-budget-across-models)): "
+        "models loaded through the API are counted by their footprint before they load.", "",
+        *rows(MemoryBudget), "",
         "### `mcp`", "",
         "The MCP servers the ingress's tool loop may use, and its bounds ([mcp.md](mcp.md)).", "",
         *rows(McpConfig), "",

@@ -40,6 +40,7 @@ from deployments.ingress.model_entries import (
     AdminOperation, DeploymentState, ModelBackend, ModelEntry, ModelQueueStats, ModelStatus,
 )
 from deployments.ingress.model_store import ModelStore
+from deployments.ingress.node_memory import LoadPlan, NodeMemory
 from deployments.ingress.replica_watch import ReplicaWatch
 from deployments.ingress.status_refresh import StatusRefresher
 
@@ -56,8 +57,11 @@ class Registry:
         poll_interval_s: float = 2.0,
         downloads: DownloadManager | None = None,
         load_limits: AdminLoadLimits | None = None,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         self._backend = backend
+        # The node's memory budget across models (node_memory.py); None: none, every load is tried.
+        self.memory = NodeMemory(memory_budget_bytes) if memory_budget_bytes else None
         self._load_limits = load_limits or AdminLoadLimits()
         # Hugging Face downloads of this server (admin downloads, and loads with auto_download).
         self.downloads = downloads
@@ -127,6 +131,9 @@ class Registry:
                 logger.exception("model status refresh failed")
             for entry in self.entries():
                 self._replicas.lost(entry)  # a dead replica shows without anyone asking
+            for model_id in self.memory.idle_models(self._api_configs) if self.memory is not None else ():
+                logger.info("unloading model %s: no request for its idle_unload_s", model_id)
+                self._spawn(self._unload_quietly(model_id))
 
     # ---- status -------------------------------------------------------------------
     async def refresh(self, force: bool = False) -> None:
@@ -192,7 +199,8 @@ class Registry:
             raise EngineRestartingError(f"The model '{model_id}' is unhealthy and restarting: {entry.error}")
         if self._replicas.lost(entry):  # else Serve would hold the call until its replacement serves
             raise EngineRestartingError(f"The model '{model_id}' is restarting: {entry.current_error}")
-        return await self._backend.client(model_id)
+        client = await self._backend.client(model_id)
+        return self.memory.counted(client, model_id) if self.memory is not None else client
 
     @property
     def model_roots(self) -> list[str]:
@@ -279,16 +287,36 @@ class Registry:
         if existing is not None and existing.status != ModelStatus.FAILED:
             raise ModelExistsError(f"The model '{config.id}' is already {existing.status.value}", param="model_id")
         self._check_loads_in_flight()
+        plan = self._plan_now(config)
         self._api_configs[config.id] = config
         self._served_once.discard(config.id)  # a failed one loaded again: stored once this load serves
         self._persist()
-        return self._begin_load(config)
+        return self._begin_load(config, plan)
 
-    def _begin_load(self, config: ModelConfig) -> ModelEntry:
+    def _begin_load(self, config: ModelConfig, plan: LoadPlan | None = None) -> ModelEntry:
         entry = ModelEntry(config.id, ModelStatus.LOADING, "api", config, busy=True, seen_at=int(time.time()))
         self._entries[config.id] = entry
-        entry.load_task = self._spawn(self._deploy(entry, config))
+        entry.load_task = self._spawn(self._deploy(entry, config, plan))
         return entry
+
+    def _plan_now(self, config: ModelConfig) -> LoadPlan | None:
+        """Room under the memory budget, decided (or refused, 507) at once where the files are here; a download's
+        is decided once it is."""
+        if self.memory is None or self._pending_downloads(config):
+            return None
+        return self.memory.plan(config, check_admin_model(config, self._model_roots))
+
+    async def _evict(self, model_ids: list[str]) -> None:
+        """Unload each (least recently used first) and wait until its memory is free."""
+        for model_id in model_ids:
+            logger.info("evicting model %s to make room under the memory budget", model_id)
+            with contextlib.suppress(OrchardError):  # gone or going already: its memory is released by its unload
+                entry = await self.unload(model_id)
+                await entry.operation.settled.wait()
+
+    async def _unload_quietly(self, model_id: str) -> None:
+        with contextlib.suppress(OrchardError):
+            await self.unload(model_id)
 
     def _check_loads_in_flight(self) -> None:
         limit = self._load_limits.max_in_flight
@@ -334,7 +362,7 @@ class Registry:
                 param="model_id",
             )
 
-    async def _deploy(self, entry: ModelEntry, config: ModelConfig) -> None:
+    async def _deploy(self, entry: ModelEntry, config: ModelConfig, plan: LoadPlan | None) -> None:
         started, failure = time.monotonic(), None
         try:
             for fetch in self._pending_downloads(config):
@@ -342,8 +370,13 @@ class Registry:
             resolved = check_admin_model(config, self._model_roots)
             if resolved.model_path != config.model_path:
                 entry.loaded_from = resolved.model_path
+            if self.memory is not None:
+                plan = plan or self.memory.plan(config, resolved)
+                await self._evict(plan.eviction.evict)
+                resolved = plan.config
             await self._deploy_within_deadline(resolved)
         except asyncio.CancelledError:  # an unload (which deletes what was started), or the ingress closing
+            self._release(config.id)
             failure = ModelLoadError(f"The load of '{config.id}' was cancelled: the model was unloaded",
                                      param="model_id")
             raise
@@ -352,6 +385,7 @@ class Registry:
             failure = exc if isinstance(exc, OrchardError) else ModelLoadError(message, param="model_path")
             failure.message = message
             entry.status, entry.error = ModelStatus.FAILED, message
+            self._release(config.id)
             logger.error("model %s failed to load: %s", config.id, message)
         else:
             entry.status, entry.error = ModelStatus.RUNNING, None
@@ -411,6 +445,7 @@ class Registry:
             await self._backend.undeploy(entry.model_id)
         except Exception as exc:
             entry.status, entry.error = ModelStatus.FAILED, f"The unload failed: {exc!r}"
+            self._release(entry.model_id)
             failure = exc
             logger.exception("model %s did not unload", entry.model_id)
             return
@@ -419,7 +454,12 @@ class Registry:
             entry.operation.finish(failure)
         if self._entries.get(entry.model_id) is entry:
             del self._entries[entry.model_id]
+        self._release(entry.model_id)
         logger.info("model %s unloaded in %.1f s", entry.model_id, time.monotonic() - started)
+
+    def _release(self, model_id: str) -> None:
+        if self.memory is not None:
+            self.memory.released(model_id)
 
     def _persist(self) -> None:
         if self._store is not None:

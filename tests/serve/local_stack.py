@@ -49,6 +49,7 @@ async def local_stack(
     downloads: DownloadManager | None = None,
     load_limits: AdminLoadLimits | None = None,
     mcp: McpHub | None = None,
+    memory_budget_bytes: int | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
@@ -57,7 +58,8 @@ async def local_stack(
     for config in configs:
         await backend.deploy(config)
     store = ModelStore(state_dir) if state_dir is not None else None
-    registry = Registry(backend, store, model_roots, poll_interval_s=0.2, downloads=downloads, load_limits=load_limits)
+    registry = Registry(backend, store, model_roots, poll_interval_s=0.2, downloads=downloads, load_limits=load_limits,
+                        memory_budget_bytes=memory_budget_bytes)
     await registry.start(restore=restore)
     rag_service = None
     if rag is not None:  # the RAG deployment's service in process, reaching the models through the registry

@@ -1,0 +1,101 @@
+"""The node's memory budget through the admin API (in process): a load that would pass it unloads the least
+recently used idle model that is not pinned; a model with a request running is kept; a load that cannot fit is
+refused with 507 naming the budget, its footprint and what is held; an idle model unloads after idle_unload_s."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from deployments.config import ModelConfig
+from deployments.ingress.footprint import model_footprint
+from deployments.model_calls import GenerateJob, TextPrompt
+from engine.sampling.params import SamplingParams
+from tests.serve.local_stack import local_stack, wait_for
+
+
+def footprint(folder: Path) -> int:
+    return model_footprint(ModelConfig(model_path=str(folder)), folder).total_bytes
+
+
+async def load(stack, model_id: str, folder: Path, **fields) -> tuple[int, dict]:
+    answer = await stack.http.post("/v1/admin/load-model", json={"model_id": model_id, "model_path": str(folder), **fields})
+    return answer.status_code, answer.json()
+
+
+async def resident(stack) -> list[str]:
+    return sorted(m["id"] for m in (await stack.http.get("/v1/models")).json()["data"])
+
+
+def chat(model: str) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "t1 t2"}], "max_tokens": 2}
+
+
+def test_loads_evict_the_least_recently_used_idle_unpinned_model_or_are_refused(tiny_models, tmp_path):
+    folders = {"alpha": tiny_models.alpha, "beta": tiny_models.beta, "gamma": tiny_models.gamma}
+    budget = 2 * max(footprint(f) for f in folders.values()) + 1024
+
+    async def scenario():
+        async with local_stack([], tmp_path, model_roots=[str(tiny_models.alpha.parent)],
+                               memory_budget_bytes=budget) as stack:
+            assert (await load(stack, "alpha", folders["alpha"], pinned=True))[0] == 200
+            assert (await load(stack, "beta", folders["beta"]))[0] == 200
+            assert (await stack.http.post("/v1/chat/completions", json=chat("beta"))).status_code == 200
+            assert (await load(stack, "gamma", folders["gamma"]))[0] == 200  # beta goes: alpha is pinned
+            assert await resident(stack) == ["alpha", "gamma"]
+
+            client = await stack.registry.route("gamma")
+            held = client.generate(GenerateJob("held", TextPrompt(text="t1"),
+                                               SamplingParams(max_tokens=60000, ignore_eos=True), stream=True))
+            await anext(held)  # gamma is serving a request: nothing can make room for beta
+            try:
+                status, body = await load(stack, "beta", folders["beta"])
+            finally:
+                await held.aclose()
+            assert status == 507 and body["error"]["code"] == "insufficient_memory", body
+            for words in ("'beta' needs about", "the memory budget is", "alpha", "(pinned)", "gamma",
+                          "(1 requests running)"):
+                assert words in body["error"]["message"], body
+            assert (await load(stack, "beta", folders["beta"]))[0] == 200  # the request ended: gamma goes
+            assert await resident(stack) == ["alpha", "beta"]
+            counted = stack.registry.memory.residency.counted_bytes()
+            assert counted <= budget and counted == footprint(folders["alpha"]) + footprint(folders["beta"])
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_model_unloads_after_its_idle_time_and_a_pinned_one_stays(tiny_models, tmp_path):
+    async def scenario():
+        async with local_stack([], tmp_path, model_roots=[str(tiny_models.alpha.parent)],
+                               memory_budget_bytes=10 * footprint(tiny_models.alpha)) as stack:
+            assert (await load(stack, "quiet", tiny_models.alpha, idle_unload_s=0.5))[0] == 200
+            assert (await load(stack, "kept", tiny_models.beta, idle_unload_s=0.5, pinned=True))[0] == 200
+
+            async def quiet_gone():
+                return await resident(stack) == ["kept"]
+            await wait_for(quiet_gone, timeout_s=20)
+            assert stack.registry.memory.counters.idle_unloads == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_footprint_counts_the_weights_as_loaded_and_the_kv_and_cache_it_is_then_given(tiny_models):
+    from deployments.ingress.footprint import RESIDENT_PREFIX_CACHE_BYTES, sized_config
+    from engine.models.quantize import kv_cache_bytes, read_safetensors_headers, weights_bytes
+
+    folder = tiny_models.alpha
+    config = ModelConfig(model_path=str(folder))
+    counted = model_footprint(config, folder)
+    stored = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    assert counted.weights_bytes == weights_bytes(read_safetensors_headers(folder), None) <= stored
+    model_config = json.loads((folder / "config.json").read_text())
+    context = min(model_config["max_position_embeddings"], 32768)
+    assert (counted.kv_bytes, counted.cache_bytes) == (kv_cache_bytes(model_config, context), RESIDENT_PREFIX_CACHE_BYTES)
+    sized = sized_config(config, counted)
+    assert (sized.kv_budget_bytes, sized.prefix_cache_bytes) == (counted.kv_bytes, counted.cache_bytes)
+    own = ModelConfig(model_path=str(folder), kv_budget_bytes=1 << 20, enable_prefix_cache=False, quantize=4)
+    counted_own = model_footprint(own, folder)
+    assert (counted_own.kv_bytes, counted_own.cache_bytes) == (1 << 20, 0)
+    assert counted_own.weights_bytes < counted.weights_bytes  # counted at 4 bits
+    assert sized_config(own, counted_own) == own
