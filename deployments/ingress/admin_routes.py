@@ -79,7 +79,10 @@ def admin_router(registry: "Registry", enable_admin: bool = True) -> APIRouter:
     @router.get("/v1/admin/loaded-models", responses=error_responses(ADMIN_LISTING))
     async def loaded_models() -> dict[str, Any]:
         entries = await registry.details()
-        return {"object": "list", "data": [loaded_model(e) for e in entries], "total": len(entries)}
+        listing = {"object": "list", "data": [loaded_model(e) for e in entries], "total": len(entries)}
+        if registry.memory is not None:  # the node's memory budget: what it holds, the latest loads and evictions
+            listing["memory_budget"] = registry.memory.describe()
+        return listing
 
     return router
 

@@ -11,15 +11,21 @@ import contextlib
 import inspect
 import logging
 import time
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from deployments.config import ModelConfig
 from deployments.ingress.footprint import model_footprint, sized_config
 from deployments.ingress.residency import GIB, EvictionPlan, Residency
+from deployments.metrics import families
+from deployments.metrics.recorder import MetricsRecorder
+from deployments.model_calls import MetricsSnapshot
+from engine.errors import InsufficientMemoryError
 
 logger = logging.getLogger("ray.serve.orchard")
+MAX_EVENTS = 50  # the latest loads, evictions and refusals loaded-models shows
 # The client calls that run work on the model (counted while they run); info, stats and metrics are not.
 COUNTED_CALLS = frozenset({"generate", "count_tokens", "embed", "count_text_tokens", "transcribe", "speak",
                            "generate_images", "load_adapter", "unload_adapter"})
@@ -33,23 +39,44 @@ class LoadPlan:
 
 @dataclass
 class MemoryCounters:
-    loads: int = 0
-    evictions: int = 0
-    idle_unloads: int = 0
+    """Per model: loads counted against the budget, and unloads to make room or when idle."""
+
+    loads: Counter = field(default_factory=Counter)
+    evictions: Counter = field(default_factory=Counter)
+    idle_unloads: Counter = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class MemoryEvent:
+    """One load, eviction, idle unload or refusal, as /v1/admin/loaded-models lists the latest."""
+
+    at: int  # unix seconds
+    event: str  # "load", "evict", "idle_unload", "refused"
+    model_id: str
+    bytes: int
 
 
 class NodeMemory:
     def __init__(self, budget_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.residency = Residency(budget_bytes, clock)
         self.counters = MemoryCounters()
+        self.events: deque[MemoryEvent] = deque(maxlen=MAX_EVENTS)
 
     def plan(self, config: ModelConfig, resolved: ModelConfig) -> LoadPlan:
         """Room for a load (InsufficientMemoryError, 507, when there is none); `resolved` names its local files."""
         folder = None if resolved.uses_embedded_model else Path(resolved.model_path)
         footprint = model_footprint(resolved, folder)
-        eviction = self.residency.reserve(config.id, footprint.total_bytes, config.pinned)
-        self.counters.loads += 1
-        self.counters.evictions += len(eviction.evict)
+        held = {m.model_id: m.footprint_bytes for m in self.residency.models()}
+        try:
+            eviction = self.residency.reserve(config.id, footprint.total_bytes, config.pinned)
+        except InsufficientMemoryError:
+            self._event("refused", config.id, footprint.total_bytes)
+            raise
+        self.counters.loads[config.id] += 1
+        self._event("load", config.id, footprint.total_bytes)
+        for victim in eviction.evict:
+            self.counters.evictions[victim] += 1
+            self._event("evict", victim, held.get(victim, 0))
         logger.info("model %s: %.2f GiB counted against the budget of %.2f GiB%s", config.id,
                     footprint.total_bytes / GIB, self.residency.budget_bytes / GIB,
                     f"; evicting {', '.join(eviction.evict)} (least recently used first)" if eviction.evict else "")
@@ -62,8 +89,39 @@ class NodeMemory:
         times = {model_id: c.idle_unload_s for model_id, c in configs.items() if c.idle_unload_s is not None}
         idle = self.residency.idle(times)
         self.residency.mark_evicting(idle)
-        self.counters.idle_unloads += len(idle)
+        held = {m.model_id: m.footprint_bytes for m in self.residency.models()}
+        for model_id in idle:
+            self.counters.idle_unloads[model_id] += 1
+            self.counters.evictions[model_id] += 1
+            self._event("idle_unload", model_id, held.get(model_id, 0))
         return idle
+
+    def _event(self, event: str, model_id: str, size: int) -> None:
+        self.events.append(MemoryEvent(int(time.time()), event, model_id, size))
+
+    def snapshots(self) -> list[MetricsSnapshot]:
+        """orchard:model_loads_total, model_evictions_total and model_resident_bytes, per model."""
+        resident = {m.model_id: m.footprint_bytes for m in self.residency.models()}
+        snapshots = []
+        for model_id in sorted(set(resident) | set(self.counters.loads) | set(self.counters.evictions)):
+            recorder = MetricsRecorder(model_id)
+            recorder.set_total(families.MODEL_LOADS, self.counters.loads[model_id])
+            recorder.set_total(families.MODEL_EVICTIONS, self.counters.evictions[model_id])
+            recorder.set(families.RESIDENT_BYTES, resident.get(model_id, 0))
+            snapshots.append(recorder.snapshot())
+        return snapshots
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/admin/loaded-models shows of the budget: what it holds, and the latest events."""
+        now = self.residency.now()
+        return {
+            "budget_bytes": self.residency.budget_bytes,
+            "counted_bytes": self.residency.counted_bytes(),
+            "models": [{"id": m.model_id, "footprint_bytes": m.footprint_bytes, "pinned": m.pinned,
+                        "requests_running": m.in_flight, "idle_s": round(now - m.last_used, 1),
+                        "unloading": m.evicting} for m in self.residency.models()],
+            "events": [vars(e) for e in self.events],
+        }
 
     def counted(self, client: Any, model_id: str) -> "CountedClient":
         self.residency.touch(model_id)
@@ -104,4 +162,4 @@ class CountedClient:
             self._residency.end(self._model_id)
 
 
-__all__ = ["CountedClient", "LoadPlan", "MemoryCounters", "NodeMemory"]
+__all__ = ["CountedClient", "LoadPlan", "MemoryCounters", "MemoryEvent", "NodeMemory"]

@@ -109,6 +109,9 @@ class Residency:
         return [m.model_id for m in self._models.values()
                 if m.model_id in idle_unload_s and m.evictable and now - m.last_used >= idle_unload_s[m.model_id]]
 
+    def now(self) -> float:
+        return self._clock()
+
     def models(self) -> list[ResidentModel]:
         return sorted(self._models.values(), key=lambda m: m.model_id)
 

@@ -127,7 +127,8 @@ def metrics_router(registry: Registry, metrics: IngressMetrics) -> APIRouter:
     @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
     async def prometheus_metrics() -> Response:
         """Prometheus's text format: this ingress's request counts and every running model's metrics."""
-        snapshots = metrics.snapshots() + await registry.metrics()
+        budget = registry.memory.snapshots() if registry.memory is not None else []
+        snapshots = metrics.snapshots() + budget + await registry.metrics()
         return Response(render_metrics(snapshots), media_type=CONTENT_TYPE)
 
     return router

@@ -113,9 +113,17 @@ MEMORY_BYTES = MetricSpec(
     "The model's memory: MLX's allocator (mlx_active, mlx_cache, mlx_peak) and resident set (rss).", ("kind",),
 )
 
+MODEL_LOADS = MetricSpec(
+    "model_loads_total", COUNTER, "Loads of the model counted against the node's memory budget (memory.budget_bytes).")
+MODEL_EVICTIONS = MetricSpec(
+    "model_evictions_total", COUNTER, "Times the model was unloaded to make room under the memory budget, or when idle.")
+RESIDENT_BYTES = MetricSpec(
+    "model_resident_bytes", GAUGE, "The model's footprint counted against the memory budget (loading ones too).")
+
 ALL_SPECS = (
     REQUESTS, REQUEST_SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, TTFT, ITL, E2E, QUEUE_TIME, RUNNING, WAITING,
     KV_CACHE_BYTES, KV_BUDGET_BYTES, PREEMPTIONS, PREEMPTED, PREFIX_LOOKUPS, PREFIX_HIT_TOKENS, PREFIX_CACHE_BYTES, VISION_LOOKUPS,
     VISION_CACHE_BYTES, SPEC_VERIFY_STEPS, SPEC_DRAFT_TOKENS,
-    SPEC_ACCEPTED_TOKENS, GUIDE_COMPILES, GUIDE_COMPILE_SECONDS, ENGINE_RESTARTS, MEMORY_BYTES,
+    SPEC_ACCEPTED_TOKENS, GUIDE_COMPILES, GUIDE_COMPILE_SECONDS, ENGINE_RESTARTS, MEMORY_BYTES, MODEL_LOADS,
+    MODEL_EVICTIONS, RESIDENT_BYTES,
 )

@@ -13,6 +13,7 @@ from deployments.ingress.footprint import model_footprint
 from deployments.model_calls import GenerateJob, TextPrompt
 from engine.sampling.params import SamplingParams
 from tests.serve.local_stack import local_stack, wait_for
+from tests.serve.test_metrics_local import Scrape
 
 
 def footprint(folder: Path) -> int:
@@ -62,6 +63,20 @@ def test_loads_evict_the_least_recently_used_idle_unpinned_model_or_are_refused(
             counted = stack.registry.memory.residency.counted_bytes()
             assert counted <= budget and counted == footprint(folders["alpha"]) + footprint(folders["beta"])
 
+            scrape = Scrape((await stack.http.get("/metrics")).text)
+            def sample(name: str, model: str) -> float | None:
+                return scrape.values.get((f"orchard:{name}", (("model_name", model),)))
+            assert [sample("model_loads_total", m) for m in ("alpha", "beta", "gamma")] == [1, 2, 1]
+            assert [sample("model_evictions_total", m) for m in ("alpha", "beta", "gamma")] == [0, 1, 1]
+            assert [sample("model_resident_bytes", m) for m in ("alpha", "beta", "gamma")] == [
+                footprint(folders["alpha"]), footprint(folders["beta"]), 0]
+            listing = (await stack.http.get("/v1/admin/loaded-models")).json()["memory_budget"]
+            assert listing["budget_bytes"] == budget and listing["counted_bytes"] == counted
+            assert [(e["event"], e["model_id"]) for e in listing["events"]] == [
+                ("load", "alpha"), ("load", "beta"), ("load", "gamma"), ("evict", "beta"), ("refused", "beta"),
+                ("load", "beta"), ("evict", "gamma")]
+            assert [(m["id"], m["pinned"]) for m in listing["models"]] == [("alpha", True), ("beta", False)]
+
     asyncio.run(scenario())
 
 
@@ -75,7 +90,7 @@ def test_an_idle_model_unloads_after_its_idle_time_and_a_pinned_one_stays(tiny_m
             async def quiet_gone():
                 return await resident(stack) == ["kept"]
             await wait_for(quiet_gone, timeout_s=20)
-            assert stack.registry.memory.counters.idle_unloads == 1
+            assert stack.registry.memory.counters.idle_unloads == {"quiet": 1}
 
     asyncio.run(scenario())
 
