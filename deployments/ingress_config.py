@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from deployments.config import DEFAULT_EMBEDDING_MODEL_ID, RayActorOptions
+from deployments.config import DEFAULT_EMBEDDING_MODEL_ID, ModelConfig, RayActorOptions
 from deployments.mcp_config import McpConfig
 
 # Keys from the environment where a config field is unset (the config wins: see IngressConfig).
@@ -117,6 +117,10 @@ class IngressConfig(BaseModel):
     admin_loads: AdminLoadLimits = Field(
         default_factory=AdminLoadLimits, description="what POST /v1/admin/load-model may reserve, and its deadline")
     memory: MemoryBudget = Field(default_factory=MemoryBudget, description="the models' memory budget on the node")
+    on_demand: list[ModelConfig] = Field(
+        default_factory=list, description="models (each a model's args, as in the first table) loaded by the first "
+        "request that names them (it waits, a stream with keep-alives), unloaded again under the memory budget; a "
+        "pinned one loads at start")
     # Images in requests: data URLs and base64 always; http(s) URLs only when allowed, from public addresses only
     # unless remote_media_allow_private (ingress/media_hosts.py). file:// and other schemes never.
     allow_remote_media: bool = Field(MediaLimits.allow_remote_media, description="fetch http(s) image URLs")

@@ -245,6 +245,16 @@ def check_admin_model(config: ModelConfig, roots: list[str]) -> ModelConfig:
     return config.model_copy(update=updates)
 
 
+def check_operator_model(config: ModelConfig) -> ModelConfig:
+    """An operator's own config (the ingress's on_demand models): a copy whose model_path is the local folder to
+    load, with no model_roots rule (serve_config.yaml's models have none either); absolute paths only."""
+    if config.uses_embedded_model:
+        return config
+    if _is_local_path(config.model_path):
+        return config.model_copy(update={"model_path": str(check_model_folder(config.model_path))})
+    return config.model_copy(update={"model_path": str(hub_source(config))})
+
+
 def hub_source(config: ModelConfig) -> Path:
     """What a repo id's model loads from in the local hub cache: its snapshot folder (every file it needs present),
     or its `gguf_file`. Nothing is downloaded here."""

@@ -92,6 +92,7 @@ class ModelEntry:
     load_task: asyncio.Task | None = field(default=None, repr=False)  # a load in flight, cancelled by an unload
     # The pid of its sole replica once seen dead, until info comes from the replica Serve starts in its place.
     lost_replica_pid: int | None = None
+    on_demand: bool = False  # loaded by a request that named it (the ingress's on_demand): requests wait for it
 
     def as_sent(self, message: str | None) -> str | None:
         """A failure message that names the model's path as it was sent."""

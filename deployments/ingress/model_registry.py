@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import time
-from pathlib import Path
 
 from deployments.hub.downloads import DownloadManager
-from deployments.hub.events import DownloadFailed
 from engine.errors import (
     EngineRestartingError,
     InvalidRequestError,
@@ -26,26 +23,26 @@ from engine.errors import (
     OrchardError,
     TooManyLoadsError,
 )
-from engine.images.memory import check_fits
-from engine.process_memory import available_memory_bytes
-from deployments.config import ModelConfig, serve_app_name
+from deployments.config import ModelConfig
 from deployments.ingress_config import AdminLoadLimits
 from deployments.model_sources import (
-    HubFetch, check_admin_model, check_admin_policy, default_model_roots, uncached_repos,
+    HubFetch, check_admin_model, check_admin_policy, check_operator_model, default_model_roots,
 )
-from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo, QueueStats
+from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo
 from deployments.ingress.adapter_catalog import AdapterCatalog, route_adapter, split_adapter_id
+from deployments.ingress.auto_load import AutoLoadingClient
 from deployments.ingress.load_limits import check_load_resources
+from deployments.ingress.load_steps import check_admin_load, check_not_reserved, download_for_load, pending_downloads
 from deployments.ingress.model_entries import (
     AdminOperation, DeploymentState, ModelBackend, ModelEntry, ModelQueueStats, ModelStatus,
 )
+from deployments.ingress.model_readings import ModelReadings
 from deployments.ingress.model_store import ModelStore
 from deployments.ingress.node_memory import LoadPlan, NodeMemory
 from deployments.ingress.replica_watch import ReplicaWatch
 from deployments.ingress.status_refresh import StatusRefresher
 
 logger = logging.getLogger("ray.serve.orchard")
-INFO_TIMEOUT_S = 5.0
 
 
 class Registry:
@@ -58,10 +55,13 @@ class Registry:
         downloads: DownloadManager | None = None,
         load_limits: AdminLoadLimits | None = None,
         memory_budget_bytes: int | None = None,
+        on_demand: list[ModelConfig] | None = None,
     ) -> None:
         self._backend = backend
         # The node's memory budget across models (node_memory.py); None: none, every load is tried.
         self.memory = NodeMemory(memory_budget_bytes) if memory_budget_bytes else None
+        # Models loaded by the first request that names them (auto_load.py), again after an eviction.
+        self._on_demand = {config.id: config for config in on_demand or []}
         self._load_limits = load_limits or AdminLoadLimits()
         # Hugging Face downloads of this server (admin downloads, and loads with auto_download).
         self.downloads = downloads
@@ -75,6 +75,7 @@ class Registry:
         self._tasks: set[asyncio.Task] = set()
         self._status = StatusRefresher(self._refresh_now)
         self._replicas = ReplicaWatch(backend, self._fetch_info, self._spawn)
+        self._readings = ModelReadings(backend, self._replicas.lost)
         self.adapters = AdapterCatalog()  # per-request LoRA adapters: 'MODEL:NAME' (adapter_catalog.py)
 
     # ---- lifecycle --------------------------------------------------------------
@@ -82,6 +83,10 @@ class Registry:
         await self.refresh(force=True)
         if restore and self._store is not None:
             await self._restore(self._store.load())
+        for config in self._on_demand.values():
+            if config.pinned and config.id not in self._entries:  # pinned: resident from the start
+                with contextlib.suppress(OrchardError):
+                    self._auto_load(config)
         self._spawn(self._poll())
 
     async def _restore(self, stored: list[ModelConfig]) -> None:
@@ -95,7 +100,7 @@ class Registry:
             try:
                 check_admin_policy(config, self._model_roots)
                 check_load_resources(config, self._load_limits, capacity)
-                self._check_not_reserved(config.id, reserved)
+                check_not_reserved(config.id, reserved)
             except InvalidRequestError as exc:
                 logger.warning("not restoring stored model '%s': %s", config.id, exc.message)
                 continue
@@ -182,6 +187,8 @@ class Registry:
             entry = self.named(model_id)
         if entry is None and (split := split_adapter_id(model_id)) is not None and self.named(split[0]) is not None:
             return await route_adapter(self, *split)
+        if entry is None and model_id in self._on_demand:
+            entry = self._auto_load(self._on_demand[model_id])
         if entry is None and not self._entries:
             raise NoModelsLoadedError(
                 f"No model is loaded: load '{model_id}' first (POST /v1/admin/load-model)", param="model")
@@ -190,6 +197,8 @@ class Registry:
         model_id = entry.model_id
         if entry.status == ModelStatus.UNLOADING:
             raise ModelNotFoundError(f"The model '{model_id}' is being unloaded", param="model")
+        if entry.on_demand and entry.status in (ModelStatus.LOADING, ModelStatus.UNLOADING):
+            return AutoLoadingClient(entry, self.route)  # waits for the load (or unload, then loads again)
         if entry.status == ModelStatus.LOADING:
             why = f" ({entry.error})" if entry.error else ""
             raise ModelLoadingError(f"The model '{model_id}' is loading{why}; retry shortly")
@@ -207,7 +216,10 @@ class Registry:
         return self._model_roots
 
     async def fetch_info(self, model_id: str) -> ModelInfo | None:
-        return await self._fetch_info(model_id)
+        return await self._readings.info(model_id)
+
+    async def _fetch_info(self, model_id: str) -> ModelInfo | None:  # ReplicaWatch's, made before the readings
+        return await self._readings.info(model_id)
 
     def store_adapters(self, entry: ModelEntry) -> None:
         """An API-loaded model's adapters are kept with its config, so a restart restores them."""
@@ -221,7 +233,7 @@ class Registry:
         """Entries with fresh info (memory, pid) from each running model."""
         await self.refresh()
         running = self._answering()
-        infos = await asyncio.gather(*(self._replicas.unless_lost(e, self._fetch_info(e.model_id)) for e in running))
+        infos = await asyncio.gather(*(self._replicas.unless_lost(e, self._readings.info(e.model_id)) for e in running))
         for entry, info in zip(running, infos):
             entry.info = info or entry.info
         return self.entries()
@@ -233,42 +245,16 @@ class Registry:
     async def queue_stats(self) -> list[ModelQueueStats]:
         await self.refresh()
         entries = self.entries()
-        stats = await asyncio.gather(*(self._replicas.unless_lost(e, self._fetch_stats(e)) for e in entries))
+        stats = await asyncio.gather(*(self._replicas.unless_lost(e, self._readings.stats(e)) for e in entries))
         return [ModelQueueStats(e, s) for e, s in zip(entries, stats)]
 
     async def metrics(self) -> list[MetricsSnapshot]:
         """Every running model's metrics (a model that does not answer in time is left out of this scrape)."""
         await self.refresh()
         running = self._answering()
-        snapshots = await asyncio.gather(*(self._replicas.unless_lost(e, self._fetch_metrics(e.model_id))
+        snapshots = await asyncio.gather(*(self._replicas.unless_lost(e, self._readings.metrics(e.model_id))
                                            for e in running))
         return [s for s in snapshots if s is not None]
-
-    async def _fetch_metrics(self, model_id: str) -> MetricsSnapshot | None:
-        try:
-            client = await self._backend.client(model_id)
-            return await asyncio.wait_for(client.metrics(), INFO_TIMEOUT_S)
-        except Exception as exc:  # best effort, as info: one model must not fail the scrape
-            logger.warning("no metrics from model %s: %r", model_id, exc)
-            return None
-
-    async def _fetch_info(self, model_id: str) -> ModelInfo | None:
-        try:
-            client = await self._backend.client(model_id)
-            return await asyncio.wait_for(client.info(), INFO_TIMEOUT_S)
-        except Exception as exc:  # details are best effort: a busy or dying model must not fail /health
-            logger.warning("no info from model %s: %r", model_id, exc)
-            return None
-
-    async def _fetch_stats(self, entry: ModelEntry) -> QueueStats | None:
-        if entry.status != ModelStatus.RUNNING or self._replicas.lost(entry):
-            return None
-        try:
-            client = await self._backend.client(entry.model_id)
-            return await asyncio.wait_for(client.queue_stats(), INFO_TIMEOUT_S)
-        except Exception as exc:
-            logger.warning("no queue stats from model %s: %r", entry.model_id, exc)
-            return None
 
     # ---- admin ----------------------------------------------------------------------
     async def load(self, config: ModelConfig) -> ModelEntry:
@@ -280,8 +266,11 @@ class Registry:
         self._check_admin(config)
         check_load_resources(config, self._load_limits, await self._backend.capacity())
         await self.refresh(force=True)
-        self._check_not_reserved(config.id, await self._backend.reserved_names())
+        check_not_reserved(config.id, await self._backend.reserved_names())
         existing = self._entries.get(config.id)
+        if config.id in self._on_demand:
+            raise ModelExistsError(f"The model '{config.id}' is configured on_demand: a request naming it loads it",
+                                   param="model_id")
         if existing is not None and existing.source != "api":
             raise ModelExistsError(f"The model '{config.id}' is configured in serve_config.yaml", param="model_id")
         if existing is not None and existing.status != ModelStatus.FAILED:
@@ -293,18 +282,38 @@ class Registry:
         self._persist()
         return self._begin_load(config, plan)
 
-    def _begin_load(self, config: ModelConfig, plan: LoadPlan | None = None) -> ModelEntry:
-        entry = ModelEntry(config.id, ModelStatus.LOADING, "api", config, busy=True, seen_at=int(time.time()))
+    def on_demand_unloaded(self) -> list[ModelConfig]:
+        """The on_demand models not loaded now (a request naming one loads it)."""
+        return [config for model_id, config in sorted(self._on_demand.items()) if model_id not in self._entries]
+
+    def _auto_load(self, config: ModelConfig) -> ModelEntry:
+        """An on_demand model a request named: loaded now (room made under the memory budget, else 507)."""
+        self._check_loads_in_flight()
+        if self.memory is not None and not self._pending_downloads(config):
+            resolved = self._resolved(config, True)
+            if not self.memory.residency.could_fit(self.memory.footprint(resolved)):
+                self.memory.plan(config, resolved)  # the 507, naming the pinned models that hold the room
+        logger.info("loading model %s: a request names it (on_demand)", config.id)
+        return self._begin_load(config, None, on_demand=True)  # room is made (or waited for) as it starts
+
+    def _begin_load(self, config: ModelConfig, plan: LoadPlan | None = None, on_demand: bool = False) -> ModelEntry:
+        source = "config" if on_demand else "api"  # an on_demand model is the operator's, as serve_config.yaml's
+        entry = ModelEntry(config.id, ModelStatus.LOADING, source, config, busy=True, seen_at=int(time.time()),
+                           on_demand=on_demand)
         self._entries[config.id] = entry
         entry.load_task = self._spawn(self._deploy(entry, config, plan))
         return entry
 
-    def _plan_now(self, config: ModelConfig) -> LoadPlan | None:
+    def _plan_now(self, config: ModelConfig, on_demand: bool = False) -> LoadPlan | None:
         """Room under the memory budget, decided (or refused, 507) at once where the files are here; a download's
         is decided once it is."""
         if self.memory is None or self._pending_downloads(config):
             return None
-        return self.memory.plan(config, check_admin_model(config, self._model_roots))
+        return self.memory.plan(config, self._resolved(config, on_demand))
+
+    def _resolved(self, config: ModelConfig, on_demand: bool) -> ModelConfig:
+        """The config with its local files: an admin load's within model_roots, an operator's as it is."""
+        return check_operator_model(config) if on_demand else check_admin_model(config, self._model_roots)
 
     async def _evict(self, model_ids: list[str]) -> None:
         """Unload each (least recently used first) and wait until its memory is free."""
@@ -327,52 +336,25 @@ class Registry:
                 f"once (admin_loads.max_in_flight {limit}); retry when one settles, or unload one to cancel it")
 
     def _check_admin(self, config: ModelConfig) -> None:
-        """What a load may name; a repo to download is checked for what it names only (it is not on disk yet)."""
-        check_admin_policy(config, self._model_roots)  # first: the repo ids are valid ones
-        if not self._pending_downloads(config):
-            resolved = check_admin_model(config, self._model_roots)
-            if resolved.is_image_model:  # at its smallest default (8 bits): the replica checks again, exactly
-                check_fits(config.id, Path(resolved.model_path), config.quantize or 8, available_memory_bytes())
+        check_admin_load(config, self._model_roots, bool(self._pending_downloads(config)))
 
     def _pending_downloads(self, config: ModelConfig) -> list[HubFetch]:
-        """The repos (model, draft) to download before the load. Null auto_download downloads too: the admin
-        download route already fetches any repo under the same key (Bodega's load-model takes any repo), so only
-        an explicit false refuses an uncached one."""
-        if config.auto_download is False or self.downloads is None:
-            return []
-        return uncached_repos(config)
-
-    async def _download(self, fetch: HubFetch) -> None:
-        """A repo into the hub cache, joining a download of it already running (GET /v1/admin/downloads shows it)."""
-        assert self.downloads is not None
-        job = self.downloads.start(fetch.repo_id, fetch.revision, files=fetch.files)
-        logger.info("downloading %s for a load (download %s)", fetch.repo_id, job.download_id)
-        final = await job.wait_async()
-        if isinstance(final, DownloadFailed):
-            error = copy.copy(final.error)  # the download's own stays as GET /v1/admin/downloads shows it
-            error.param = fetch.param  # its errors name repo_id; the load's field named the repo
-            raise error
-
-    @staticmethod
-    def _check_not_reserved(model_id: str, reserved: set[str]) -> None:
-        if serve_app_name(model_id) in reserved:
-            raise InvalidRequestError(
-                f"model_id '{model_id}' is reserved: an application that is not a model (the server's own, or "
-                "another Serve application) has that name",
-                param="model_id",
-            )
+        return pending_downloads(config, self.downloads)
 
     async def _deploy(self, entry: ModelEntry, config: ModelConfig, plan: LoadPlan | None) -> None:
         started, failure = time.monotonic(), None
         try:
             for fetch in self._pending_downloads(config):
-                await self._download(fetch)
-            resolved = check_admin_model(config, self._model_roots)
+                await download_for_load(self.downloads, fetch)
+            resolved = self._resolved(config, entry.on_demand)
             if resolved.model_path != config.model_path:
                 entry.loaded_from = resolved.model_path
             if self.memory is not None:
-                plan = plan or self.memory.plan(config, resolved)
+                if plan is None:  # an on_demand load waits for room its requests will free; an admin load does not
+                    plan = (await self.memory.plan_when_room(config, resolved, self._load_limits.timeout_s)
+                            if entry.on_demand else self.memory.plan(config, resolved))
                 await self._evict(plan.eviction.evict)
+                self.memory.deploying(config.id)
                 resolved = plan.config
             await self._deploy_within_deadline(resolved)
         except asyncio.CancelledError:  # an unload (which deletes what was started), or the ingress closing
@@ -389,6 +371,8 @@ class Registry:
             logger.error("model %s failed to load: %s", config.id, message)
         else:
             entry.status, entry.error = ModelStatus.RUNNING, None
+            if self.memory is not None:
+                self.memory.loaded(config.id)
             if config.id not in self._served_once:  # a restored one is stored already: a start writes nothing
                 self._served_once.add(config.id)
                 self._persist()

@@ -7,6 +7,7 @@ configs and clients. Off unless the ingress's `memory.budget_bytes` is set.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -25,6 +26,7 @@ from deployments.model_calls import MetricsSnapshot
 from engine.errors import InsufficientMemoryError
 
 logger = logging.getLogger("ray.serve.orchard")
+ROOM_POLL_S = 0.1  # how often a waiting on_demand load looks for room
 MAX_EVENTS = 50  # the latest loads, evictions and refusals loaded-models shows
 # The client calls that run work on the model (counted while they run); info, stats and metrics are not.
 COUNTED_CALLS = frozenset({"generate", "count_tokens", "embed", "count_text_tokens", "transcribe", "speak",
@@ -62,15 +64,19 @@ class NodeMemory:
         self.counters = MemoryCounters()
         self.events: deque[MemoryEvent] = deque(maxlen=MAX_EVENTS)
 
-    def plan(self, config: ModelConfig, resolved: ModelConfig) -> LoadPlan:
-        """Room for a load (InsufficientMemoryError, 507, when there is none); `resolved` names its local files."""
-        folder = None if resolved.uses_embedded_model else Path(resolved.model_path)
-        footprint = model_footprint(resolved, folder)
+    def footprint(self, resolved: ModelConfig) -> int:
+        return model_footprint(resolved, _folder(resolved)).total_bytes
+
+    def plan(self, config: ModelConfig, resolved: ModelConfig, waiting: bool = False) -> LoadPlan:
+        """Room for a load (InsufficientMemoryError, 507, when there is none); `resolved` names its local files.
+        `waiting`: a refusal is not an event yet (the load tries again)."""
+        footprint = model_footprint(resolved, _folder(resolved))
         held = {m.model_id: m.footprint_bytes for m in self.residency.models()}
         try:
             eviction = self.residency.reserve(config.id, footprint.total_bytes, config.pinned)
         except InsufficientMemoryError:
-            self._event("refused", config.id, footprint.total_bytes)
+            if not waiting:
+                self._event("refused", config.id, footprint.total_bytes)
             raise
         self.counters.loads[config.id] += 1
         self._event("load", config.id, footprint.total_bytes)
@@ -81,6 +87,25 @@ class NodeMemory:
                     footprint.total_bytes / GIB, self.residency.budget_bytes / GIB,
                     f"; evicting {', '.join(eviction.evict)} (least recently used first)" if eviction.evict else "")
         return LoadPlan(eviction, sized_config(resolved, footprint))
+
+    async def plan_when_room(self, config: ModelConfig, resolved: ModelConfig, timeout_s: float) -> LoadPlan:
+        """plan(), waiting while the room is held by models that are busy or loading (an on_demand load: its
+        requests wait with it); at once InsufficientMemoryError when only pinned models could make it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.plan(config, resolved, waiting=True)
+            except InsufficientMemoryError:
+                if not self.residency.could_fit(self.footprint(resolved)) or time.monotonic() > deadline:
+                    self._event("refused", config.id, self.footprint(resolved))
+                    raise
+            await asyncio.sleep(ROOM_POLL_S)
+
+    def deploying(self, model_id: str) -> None:
+        self.residency.deploying(model_id)
+
+    def loaded(self, model_id: str) -> None:
+        self.residency.loaded(model_id)
 
     def released(self, model_id: str) -> None:
         self.residency.release(model_id)
@@ -101,7 +126,7 @@ class NodeMemory:
 
     def snapshots(self) -> list[MetricsSnapshot]:
         """orchard:model_loads_total, model_evictions_total and model_resident_bytes, per model."""
-        resident = {m.model_id: m.footprint_bytes for m in self.residency.models()}
+        resident = {m.model_id: m.footprint_bytes for m in self.residency.models() if not m.waiting}
         snapshots = []
         for model_id in sorted(set(resident) | set(self.counters.loads) | set(self.counters.evictions)):
             recorder = MetricsRecorder(model_id)
@@ -117,15 +142,20 @@ class NodeMemory:
         return {
             "budget_bytes": self.residency.budget_bytes,
             "counted_bytes": self.residency.counted_bytes(),
+            "resident_bytes": self.residency.resident_bytes(),
             "models": [{"id": m.model_id, "footprint_bytes": m.footprint_bytes, "pinned": m.pinned,
                         "requests_running": m.in_flight, "idle_s": round(now - m.last_used, 1),
-                        "unloading": m.evicting} for m in self.residency.models()],
+                        "loading": m.loading, "unloading": m.evicting} for m in self.residency.models()],
             "events": [vars(e) for e in self.events],
         }
 
     def counted(self, client: Any, model_id: str) -> "CountedClient":
         self.residency.touch(model_id)
         return CountedClient(client, model_id, self.residency)
+
+
+def _folder(resolved: ModelConfig) -> Path | None:
+    return None if resolved.uses_embedded_model else Path(resolved.model_path)
 
 
 class CountedClient:

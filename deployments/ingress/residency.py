@@ -25,10 +25,12 @@ class ResidentModel:
     last_used: float = 0.0  # the clock's reading when a request last named it (or its load was accepted)
     in_flight: int = 0  # requests running on it now
     evicting: bool = False  # chosen to make room: its unload is under way
+    loading: bool = False  # reserved, not serving yet: another load cannot unload it
+    waiting: bool = False  # reserved, its room not free yet (its evictions under way): holds no memory yet
 
     @property
     def evictable(self) -> bool:
-        return not self.pinned and self.in_flight == 0 and not self.evicting
+        return not self.pinned and self.in_flight == 0 and not self.evicting and not self.loading
 
 
 @dataclass
@@ -63,8 +65,22 @@ class Residency:
             raise self._refusal(model_id, footprint_bytes)
         for victim in evict:
             self._models[victim].evicting = True
-        self._models[model_id] = ResidentModel(model_id, footprint_bytes, pinned, last_used=self._clock())
+        self._models[model_id] = ResidentModel(model_id, footprint_bytes, pinned, last_used=self._clock(), loading=True,
+                                               waiting=True)
         return EvictionPlan(model_id, footprint_bytes, evict)
+
+    def deploying(self, model_id: str) -> None:
+        """Its room is free (its evictions are done): it starts taking memory now."""
+        model = self._models.get(model_id)
+        if model is not None:
+            model.waiting = False
+
+    def loaded(self, model_id: str) -> None:
+        """Its load serves: from now on it can be unloaded for another."""
+        model = self._models.get(model_id)
+        if model is not None:
+            model.loading = model.waiting = False
+            model.last_used = self._clock()
 
     def admit(self, model_id: str, footprint_bytes: int, pinned: bool = False) -> None:
         """A model found running (serve_config.yaml's, or one the ingress finds at a restart): counted as it is."""
@@ -99,6 +115,14 @@ class Residency:
                 self._models[model_id].evicting = True
 
     # ---- what it answers -----------------------------------------------------------
+    def resident_bytes(self) -> int:
+        """What the models hold now: serving, loading and unloading ones, not loads still waiting for room."""
+        return sum(m.footprint_bytes for m in self._models.values() if not m.waiting)
+
+    def could_fit(self, footprint_bytes: int) -> bool:
+        """Whether the load fits once models that are busy or loading now are done (only pinned ones stay)."""
+        return footprint_bytes <= self.budget_bytes - sum(m.footprint_bytes for m in self._models.values() if m.pinned)
+
     def counted_bytes(self) -> int:
         """The footprints of every model counted (evicting ones too, until their unload frees them)."""
         return sum(m.footprint_bytes for m in self._models.values())
@@ -125,7 +149,7 @@ class Residency:
 
 def _why_kept(model: ResidentModel) -> str:
     reasons = [r for r, on in (("pinned", model.pinned), (f"{model.in_flight} requests running", model.in_flight),
-                                 ("unloading", model.evicting)) if on]
+                                 ("unloading", model.evicting), ("loading", model.loading)) if on]
     return f" ({', '.join(reasons)})" if reasons else ""
 
 

@@ -164,7 +164,9 @@ def openai_router(
         await registry.refresh()
         loaded = [e for e in registry.entries() if e.status in _LISTED]
         adapters = [_adapter_card(e, name) for e, name in await adapter_cards(registry, loaded)]
-        listing = ModelList(data=[_model_card(e) for e in loaded] + adapters).dump()
+        unloaded = [ModelCard(id=c.id, created=0, owned_by="orchard", status="unloaded")
+                    for c in registry.on_demand_unloaded()]  # on_demand: a request naming one loads it
+        listing = ModelList(data=[_model_card(e) for e in loaded] + unloaded + adapters).dump()
         if registry.downloads is None:
             return listing
         cache = await cache_listing(registry.downloads, loaded, verify_with_hub)

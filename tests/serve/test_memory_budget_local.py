@@ -114,3 +114,72 @@ def test_a_footprint_counts_the_weights_as_loaded_and_the_kv_and_cache_it_is_the
     assert (counted_own.kv_bytes, counted_own.cache_bytes) == (1 << 20, 0)
     assert counted_own.weights_bytes < counted.weights_bytes  # counted at 4 bits
     assert sized_config(own, counted_own) == own
+
+
+def test_on_demand_models_rotate_under_a_budget_for_two(tiny_models, tmp_path):
+    """Three on_demand models, room for two: requests rotating over them all succeed (loads and evictions on the
+    way), streamed ones too; the counted bytes never pass the budget (sampled every 100 ms)."""
+    folders = {"alpha": tiny_models.alpha, "beta": tiny_models.beta, "gamma": tiny_models.gamma}
+    budget = 2 * max(footprint(f) for f in folders.values()) + 1024
+    on_demand = [ModelConfig(model_id=name, model_path=str(folder)) for name, folder in folders.items()]
+
+    async def scenario():
+        async with local_stack([], tmp_path, memory_budget_bytes=budget, on_demand=on_demand) as stack:
+            listed = (await stack.http.get("/v1/models")).json()["data"]
+            assert [(m["id"], m["status"]) for m in listed] == [(n, "unloaded") for n in ("alpha", "beta", "gamma")]
+            samples: list[int] = []
+
+            async def sample() -> None:
+                while True:
+                    samples.append(stack.registry.memory.residency.resident_bytes())
+                    await asyncio.sleep(0.1)
+            sampler = asyncio.create_task(sample())
+            try:
+                for turn, name in enumerate(["alpha", "beta", "gamma", "alpha", "beta", "gamma", "beta"]):
+                    body = {**chat(name), "stream": turn % 2 == 1}
+                    answer = await stack.http.post("/v1/chat/completions", json=body)
+                    assert answer.status_code == 200, answer.text
+                    if body["stream"]:
+                        assert answer.text.rstrip().endswith("data: [DONE]") and '"error"' not in answer.text
+                    else:
+                        assert answer.json()["choices"][0]["finish_reason"] == "length"
+            finally:
+                sampler.cancel()
+            assert samples and max(samples) <= budget
+            events = [(e["event"], e["model_id"]) for e in
+                      (await stack.http.get("/v1/admin/loaded-models")).json()["memory_budget"]["events"]]
+            assert events.count(("evict", "alpha")) == 2 and ("evict", "beta") in events
+            listed = {m["id"]: m["status"] for m in (await stack.http.get("/v1/models")).json()["data"]}
+            assert listed == {"alpha": "unloaded", "beta": "running", "gamma": "running"}
+
+    asyncio.run(scenario())
+
+
+def test_concurrent_requests_over_three_on_demand_models_all_succeed_within_the_budget(tiny_models, tmp_path):
+    """Nine requests at once over three models with room for two: loads wait for room the others' requests free."""
+    folders = {"alpha": tiny_models.alpha, "beta": tiny_models.beta, "gamma": tiny_models.gamma}
+    budget = 2 * max(footprint(f) for f in folders.values()) + 1024
+    on_demand = [ModelConfig(model_id=name, model_path=str(folder)) for name, folder in folders.items()]
+
+    async def scenario():
+        async with local_stack([], tmp_path, memory_budget_bytes=budget, on_demand=on_demand) as stack:
+            samples: list[int] = []
+
+            async def sample() -> None:
+                while True:
+                    samples.append(stack.registry.memory.residency.resident_bytes())
+                    await asyncio.sleep(0.1)
+
+            async def ask(name: str, stream: bool):
+                return await stack.http.post("/v1/chat/completions", json={**chat(name), "stream": stream})
+            sampler = asyncio.create_task(sample())
+            try:
+                answers = await asyncio.gather(*(ask(name, i % 2 == 0) for i, name in
+                                                 enumerate(["alpha", "beta", "gamma"] * 3)))
+            finally:
+                sampler.cancel()
+            for answer in answers:
+                assert answer.status_code == 200 and '"error"' not in answer.text, answer.text
+            assert samples and max(samples) <= budget
+
+    asyncio.run(scenario())

@@ -21,8 +21,17 @@ class Clock:
         return self.now
 
 
+class Served(Residency):
+    """Loads that serve at once (the registry tells `loaded` when a load's model serves)."""
+
+    def reserve(self, model_id, footprint_bytes, pinned=False):
+        plan = super().reserve(model_id, footprint_bytes, pinned)
+        self.loaded(model_id)
+        return plan
+
+
 def residency(budget_gib: float = 10) -> Residency:
-    return Residency(int(budget_gib * GIB), Clock())
+    return Served(int(budget_gib * GIB), Clock())
 
 
 def test_loads_that_fit_evict_nothing_and_the_least_recently_used_goes_first():
@@ -71,7 +80,7 @@ def test_two_loads_racing_for_the_last_room_cannot_both_take_it():
 
 def test_idle_models_past_their_time_unload_unless_pinned_or_busy():
     clock = Clock()
-    r = Residency(10 * GIB, clock)
+    r = Served(10 * GIB, clock)
     r.reserve("quiet", GIB)
     r.reserve("pinned", GIB, pinned=True)
     r.reserve("busy", GIB)
@@ -91,3 +100,12 @@ def test_a_model_found_running_is_counted_once_and_a_retried_load_replaces_its_r
     r.reserve("x", 3 * GIB)
     r.reserve("x", 4 * GIB)
     assert r.counted_bytes() == 6 * GIB
+
+
+def test_a_model_still_loading_is_not_unloaded_for_another_load():
+    r = Residency(10 * GIB, Clock())
+    r.reserve("first", 6 * GIB)  # not serving yet
+    with pytest.raises(InsufficientMemoryError, match=r"first 6.00 GiB \(loading\)"):
+        r.reserve("second", 6 * GIB)
+    r.loaded("first")
+    assert r.reserve("second", 6 * GIB).evict == ["first"]
