@@ -183,3 +183,27 @@ def test_concurrent_requests_over_three_on_demand_models_all_succeed_within_the_
             assert samples and max(samples) <= budget
 
     asyncio.run(scenario())
+
+
+def test_after_a_restart_the_loaded_models_come_back_and_the_evicted_one_does_not(tiny_models, tmp_path):
+    folders = {"alpha": tiny_models.alpha, "beta": tiny_models.beta, "gamma": tiny_models.gamma}
+    budget = 2 * max(footprint(f) for f in folders.values()) + 1024
+    roots = [str(tiny_models.alpha.parent)]
+
+    async def first_run():
+        async with local_stack([], tmp_path, model_roots=roots, memory_budget_bytes=budget) as stack:
+            assert (await load(stack, "alpha", folders["alpha"], pinned=True))[0] == 200
+            assert (await load(stack, "beta", folders["beta"]))[0] == 200
+            assert (await load(stack, "gamma", folders["gamma"]))[0] == 200  # beta evicted
+
+    async def second_run():
+        async with local_stack([], tmp_path, model_roots=roots, memory_budget_bytes=budget) as stack:
+            async def restored():
+                listed = (await stack.http.get("/v1/models")).json()["data"]
+                return sorted((m["id"], m["status"]) for m in listed) == [("alpha", "running"), ("gamma", "running")]
+            await wait_for(restored, timeout_s=30)
+            held = [(m.model_id, m.pinned) for m in stack.registry.memory.residency.models()]
+            assert held == [("alpha", True), ("gamma", False)]
+
+    asyncio.run(first_run())
+    asyncio.run(second_run())
