@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from deployments.config import ModelConfig
-from deployments.ingress.footprint import model_footprint, sized_config
+from deployments.ingress.footprint import Footprint, model_footprint, sized_config
 from deployments.ingress.residency import GIB, EvictionPlan, Residency
 from deployments.metrics import families
 from deployments.metrics.recorder import MetricsRecorder
@@ -67,10 +67,11 @@ class NodeMemory:
     def footprint(self, resolved: ModelConfig) -> int:
         return model_footprint(resolved, _folder(resolved)).total_bytes
 
-    def plan(self, config: ModelConfig, resolved: ModelConfig, waiting: bool = False) -> LoadPlan:
+    def plan(self, config: ModelConfig, resolved: ModelConfig, waiting: bool = False,
+             footprint: Footprint | None = None) -> LoadPlan:
         """Room for a load (InsufficientMemoryError, 507, when there is none); `resolved` names its local files.
         `waiting`: a refusal is not an event yet (the load tries again)."""
-        footprint = model_footprint(resolved, _folder(resolved))
+        footprint = footprint or model_footprint(resolved, _folder(resolved))
         held = {m.model_id: m.footprint_bytes for m in self.residency.models()}
         try:
             eviction = self.residency.reserve(config.id, footprint.total_bytes, config.pinned)
@@ -92,12 +93,13 @@ class NodeMemory:
         """plan(), waiting while the room is held by models that are busy or loading (an on_demand load: its
         requests wait with it); at once InsufficientMemoryError when only pinned models could make it."""
         deadline = time.monotonic() + timeout_s
+        footprint = model_footprint(resolved, _folder(resolved))  # read once: the files do not change meanwhile
         while True:
             try:
-                return self.plan(config, resolved, waiting=True)
+                return self.plan(config, resolved, waiting=True, footprint=footprint)
             except InsufficientMemoryError:
-                if not self.residency.could_fit(self.footprint(resolved)) or time.monotonic() > deadline:
-                    self._event("refused", config.id, self.footprint(resolved))
+                if not self.residency.could_fit(footprint.total_bytes) or time.monotonic() > deadline:
+                    self._event("refused", config.id, footprint.total_bytes)
                     raise
             await asyncio.sleep(ROOM_POLL_S)
 
