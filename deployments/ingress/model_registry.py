@@ -166,6 +166,7 @@ class Registry:
                 entry.status, entry.error = ModelStatus.FAILED, "The model's application disappeared; load it again"
             elif entry.source != "api":
                 del self._entries[model_id]
+                self._release(model_id)
 
     def entries(self) -> list[ModelEntry]:
         return sorted(self._entries.values(), key=lambda e: e.model_id)
@@ -276,6 +277,7 @@ class Registry:
         if existing is not None and existing.status != ModelStatus.FAILED:
             raise ModelExistsError(f"The model '{config.id}' is already {existing.status.value}", param="model_id")
         self._check_loads_in_flight()
+        await self._count_configured()
         plan = self._plan_now(config)
         self._api_configs[config.id] = config
         self._served_once.discard(config.id)  # a failed one loaded again: stored once this load serves
@@ -315,6 +317,16 @@ class Registry:
         """The config with its local files: an admin load's within model_roots, an operator's as it is."""
         return check_operator_model(config) if on_demand else check_admin_model(config, self._model_roots)
 
+    async def _count_configured(self) -> None:
+        """serve_config.yaml's running models, counted against the memory budget at MLX's memory they measure."""
+        for entry in self.entries() if self.memory is not None else ():
+            if entry.source == "config" and not entry.on_demand and entry.status == ModelStatus.RUNNING \
+                    and not self.memory.residency.holds(entry.model_id):
+                info = await self._readings.info(entry.model_id)
+                if info is not None:
+                    measured = (info.memory.mlx_active_mb + info.memory.mlx_cache_mb) * 1024 * 1024
+                    self.memory.admit_configured(entry.model_id, int(measured))
+
     async def _evict(self, model_ids: list[str]) -> None:
         """Unload each (least recently used first) and wait until its memory is free."""
         for model_id in model_ids:
@@ -350,6 +362,7 @@ class Registry:
             if resolved.model_path != config.model_path:
                 entry.loaded_from = resolved.model_path
             if self.memory is not None:
+                await self._count_configured()
                 if plan is None:  # an on_demand load waits for room its requests will free; an admin load does not
                     plan = (await self.memory.plan_when_room(config, resolved, self._load_limits.timeout_s)
                             if entry.on_demand else self.memory.plan(config, resolved))

@@ -103,6 +103,14 @@ class NodeMemory:
                     raise
             await asyncio.sleep(ROOM_POLL_S)
 
+    def admit_configured(self, model_id: str, measured_bytes: int) -> None:
+        """A model Serve runs from serve_config.yaml: counted at what it measures, never unloaded (the ingress could
+        not bring it back)."""
+        if not self.residency.holds(model_id):
+            self.residency.admit(model_id, measured_bytes, pinned=True)
+            logger.info("model %s (serve_config.yaml): %.2f GiB measured, counted against the budget", model_id,
+                        measured_bytes / GIB)
+
     def deploying(self, model_id: str) -> None:
         self.residency.deploying(model_id)
 

@@ -87,6 +87,9 @@ class Residency:
         if model_id not in self._models:
             self._models[model_id] = ResidentModel(model_id, footprint_bytes, pinned, last_used=self._clock())
 
+    def holds(self, model_id: str) -> bool:
+        return model_id in self._models
+
     def release(self, model_id: str) -> None:
         """Its memory is free again (unloaded, evicted, or its load failed)."""
         self._models.pop(model_id, None)

@@ -207,3 +207,20 @@ def test_after_a_restart_the_loaded_models_come_back_and_the_evicted_one_does_no
 
     asyncio.run(first_run())
     asyncio.run(second_run())
+
+
+def test_serve_config_models_are_counted_at_what_they_measure_and_never_evicted(tiny_models, tmp_path):
+    configured = ModelConfig(model_id="configured", model_path=str(tiny_models.alpha))
+    budget = footprint(tiny_models.beta) + 1024  # room for beta alone: the configured model measures more than 1 KiB
+
+    async def scenario():
+        async with local_stack([configured], tmp_path, model_roots=[str(tiny_models.alpha.parent)],
+                               memory_budget_bytes=budget) as stack:
+            await stack.http.post("/v1/chat/completions", json=chat("configured"))  # its weights and KV in MLX now
+            status, body = await load(stack, "beta", tiny_models.beta)
+            held = {m.model_id: m for m in stack.registry.memory.residency.models()}
+            assert held["configured"].pinned and held["configured"].footprint_bytes > 1024
+            assert status == 507 and "configured" in body["error"]["message"], body
+            assert "(pinned)" in body["error"]["message"] and await resident(stack) == ["configured"]
+
+    asyncio.run(scenario())
