@@ -74,7 +74,7 @@ class Registry:
         self._served_once: set[str] = set()  # API-loaded ids whose model has served: only these are persisted
         self._tasks: set[asyncio.Task] = set()
         self._status = StatusRefresher(self._refresh_now)
-        self._replicas = ReplicaWatch(backend, self._fetch_info, self._spawn)
+        self._replicas = ReplicaWatch(backend, self.fetch_info, self._spawn)
         self._readings = ModelReadings(backend, self._replicas.lost)
         self.adapters = AdapterCatalog()  # per-request LoRA adapters: 'MODEL:NAME' (adapter_catalog.py)
 
@@ -196,10 +196,10 @@ class Registry:
         if entry is None:
             raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model")
         model_id = entry.model_id
-        if entry.status == ModelStatus.UNLOADING:
-            raise ModelNotFoundError(f"The model '{model_id}' is being unloaded", param="model")
         if entry.on_demand and entry.status in (ModelStatus.LOADING, ModelStatus.UNLOADING):
             return AutoLoadingClient(entry, self.route)  # waits for the load (or unload, then loads again)
+        if entry.status == ModelStatus.UNLOADING:
+            raise ModelNotFoundError(f"The model '{model_id}' is being unloaded", param="model")
         if entry.status == ModelStatus.LOADING:
             why = f" ({entry.error})" if entry.error else ""
             raise ModelLoadingError(f"The model '{model_id}' is loading{why}; retry shortly")
@@ -217,9 +217,6 @@ class Registry:
         return self._model_roots
 
     async def fetch_info(self, model_id: str) -> ModelInfo | None:
-        return await self._readings.info(model_id)
-
-    async def _fetch_info(self, model_id: str) -> ModelInfo | None:  # ReplicaWatch's, made before the readings
         return await self._readings.info(model_id)
 
     def store_adapters(self, entry: ModelEntry) -> None:
