@@ -43,7 +43,7 @@ from bench.serving.compare import (
 from bench.serving.orchard_server import mlx_backend_env
 from bench.serving.reports import vision_checks, vision_tables
 from deployments.cli.loadgen.client import StreamClient, Target
-from deployments.cli.loadgen.images import image_data_url, parse_size
+from deployments.chat.synthetic_images import image_data_url, parse_size
 from deployments.cli.loadgen.load import (
     add_load_arguments,
     run_async,

@@ -2,20 +2,18 @@
 (chat template, processor, vision tower, image prefill, decode with the image's positions), so that the first
 user image pays no kernel builds (on a GPU they took seconds; issue 54).
 
-The images are synthetic (a gradient with noise, PNG); their answers are dropped. Sizes are `WxH` strings.
+The images are synthetic (chat/synthetic_images.py, PNG); their answers are dropped. Sizes are `WxH` strings.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import time
 import uuid
 from typing import Awaitable, Callable
 
-import numpy as np
-
 from deployments.chat.prompts import EncodedPrompt
+from deployments.chat.synthetic_images import encode_image, parse_size, synthetic_image
 from deployments.config import ModelConfig
 from deployments.model_calls import ChatPrompt, ImageInput
 from engine.client.interface import RequestStream
@@ -35,23 +33,6 @@ def vision_warmup_sizes(config: ModelConfig) -> tuple[str, ...]:
     return GPU_SIZES if mx.default_device() == mx.gpu else ()
 
 
-def parse_size(size: str) -> tuple[int, int]:
-    width, height = size.lower().split("x")
-    return int(width), int(height)
-
-
-def synthetic_png(width: int, height: int, seed: int = 0) -> bytes:
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    x = np.linspace(0, 255, width)[None, :, None]
-    y = np.linspace(0, 255, height)[:, None, None]
-    pixels = np.concatenate([x + 0 * y, y + 0 * x, (x + y) / 2], axis=2) + rng.normal(0, 12, (height, width, 3))
-    buffer = io.BytesIO()
-    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB").save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 async def warm_vision(
     sizes: tuple[str, ...], encode: Callable[[ChatPrompt], Awaitable[EncodedPrompt]],
     submit: Callable[[Request], RequestStream],
@@ -60,7 +41,8 @@ async def warm_vision(
     started = time.monotonic()
     for size in sizes:
         width, height = parse_size(size)
-        image = ImageInput(synthetic_png(width, height), "vision_warmup_sizes", "image/png")
+        png = encode_image(synthetic_image(width, height, seed=0), "png")
+        image = ImageInput(png, "vision_warmup_sizes", "image/png")
         content = [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}]
         prompt = await encode(ChatPrompt([{"role": "user", "content": content}], images=[image]))
         request = Request(f"warmup-{size}-{uuid.uuid4().hex[:8]}", prompt.token_ids,
@@ -74,4 +56,4 @@ async def warm_vision(
     return seconds
 
 
-__all__ = ["GPU_SIZES", "parse_size", "synthetic_png", "vision_warmup_sizes", "warm_vision"]
+__all__ = ["GPU_SIZES", "vision_warmup_sizes", "warm_vision"]

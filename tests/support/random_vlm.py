@@ -245,7 +245,7 @@ def check_folder(path: str | Path, image_size: int = 224, max_tokens: int = 8) -
     from mlx_vlm.prompt_utils import apply_chat_template
     from mlx_vlm.utils import load
 
-    from deployments.cli.loadgen.images import synthetic_image
+    from deployments.chat.synthetic_images import synthetic_image
 
     model, processor = load(str(path))
     prompt = apply_chat_template(processor, model.config, "t1 t2 t3 t4", num_images=1)

@@ -15,7 +15,7 @@ from typing import Awaitable, Callable, Optional
 import numpy as np
 
 from deployments.cli.loadgen.client import RequestRecord, RequestSpec, StreamClient, make_spec
-from deployments.cli.loadgen.images import image_data_url, image_tokens
+from deployments.chat.synthetic_images import image_data_url, image_tokens
 from deployments.cli.loadgen.stats import (
     BurstResult,
     LevelResult,

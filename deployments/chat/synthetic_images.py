@@ -1,4 +1,5 @@
-"""Synthetic photographs for vision benchmarks: seeded, different pixels per seed, encoded as real PNG / JPEG.
+"""Synthetic photographs for vision benchmarks (cli/loadgen) and a multimodal model's warm-up at load
+(model/vision_warmup.py): seeded, different pixels per seed, encoded as real PNG / JPEG.
 
 Each image is a smooth colour field (a seeded gradient), a few seeded ellipses and rectangles, and light
 noise: it compresses like a photo (JPEG quality 90 at 672x672: ~60-100 KB) rather than like white noise
