@@ -38,8 +38,9 @@ class Footprint:
         return self.weights_bytes + self.kv_bytes + self.cache_bytes
 
 
-def model_footprint(config: ModelConfig, folder: Path | None) -> Footprint:
-    """`folder`: what the model loads from (None for an embedded model)."""
+def model_footprint(config: ModelConfig) -> Footprint:
+    """`config`: resolved, its model_path the local folder (or file) it loads from, or an embedded model's name."""
+    folder = None if config.uses_embedded_model else Path(config.model_path)
     weights = _weights(config, folder)
     if config.model_type not in CHAT_TYPES:
         return Footprint(weights, 0, int(weights * WORKING_SHARE))

@@ -31,6 +31,7 @@ from deployments.model_sources import (
 from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo
 from deployments.ingress.adapter_catalog import AdapterCatalog, route_adapter, split_adapter_id
 from deployments.ingress.auto_load import AutoLoadingClient
+from deployments.ingress.footprint import MIB
 from deployments.ingress.load_limits import check_load_resources
 from deployments.ingress.load_steps import check_admin_load, check_not_reserved, download_for_load, pending_downloads
 from deployments.ingress.model_entries import (
@@ -321,7 +322,7 @@ class Registry:
                     and not self.memory.residency.holds(entry.model_id):
                 info = await self._readings.info(entry.model_id)
                 if info is not None:
-                    measured = (info.memory.mlx_active_mb + info.memory.mlx_cache_mb) * 1024 * 1024
+                    measured = (info.memory.mlx_active_mb + info.memory.mlx_cache_mb) * MIB
                     self.memory.admit_configured(entry.model_id, int(measured))
 
     async def _evict(self, model_ids: list[str]) -> None:

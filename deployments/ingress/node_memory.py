@@ -14,7 +14,6 @@ import logging
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from deployments.config import ModelConfig
@@ -65,13 +64,13 @@ class NodeMemory:
         self.events: deque[MemoryEvent] = deque(maxlen=MAX_EVENTS)
 
     def footprint(self, resolved: ModelConfig) -> int:
-        return model_footprint(resolved, _folder(resolved)).total_bytes
+        return model_footprint(resolved).total_bytes
 
     def plan(self, config: ModelConfig, resolved: ModelConfig, waiting: bool = False,
              footprint: Footprint | None = None) -> LoadPlan:
         """Room for a load (InsufficientMemoryError, 507, when there is none); `resolved` names its local files.
         `waiting`: a refusal is not an event yet (the load tries again)."""
-        footprint = footprint or model_footprint(resolved, _folder(resolved))
+        footprint = footprint or model_footprint(resolved)
         held = {m.model_id: m.footprint_bytes for m in self.residency.models()}
         try:
             eviction = self.residency.reserve(config.id, footprint.total_bytes, config.pinned)
@@ -93,7 +92,7 @@ class NodeMemory:
         """plan(), waiting while the room is held by models that are busy or loading (an on_demand load: its
         requests wait with it); at once InsufficientMemoryError when only pinned models could make it."""
         deadline = time.monotonic() + timeout_s
-        footprint = model_footprint(resolved, _folder(resolved))  # read once: the files do not change meanwhile
+        footprint = model_footprint(resolved)  # read once: the files do not change meanwhile
         while True:
             try:
                 return self.plan(config, resolved, waiting=True, footprint=footprint)
@@ -162,10 +161,6 @@ class NodeMemory:
     def counted(self, client: Any, model_id: str) -> "CountedClient":
         self.residency.touch(model_id)
         return CountedClient(client, model_id, self.residency)
-
-
-def _folder(resolved: ModelConfig) -> Path | None:
-    return None if resolved.uses_embedded_model else Path(resolved.model_path)
 
 
 class CountedClient:

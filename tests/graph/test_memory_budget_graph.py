@@ -25,7 +25,7 @@ def budget_graph(serve_cluster, tiny_models, tmp_path_factory):
     from ray.serve.schema import ServeDeploySchema
 
     folders = {name: getattr(tiny_models, name) for name in MODELS}
-    budget = 2 * max(model_footprint(ModelConfig(model_path=str(f)), f).total_bytes for f in folders.values()) + 1024
+    budget = 2 * max(model_footprint(ModelConfig(model_path=str(f))).total_bytes for f in folders.values()) + 1024
     on_demand = [{"model_id": name, "model_path": str(folder)} for name, folder in folders.items()]
     ingress = {"name": "orchard", "route_prefix": "/", "import_path": "deployments.app:build_app",
                "args": {"state_dir": str(tmp_path_factory.mktemp("budget-state")), "status_poll_interval_s": 0.5,

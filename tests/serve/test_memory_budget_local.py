@@ -17,7 +17,7 @@ from tests.serve.test_metrics_local import Scrape
 
 
 def footprint(folder: Path) -> int:
-    return model_footprint(ModelConfig(model_path=str(folder)), folder).total_bytes
+    return model_footprint(ModelConfig(model_path=str(folder))).total_bytes
 
 
 async def load(stack, model_id: str, folder: Path, **fields) -> tuple[int, dict]:
@@ -101,7 +101,7 @@ def test_a_footprint_counts_the_weights_as_loaded_and_the_kv_and_cache_it_is_the
 
     folder = tiny_models.alpha
     config = ModelConfig(model_path=str(folder))
-    counted = model_footprint(config, folder)
+    counted = model_footprint(config)
     stored = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
     assert counted.weights_bytes == weights_bytes(read_safetensors_headers(folder), None) <= stored
     model_config = json.loads((folder / "config.json").read_text())
@@ -110,7 +110,7 @@ def test_a_footprint_counts_the_weights_as_loaded_and_the_kv_and_cache_it_is_the
     sized = sized_config(config, counted)
     assert (sized.kv_budget_bytes, sized.prefix_cache_bytes) == (counted.kv_bytes, counted.cache_bytes)
     own = ModelConfig(model_path=str(folder), kv_budget_bytes=1 << 20, enable_prefix_cache=False, quantize=4)
-    counted_own = model_footprint(own, folder)
+    counted_own = model_footprint(own)
     assert (counted_own.kv_bytes, counted_own.cache_bytes) == (1 << 20, 0)
     assert counted_own.weights_bytes < counted.weights_bytes  # counted at 4 bits
     assert sized_config(own, counted_own) == own
