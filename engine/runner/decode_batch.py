@@ -45,10 +45,10 @@ class DecodeBatch:
     # Rows' left padding, host-side, while the batch is built from plain KV caches (kv/plain_batch.py) or quantized
     # ones (kv/quantized_kv.py); None for other cache types, which go through mlx-lm's merge / extend / filter.
     padding: list[int] | None = None
-    # Rows whose text positions are shifted from their KV's (a VLM's rope delta), folded into the batch cache's
-    # offsets (what mlx-lm's models rotate by; the mask reads the padding): then a plain text model decodes them.
-    position_shifts: dict[str, int] = field(default_factory=dict)
-    shifts_folded: bool = True  # False: a row's shift could not be folded (a lone or non-plain cache)
+    # Rows whose text positions are shifted from their KV's (a VLM's rope delta) have the shift folded into the
+    # batch cache's offsets (what mlx-lm's models rotate by; the mask reads the padding): then a plain text model
+    # decodes them. False: a row's shift could not be folded (a non-plain cache).
+    shifts_folded: bool = True
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -130,8 +130,7 @@ class DecodeBatch:
     def _fold_shifts(self, shifts: dict[str, int]) -> None:
         """The rows' shifts added to the offsets the batch was just (re)built with, on every layer (one array)."""
         values = [shifts.get(rid, 0) for rid in self.request_ids]
-        self.position_shifts = {rid: v for rid, v in zip(self.request_ids, values) if v}
-        self.shifts_folded = not self.position_shifts
+        self.shifts_folded = not any(values)
         if self.shifts_folded or self.padding is None or quantized_kv.is_quantized_batch(self.caches):
             return
         offsets = self.caches[0].offset + mx.array(values)
