@@ -313,23 +313,25 @@ class ModelRunner:
         text = self._adapter_rows.prefill(chunks[:split], caches[:split], run_text) if split else PrefillResult([], [], None)
         if not with_images:
             return text
-        prompts = {chunk.request_id: self._embedded_prompt(chunk.request_id) for chunk in chunks[split:]}
+        prompts = self._embedded_prompts([chunk.request_id for chunk in chunks[split:]])
         images = run_vision_prefill(self.vision, chunks[split:], caches[split:], prompts)
         for chunk in chunks[split:]:
             if chunk.completes_prefill:
                 self._embedded.pop(chunk.request_id)
         return text.followed_by(images)
 
-    def _embedded_prompt(self, request_id: str) -> EmbeddedPrompt:
-        """The prompt's embeddings (its images through the vision tower), made at its first chunk."""
-        embedded = self._embedded.get(request_id)
-        if embedded is None:
-            request = self._requests[request_id]
-            embedded = self._embedded[request_id] = self.vision.embed_prompt(
-                request.prompt_token_ids, request.vision, self.features)
-            if embedded.rope_delta:
-                self._rope_deltas[request_id] = embedded.rope_delta
-        return embedded
+    def _embedded_prompts(self, request_ids: list[str]) -> dict[str, EmbeddedPrompt]:
+        """The prompts' embeddings (their images through the vision tower), made at their first chunk: the
+        step's new prompts together (one tower forward where the model has the batched tower)."""
+        new = [rid for rid in request_ids if rid not in self._embedded]
+        if new:
+            requests = [self._requests[rid] for rid in new]
+            made = self.vision.embed_prompts([(r.prompt_token_ids, r.vision) for r in requests], self.features)
+            for request_id, embedded in zip(new, made):
+                self._embedded[request_id] = embedded
+                if embedded.rope_delta:
+                    self._rope_deltas[request_id] = embedded.rope_delta
+        return {rid: self._embedded[rid] for rid in request_ids}
 
     def _collect_first_tokens(self, step: PendingStep | None) -> list[SampledToken]:
         if step is None:

@@ -18,11 +18,13 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from engine.errors import ModelLoadError
 from engine.models.head_split import HeadSplit, agrees
 from engine.vision.feature_cache import FeatureCache
 from engine.vision.inputs import VisionInputs, media_token_runs
+from engine.vision.qwen_tower import WindowedTower
 
 log = logging.getLogger(__name__)
 PROBE_TOKENS = (1, 2, 3, 4, 5)
@@ -50,6 +52,10 @@ class VisionLanguageModel:
         # every image's rows end to end (Qwen's tower output) or one image per batch row (Gemma 3's projector's).
         self.reuses_features: bool | None = None if image_token_id is not None else False
         self.stacks_features = False
+        # Orchard's forward of the tower over a step's images at once (qwen_tower.py), checked on first use.
+        tower = getattr(model, "vision_tower", None)
+        self.batched_tower: WindowedTower | None = WindowedTower(tower) if WindowedTower.fits(tower) else None
+        self._tower_checked = False
         # mlx-lm's text model of the family on these weights (vision/text_twin.py): decode rows run through it.
         self.text_twin: nn.Module | None = None
         self.language_model = model.language_model
@@ -103,6 +109,74 @@ class VisionLanguageModel:
                 return split
         return None
 
+    def embed_prompts(
+        self, prompts: list[tuple[tuple[int, ...], VisionInputs]], features: FeatureCache | None = None
+    ) -> list[EmbeddedPrompt]:
+        """Embed several prompts (a step's new ones): with the batched tower, every image not kept goes through
+        it in one forward; otherwise each prompt through embed_prompt."""
+        tower = self._checked_tower()
+        if tower is None or any(not _images_only(vision) for _, vision in prompts):
+            return [self.embed_prompt(ids, vision, features) for ids, vision in prompts]
+        kept = [features.lookup(vision.image_digests) if features is not None and vision.image_digests else None
+                for _, vision in prompts]
+        pixels = [mx.array(vision.pixel_values) for _, vision in prompts]
+        to_run = [(vision, p) for (_, vision), p, k in zip(prompts, pixels, kept) if k is None]
+        fresh = iter(self._tower_features(to_run, features))
+        embedded = []
+        for (ids, vision), prompt_pixels, images in zip(prompts, pixels, kept):
+            images = images if images is not None else next(fresh)
+            tokens = mx.array(ids, mx.int32)[None]
+            arrays = {name: mx.array(value) for name, value in vision.model_arrays.items()}
+            merged = self.vlm.get_input_embeddings(
+                tokens, prompt_pixels, mask=mx.ones(tokens.shape, mx.int32), **arrays,
+                cached_image_features=mx.concatenate(images) if len(images) > 1 else images[0])
+            embedded.append(self._embedded(tokens, merged, arrays))
+        return embedded
+
+    def _tower_features(
+        self, prompts: list[tuple[VisionInputs, mx.array]], features: FeatureCache | None
+    ) -> list[list[mx.array]]:
+        """Every image of these prompts (and their pixels) through the batched tower in one forward: each prompt's
+        images' rows (kept by digest where the prompt names one per image)."""
+        if not prompts:
+            return []
+        assert self.batched_tower is not None
+        visions = [vision for vision, _ in prompts]
+        grids = [[tuple(int(n) for n in row) for row in vision.model_arrays["image_grid_thw"]] for vision in visions]
+        pixels = mx.concatenate([p for _, p in prompts]) if len(prompts) > 1 else prompts[0][1]
+        out = self.batched_tower(pixels, [grid for prompt in grids for grid in prompt])
+        unit = self.batched_tower.tower.spatial_merge_unit
+        bounds = np.cumsum([0] + [t * h * w // unit for prompt in grids for t, h, w in prompt]).tolist()
+        rows = [out[start:end] * 1 for start, end in zip(bounds, bounds[1:])]  # own buffers, kept apart
+        mx.eval(rows)
+        per_prompt, taken = [], 0
+        for vision, prompt in zip(visions, grids):
+            images = rows[taken:taken + len(prompt)]
+            taken += len(prompt)
+            if features is not None and len(vision.image_digests) == len(images):
+                for digest, image in zip(vision.image_digests, images):
+                    features.put(digest, image)
+            per_prompt.append(images)
+        return per_prompt
+
+    def _checked_tower(self) -> WindowedTower | None:
+        """The batched tower once it agrees with mlx-vlm's (checked at the first prompt with images); it also
+        settles that the family merges given features as its own (so they may be kept)."""
+        if not self._tower_checked:
+            self._tower_checked = True
+            if self.batched_tower is not None and not self.batched_tower.agrees(self.vlm):
+                self.batched_tower = None
+            if self.batched_tower is not None:
+                self.reuses_features, self.stacks_features = True, False
+        return self.batched_tower
+
+    def _embedded(self, tokens: mx.array, merged: Any, arrays: dict[str, mx.array]) -> EmbeddedPrompt:
+        extra = {k: v for k, v in merged.to_dict().items() if k != "inputs_embeds" and v is not None}
+        delta = 0
+        if self.uses_rope_deltas and extra.get("rope_deltas") is not None:
+            delta = int(extra["rope_deltas"].reshape(-1)[0].item())
+        return EmbeddedPrompt(tokens, merged.inputs_embeds.astype(self.text_dtype), {**arrays, **extra}, delta)
+
     def embed_prompt(
         self, token_ids: tuple[int, ...], vision: VisionInputs, features: FeatureCache | None = None
     ) -> EmbeddedPrompt:
@@ -117,11 +191,7 @@ class VisionLanguageModel:
         merged = self.vlm.get_input_embeddings(ids, pixels, mask=mx.ones(ids.shape, mx.int32), **arrays, **reuse)
         if keeps and kept is None:
             self._keep_features(token_ids, vision.image_digests, merged, (ids, pixels, arrays), features)
-        extra = {k: v for k, v in merged.to_dict().items() if k != "inputs_embeds" and v is not None}
-        delta = 0
-        if self.uses_rope_deltas and extra.get("rope_deltas") is not None:
-            delta = int(extra["rope_deltas"].reshape(-1)[0].item())
-        return EmbeddedPrompt(ids, merged.inputs_embeds.astype(self.text_dtype), {**arrays, **extra}, delta)
+        return self._embedded(ids, merged, arrays)
 
     def _keep_features(
         self, token_ids: tuple[int, ...], digests: tuple[str, ...], merged: Any, inputs: tuple, features: FeatureCache
@@ -177,6 +247,11 @@ class VisionLanguageModel:
             n_to_process=end - start, **prompt.language_kwargs,
         )
         return output.logits
+
+
+def _images_only(vision: VisionInputs) -> bool:
+    """Prompts the batched tower takes: images with their grid (not a video's frames)."""
+    return vision.pixel_values is not None and "image_grid_thw" in vision.model_arrays and not vision.video_digests
 
 
 def _same(a: Any, b: Any) -> bool:

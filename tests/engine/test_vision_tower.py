@@ -1,0 +1,88 @@
+"""Orchard's batched forward of Qwen2.5-VL's vision tower (engine/vision/qwen_tower.py): equal to mlx-vlm's own,
+on images whose merged grid divides into whole windows (where mlx-vlm's forward attends over empty windows) and on
+ones that do not; several images at once equal each alone; a step's new image prompts share one forward."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine import EngineConfig, EngineCore
+from engine.vision.qwen_tower import PROBE_GRIDS, WindowedTower, attention_groups
+from tests.engine.test_batching import assert_same_stream
+from tests.engine.test_vision_engine import Family
+from tests.support.drive import Arrival, run_core
+from tests.support.random_vlm import build_random_vlm, vlm_config
+from tests.support.tiny_vlms import write_qwen25_vl
+from tests.support.vlm_images import png_bytes
+
+# (t, h, w) in patches: merged 8x8 and 4x6 divide into 4x4-unit windows (an empty row and column of windows in
+# mlx-vlm's layout), 5x5 and a two-frame 3x4 do not.
+GRIDS = [(1, 16, 16), (1, 8, 12), (1, 10, 10), (2, 6, 8)]
+
+
+def test_attention_groups_batch_segments_by_length_and_drop_empty_ones():
+    groups = attention_groups([0, 64, 64, 80, 144, 148, 148])
+    assert [(count, length) for _, count, length in groups.groups] == [(2, 64), (1, 16), (1, 4)]
+    gathered = [row for rows, _, _ in groups.groups for row in rows.tolist()]
+    assert sorted(gathered) == list(range(148)) and gathered != sorted(gathered)
+    assert mx.array(gathered)[groups.restore].tolist() == list(range(148))
+    assert attention_groups([0, 10, 20]).restore is None  # one group, already in order
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_batched_tower_equals_mlx_vlm_and_each_image_alone(dtype):
+    model = build_random_vlm(vlm_config("tiny-vl", "bfloat16"), "bfloat16", seed=1, vision_dtype=dtype)
+    tower = WindowedTower(model.vision_tower)
+    assert WindowedTower.fits(model.vision_tower) and tower.agrees(model)
+    sizes = [t * h * w for t, h, w in GRIDS]
+    pixels = mx.random.normal((sum(sizes), 1176), key=mx.random.key(2))
+    together = tower(pixels, GRIDS)
+    theirs = model.vision_tower(pixels.astype(tower.dtype), mx.array(GRIDS))
+    assert together.shape == theirs.shape == (sum(sizes) // 4, 32)
+    assert mx.allclose(together.astype(mx.float32), theirs.astype(mx.float32), rtol=1e-2 if dtype != "float32" else 1e-5,
+                       atol=1e-2 if dtype != "float32" else 1e-5).item()
+    bounds = np.cumsum([0, *sizes]).tolist()
+    alone = [tower(pixels[a:b], [grid]) for a, b, grid in zip(bounds, bounds[1:], GRIDS)]
+    # The same arithmetic; only the matmuls' row blocking differs with the rows in one call.
+    assert mx.allclose(mx.concatenate(alone).astype(mx.float32), together.astype(mx.float32), rtol=1e-5, atol=1e-5).item()
+
+
+def test_a_forward_that_differs_from_mlx_vlms_is_not_used():
+    class Shifted(WindowedTower):
+        def __call__(self, pixel_values, grids):
+            return super().__call__(pixel_values, grids) + 0.5
+
+    model = build_random_vlm(vlm_config("tiny-vl", "bfloat16"), "bfloat16", seed=1, vision_dtype="float32")
+    assert not Shifted(model.vision_tower).agrees(model)
+
+
+def test_a_steps_new_image_prompts_share_one_tower_forward_and_answer_as_alone(tmp_path):
+    family = Family(write_qwen25_vl(tmp_path / "qwen"))
+    model = family.loaded.model
+    calls: list[int] = []
+
+    class Counted(WindowedTower):
+        def __call__(self, pixel_values, grids):
+            calls.append(len(grids))
+            return super().__call__(pixel_values, grids)
+
+    model.batched_tower = Counted(model.vlm.vision_tower)
+    images = [[png_bytes(56, 56, seed=1)], [png_bytes(112, 84, seed=2), png_bytes(84, 84, seed=3)],
+              [png_bytes(140, 112, seed=4)]]
+
+    def requests():
+        return [family.request(f"r{i}", imgs) for i, imgs in enumerate(images)]
+
+    expected = {}
+    for request in requests():
+        core = EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False, vision_feature_cache_bytes=0))
+        expected.update(run_core(core, [Arrival(0, request)]))
+    assert calls == [len(PROBE_GRIDS), 1, 2, 1]  # the check against mlx-vlm's forward at the first image
+    calls.clear()
+    core = EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False, vision_feature_cache_bytes=0))
+    batched = run_core(core, [Arrival(0, r) for r in requests()])
+    assert calls == [4]  # three prompts, four images, one forward
+    for request_id, stream in expected.items():
+        assert_same_stream(stream, batched[request_id])
