@@ -16,12 +16,14 @@
 #   ttft (2,048-token shared prefix + 16-token suffix, hit vs miss) on the Qwen3-0.6B shape and, unless SKIP_8B=1,
 #   the Llama-3.1-8B shape. Writes $OUT/engine_throughput.{json,txt}, $OUT/prefix_ttft_<shape>.json and
 #   $OUT/prefix_ttft.txt.
-# vision [SHAPE]: bench.serving.vision_compare on a random bf16 VLM (default qwen2.5-vl-3b): levels LEVELS (default
-#   1,8,32), each request one IMAGE_SIZE (default 672x672) JPEG + a 64-token question, 128 new tokens, streamed;
-#   ours, then mlx_vlm.server; then ours at 32 streams, MIX_ROUNDS (default 2) alternating rounds of text-only vs
-#   half-image requests. VISION_DTYPE (default float32): the vision tower's weights; a bf16 / fp16 Qwen2.5-VL tower
-#   dies in its forward on MLX 0.32.4 CUDA (SIGFPE), in mlx_vlm.server as in Orchard. Needs mlx-vlm and its
-#   server's imports in the bundles (bench/README.md). Writes
+# vision [SHAPE]: bench.serving.vision_compare on a random bf16 VLM (default qwen2.5-vl-3b): ROUNDS (default 2) of
+#   ours and mlx_vlm.server, each phase a fresh server (order AB, BA, ...): the first image's TTFT, levels LEVELS
+#   (default 1,8,32; each request one IMAGE_SIZE (default 672x672) JPEG + a 64-token question, 128 new tokens,
+#   streamed), REPEAT_PAIRS (default 3) images asked twice; in ours' last phase MIX_ROUNDS (default 2) alternating
+#   rounds of text-only vs half-image requests at 32 streams. VISION_DTYPE (default float32): the vision tower's
+#   weights; mlx-vlm's forward of a bf16 / fp16 Qwen2.5-VL tower dies on MLX 0.32.4 CUDA (SIGFPE: attention over
+#   empty windows) where the image's merged grid divides into whole windows (672x672 does; 700x700 does not),
+#   Orchard's own forward does not. Needs mlx-vlm and its server's imports in the bundles (bench/README.md). Writes
 #   $OUT/vision_<shape>.{json,txt} and server logs under $OUT/logs_vision_<shape>/. BUDGET (default 540), EXTRA.
 # All: OUT (default /tmp/out), ORCHARD_COMMIT (recorded in the JSON where the tree has no .git).
 set -euo pipefail
@@ -63,6 +65,7 @@ case "$MODE" in
     # shellcheck disable=SC2086
     python3 -m bench.serving.vision_compare --random-shape "$SHAPE" --levels "${LEVELS:-1,8,32}" \
       --image-size "${IMAGE_SIZE:-672x672}" --mix-rounds "${MIX_ROUNDS:-2}" \
+      --rounds "${ROUNDS:-2}" --repeat-pairs "${REPEAT_PAIRS:-3}" \
       --vision-dtype "${VISION_DTYPE:-float32}" \
       --json "$OUT/vision_${SHAPE}.json" --log-dir "$OUT/logs_vision_${SHAPE}" \
       --time-budget-s "${BUDGET:-540}" ${EXTRA:-} 2>&1 | tee "$OUT/vision_${SHAPE}.txt"

@@ -6,10 +6,12 @@
 Builds (tests.support.random_vlm, in a child process) or takes (--model) a Qwen2.5-VL-style folder. Then, one server at
 a time (--servers, in that order): start it as a child process (ours: bench.serving.orchard_server with
 `model_type: multimodal`; mlx-vlm's own `python -m mlx_vlm.server --model FOLDER`), wait until it answers, run
-the `image` sweep (closed loop at each level: every request one new synthetic --image-size picture and a
+one image request (the first image's TTFT on a fresh server), the `image` sweep (closed loop at each level: every request one new synthetic --image-size picture and a
 --question-tokens question, --gen-tokens new tokens, streamed), then, for --mix-servers, --mix-rounds
 alternating rounds at --mix-level of `text_only` (prompts of about an image request's tokens) and `image_mix`
-(half the requests with an image); stop it. Tables, acceptance checks (bench.serving.reports) and the
+(half the requests with an image), then --repeat-pairs pairs (one new image, asked twice with different questions: the
+second's TTFT / the first's); stop it. --rounds such phases per server on fresh servers, the order alternating;
+ratios per round and their medians. Tables, acceptance checks (bench.serving.reports) and the
 JSON, rewritten after every level. MLX and Ray stay out of this process. Linux dev machines: run it under
 scripts/loopback.sh.
 """
@@ -23,9 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+
+import numpy as np
 
 from bench.serving.compare import (
     REPO,
@@ -42,7 +47,7 @@ from bench.serving.compare import (
 )
 from bench.serving.orchard_server import mlx_backend_env
 from bench.serving.reports import vision_checks, vision_tables
-from deployments.cli.loadgen.client import StreamClient, Target
+from deployments.cli.loadgen.client import RequestSpec, StreamClient, Target, make_spec
 from deployments.chat.synthetic_images import image_data_url, parse_size
 from deployments.cli.loadgen.load import (
     add_load_arguments,
@@ -54,12 +59,13 @@ from deployments.cli.loadgen.load import (
     write_json,
 )
 from deployments.cli.loadgen.stats import LevelResult
-from deployments.cli.loadgen.tables import show
+from deployments.cli.loadgen.tables import Table, show, workload_levels
 from deployments.cli.loadgen.workloads import LoadSettings, run_sweep_level, warm_up
 
 SERVERS = ("orchard", "mlx_vlm")
 PHASE_WEIGHTS = {"orchard": 1.8, "mlx_vlm": 1.0}  # ours holds Ray's start and the prefill-shape warm-up
 MIX_SHARE = 0.45  # of a mix server's measuring time: the alternating text_only / image_mix rounds
+MIX_BOUND = 0.75  # issue 54: image_mix / text_only at 32 streams
 END_RESERVE_S = 10.0
 # Both servers load the folder offline: a processor file missing locally must not become a Hub request.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -84,7 +90,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="text_only prompts' words (0: the image's tokens + the question's)")
     p.add_argument("--mix-level", type=int, default=32, help="streams of the text_only / image_mix rounds")
     p.add_argument("--mix-rounds", type=int, default=2, help="alternating text_only / image_mix rounds (0: none)")
-    p.add_argument("--mix-servers", default="orchard", help="servers that run the mix rounds")
+    p.add_argument("--mix-servers", default="orchard", help="servers that run the mix rounds (in their last phase)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="phases per server, each on a fresh server; the order alternates (AB, BA, ...)")
+    p.add_argument("--repeat-pairs", type=int, default=3,
+                   help="after each sweep: pairs of requests with one new image and two questions, one at a time")
     p.add_argument("--orchard-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="ours: another model entry field (dotted for nested: advanced.prefill_warmup_seconds=30)")
     p.add_argument("--mlx-vlm-arg", action="append", default=[], metavar="FLAG",
@@ -162,6 +172,39 @@ async def run_mix_rounds(target: Target, settings: LoadSettings, level: int, rou
     return result
 
 
+# ---- the first image on a fresh server; an image asked about twice
+PROBE_TOKENS = 8  # TTFT probes: a few tokens each
+
+
+def _image_spec(settings: LoadSettings, seed: tuple[int, ...], question_seed: int) -> RequestSpec:
+    spec = make_spec(np.random.default_rng(question_seed), settings.question_tokens, PROBE_TOKENS, settings.vocab_size)
+    spec.image_url = image_data_url(settings.image_width, settings.image_height, seed, settings.image_format)
+    return spec
+
+
+async def first_image_ttft(target: Target, settings: LoadSettings, round_index: int) -> Optional[float]:
+    async with StreamClient(target, settings.request_timeout_s) as client:
+        record = await client.stream(_image_spec(settings, (settings.seed, 77, round_index), 7700 + round_index))
+    return None if record.error else record.ttft_s
+
+
+async def repeated_image_ttfts(target: Target, settings: LoadSettings, pairs: int, round_index: int) -> dict[str, Any]:
+    """Each pair: a new image with one question, then the same image with another; TTFTs and second / first."""
+    rows = []
+    async with StreamClient(target, settings.request_timeout_s) as client:
+        for pair in range(pairs):
+            seed = (settings.seed, 78, round_index, pair)
+            first = await client.stream(_image_spec(settings, seed, 7800 + 10 * round_index + pair))
+            second = await client.stream(_image_spec(settings, seed, 7900 + 10 * round_index + pair))
+            if first.error or second.error or not first.ttft_s or second.ttft_s is None:
+                rows.append({"error": first.error or second.error or "no first token"})
+                continue
+            rows.append({"first_ttft_s": first.ttft_s, "second_ttft_s": second.ttft_s,
+                         "ratio": second.ttft_s / first.ttft_s})
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    return {"pairs": rows, "median_ratio": statistics.median(ratios) if ratios else None}
+
+
 # ---- the run
 class VisionRun:
     """The report and the clock."""
@@ -175,7 +218,7 @@ class VisionRun:
         self.report: dict[str, Any] = {
             "kind": "vision", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "git_commit": git_commit(), "machine": None, "model": None, "settings": None, "images": None,
-            "servers": {}, "server_info": {}, "mix": {}, "checks": [], "events": [],
+            "servers": {}, "server_info": {}, "mix": {}, "rounds": [], "checks": [], "events": [],
         }
 
     def left(self) -> float:
@@ -187,33 +230,40 @@ class VisionRun:
         print(f"[vision {stamp:6.1f} s] {text}", flush=True)
 
     def save(self) -> None:
-        self.report["checks"] = vision_checks(self.report)
+        self.report["checks"] = round_checks(self.report) or vision_checks(self.report)
         write_json(self.json_path, self.report)
 
 
-def run_server_phase(run: VisionRun, name: str, model_path: str, settings: LoadSettings, budget_s: float) -> None:
+def run_server_phase(
+    run: VisionRun, name: str, model_path: str, settings: LoadSettings, budget_s: float, round_index: int, mixing: bool
+) -> None:
     args = run.args
     spec = server_spec(name, model_path, free_port(), args, settings)
     phase_end = time.perf_counter() + budget_s
-    server = ServerProcess(spec, run.log_dir / f"{name}.log", REPO)
+    server = ServerProcess(spec, run.log_dir / f"{name}_round{round_index}.log", REPO)
     info: dict[str, Any] = {"argv": spec.argv[1:], "log": str(server.log_path), "target": to_jsonable(spec.target)}
-    run.report["server_info"][name] = info
-    run.event(f"starting {name} (phase budget {budget_s:.0f} s)")
+    run.report["server_info"][f"{name}_round{round_index}"] = info
+    phase = run.report["rounds"][round_index - 1].setdefault(name, {})
+    run.event(f"round {round_index}: starting {name} (phase budget {budget_s:.0f} s)")
     try:
         server.start()
         info["ready_s"] = round(server.wait_ready(min(args.startup_timeout_s, 0.7 * budget_s)), 1)
         run.event(f"{name} ready after {info['ready_s']} s")
+        phase["first_image_ttft_s"] = run_async(first_image_ttft(spec.target, settings, round_index))
+        run.event(f"{name}: first image TTFT {phase['first_image_ttft_s']} s")
         measure_end = phase_end - STOP_RESERVE_S
-        mixing = name in args.mix_servers.split(",") and args.mix_rounds > 0
         sweep_end = measure_end - (MIX_SHARE * (measure_end - time.perf_counter()) if mixing else 0.0)
 
         def on_result(suite: Any) -> None:  # after every level: a run cut short keeps what it measured
-            run.report["servers"][name] = to_jsonable(suite)
+            run.report["servers"][name] = phase["suite"] = to_jsonable(suite)
             run.save()
 
         suite = run_async(run_suite(spec.target, settings, sweep_end, on_result=on_result))
-        run.report["servers"][name] = to_jsonable(suite)
+        run.report["servers"][name] = phase["suite"] = to_jsonable(suite)
         show(suite_tables(suite))
+        if args.repeat_pairs:
+            phase["repeat"] = run_async(repeated_image_ttfts(spec.target, settings, args.repeat_pairs, round_index))
+            run.event(f"{name}: repeated image, second / first TTFT median {phase['repeat']['median_ratio']}")
         if mixing:
             mix = run_async(run_mix_rounds(spec.target, settings, args.mix_level, args.mix_rounds, measure_end))
             run.report["mix"][name] = to_jsonable(mix)
@@ -228,6 +278,46 @@ def run_server_phase(run: VisionRun, name: str, model_path: str, settings: LoadS
         info["stop_s"] = round(time.perf_counter() - stop_started, 1)
         run.event(f"{name} stopped in {info['stop_s']} s")
         run.save()
+
+
+def round_checks(report: dict) -> list[dict[str, str]]:
+    """Issue 54's bounds over the rounds: ours / mlx_vlm.server system tok/s per level (median of the rounds'
+    ratios; 1.1 at one stream, 1.5 from 8 up), our first image's TTFT / our steady one-stream TTFT (<= 2, worst
+    round), a repeated image's second / first TTFT (<= 0.3, median of pairs), and vision_checks' mix check."""
+    rows, ratios, firsts, repeats = [], defaultdict(list), [], []
+    for phases in report.get("rounds") or []:
+        view = {"servers": {name: phase.get("suite") for name, phase in phases.items()}}
+        ours, ref = (workload_levels(view, s, "image") for s in ("orchard", "mlx_vlm"))
+        for level in sorted(set(ours) & set(ref)):
+            if ours[level]["errors"] + ref[level]["errors"] == 0 and ref[level]["system_tok_s"]:
+                ratios[level].append(ours[level]["system_tok_s"] / ref[level]["system_tok_s"])
+        first, steady = phases.get("orchard", {}).get("first_image_ttft_s"), (ours.get(1) or {}).get("ttft_mean_s")
+        if first and steady:
+            firsts.append(first / steady)
+        repeats += [p["ratio"] for p in (phases.get("orchard", {}).get("repeat") or {}).get("pairs", []) if "ratio" in p]
+    for level, values in sorted(ratios.items()):
+        bound = 1.1 if level == 1 else 1.5
+        each = ", ".join(f"{v:.2f}" for v in values)
+        rows.append(_round_check(f"orchard / mlx_vlm system tok/s, image, c={level}, median of {len(values)} rounds "
+                                 f"({each})", statistics.median(values), bound, above=True))
+    if firsts:
+        rows.append(_round_check(f"orchard first-image TTFT / steady 1-stream TTFT, worst of {len(firsts)} rounds",
+                                 max(firsts), 2.0, above=False))
+    if repeats:
+        rows.append(_round_check(f"orchard repeated image, second / first TTFT, median of {len(repeats)} pairs",
+                                 statistics.median(repeats), 0.3, above=False))
+    mix = (report.get("mix") or {}).get("orchard") or {}
+    if rows and mix.get("rounds"):
+        each = ", ".join(f"{r['ratio']:.3f}" for r in mix["rounds"])
+        rows.append(_round_check(f"orchard image_mix / text_only system tok/s, c={mix['level']}, median of "
+                                 f"{len(mix['rounds'])} rounds ({each})", mix["median_ratio"], MIX_BOUND, above=True))
+    return rows
+
+
+def _round_check(name: str, value: float, bound: float, above: bool) -> dict[str, str]:
+    passed = value >= bound if above else value <= bound
+    return {"check": name, "value": f"{value:.3f}", "limit": f"{'>=' if above else '<='} {bound}",
+            "verdict": "PASS" if passed else "FAIL"}
 
 
 def build_model(args: argparse.Namespace, folder: Path, timeout_s: float) -> str:
@@ -264,16 +354,24 @@ def main(argv: Optional[list[str]] = None) -> dict:
         run.report["settings"] = {"load": to_jsonable(settings), "compare": compare_args}
         run.report["images"] = image_facts(settings)
         run.save()
-        for i, name in enumerate(servers):
-            budget = run.left() * PHASE_WEIGHTS[name] / sum(PHASE_WEIGHTS[s] for s in servers[i:])
+        phases = [(r, name) for r in range(1, args.rounds + 1) for name in (servers if r % 2 else servers[::-1])]
+        run.report["rounds"] = [{} for _ in range(args.rounds)]
+        mix_servers = set(args.mix_servers.split(",")) if args.mix_rounds > 0 else set()
+        # A server's last phase runs the mix rounds (if it is a mix server): it gets MIX_SHARE more time.
+        mixing = [name in mix_servers and all(n != name for _, n in phases[i + 1:]) for i, (_, name) in enumerate(phases)]
+        weights = [PHASE_WEIGHTS[name] * (1.0 + MIX_SHARE * mix) for (_, name), mix in zip(phases, mixing)]
+        for i, (round_index, name) in enumerate(phases):
+            budget = run.left() * weights[i] / sum(weights[i:])
             if budget < 20.0:
-                run.event(f"skipping {name}: {budget:.0f} s left")
+                run.event(f"skipping {name} in round {round_index}: {budget:.0f} s left")
                 continue
-            run_server_phase(run, name, model_path, settings, budget)
+            run_server_phase(run, name, model_path, settings, budget, round_index, mixing[i])
     run.report["wall_s"] = round(time.perf_counter() - run.started, 1)
     run.save()
     print()
-    show(vision_tables(run.report))
+    tables = [t for t in vision_tables(run.report) if "acceptance" not in t.title]
+    rows = [[c["check"], c["value"], c["limit"], c["verdict"]] for c in run.report["checks"]]
+    show(tables + [Table("acceptance over the rounds", ["check", "measured", "needs", "verdict"], rows)])
     print(f"\nwrote {run.json_path} in {run.report['wall_s']} s")
     return run.report
 
