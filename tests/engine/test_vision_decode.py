@@ -39,3 +39,19 @@ def test_rows_decode_through_the_text_twin_as_through_mlx_vlm(family):
         got = through_twin[request_id]
         assert got.token_ids == expected.token_ids, request_id
         assert max(abs(a - b) for a, b in zip(got.logprobs, expected.logprobs)) < 1e-4, request_id
+
+
+def test_a_text_model_with_another_rotary_layout_is_refused(family):
+    from engine.vision.text_twin import _agrees
+
+    model = family.loaded.model
+    rotaries = [layer.self_attn.rope for layer in model.text_twin.layers]
+    assert _agrees(model, model.text_twin)
+    try:
+        for rope in rotaries:
+            rope.traditional = not rope.traditional
+        assert not _agrees(model, model.text_twin)
+    finally:
+        for rope in rotaries:
+            rope.traditional = not rope.traditional
+
