@@ -1,7 +1,7 @@
 """Prefill of prompts with images: each request on its own, from the embeddings its images were merged into.
 
 Text prompts of a vision-language model take the batched path (prefill.py); a prompt with images needs its
-embeddings in place of the image tokens' (VisionLanguageModel.embed_prompt, once per request), so its chunks run
+embeddings in place of the image tokens' (VisionLanguageModel.embed_prompts, once per request), so its chunks run
 one request at a time, in windows, with a one-token tail forward for the completing position's logits.
 """
 
