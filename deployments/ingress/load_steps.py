@@ -1,8 +1,10 @@
-"""Steps of an admin load before its model starts: what it may name, the downloads it waits for, the names it
-may not take."""
+"""Steps of an admin load: what it may name, the downloads it waits for, the names it may not take, and its deploy
+within the load deadline."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import logging
 from pathlib import Path
@@ -10,8 +12,9 @@ from pathlib import Path
 from deployments.config import ModelConfig, serve_app_name
 from deployments.hub.downloads import DownloadManager
 from deployments.hub.events import DownloadFailed
+from deployments.ingress.model_entries import ModelBackend
 from deployments.model_sources import HubFetch, check_admin_model, check_admin_policy, uncached_repos
-from engine.errors import InvalidRequestError
+from engine.errors import InvalidRequestError, ModelLoadError
 from engine.images.memory import check_fits
 from engine.process_memory import available_memory_bytes
 
@@ -48,6 +51,20 @@ async def download_for_load(downloads: DownloadManager | None, fetch: HubFetch) 
         raise error
 
 
+async def deploy_within_deadline(backend: ModelBackend, config: ModelConfig, timeout_s: float) -> None:
+    """The backend's deploy, failed (and its application deleted) past admin_loads.timeout_s: a replica that cannot
+    be placed, or a load that hangs, would otherwise hold the load (and its slot) for good."""
+    try:
+        await asyncio.wait_for(backend.deploy(config), timeout_s)
+    except asyncio.TimeoutError:
+        with contextlib.suppress(Exception):
+            await backend.undeploy(config.id)
+        raise ModelLoadError(
+            f"The model did not serve within {timeout_s:g} s (admin_loads.timeout_s): its replica could not be "
+            "placed (the resources it asks for are taken) or its start hangs; it was stopped",
+            param="model_path") from None
+
+
 def check_not_reserved(model_id: str, reserved: set[str]) -> None:
     if serve_app_name(model_id) in reserved:
         raise InvalidRequestError(
@@ -57,4 +74,4 @@ def check_not_reserved(model_id: str, reserved: set[str]) -> None:
         )
 
 
-__all__ = ["check_admin_load", "check_not_reserved", "download_for_load", "pending_downloads"]
+__all__ = ["check_admin_load", "check_not_reserved", "deploy_within_deadline", "download_for_load", "pending_downloads"]

@@ -31,9 +31,11 @@ from deployments.model_sources import (
 from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo
 from deployments.ingress.adapter_catalog import AdapterCatalog, route_adapter, split_adapter_id
 from deployments.ingress.auto_load import AutoLoadingClient
-from deployments.ingress.footprint import MIB
+from deployments.ingress.budgeted_loads import BudgetedLoads
 from deployments.ingress.load_limits import check_load_resources
-from deployments.ingress.load_steps import check_admin_load, check_not_reserved, download_for_load, pending_downloads
+from deployments.ingress.load_steps import (
+    check_admin_load, check_not_reserved, deploy_within_deadline, download_for_load, pending_downloads,
+)
 from deployments.ingress.model_entries import (
     AdminOperation, DeploymentState, ModelBackend, ModelEntry, ModelQueueStats, ModelStatus,
 )
@@ -77,6 +79,7 @@ class Registry:
         self._status = StatusRefresher(self._refresh_now)
         self._replicas = ReplicaWatch(backend, self.fetch_info, self._spawn)
         self._readings = ModelReadings(backend, self._replicas.lost)
+        self._budget = BudgetedLoads(self.memory, self._readings, self._load_limits.timeout_s) if self.memory else None
         self.adapters = AdapterCatalog()  # per-request LoRA adapters: 'MODEL:NAME' (adapter_catalog.py)
 
     # ---- lifecycle --------------------------------------------------------------
@@ -275,7 +278,8 @@ class Registry:
         if existing is not None and existing.status != ModelStatus.FAILED:
             raise ModelExistsError(f"The model '{config.id}' is already {existing.status.value}", param="model_id")
         self._check_loads_in_flight()
-        await self._count_configured()
+        if self._budget is not None:
+            await self._budget.count_configured(self.entries())
         plan = self._plan_now(config)
         self._api_configs[config.id] = config
         self._served_once.discard(config.id)  # a failed one loaded again: stored once this load serves
@@ -289,10 +293,8 @@ class Registry:
     def _auto_load(self, config: ModelConfig) -> ModelEntry:
         """An on_demand model a request named: loaded now (room made under the memory budget, else 507)."""
         self._check_loads_in_flight()
-        if self.memory is not None and not self._pending_downloads(config):
-            resolved = self._resolved(config, True)
-            if not self.memory.residency.could_fit(self.memory.footprint(resolved)):
-                self.memory.plan(config, resolved)  # the 507, naming the pinned models that hold the room
+        if self._budget is not None and not self._pending_downloads(config):
+            self._budget.refuse_unless_it_could_fit(config, self._resolved(config, True))
         logger.info("loading model %s: a request names it (on_demand)", config.id)
         return self._begin_load(config, None, on_demand=True)  # room is made (or waited for) as it starts
 
@@ -314,24 +316,6 @@ class Registry:
     def _resolved(self, config: ModelConfig, on_demand: bool) -> ModelConfig:
         """The config with its local files: an admin load's within model_roots, an operator's as it is."""
         return check_operator_model(config) if on_demand else check_admin_model(config, self._model_roots)
-
-    async def _count_configured(self) -> None:
-        """serve_config.yaml's running models, counted against the memory budget at MLX's memory they measure."""
-        for entry in self.entries() if self.memory is not None else ():
-            if entry.source == "config" and not entry.on_demand and entry.status == ModelStatus.RUNNING \
-                    and not self.memory.residency.holds(entry.model_id):
-                info = await self._readings.info(entry.model_id)
-                if info is not None:
-                    measured = (info.memory.mlx_active_mb + info.memory.mlx_cache_mb) * MIB
-                    self.memory.admit_configured(entry.model_id, int(measured))
-
-    async def _evict(self, model_ids: list[str]) -> None:
-        """Unload each (least recently used first) and wait until its memory is free."""
-        for model_id in model_ids:
-            logger.info("evicting model %s to make room under the memory budget", model_id)
-            with contextlib.suppress(OrchardError):  # gone or going already: its memory is released by its unload
-                entry = await self.unload(model_id)
-                await entry.operation.settled.wait()
 
     async def _unload_quietly(self, model_id: str) -> None:
         with contextlib.suppress(OrchardError):
@@ -359,15 +343,9 @@ class Registry:
             resolved = self._resolved(config, entry.on_demand)
             if resolved.model_path != config.model_path:
                 entry.loaded_from = resolved.model_path
-            if self.memory is not None:
-                await self._count_configured()
-                if plan is None:  # an on_demand load waits for room its requests will free; an admin load does not
-                    plan = (await self.memory.plan_when_room(config, resolved, self._load_limits.timeout_s)
-                            if entry.on_demand else self.memory.plan(config, resolved))
-                await self._evict(plan.eviction.evict)
-                self.memory.deploying(config.id)
-                resolved = plan.config
-            await self._deploy_within_deadline(resolved)
+            if self._budget is not None:
+                resolved = await self._budget.make_room(entry, config, resolved, plan, self.entries(), self.unload)
+            await deploy_within_deadline(self._backend, resolved, self._load_limits.timeout_s)
         except asyncio.CancelledError:  # an unload (which deletes what was started), or the ingress closing
             self._release(config.id)
             failure = ModelLoadError(f"The load of '{config.id}' was cancelled: the model was unloaded",
@@ -391,20 +369,6 @@ class Registry:
         finally:
             entry.busy = False
             entry.operation.finish(failure)
-
-    async def _deploy_within_deadline(self, config: ModelConfig) -> None:
-        """The backend's deploy, failed (and its application deleted) past admin_loads.timeout_s: a replica that
-        cannot be placed, or a load that hangs, would otherwise hold the load (and its slot) for good."""
-        timeout_s = self._load_limits.timeout_s
-        try:
-            await asyncio.wait_for(self._backend.deploy(config), timeout_s)
-        except asyncio.TimeoutError:
-            with contextlib.suppress(Exception):
-                await self._backend.undeploy(config.id)
-            raise ModelLoadError(
-                f"The model did not serve within {timeout_s:g} s (admin_loads.timeout_s): its replica could not be "
-                "placed (the resources it asks for are taken) or its start hangs; it was stopped",
-                param="model_path") from None
 
     async def unload(self, model_id: str) -> ModelEntry:
         """Begin an unload and return at once: new requests are refused now, open streams get the model's drain
