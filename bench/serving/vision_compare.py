@@ -6,8 +6,9 @@
 Builds (tests.support.random_vlm, in a child process) or takes (--model) a Qwen2.5-VL-style folder. Then, one server at
 a time (--servers, in that order): start it as a child process (ours: bench.serving.orchard_server with
 `model_type: multimodal`; mlx-vlm's own `python -m mlx_vlm.server --model FOLDER`), wait until it answers, run
-one image request (the first image's TTFT on a fresh server), the `image` sweep (closed loop at each level: every request one new synthetic --image-size picture and a
---question-tokens question, --gen-tokens new tokens, streamed), then, for --mix-servers, --mix-rounds
+one image request (the first image's TTFT on a fresh server), the `image` sweep (closed loop at each level: every
+request one new synthetic --image-size picture and a --question-tokens question, --gen-tokens new tokens,
+streamed), then, for --mix-servers, --mix-rounds
 alternating rounds at --mix-level of `text_only` (prompts of about an image request's tokens) and `image_mix`
 (half the requests with an image), then --repeat-pairs pairs (one new image, asked twice with different questions: the
 second's TTFT / the first's); stop it. --rounds such phases per server on fresh servers, the order alternating;
@@ -294,7 +295,8 @@ def round_checks(report: dict) -> list[dict[str, str]]:
         first, steady = phases.get("orchard", {}).get("first_image_ttft_s"), (ours.get(1) or {}).get("ttft_mean_s")
         if first and steady:
             firsts.append(first / steady)
-        repeats += [p["ratio"] for p in (phases.get("orchard", {}).get("repeat") or {}).get("pairs", []) if "ratio" in p]
+        pairs = (phases.get("orchard", {}).get("repeat") or {}).get("pairs", [])
+        repeats += [p["ratio"] for p in pairs if "ratio" in p]
     for level, values in sorted(ratios.items()):
         bound = 1.1 if level == 1 else 1.5
         each = ", ".join(f"{v:.2f}" for v in values)
@@ -358,7 +360,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         run.report["rounds"] = [{} for _ in range(args.rounds)]
         mix_servers = set(args.mix_servers.split(",")) if args.mix_rounds > 0 else set()
         # A server's last phase runs the mix rounds (if it is a mix server): it gets MIX_SHARE more time.
-        mixing = [name in mix_servers and all(n != name for _, n in phases[i + 1:]) for i, (_, name) in enumerate(phases)]
+        mixing = [name in mix_servers and all(n != name for _, n in phases[i + 1:])
+                  for i, (_, name) in enumerate(phases)]
         weights = [PHASE_WEIGHTS[name] * (1.0 + MIX_SHARE * mix) for (_, name), mix in zip(phases, mixing)]
         for i, (round_index, name) in enumerate(phases):
             budget = run.left() * weights[i] / sum(weights[i:])

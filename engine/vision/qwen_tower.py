@@ -118,7 +118,8 @@ def _merges_given_features(vlm: Any, pixels: mx.array, features: mx.array) -> bo
     unit = vlm.vision_tower.spatial_merge_unit
     ids: list[int] = [11, 12]
     for t, h, w in PROBE_GRIDS:
-        ids += [config.vision_start_token_id, *[config.image_token_id] * (t * h * w // unit), config.vision_end_token_id]
+        image = [config.image_token_id] * (t * h * w // unit)
+        ids += [config.vision_start_token_id, *image, config.vision_end_token_id]
     tokens = mx.array([ids + [13]], mx.int32)
     arrays = {"mask": mx.ones(tokens.shape, mx.int32), "image_grid_thw": mx.array(PROBE_GRIDS)}
     own = vlm.get_input_embeddings(tokens, pixels, **arrays).to_dict()
