@@ -19,7 +19,7 @@
 # vision [SHAPE]: bench.serving.vision_compare on a random bf16 VLM (default qwen2.5-vl-3b): ROUNDS (default 2) of
 #   ours and mlx_vlm.server, each phase a fresh server (order AB, BA, ...): the first image's TTFT, levels LEVELS
 #   (default 1,8,32; each request one IMAGE_SIZE (default 672x672) JPEG + a 64-token question, 128 new tokens,
-#   streamed), REPEAT_PAIRS (default 3) images asked twice; in ours' last phase MIX_ROUNDS (default 2) alternating
+#   streamed), REPEAT_PAIRS (default 3) images asked twice (and the second question alone: the floor); in ours' last phase MIX_ROUNDS (default 2) alternating
 #   rounds of text-only vs half-image requests at 32 streams. VISION_DTYPE (default float32): the vision tower's
 #   weights; mlx-vlm's forward of a bf16 / fp16 Qwen2.5-VL tower dies on MLX 0.32.4 CUDA (SIGFPE: attention over
 #   empty windows) where the image's merged grid divides into whole windows (672x672 does; 700x700 does not),
