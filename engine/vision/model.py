@@ -160,15 +160,27 @@ class VisionLanguageModel:
         return per_prompt
 
     def _checked_tower(self) -> WindowedTower | None:
-        """The batched tower once it agrees with mlx-vlm's (checked at the first prompt with images); it also
-        settles that the family merges given features as its own (so they may be kept)."""
+        """The batched tower once it agrees with mlx-vlm's and the family merges its features as its own tower's
+        (checked at the first prompt with images)."""
         if not self._tower_checked:
             self._tower_checked = True
-            if self.batched_tower is not None and not self.batched_tower.agrees(self.vlm):
+            tower = self.batched_tower
+            if tower is not None and not (tower.agrees() and self._merges_probe_features(tower)):
                 self.batched_tower = None
-            if self.batched_tower is not None:
-                self.reuses_features, self.stacks_features = True, False
         return self.batched_tower
+
+    def _merges_probe_features(self, tower: WindowedTower) -> bool:
+        """The kept-features check (_merges_kept_features) on the tower's probe prompt, whose grids run mlx-vlm's
+        own tower safely; it settles reuses_features. The batched tower hands features in the concatenated layout."""
+        token_ids, arrays = tower.probe_prompt(self.vlm.config)
+        ids, pixels = mx.array(token_ids, mx.int32)[None], tower.probe_pixels()
+        try:
+            merged = self.vlm.get_input_embeddings(ids, pixels, mask=mx.ones(ids.shape, mx.int32), **arrays)
+        except Exception:  # noqa: BLE001 — a family whose prompts are laid out otherwise
+            return False
+        rows = [merged.inputs_embeds[0, start:end] for start, end in media_token_runs(token_ids, self.image_token_id)]
+        self.reuses_features = self._merges_kept_features(merged, rows, (ids, pixels, arrays))
+        return self.reuses_features and not self.stacks_features
 
     def _embedded(self, tokens: mx.array, merged: Any, arrays: dict[str, mx.array]) -> EmbeddedPrompt:
         extra = {k: v for k, v in merged.to_dict().items() if k != "inputs_embeds" and v is not None}

@@ -35,7 +35,7 @@ def test_attention_groups_batch_segments_by_length_and_drop_empty_ones():
 def test_batched_tower_equals_mlx_vlm_and_each_image_alone(dtype):
     model = build_random_vlm(vlm_config("tiny-vl", "bfloat16"), "bfloat16", seed=1, vision_dtype=dtype)
     tower = WindowedTower(model.vision_tower)
-    assert WindowedTower.fits(model.vision_tower) and tower.agrees(model)
+    assert WindowedTower.fits(model.vision_tower) and tower.agrees()
     sizes = [t * h * w for t, h, w in GRIDS]
     pixels = mx.random.normal((sum(sizes), 1176), key=mx.random.key(2))
     together = tower(pixels, GRIDS)
@@ -56,7 +56,7 @@ def test_a_forward_that_differs_from_mlx_vlms_is_not_used():
             return super().__call__(pixel_values, grids) + 0.5
 
     model = build_random_vlm(vlm_config("tiny-vl", "bfloat16"), "bfloat16", seed=1, vision_dtype="float32")
-    assert not Shifted(model.vision_tower).agrees(model)
+    assert not Shifted(model.vision_tower).agrees()
 
 
 def test_a_steps_new_image_prompts_share_one_tower_forward_and_answer_as_alone(tmp_path):
