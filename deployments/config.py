@@ -155,6 +155,11 @@ class ModelConfig(EngineKnobs):
     vision_warmup_sizes: list[str] | None = Field(
         None, max_length=8, description="a multimodal model answers one image of each size (WxH, e.g. 672x672) at "
         "load, so that the first user images build no kernels (null: 448x448 and 896x672 on a GPU, none on the CPU)")
+    # One 672x672 image is 10.8 MB of float32 pixels and ~30 ms of CPU in Qwen2.5-VL's processor.
+    processed_image_cache_bytes: int | None = Field(
+        None, ge=0, description="a multimodal model keeps its processor's output per image sent (least recently used "
+        "out past this many bytes): the same image sent again skips decoding and the processor, and its pixels stay "
+        "in the replica while the engine keeps the image's features (0: none kept; null: 1% of the machine's RAM)")
     tool_call_parser: str | None = Field(
         None, description=f"one of {', '.join(TOOL_PARSER_NAMES)} (null: inferred from the chat template)")
     reasoning_parser: str | None = Field(

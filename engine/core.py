@@ -24,7 +24,8 @@ from engine.request import Request, RequestStatus, adapter_cache_keys
 from engine.request_limits import RequestLimits
 from engine.runner.memory import EngineMemory, read_engine_memory, vision_features_budget
 from engine.runner.runner import ModelRunner
-from engine.runner.step_budget import measure_prefill_budget
+from engine.runner.step_budget import STEP_TARGET_S, measure_prefill_budget
+from engine.runner.vision_prefill import vision_cost_tokens
 from engine.runner.verify_step import new_speculative_decoder
 from engine.runner_output import RunnerOutput
 from engine.sampling.held_guides import HeldGuides
@@ -111,6 +112,8 @@ class EngineCore:
             config = replace(config, prefill_step_tokens=budget.step_tokens)
             self.expected_step_s = budget.expected_step_s
         self.config = config
+        # A configured step budget is taken as STEP_TARGET_S of prefill (what a measured one is).
+        self._prefill_tokens_per_s = (config.prefill_token_budget or 0) / (self.expected_step_s or STEP_TARGET_S)
         # What every request is checked against, by the engine client before it reaches this core.
         self.limits = RequestLimits(loaded.vocab_size, self.context_length, self.kv_budget, loaded.longest_token_chars)
         speculation = new_speculative_decoder(loaded, config.speculative, draft)
@@ -138,6 +141,13 @@ class EngineCore:
         """Queue a request checked by `limits` (engine clients check at submit; callers of the core do too)."""
         if request.request_id in self._states:
             raise InvalidRequestError(f"Duplicate request id '{request.request_id}'", param="request_id")
+        if request.vision is not None and request.vision.pixels_left_out:  # the features it needs are held now
+            if self.runner.vision is None:
+                raise InvalidRequestError("This model takes no images", param="messages")
+            request.held_image_features = self.runner.vision.held_features(request.vision, self.runner.features)
+        if request.vision is not None and self.runner.vision is not None:
+            request.vision_cost_tokens = vision_cost_tokens(
+                self.runner.vision, self.runner.features, request, self._prefill_tokens_per_s)
         if request.sampling.guided is not None and request.guide is None:
             request.guide = self.guides.compile(request.sampling.guided)  # engine clients compile off-thread first
         if request.adapter is not None:

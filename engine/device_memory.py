@@ -26,7 +26,12 @@ def accelerator_memory_bytes() -> int:
 
 def device_memory_bytes() -> int:
     """The memory MLX's device may use: the GPU's, else the machine's RAM (the CPU backend's buffers live there)."""
-    return accelerator_memory_bytes() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return accelerator_memory_bytes() or host_memory_bytes()
+
+
+def host_memory_bytes() -> int:
+    """The machine's RAM."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def release_thread_streams() -> None:

@@ -97,6 +97,18 @@ class ModelLoadingError(RetryLaterError):
     code = "model_loading"
 
 
+class ImagePixelsNeededError(OrchardError):
+    """A prompt sent without its images' pixels (the serving side took them for kept by the engine) whose images'
+    features the engine does not hold: the sender sends it again with them; never a client's answer.
+    `never_kept`: this engine keeps none (the model cannot merge kept features without pixels, or no budget)."""
+
+    code = "image_pixels_needed"
+
+    def __init__(self, message: str, *, never_kept: bool = False) -> None:
+        super().__init__(message)
+        self.never_kept = never_kept
+
+
 class InsufficientMemoryError(OrchardError):
     """A model that would not fit the memory left beside the models already running (507)."""
 

@@ -77,6 +77,12 @@ class Request:
     # image's content: engine/vision/inputs.py); None for a text prompt, keyed by its token ids.
     vision: "VisionInputs | None" = None
     prompt_cache_keys: Sequence[int] | None = None
+    # Its images' features, taken from the engine's kept ones when it came without its pixels (never resubmitted).
+    held_image_features: list | None = None
+    # Its vision tower's time as the prompt tokens the device prefills meanwhile: charged to the step budget of its
+    # first chunk after each admission (unpaid until then).
+    vision_cost_tokens: int = 0
+    unpaid_vision_tokens: int = 0
     # False: never speculate for this request (it decodes plainly, in the same batch).
     speculative: bool = True
     # A per-request LoRA adapter, by its name on this model (None: the base model), and the bank slot the engine

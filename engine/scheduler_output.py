@@ -40,6 +40,8 @@ class NewRequest:
     num_generated: int = 0
     # The adapter bank slot its rows run on (0: the base model).
     adapter_slot: int = 0
+    # Its images' features, held since it came without its pixels (Request.held_image_features).
+    held_image_features: list | None = None
 
     @property
     def cache_keys(self) -> tuple[int, ...]:

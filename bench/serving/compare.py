@@ -358,16 +358,22 @@ def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSetting
         run.save()
 
 
-def save_ray_log_tails(dest: Path, lines: int = 200) -> None:
-    """The ends of Ray Serve's own logs (replica tracebacks live there, not in the launcher's output)."""
-    logs = Path(tempfile.gettempdir()) / "ray" / "session_latest" / "logs" / "serve"
-    parts = []
-    for path in sorted(logs.glob("*.log")):
+def save_ray_log_tails(dest: Path, lines: int = 200, heading: str = "") -> None:
+    """Append the ends of Ray Serve's own logs (replica tracebacks live there, not in the launcher's output) and the
+    engine processes' log lines (their load, warm-up and step-budget timings) from the workers' logs."""
+    logs = Path(tempfile.gettempdir()) / "ray" / "session_latest" / "logs"
+    parts = [f"######## {heading}"] if heading else []
+    for path in sorted((logs / "serve").glob("*.log")):
         tail = path.read_text(errors="replace").splitlines()[-lines:]
         parts.append(f"==== {path.name}\n" + "\n".join(tail))
+    engine = [line for path in sorted(logs.glob("worker-*"))
+              for line in path.read_text(errors="replace").splitlines() if "engine-process" in line]
+    if engine:
+        parts.append("==== engine processes\n" + "\n".join(engine[-lines:]))
     if parts:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text("\n".join(parts))
+        with dest.open("a") as out:
+            out.write("\n".join(parts) + "\n")
 
 
 def engine_baseline_argv(args: argparse.Namespace, model_path: str, settings: LoadSettings) -> list[str]:

@@ -29,6 +29,7 @@ class EncodedPrompt:
     text: str  # the rendered chat prompt ("" for token-id prompts): output parsers read its end
     vision: VisionInputs | None = None  # a prompt with images (a multimodal model)
     cache_keys: tuple[int, ...] | None = None  # the prefix cache's keys, where images make them differ from the ids
+    images_repeated: bool = False  # its images were processed for an earlier request (their pixels may stay here)
 
 
 class PromptEncoder:
@@ -78,7 +79,7 @@ class PromptEncoder:
         text = self._chat_text(prompt)
         self._check_length([text], "messages")
         encoded = self._vision.encode(text, prompt.images, prompt.videos)
-        return EncodedPrompt(encoded.token_ids, text, encoded.vision, encoded.cache_keys)
+        return EncodedPrompt(encoded.token_ids, text, encoded.vision, encoded.cache_keys, encoded.images_repeated)
 
     def _chat_text(self, prompt: ChatPrompt) -> str:
         if not getattr(self._tokenizer, "chat_template", None):

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from deployments.chat.images import decode_image
+from deployments.chat.processed_images import ImageReuse, ProcessedImages
 from deployments.chat.videos import decode_video, video_digest
 from deployments.model_calls import ImageInput, VideoInput
 from engine.errors import InvalidRequestError
@@ -35,18 +36,27 @@ class VisionPrompt:
     token_ids: list[int]
     vision: VisionInputs
     cache_keys: tuple[int, ...]
+    # Its images were processed for an earlier request (processed_images.py): the engine was sent them lately.
+    images_repeated: bool = False
 
 
 class VisionPromptEncoder:
-    def __init__(self, processor: Any, tokens: MediaTokens, max_image_pixels: int) -> None:
+    def __init__(self, processor: Any, tokens: MediaTokens, max_image_pixels: int, reuse_bytes: int = 0) -> None:
         self._processor = processor
         self._tokens = tokens
         self._max_image_pixels = max_image_pixels
+        self._reuse = ImageReuse(reuse_bytes, tokens.image, self._text_alone)
 
     def encode(self, text: str, images: list[ImageInput], videos: list[VideoInput] | None = None) -> VisionPrompt:
         """`text`: the rendered chat prompt with the template's placeholders, one per image and video, in order."""
         videos = videos or []
         self._check_kinds(images, videos)
+        reused = self._reuse.processed(text, images) if images and not videos else None
+        if reused is not None:
+            kept = reused.images
+            vision = VisionInputs(kept.pixel_values, kept.image_arrays, kept.image_digests)
+            keys = cache_key_ids(reused.token_ids, [(self._tokens.image, kept.image_digests)])
+            return VisionPrompt(reused.token_ids, vision, keys, images_repeated=True)
         decoded = [decode_image(image, self._max_image_pixels).image for image in images]
         frames = [decode_video(video, self._processor, self._max_image_pixels) for video in videos]
         first = (images or videos)[0].param
@@ -63,7 +73,12 @@ class VisionPromptEncoder:
         media = [(self._tokens.image, image_digests)]
         if self._tokens.video is not None:
             media.append((self._tokens.video, video_digests))
+        if images and pixels is not None:
+            self._reuse.remember(text, images, token_ids, ProcessedImages(pixels, arrays, image_digests))
         return VisionPrompt(token_ids, vision, cache_key_ids(token_ids, media))
+
+    def _text_alone(self, text: str) -> dict[str, Any]:
+        return dict(self._processor(text=[text], add_special_tokens=False))
 
     def _check_kinds(self, images: list[ImageInput], videos: list[VideoInput]) -> None:
         if videos and self._tokens.video is None:

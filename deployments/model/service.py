@@ -20,10 +20,12 @@ from deployments.chat.output_plan import plan_output
 from deployments.output_deltas import ContentDelta, ParsedEvent, ReasoningDelta, ToolCallDelta
 from deployments.chat.parsers.selection import OutputParser, ParserNames, resolve_parser_names
 from deployments.chat.prompts import EncodedPrompt, PromptEncoder, TokenTexts
+from deployments.chat.processed_images import reuse_budget
 from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
 from deployments.config import ModelConfig
 from deployments.metrics.model_metrics import ModelMemory, ModelMetrics, RequestTiming
 from deployments.model.adapters import ServiceAdapters
+from deployments.model.pixel_sends import PixelSends
 from deployments.model.vision_warmup import vision_warmup_sizes, warm_vision
 from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, MetricsSnapshot, ModelInfo, QueueStats,
@@ -101,6 +103,7 @@ class ModelService:
         self.parser_names = ParserNames()
         self.metrics = ModelMetrics(self.model_id)
         self._active_streams = 0
+        self._pixel_sends = PixelSends()
         self._unloading = False
         self.created_at = 0
 
@@ -137,7 +140,8 @@ class ModelService:
         if not getattr(served.tokenizer, "chat_template", None):  # VLM folders may keep it with the processor
             served.tokenizer.chat_template = getattr(served.processor, "chat_template", None)
         image, video = read_media_token_ids(served.path)
-        return VisionPromptEncoder(served.processor, MediaTokens(image, video), self.config.max_image_pixels)
+        return VisionPromptEncoder(served.processor, MediaTokens(image, video), self.config.max_image_pixels,
+                                   reuse_budget(self.config.processed_image_cache_bytes))
 
     async def unload(self) -> None:
         """Refuse new requests, give open streams up to advanced.unload_drain_s to finish, then end the rest with
@@ -167,11 +171,12 @@ class ModelService:
             plan = plan_output(self.parser_names, job, prompt.text)
             sampling = self._with_max_tokens(plan.sampling, len(prompt.token_ids), job.clamp_max_tokens)
             request = Request(
-                job.request_id, prompt.token_ids, sampling, vision=prompt.vision, prompt_cache_keys=prompt.cache_keys,
+                job.request_id, prompt.token_ids, sampling, prompt_cache_keys=prompt.cache_keys,
+                vision=self._pixel_sends.vision_to_send(prompt.vision, prompt.images_repeated),
                 speculative=job.speculative, adapter=job.adapter.name if job.adapter is not None else None,
             )
             if job.adapter is None:
-                stream = self._engine.submit(request)
+                stream = self._pixel_sends.submit(self._engine.submit, request, prompt.vision)
             else:
                 async with self.adapters.held(job.adapter):
                     stream = self._engine.submit(request)

@@ -40,7 +40,7 @@ from engine.sampling.sampler import BatchSampler, RowSampling
 from engine.scheduler_output import DecodeRow, NewRequest, PrefillChunk, SchedulerOutput
 from engine.spec_decode.speculator import SpeculationStats
 from engine.vision.feature_cache import FeatureCache
-from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
+from engine.vision.model import EmbeddedPrompt, MediaPrompt, VisionLanguageModel
 
 
 class ModelRunner:
@@ -326,7 +326,8 @@ class ModelRunner:
         new = [rid for rid in request_ids if rid not in self._embedded]
         if new:
             requests = [self._requests[rid] for rid in new]
-            made = self.vision.embed_prompts([(r.prompt_token_ids, r.vision) for r in requests], self.features)
+            prompts = [MediaPrompt(r.prompt_token_ids, r.vision, r.held_image_features) for r in requests]
+            made = self.vision.embed_prompts(prompts, self.features)
             for request_id, embedded in zip(new, made):
                 self._embedded[request_id] = embedded
                 if embedded.rope_delta:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, eval_caches
+from engine.request import Request
 from engine.runner.prefill import MAX_FORWARD_TOKENS, PrefillResult
 from engine.scheduler_output import PrefillChunk
+from engine.vision.feature_cache import FeatureCache
 from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
 
 
@@ -34,4 +36,20 @@ def run_vision_prefill(
     return PrefillResult(list(caches), completing, logits)
 
 
-__all__ = ["run_vision_prefill"]
+def vision_cost_tokens(
+    model: VisionLanguageModel, features: FeatureCache | None, request: Request, prefill_tokens_per_s: float | None
+) -> int:
+    """The time the vision tower will take over the request's images (none where their features are held or
+    kept), as the prompt tokens the device prefills in that time: what the scheduler charges its step budget, so
+    that a burst of images does not stall the decode rows for a whole batch of towers."""
+    per_token = model.tower_s_per_token
+    vision = request.vision
+    if per_token is None or not prefill_tokens_per_s or vision is None or vision.pixel_values is None:
+        return 0
+    if request.held_image_features is not None or (features is not None and features.holds(vision.image_digests)):
+        return 0
+    image_tokens = sum(1 for key in request.cache_keys if key < 0)
+    return int(image_tokens * per_token * prefill_tokens_per_s)
+
+
+__all__ = ["run_vision_prefill", "vision_cost_tokens"]

@@ -282,6 +282,7 @@ class Scheduler:
         if resumed:
             request.num_recomputed_outputs = request.num_output_tokens
         request.status = RequestStatus.RUNNING
+        request.unpaid_vision_tokens = request.vision_cost_tokens  # its tower runs again at its next first chunk
         self.running.append(request)
         self.kv.reuse_cached_prefix(request)
         keys = request.prefill_cache_keys() if request.prompt_cache_keys is not None else None
@@ -289,6 +290,7 @@ class Scheduler:
             request.request_id, request.prefill_token_ids(), request.sampling,
             tuple(block.block_hash for block in request.prefix_blocks), request.vision, keys, request.speculative,
             resumed=resumed, num_generated=request.num_recomputed_outputs, adapter_slot=request.adapter_slot,
+            held_image_features=request.held_image_features,
         ))
 
     def _add_chunk(
@@ -314,7 +316,8 @@ class Scheduler:
             cache_prompt=completes and self.kv.should_cache_prompt(request),
             snapshot=self.kv.should_snapshot(request, end),
         ))
-        return None if budget is None else budget - (end - start)
+        tower, request.unpaid_vision_tokens = request.unpaid_vision_tokens, 0
+        return None if budget is None else max(0, budget - (end - start) - tower)
 
     # ---- introspection ---------------------------------------------------
     @property

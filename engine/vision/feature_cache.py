@@ -39,6 +39,10 @@ class FeatureCache:
             self._entries.move_to_end(digest)
         return [self._entries[d] for d in digests]
 
+    def holds(self, digests: Sequence[str]) -> bool:
+        """Every image kept (a look that counts nothing and moves nothing)."""
+        return bool(digests) and all(d in self._entries for d in digests)
+
     def put(self, digest: str, features: Any) -> None:
         """Keep one image's features, evicting the least recently used; one larger than the budget is not kept."""
         size = int(features.nbytes)

@@ -7,7 +7,7 @@ No MLX here: the serving side builds these, the runner turns them into arrays on
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -17,13 +17,22 @@ import numpy as np
 class VisionInputs:
     """What the model's processor made of a prompt's images (mlx-vlm's `get_input_embeddings` inputs)."""
 
-    pixel_values: np.ndarray | None  # the images' (None: a prompt whose media is a video)
+    pixel_values: np.ndarray | None  # the images' (None: a prompt whose media is a video, or pixels left out)
     # The processor's other arrays the model reads with the pixels (Qwen's image_grid_thw, a video's
     # pixel_values_videos and video_grid_thw, ...), by name.
     model_arrays: dict[str, np.ndarray] = field(default_factory=dict)
     # One digest per image (of its decoded pixels) and per video (of its sampled frames), in prompt order.
     image_digests: tuple[str, ...] = ()
     video_digests: tuple[str, ...] = ()
+    # Sent without its pixels (pixel_values None): the engine merges its images' kept features; their shape stands in.
+    pixels_left_out: bool = False
+    pixel_shape: tuple[int, ...] = ()
+
+    def without_pixels(self) -> "VisionInputs":
+        """The same images for an engine that keeps their features: the pixels (10.8 MB for one 672x672 image in
+        float32) are not sent."""
+        assert self.pixel_values is not None and self.image_digests and not self.video_digests
+        return replace(self, pixel_values=None, pixels_left_out=True, pixel_shape=tuple(self.pixel_values.shape))
 
 
 def image_digest(mode: str, size: tuple[int, int], pixels: bytes) -> str:

@@ -13,6 +13,7 @@ model's own per-generation state (`_rope_deltas`, `_position_ids`), which one sh
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine.errors import ModelLoadError
+from engine.errors import ImagePixelsNeededError, ModelLoadError
 from engine.models.head_split import HeadSplit, agrees
 from engine.vision.feature_cache import FeatureCache
 from engine.vision.inputs import VisionInputs, media_token_runs
@@ -41,6 +42,17 @@ class EmbeddedPrompt:
     rope_delta: int = 0  # multimodal rotary positions: text after the images sits at offset + rope_delta
 
 
+@dataclass(frozen=True, eq=False)
+class MediaPrompt:
+    """A prompt with images (or a video) as embed_prompts takes it."""
+
+    token_ids: tuple[int, ...]
+    vision: VisionInputs
+    # Its images' kept features, taken when it came in without its pixels (held_features): what the cache evicts
+    # later stays here.
+    held_features: list[mx.array] | None = None
+
+
 class VisionLanguageModel:
     """mlx-vlm's `Model` (vision tower + language model) behind the call the runner makes of an mlx-lm model."""
 
@@ -52,6 +64,12 @@ class VisionLanguageModel:
         # every image's rows end to end (Qwen's tower output) or one image per batch row (Gemma 3's projector's).
         self.reuses_features: bool | None = None if image_token_id is not None else False
         self.stacks_features = False
+        # Whether it merges kept features the same with its pixels left out (stood in for by zeros): a prompt may
+        # then come without them (VisionInputs.pixels_left_out). Checked with reuses_features.
+        self.merges_without_pixels: bool | None = None
+        # Seconds of the batched tower per image token it made (a running mean; None: not run yet): the scheduler
+        # charges a prompt's images to the step's prefill budget by it (runner/vision_prefill.py).
+        self.tower_s_per_token: float | None = None
         # Orchard's forward of the tower over a step's images at once (qwen_tower.py), checked on first use.
         tower = getattr(model, "vision_tower", None)
         self.batched_tower: WindowedTower | None = WindowedTower(tower) if WindowedTower.fits(tower) else None
@@ -109,29 +127,37 @@ class VisionLanguageModel:
                 return split
         return None
 
-    def embed_prompts(
-        self, prompts: list[tuple[tuple[int, ...], VisionInputs]], features: FeatureCache | None = None
-    ) -> list[EmbeddedPrompt]:
-        """Embed several prompts (a step's new ones): with the batched tower, every image not kept goes through
-        it in one forward; otherwise each prompt through embed_prompt."""
+    def embed_prompts(self, prompts: list[MediaPrompt], features: FeatureCache | None = None) -> list[EmbeddedPrompt]:
+        """Embed several prompts (a step's new ones): with the batched tower, every image neither held nor kept goes
+        through it in one forward; otherwise each prompt through embed_prompt."""
         tower = self._checked_tower()
-        if tower is None or any(not _images_only(vision) for _, vision in prompts):
-            return [self.embed_prompt(ids, vision, features) for ids, vision in prompts]
-        kept = [features.lookup(vision.image_digests) if features is not None and vision.image_digests else None
-                for _, vision in prompts]
-        pixels = [mx.array(vision.pixel_values) for _, vision in prompts]
-        to_run = [(vision, p) for (_, vision), p, k in zip(prompts, pixels, kept) if k is None]
+        if tower is None or any(not _images_only(prompt.vision) for prompt in prompts):
+            return [self.embed_prompt(p.token_ids, p.vision, features, p.held_features) for p in prompts]
+        kept = [p.held_features or (features.lookup(p.vision.image_digests) if features is not None else None)
+                for p in prompts]
+        pixels = [_pixels(prompt.vision) for prompt in prompts]
+        to_run = [(prompt.vision, p) for prompt, p, k in zip(prompts, pixels, kept) if k is None]
         fresh = iter(self._tower_features(to_run, features))
         embedded = []
-        for (ids, vision), prompt_pixels, images in zip(prompts, pixels, kept):
+        for prompt, prompt_pixels, images in zip(prompts, pixels, kept):
             images = images if images is not None else next(fresh)
-            tokens = mx.array(ids, mx.int32)[None]
-            arrays = {name: mx.array(value) for name, value in vision.model_arrays.items()}
+            tokens = mx.array(prompt.token_ids, mx.int32)[None]
+            arrays = {name: mx.array(value) for name, value in prompt.vision.model_arrays.items()}
             merged = self.vlm.get_input_embeddings(
                 tokens, prompt_pixels, mask=mx.ones(tokens.shape, mx.int32), **arrays,
                 cached_image_features=mx.concatenate(images) if len(images) > 1 else images[0])
             embedded.append(self._embedded(tokens, merged, arrays))
         return embedded
+
+    def held_features(self, vision: VisionInputs, features: FeatureCache | None) -> list[mx.array]:
+        """The kept features of a prompt sent without its pixels, each image's; ImagePixelsNeededError when some
+        are not kept (evicted, a restarted engine), never_kept where this engine keeps none it could merge so."""
+        if features is None or features.budget_bytes == 0 or False in (self.reuses_features, self.merges_without_pixels):
+            raise ImagePixelsNeededError("This engine needs the images' pixels", never_kept=True)
+        kept = features.lookup(vision.image_digests) if self.merges_without_pixels else None
+        if kept is None:
+            raise ImagePixelsNeededError("The engine no longer keeps these images' features")
+        return kept
 
     def _tower_features(
         self, prompts: list[tuple[VisionInputs, mx.array]], features: FeatureCache | None
@@ -144,11 +170,13 @@ class VisionLanguageModel:
         visions = [vision for vision, _ in prompts]
         grids = [[tuple(int(n) for n in row) for row in vision.model_arrays["image_grid_thw"]] for vision in visions]
         pixels = mx.concatenate([p for _, p in prompts]) if len(prompts) > 1 else prompts[0][1]
+        started = time.perf_counter()
         out = self.batched_tower(pixels, [grid for prompt in grids for grid in prompt])
         unit = self.batched_tower.tower.spatial_merge_unit
         bounds = np.cumsum([0] + [t * h * w // unit for prompt in grids for t, h, w in prompt]).tolist()
         rows = [out[start:end] * 1 for start, end in zip(bounds, bounds[1:])]  # own buffers, kept apart
         mx.eval(rows)
+        self._note_tower_time((time.perf_counter() - started) / max(1, bounds[-1]))
         per_prompt, taken = [], 0
         for vision, prompt in zip(visions, grids):
             images = rows[taken:taken + len(prompt)]
@@ -158,6 +186,10 @@ class VisionLanguageModel:
                     features.put(digest, image)
             per_prompt.append(images)
         return per_prompt
+
+    def _note_tower_time(self, seconds_per_token: float) -> None:
+        last = self.tower_s_per_token
+        self.tower_s_per_token = seconds_per_token if last is None else 0.7 * last + 0.3 * seconds_per_token
 
     def _checked_tower(self) -> WindowedTower | None:
         """The batched tower once it agrees with mlx-vlm's and the family merges its features as its own tower's
@@ -190,15 +222,16 @@ class VisionLanguageModel:
         return EmbeddedPrompt(tokens, merged.inputs_embeds.astype(self.text_dtype), {**arrays, **extra}, delta)
 
     def embed_prompt(
-        self, token_ids: tuple[int, ...], vision: VisionInputs, features: FeatureCache | None = None
+        self, token_ids: tuple[int, ...], vision: VisionInputs, features: FeatureCache | None = None,
+        held: list[mx.array] | None = None,
     ) -> EmbeddedPrompt:
-        """Run the vision tower over the prompt's images (or take their kept features from `features`) and merge
-        them into its token embeddings."""
+        """Run the vision tower over the prompt's images (or take their features: `held`, else kept in `features`)
+        and merge them into its token embeddings."""
         ids = mx.array(token_ids, mx.int32)[None]
         arrays = {name: mx.array(value) for name, value in vision.model_arrays.items()}
-        pixels = None if vision.pixel_values is None else mx.array(vision.pixel_values)  # None: a video's frames
+        pixels = _pixels(vision)  # None: a video's frames
         keeps = features is not None and pixels is not None and bool(vision.image_digests) and self.reuses_features is not False
-        kept = features.lookup(vision.image_digests) if keeps else None
+        kept = held or (features.lookup(vision.image_digests) if keeps else None)
         reuse = {} if kept is None else {"cached_image_features": self._kept_layout(kept)}
         merged = self.vlm.get_input_embeddings(ids, pixels, mask=mx.ones(ids.shape, mx.int32), **arrays, **reuse)
         if keeps and kept is None:
@@ -234,8 +267,8 @@ class VisionLanguageModel:
         of the two layouts (stacked needs images of equal token counts)."""
         ids, pixels, arrays = inputs
 
-        def merge(features: mx.array) -> Any:
-            return self.vlm.get_input_embeddings(ids, pixels, mask=mx.ones(ids.shape, mx.int32), **arrays,
+        def merge(features: mx.array, with_pixels: mx.array = pixels) -> Any:
+            return self.vlm.get_input_embeddings(ids, with_pixels, mask=mx.ones(ids.shape, mx.int32), **arrays,
                                                  cached_image_features=features)
         for stacked in (False, True):
             if stacked and len({row.shape for row in rows}) != 1:
@@ -246,8 +279,8 @@ class VisionLanguageModel:
                 again, zeros = merge(kept), merge(mx.zeros_like(kept))
             except Exception:  # noqa: BLE001 — a family that takes kept features in another shape
                 continue
-            first, second = merged.to_dict(), again.to_dict()
-            if first.keys() == second.keys() and all(_same(first[k], second[k]) for k in first):
+            if _same_merge(merged, again):
+                self.merges_without_pixels = _merges_alike(lambda: merge(kept, _stand_in(pixels.shape)), merged)
                 return not _same(merged.inputs_embeds, zeros.inputs_embeds)
         self.stacks_features = False
         return False
@@ -264,6 +297,31 @@ class VisionLanguageModel:
 def _images_only(vision: VisionInputs) -> bool:
     """Prompts the batched tower takes: images with their grid (not a video's frames)."""
     return vision.pixel_values is not None and "image_grid_thw" in vision.model_arrays and not vision.video_digests
+
+
+def _pixels(vision: VisionInputs) -> mx.array | None:
+    """The prompt's pixels on the device; zeros of their shape where they were left out (the merge of held
+    features reads no pixel: merges_without_pixels)."""
+    if vision.pixels_left_out:
+        return _stand_in(vision.pixel_shape)
+    return None if vision.pixel_values is None else mx.array(vision.pixel_values)
+
+
+def _stand_in(shape: tuple[int, ...]) -> mx.array:
+    return mx.zeros(shape, mx.float32)  # lazy: never computed where nothing reads it
+
+
+def _same_merge(a: Any, b: Any) -> bool:
+    """Two of mlx-vlm's merged embeddings (and positions, ...) equal bit for bit."""
+    first, second = a.to_dict(), b.to_dict()
+    return first.keys() == second.keys() and all(_same(first[k], second[k]) for k in first)
+
+
+def _merges_alike(merge: Any, merged: Any) -> bool:
+    try:
+        return _same_merge(merge(), merged)
+    except Exception:  # noqa: BLE001 — a family that reads the pixels' values or layout beside kept features
+        return False
 
 
 def _same(a: Any, b: Any) -> bool:

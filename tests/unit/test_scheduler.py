@@ -234,3 +234,23 @@ def test_a_guided_request_names_its_guide_by_key_held_from_arrival_until_it_fini
     assert scheduler.guides.resolve(guided) is compiled  # the other request still holds it
     scheduler.finish_request(requests[1], RequestStatus.FINISHED_STOPPED)
     assert len(scheduler.guides) == 0
+
+
+def test_an_image_prompts_tower_time_is_charged_to_the_step_of_its_first_chunk():
+    """vision_cost_tokens (the vision tower's time, as the prompt tokens prefilled meanwhile) counts against the
+    step budget at a request's first chunk only: two image prompts fill a step three text prompts would share."""
+    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=64, prefill_step_tokens=100, max_prefill_seqs=8))
+    for rid in ("a", "b", "c"):
+        request = make_request(rid, prompt_len=30, max_tokens=1)
+        request.vision_cost_tokens = 20
+        scheduler.add_request(request)
+    assert step_counts(scheduler) == ({"a": 30, "b": 30}, {})  # 2 x (30 + 20): the budget is spent
+    assert step_counts(scheduler) == ({"c": 30}, {})
+
+    long = make_request("long", prompt_len=80, max_tokens=1)
+    long.vision_cost_tokens = 50
+    scheduler.add_request(long)
+    scheduler.add_request(make_request("text", prompt_len=30, max_tokens=1))
+    assert step_counts(scheduler) == ({"long": 64}, {})  # 64 + 50 over the budget: the text prompt waits
+    assert step_counts(scheduler) == ({"long": 16, "text": 30}, {})  # its later chunk pays no tower
+    assert not scheduler.has_unfinished_requests()

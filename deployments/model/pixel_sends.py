@@ -1,0 +1,82 @@
+"""A repeated image's pixels stay in the replica: the engine keeps each image's features (the vision tower's output,
+engine/vision/feature_cache.py), so a request whose images were all processed lately (chat/processed_images.py)
+goes without its pixels (10.8 MB for one 672x672 image in float32, pickled to the engine process). An engine that
+no longer keeps them (evicted, or a restarted engine) refuses it at once, before any output
+(ImagePixelsNeededError), and it goes again with them; one that can keep none says so, and pixels then always go.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import AsyncIterator, Callable
+
+from engine.client.interface import StreamEvent
+from engine.errors import ImagePixelsNeededError
+from engine.output.request_output import Admitted, Queued
+from engine.request import Request
+from engine.vision.inputs import VisionInputs
+
+logger = logging.getLogger(__name__)
+
+
+class PixelSends:
+    def __init__(self) -> None:
+        self.leave_out = True  # until the engine says it keeps no features it could merge without the pixels
+
+    def vision_to_send(self, vision: VisionInputs | None, images_repeated: bool) -> VisionInputs | None:
+        if vision is None or not images_repeated or not self.leave_out:
+            return vision
+        return vision.without_pixels()
+
+    def submit(self, submit: Callable[[Request], object], request: Request, vision: VisionInputs | None) -> object:
+        """`request`'s stream from `submit`; one that went without the pixels of `vision` goes again with them
+        where the engine asks."""
+        stream = submit(request)
+        if request.vision is vision or vision is None:
+            return stream
+        return PixelsOnDemandStream(self, submit, request, vision, stream)
+
+
+class PixelsOnDemandStream:
+    """A request's stream (engine/client/interface.py RequestStream's interface) that, refused for lack of its
+    pixels before any output, goes again with them; its queueing and admission are told once."""
+
+    def __init__(self, sends: PixelSends, submit: Callable[[Request], object], request: Request,
+                 vision: VisionInputs, stream: object) -> None:
+        self.request_id = request.request_id
+        self._sends, self._submit, self._request, self._vision = sends, submit, request, vision
+        self._stream = stream
+
+    async def hold(self, timeout_s: float | None) -> None:
+        await self._stream.hold(timeout_s)  # type: ignore[attr-defined]
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[StreamEvent]:
+        told: set[type] = set()
+        produced = resent = False
+        while True:
+            try:
+                async for item in self._stream:  # type: ignore[attr-defined]
+                    if isinstance(item, (Queued, Admitted)):
+                        if type(item) in told:
+                            continue
+                        told.add(type(item))
+                    else:
+                        produced = True
+                    yield item
+                return
+            except ImagePixelsNeededError as exc:
+                if produced or resent:
+                    raise
+                resent = True
+                if exc.never_kept:
+                    self._sends.leave_out = False
+                logger.info("request %s sent again with its images' pixels: %s", self.request_id, exc.message)
+                again = self._request.as_submitted()
+                again.vision = self._vision
+                self._stream = self._submit(again)
+
+
+__all__ = ["PixelSends", "PixelsOnDemandStream"]
