@@ -17,7 +17,9 @@
 #   the Llama-3.1-8B shape. Writes $OUT/engine_throughput.{json,txt}, $OUT/prefix_ttft_<shape>.json and
 #   $OUT/prefix_ttft.txt.
 # vision [SHAPE]: bench.serving.vision_compare on a random bf16 VLM (default qwen2.5-vl-3b): ROUNDS (default 2) of
-#   ours and mlx_vlm.server, each phase a fresh server (order AB, BA, ...): the first image's TTFT, levels LEVELS
+#   ours and mlx_vlm.server (order AB, BA, ...), both started once, together (TOGETHER=1, the default: Orchard's
+#   start takes ~2 min on an H200, two per call leave no time to measure; round 1 runs on fresh servers, later
+#   rounds warm; TOGETHER=0: a fresh server per phase): the first image's TTFT, levels LEVELS
 #   (default 1,8,32; each request one IMAGE_SIZE (default 672x672) JPEG + a 64-token question, 128 new tokens,
 #   streamed), REPEAT_PAIRS (default 3) images asked twice (and the second question alone: the floor); in ours' last phase MIX_ROUNDS (default 2) alternating
 #   rounds of text-only vs half-image requests at 32 streams. VISION_DTYPE (default float32): the vision tower's
@@ -65,7 +67,7 @@ case "$MODE" in
     # shellcheck disable=SC2086
     python3 -m bench.serving.vision_compare --random-shape "$SHAPE" --levels "${LEVELS:-1,8,32}" \
       --image-size "${IMAGE_SIZE:-672x672}" --mix-rounds "${MIX_ROUNDS:-2}" \
-      --rounds "${ROUNDS:-2}" --repeat-pairs "${REPEAT_PAIRS:-3}" \
+      --rounds "${ROUNDS:-2}" --repeat-pairs "${REPEAT_PAIRS:-3}" $([ "${TOGETHER:-1}" = 1 ] && echo --start-together) \
       --vision-dtype "${VISION_DTYPE:-float32}" \
       --json "$OUT/vision_${SHAPE}.json" --log-dir "$OUT/logs_vision_${SHAPE}" \
       --time-budget-s "${BUDGET:-540}" ${EXTRA:-} 2>&1 | tee "$OUT/vision_${SHAPE}.txt"

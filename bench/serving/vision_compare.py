@@ -11,8 +11,10 @@ request one new synthetic --image-size picture and a --question-tokens question,
 streamed), then, for --mix-servers, --mix-rounds
 alternating rounds at --mix-level of `text_only` (prompts of about an image request's tokens) and `image_mix`
 (half the requests with an image), then --repeat-pairs pairs (one new image, asked twice with different questions: the
-second's TTFT / the first's; then the second question alone, the floor of that ratio); stop it. --rounds such phases per server on fresh servers, the order alternating;
-ratios per round and their medians. Tables, acceptance checks (bench.serving.reports) and the
+second's TTFT / the first's; then the second question alone, the floor of that ratio); stop it. --rounds such phases
+per server on fresh servers, the order alternating; ratios per round and their medians. --start-together starts the
+servers once, side by side on the device (their loads overlap: Orchard's takes ~2 minutes on an H200), and runs the
+rounds on them: round 1 on fresh servers, later rounds warm. Tables, acceptance checks (bench.serving.reports) and the
 JSON, rewritten after every level. MLX and Ray stay out of this process. Linux dev machines: run it under
 scripts/loopback.sh.
 """
@@ -27,11 +29,8 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
-
-import numpy as np
 
 from bench.serving.compare import (
     REPO,
@@ -48,7 +47,8 @@ from bench.serving.compare import (
 )
 from bench.serving.orchard_server import mlx_backend_env
 from bench.serving.reports import vision_checks, vision_tables
-from deployments.cli.loadgen.client import RequestSpec, StreamClient, Target, make_spec
+from bench.serving.vision_probes import first_image_ttft, repeated_image_ttfts, run_mix_rounds
+from deployments.cli.loadgen.client import Target
 from deployments.chat.synthetic_images import image_data_url, parse_size
 from deployments.cli.loadgen.load import (
     add_load_arguments,
@@ -59,12 +59,12 @@ from deployments.cli.loadgen.load import (
     to_jsonable,
     write_json,
 )
-from deployments.cli.loadgen.stats import LevelResult
 from deployments.cli.loadgen.tables import Table, show, workload_levels
-from deployments.cli.loadgen.workloads import LoadSettings, run_sweep_level, warm_up
+from deployments.cli.loadgen.workloads import LoadSettings
 
 SERVERS = ("orchard", "mlx_vlm")
 PHASE_WEIGHTS = {"orchard": 1.8, "mlx_vlm": 1.0}  # ours holds Ray's start and the prefill-shape warm-up
+PHASE_WEIGHTS_WARM = 1.0  # --start-together: every phase measures alone, on a running server
 MIX_SHARE = 0.45  # of a mix server's measuring time: the alternating text_only / image_mix rounds
 MIX_BOUND = 0.75  # issue 54: image_mix / text_only at 32 streams
 END_RESERVE_S = 10.0
@@ -94,6 +94,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--mix-servers", default="orchard", help="servers that run the mix rounds (in their last phase)")
     p.add_argument("--rounds", type=int, default=2,
                    help="phases per server, each on a fresh server; the order alternates (AB, BA, ...)")
+    p.add_argument("--start-together", action="store_true",
+                   help="start every server once, at the same time, and run the rounds on them (round 1 on fresh "
+                   "servers, later rounds warm) instead of a fresh server per round")
     p.add_argument("--repeat-pairs", type=int, default=3,
                    help="after each sweep: pairs of requests with one new image and two questions, one at a time")
     p.add_argument("--orchard-arg", action="append", default=[], metavar="KEY=VALUE",
@@ -125,91 +128,6 @@ def server_spec(name: str, model_path: str, port: int, args: argparse.Namespace,
     spec = orchard_spec(model_path, "bench-model", port, knobs)
     spec.env.update(OFFLINE_ENV)
     return spec
-
-
-# ---- text_only vs image_mix rounds
-@dataclass
-class MixRound:
-    round: int
-    text_only: LevelResult
-    image_mix: LevelResult
-    ratio: float  # image_mix / text_only system tok/s
-
-
-@dataclass
-class MixResult:
-    level: int
-    rounds: list[MixRound] = field(default_factory=list)
-    median_ratio: float = float("nan")
-    note: str = ""
-
-
-async def run_mix_rounds(target: Target, settings: LoadSettings, level: int, rounds: int, deadline: float) -> MixResult:
-    """Warm both workloads at `level`, then `rounds` pairs, the order alternating (text first in round 1), each
-    round with new images and prompts; the ratio per round and their median."""
-    result = MixResult(level)
-    async with StreamClient(target, settings.request_timeout_s) as client:
-        for workload in ("text_only", "image_mix"):
-            await warm_up(client, settings, level, hard=min(deadline, time.perf_counter() + 60), workload=workload)
-        units_left = 2 * rounds
-        for index in range(1, rounds + 1):
-            order = ("text_only", "image_mix") if index % 2 else ("image_mix", "text_only")
-            done: dict[str, LevelResult] = {}
-            for workload in order:
-                now = time.perf_counter()
-                if deadline - now < 5.0:
-                    result.note = f"time budget: {len(result.rounds)} of {rounds} rounds"
-                    return result
-                budget = (deadline - now) / units_left
-                units_left -= 1
-                soft, hard = now + budget, min(deadline, now + budget + max(10.0, budget))
-                done[workload] = await run_sweep_level(client, settings, workload, level, soft, hard, round_index=index)
-                print(f"  [{target.name}] {workload:<9} c={level:<3} round {index}: "
-                      f"{done[workload].system_tok_s:8.1f} tok/s", flush=True)
-            text, mix = done["text_only"].system_tok_s, done["image_mix"].system_tok_s
-            ratio = mix / text if text else float("nan")
-            result.rounds.append(MixRound(index, done["text_only"], done["image_mix"], ratio))
-            result.median_ratio = statistics.median(r.ratio for r in result.rounds)
-    return result
-
-
-# ---- the first image on a fresh server; an image asked about twice
-PROBE_TOKENS = 8  # TTFT probes: a few tokens each
-
-
-def _image_spec(settings: LoadSettings, seed: tuple[int, ...], question_seed: int) -> RequestSpec:
-    spec = make_spec(np.random.default_rng(question_seed), settings.question_tokens, PROBE_TOKENS, settings.vocab_size)
-    spec.image_url = image_data_url(settings.image_width, settings.image_height, seed, settings.image_format)
-    return spec
-
-
-async def first_image_ttft(target: Target, settings: LoadSettings, round_index: int) -> Optional[float]:
-    async with StreamClient(target, settings.request_timeout_s) as client:
-        record = await client.stream(_image_spec(settings, (settings.seed, 77, round_index), 7700 + round_index))
-    return None if record.error else record.ttft_s
-
-
-async def repeated_image_ttfts(target: Target, settings: LoadSettings, pairs: int, round_index: int) -> dict[str, Any]:
-    """Each pair: a new image with one question, then the same image with another; TTFTs and second / first. Then
-    the second's question alone, without the image: the TTFT a repeated image cannot go under (`floor_ratio`)."""
-    rows = []
-    async with StreamClient(target, settings.request_timeout_s) as client:
-        for pair in range(pairs):
-            seed = (settings.seed, 78, round_index, pair)
-            first = await client.stream(_image_spec(settings, seed, 7800 + 10 * round_index + pair))
-            second_spec = _image_spec(settings, seed, 7900 + 10 * round_index + pair)
-            second = await client.stream(second_spec)
-            second_spec.image_url = None
-            text = await client.stream(second_spec)
-            if first.error or second.error or text.error or not first.ttft_s or None in (second.ttft_s, text.ttft_s):
-                rows.append({"error": first.error or second.error or text.error or "no first token"})
-                continue
-            rows.append({"first_ttft_s": first.ttft_s, "second_ttft_s": second.ttft_s, "text_ttft_s": text.ttft_s,
-                         "ratio": second.ttft_s / first.ttft_s, "floor_ratio": text.ttft_s / first.ttft_s})
-    ratios = [r["ratio"] for r in rows if "ratio" in r]
-    floors = [r["floor_ratio"] for r in rows if "floor_ratio" in r]
-    return {"pairs": rows, "median_ratio": statistics.median(ratios) if ratios else None,
-            "median_floor_ratio": statistics.median(floors) if floors else None}
 
 
 # ---- the run
@@ -244,49 +162,113 @@ class VisionRun:
 def run_server_phase(
     run: VisionRun, name: str, model_path: str, settings: LoadSettings, budget_s: float, round_index: int, mixing: bool
 ) -> None:
-    args = run.args
-    spec = server_spec(name, model_path, free_port(), args, settings)
+    """A fresh server for one round: start it, measure, stop it."""
     phase_end = time.perf_counter() + budget_s
-    server = ServerProcess(spec, run.log_dir / f"{name}_round{round_index}.log", REPO)
-    info: dict[str, Any] = {"argv": spec.argv[1:], "log": str(server.log_path), "target": to_jsonable(spec.target)}
-    run.report["server_info"][f"{name}_round{round_index}"] = info
-    phase = run.report["rounds"][round_index - 1].setdefault(name, {})
+    server, spec = start_server(run, name, model_path, settings, f"{name}_round{round_index}")
     run.event(f"round {round_index}: starting {name} (phase budget {budget_s:.0f} s)")
     try:
-        server.start()
-        info["ready_s"] = round(server.wait_ready(min(args.startup_timeout_s, 0.7 * budget_s)), 1)
-        run.event(f"{name} ready after {info['ready_s']} s")
-        phase["first_image_ttft_s"] = run_async(first_image_ttft(spec.target, settings, round_index))
-        run.event(f"{name}: first image TTFT {phase['first_image_ttft_s']} s")
-        measure_end = phase_end - STOP_RESERVE_S
-        sweep_end = measure_end - (MIX_SHARE * (measure_end - time.perf_counter()) if mixing else 0.0)
-
-        def on_result(suite: Any) -> None:  # after every level: a run cut short keeps what it measured
-            run.report["servers"][name] = phase["suite"] = to_jsonable(suite)
-            run.save()
-
-        suite = run_async(run_suite(spec.target, settings, sweep_end, on_result=on_result))
-        run.report["servers"][name] = phase["suite"] = to_jsonable(suite)
-        show(suite_tables(suite))
-        if args.repeat_pairs:
-            phase["repeat"] = run_async(repeated_image_ttfts(spec.target, settings, args.repeat_pairs, round_index))
-            repeat = phase["repeat"]
-            run.event(f"{name}: repeated image, second / first TTFT median {repeat['median_ratio']} (its question "
-                      f"alone: {repeat['median_floor_ratio']})")
-        if mixing:
-            mix = run_async(run_mix_rounds(spec.target, settings, args.mix_level, args.mix_rounds, measure_end))
-            run.report["mix"][name] = to_jsonable(mix)
+        wait_ready(run, server, f"{name}_round{round_index}", 0.7 * budget_s)
+        measure_phase(run, name, spec.target, settings, phase_end, round_index, mixing, fresh=True)
     except Exception as exc:  # a server that fails to start or dies: recorded, and the next one still runs
-        info["error"] = f"{type(exc).__name__}: {exc}"[:4000]
-        run.event(f"{name} failed: {type(exc).__name__}: {str(exc)[:2000]}")
+        failed(run, name, f"{name}_round{round_index}", exc)
     finally:
-        if name == "orchard":  # its start's timings, or why it failed
-            save_ray_log_tails(run.log_dir / "ray_serve_tails.log", heading=f"orchard, round {round_index}")
-        stop_started = time.perf_counter()
-        server.stop()
-        info["stop_s"] = round(time.perf_counter() - stop_started, 1)
-        run.event(f"{name} stopped in {info['stop_s']} s")
+        stop_server(run, name, server, f"{name}_round{round_index}", round_index)
+
+
+def start_server(run: VisionRun, name: str, model_path: str, settings: LoadSettings, key: str,
+                 taken: tuple[int, ...] = ()) -> tuple[ServerProcess, ServerSpec]:
+    port = free_port()
+    while port in taken:  # servers started together need ports of their own
+        port = free_port()
+    spec = server_spec(name, model_path, port, run.args, settings)
+    server = ServerProcess(spec, run.log_dir / f"{key}.log", REPO)
+    run.report["server_info"][key] = {"argv": spec.argv[1:], "log": str(server.log_path),
+                                      "target": to_jsonable(spec.target)}
+    server.start()
+    return server, spec
+
+
+def wait_ready(run: VisionRun, server: ServerProcess, key: str, timeout_s: float) -> None:
+    info = run.report["server_info"][key]
+    info["ready_s"] = round(server.wait_ready(min(run.args.startup_timeout_s, timeout_s)), 1)
+    run.event(f"{server.spec.name} ready after {info['ready_s']} s")
+
+
+def failed(run: VisionRun, name: str, key: str, exc: Exception) -> None:
+    run.report["server_info"][key]["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+    run.event(f"{name} failed: {type(exc).__name__}: {str(exc)[:2000]}")
+
+
+def stop_server(run: VisionRun, name: str, server: ServerProcess, key: str, round_index: int) -> None:
+    if name == "orchard":  # its start's timings, or why it failed
+        save_ray_log_tails(run.log_dir / "ray_serve_tails.log", heading=f"orchard, round {round_index}")
+    stop_started = time.perf_counter()
+    server.stop()
+    run.report["server_info"][key]["stop_s"] = round(time.perf_counter() - stop_started, 1)
+    run.event(f"{name} stopped in {run.report['server_info'][key]['stop_s']} s")
+    run.save()
+
+
+def measure_phase(
+    run: VisionRun, name: str, target: Target, settings: LoadSettings, phase_end: float, round_index: int,
+    mixing: bool, fresh: bool,
+) -> None:
+    """One round on a running server: the first image's TTFT (a fresh server's), the levels, the repeated images,
+    and the mix rounds where `mixing`."""
+    args = run.args
+    phase = run.report["rounds"][round_index - 1].setdefault(name, {})
+    if fresh:
+        phase["first_image_ttft_s"] = run_async(first_image_ttft(target, settings, round_index))
+        run.event(f"{name}: first image TTFT {phase['first_image_ttft_s']} s")
+    measure_end = phase_end - STOP_RESERVE_S
+    sweep_end = measure_end - (MIX_SHARE * (measure_end - time.perf_counter()) if mixing else 0.0)
+
+    def on_result(suite: Any) -> None:  # after every level: a run cut short keeps what it measured
+        run.report["servers"][name] = phase["suite"] = to_jsonable(suite)
         run.save()
+
+    suite = run_async(run_suite(target, settings, sweep_end, on_result=on_result))
+    run.report["servers"][name] = phase["suite"] = to_jsonable(suite)
+    show(suite_tables(suite))
+    if args.repeat_pairs:
+        phase["repeat"] = repeat = run_async(repeated_image_ttfts(target, settings, args.repeat_pairs, round_index))
+        run.event(f"{name}: repeated image, second / first TTFT median {repeat['median_ratio']} (its question "
+                  f"alone: {repeat['median_floor_ratio']})")
+    if mixing:
+        mix = run_async(run_mix_rounds(target, settings, args.mix_level, args.mix_rounds, measure_end))
+        run.report["mix"][name] = to_jsonable(mix)
+
+
+def run_together(run: VisionRun, servers: list[str], model_path: str, settings: LoadSettings,
+                 phases: list[tuple[int, str]], mixing: list[bool]) -> None:
+    """--start-together: every server started at once (their loads overlap on the device), then the rounds on
+    them, the order alternating; round 1 is each server's first work (a fresh server), later rounds run warm."""
+    started: dict[str, tuple[ServerProcess, ServerSpec]] = {}
+    for name in servers:
+        taken = tuple(int(spec.target.base_url.rsplit(":", 1)[1]) for _, spec in started.values())
+        started[name] = start_server(run, name, model_path, settings, name, taken)
+    run.event(f"started {', '.join(servers)} together")
+    try:
+        ready = []
+        for name, (server, _) in started.items():
+            try:
+                wait_ready(run, server, name, 0.45 * run.left())
+                ready.append(name)
+            except Exception as exc:  # noqa: BLE001 — recorded; the others still run
+                failed(run, name, name, exc)
+        todo = [(i, r, n) for i, (r, n) in enumerate(phases) if n in ready]
+        weights = [PHASE_WEIGHTS_WARM * (1.0 + MIX_SHARE * mixing[i]) for i, _, _ in todo]
+        for k, (i, round_index, name) in enumerate(todo):
+            budget = run.left() * weights[k] / sum(weights[k:])
+            run.event(f"round {round_index}: measuring {name} (budget {budget:.0f} s)")
+            try:
+                measure_phase(run, name, started[name][1].target, settings, time.perf_counter() + budget, round_index,
+                              mixing[i], fresh=round_index == 1)
+            except Exception as exc:  # noqa: BLE001
+                failed(run, name, name, exc)
+    finally:
+        for name, (server, _) in started.items():
+            stop_server(run, name, server, name, len(run.report["rounds"]))
 
 
 def round_checks(report: dict) -> list[dict[str, str]]:
@@ -373,7 +355,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
         mixing = [name in mix_servers and all(n != name for _, n in phases[i + 1:])
                   for i, (_, name) in enumerate(phases)]
         weights = [PHASE_WEIGHTS[name] * (1.0 + MIX_SHARE * mix) for (_, name), mix in zip(phases, mixing)]
-        for i, (round_index, name) in enumerate(phases):
+        if args.start_together:
+            run_together(run, servers, model_path, settings, phases, mixing)
+        for i, (round_index, name) in enumerate([] if args.start_together else phases):
             budget = run.left() * weights[i] / sum(weights[i:])
             if budget < 20.0:
                 run.event(f"skipping {name} in round {round_index}: {budget:.0f} s left")
