@@ -31,6 +31,7 @@ from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
 from engine.runner.verify_step import SpeculativeDecoder
+from engine.runner.text_after_images import AfterImages
 from engine.runner.vision_prefill import run_vision_prefill
 from engine.runner.warmup import warm_prefill_shapes
 from engine.runner_output import RunnerOutput, SampledToken
@@ -82,6 +83,8 @@ class ModelRunner:
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._rope_deltas: dict[str, int] = {}
         self.text_twin = self.vision.text_twin if self.vision is not None else None
+        self.after_images = AfterImages(self.vision, self.head_split, loaded.vocab_size) if self.vision else None
+        self._kinds: dict[str, int] = {}  # this step's prefill chunks: _prefill_kind
         self.features = FeatureCache(vision_features_budget(config)) if self.vision is not None else None
         # Speculative decoding (verify_step.py): models of plain KV caches only, not vision models.
         self.speculation = speculation if speculation is not None and self.vision is None else None
@@ -297,25 +300,42 @@ class ModelRunner:
     def _text_chunks_first(self, chunks: list[PrefillChunk]) -> list[PrefillChunk]:
         if self.vision is None:
             return self._adapter_rows.ordered(chunks)  # one adapter's chunks together (vision models have none)
-        return [c for c in chunks if not self._has_images(c)] + [c for c in chunks if self._has_images(c)]
+        self._kinds = {chunk.request_id: self._prefill_kind(chunk) for chunk in chunks}
+        return sorted(chunks, key=lambda chunk: self._kinds[chunk.request_id])
 
-    def _has_images(self, chunk: PrefillChunk) -> bool:
-        return self._requests[chunk.request_id].vision is not None
+    def _prefill_kind(self, chunk: PrefillChunk) -> int:
+        """0: text; 1: a prompt's text after its images, their KV cached (text_after_images.py); 2: the rest of a
+        prompt with images, from its embeddings (vision_prefill.py)."""
+        request = self._requests[chunk.request_id]
+        if request.vision is None:
+            return 0
+        if chunk.request_id not in self._embedded and self.after_images is not None:
+            delta = self.after_images.delta(request, chunk, self._rope_deltas.get(chunk.request_id))
+            if delta is not None:
+                if delta:
+                    self._rope_deltas[chunk.request_id] = delta
+                return 1
+        return 2
 
     def _run_prefill(self, chunks: list[PrefillChunk], caches: list[LayerCaches]) -> PrefillResult:
-        """Text chunks batched (prefill.py), then the chunks of prompts with images, one request at a time."""
-        with_images = sum(1 for chunk in chunks if self.vision is not None and self._has_images(chunk))
-        split = len(chunks) - with_images
+        """Text chunks batched (prefill.py), text after images one prompt at a time, then the chunks of prompts
+        with images, one request at a time."""
+        kinds = [self._kinds.get(chunk.request_id, 0) for chunk in chunks] if self.vision is not None else []
+        split, images_from = kinds.count(0) if kinds else len(chunks), len(chunks) - kinds.count(2)
         rows_limit = self.config.max_prefill_seqs if self.pad_prefill_shapes else None
         def run_text(text_chunks: list[PrefillChunk], text_caches: list[LayerCaches]) -> PrefillResult:
             return run_prefill(self.model, text_chunks, text_caches, rows_limit, self.batch.vocab_size, self.head_split)
 
         text = self._adapter_rows.prefill(chunks[:split], caches[:split], run_text) if split else PrefillResult([], [], None)
-        if not with_images:
+        if split < images_from:
+            after = chunks[split:images_from]
+            deltas = [self._rope_deltas.get(chunk.request_id, 0) for chunk in after]
+            text = text.followed_by(self.after_images.run(after, caches[split:images_from], deltas))
+        if images_from == len(chunks):
             return text
-        prompts = self._embedded_prompts([chunk.request_id for chunk in chunks[split:]])
-        images = run_vision_prefill(self.vision, chunks[split:], caches[split:], prompts)
-        for chunk in chunks[split:]:
+        prompts = self._embedded_prompts([chunk.request_id for chunk in chunks[images_from:]])
+        images = run_vision_prefill(self.vision, chunks[images_from:], caches[images_from:], prompts)
+        for chunk in chunks[images_from:]:
             if chunk.completes_prefill:
                 self._embedded.pop(chunk.request_id)
         return text.followed_by(images)
@@ -328,8 +348,10 @@ class ModelRunner:
             requests = [self._requests[rid] for rid in new]
             prompts = [MediaPrompt(r.prompt_token_ids, r.vision, r.held_image_features) for r in requests]
             made = self.vision.embed_prompts(prompts, self.features)
-            for request_id, embedded in zip(new, made):
+            for request, embedded in zip(requests, made):
+                request_id = request.request_id
                 self._embedded[request_id] = embedded
+                self.after_images.note_embedded(request, embedded)
                 if embedded.rope_delta:
                     self._rope_deltas[request_id] = embedded.rope_delta
         return {rid: self._embedded[rid] for rid in request_ids}

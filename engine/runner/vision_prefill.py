@@ -2,7 +2,9 @@
 
 Text prompts of a vision-language model take the batched path (prefill.py); a prompt with images needs its
 embeddings in place of the image tokens' (VisionLanguageModel.embed_prompts, once per request), so its chunks run
-one request at a time, in windows, with a one-token tail forward for the completing position's logits.
+one request at a time, in windows, with a one-token tail forward for the completing position's logits (a short
+completing chunk: one forward). A prompt's text after its images, once their KV is cached, runs as text instead
+(text_after_images.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from engine.scheduler_output import PrefillChunk
 from engine.vision.feature_cache import FeatureCache
 from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
 
+# A completing chunk this short runs in one forward whose logits cover every position (152k-vocabulary rows: 78 MB
+# in bf16 at 256 tokens), not a body forward and a one-token tail forward: a repeated image's question (its image
+# from the prefix cache) saves a whole forward of the language model.
+ONE_FORWARD_TOKENS = 256
+
 
 def run_vision_prefill(
     model: VisionLanguageModel, chunks: list[PrefillChunk], caches: list[LayerCaches],
@@ -25,6 +32,10 @@ def run_vision_prefill(
     last_logits: list[mx.array] = []
     for chunk, cache in zip(chunks, caches):
         prompt = prompts[chunk.request_id]
+        if chunk.completes_prefill and chunk.num_tokens <= ONE_FORWARD_TOKENS:
+            completing.append(chunk)
+            last_logits.append(model.prefill_embedded(prompt, chunk.start, chunk.end, cache)[:, -1, :])
+            continue
         body_end = chunk.end - 1 if chunk.completes_prefill else chunk.end
         for start in range(chunk.start, body_end, MAX_FORWARD_TOKENS):
             model.prefill_embedded(prompt, start, min(start + MAX_FORWARD_TOKENS, body_end), cache)

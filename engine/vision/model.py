@@ -81,7 +81,7 @@ class VisionLanguageModel:
             self.make_cache = self.language_model.make_cache
         probe = _text_probe(model)
         # Text positions passed explicitly, [B, L] (the language model's own text-only layout), where it takes them.
-        self.uses_rope_deltas = _takes_text_positions(model, probe)
+        self.uses_rope_deltas = _takestext_positions(model, probe)
         # Image features enter the language model in its own dtype: a float32 vision tower beside a bf16 language
         # model would otherwise make the prompt's KV float32, and with it every decode row batched beside it.
         self.text_dtype = probe.inputs_embeds.dtype
@@ -94,10 +94,10 @@ class VisionLanguageModel:
         """Logits [B, L, vocab] of text tokens on top of `cache`; `rope_deltas` [B, 1]: each row's delta."""
         if not self.uses_rope_deltas:
             return self.language_model(inputs, cache=cache).logits
-        return self.language_model(inputs, cache=cache, position_ids=self._text_positions(inputs, cache, rope_deltas)).logits
+        return self.language_model(inputs, cache=cache, position_ids=self.text_positions(inputs, cache, rope_deltas)).logits
 
     @staticmethod
-    def _text_positions(inputs: mx.array, cache: Any, rope_deltas: mx.array | None) -> mx.array:
+    def text_positions(inputs: mx.array, cache: Any, rope_deltas: mx.array | None) -> mx.array:
         """[B, L]: from each row's cache offset (+ its delta) on; one position for every M-RoPE axis, as text has."""
         batch, length = inputs.shape
         offset = cache[0].offset if cache else 0
@@ -116,7 +116,7 @@ class VisionLanguageModel:
         def hidden(inputs: mx.array, cache: Any = None) -> mx.array:
             if not self.uses_rope_deltas:
                 return backbone(inputs, cache=cache)
-            return backbone(inputs, cache=cache, position_ids=self._text_positions(inputs, cache, None))
+            return backbone(inputs, cache=cache, position_ids=self.text_positions(inputs, cache, None))
 
         heads = [self.language_model.lm_head] if "lm_head" in self.language_model else []
         if hasattr(getattr(backbone, "embed_tokens", None), "as_linear"):
@@ -339,7 +339,7 @@ def _text_probe(model: nn.Module) -> Any:
     return model.get_input_embeddings(ids, None, mask=mx.ones(ids.shape, mx.int32))
 
 
-def _takes_text_positions(model: nn.Module, probe: Any) -> bool:
+def _takestext_positions(model: nn.Module, probe: Any) -> bool:
     """Whether the language model takes rotary positions from the caller (M-RoPE families): the text probe says
     so. Positions laid out otherwise than we build them are refused at load rather than decoded wrong."""
     positions = probe.position_ids

@@ -140,10 +140,22 @@ def test_a_second_turn_about_the_same_image_reuses_its_kv(family):
     rendered = family.chat_text(turn2)
     prompt = family.encoder.encode(rendered, [ImageInput(image, "messages.0.content.0", "image/png")])
     request = Request("turn2", prompt.token_ids, greedy(4), vision=prompt.vision, prompt_cache_keys=prompt.cache_keys)
+    lookups = _lookups(core)
     second = run_core(core, [Arrival(0, request)])["turn2"]
     last_image_token = max(i for i, key in enumerate(prompt.cache_keys) if key < 0)
     assert second.finish.usage.cached_tokens > last_image_token
+    # Qwen2.5-VL (M-RoPE): the turn's text after the cached image runs as text at the prompt's rope delta, with
+    # no embedding of the prompt (no feature lookup); Gemma 3 keeps the embedding path (and keeps no features).
+    as_text = family.loaded.model.uses_rope_deltas
+    assert core.runner.after_images.agrees is as_text
+    if as_text:
+        assert _lookups(core) == lookups
     assert_same_stream(alone(family, Request("turn2-alone", prompt.token_ids, greedy(4), vision=prompt.vision)), second)
+
+
+def _lookups(core: EngineCore) -> tuple[int, int]:
+    stats = core.stats().vision_features
+    return stats.hits, stats.misses
 
 
 def test_a_video_of_frames_equals_mlx_vlm_and_batches_with_images_and_text(tmp_path_factory):

@@ -1,0 +1,103 @@
+"""Prefill of a prompt's text after its images once the images' KV is in the cache (the prefix cache kept it, or an
+earlier chunk wrote it): another question on a picture already asked about, a chat's later turns. Such a chunk needs
+no embedding of the prompt (no tower, no kept features, no mlx-vlm `get_input_embeddings` over the whole prompt):
+it runs as the language model's text at offset + the prompt's M-RoPE delta, as its decode rows do, in one forward
+with logits at its last position.
+
+The delta comes from mlx-vlm's own position index over the prompt's ids and grids, checked once against the delta
+of a prompt embedded the usual way (`AfterImages.note_embedded`); until then, and for a family where they differ,
+every chunk of a prompt with images keeps the embedding path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+
+from engine.kv.batch_cache import LayerCaches
+from engine.models.head_split import HeadSplit
+from engine.runner.prefill import PrefillResult, run_prefill
+from engine.scheduler_output import NewRequest, PrefillChunk
+from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
+
+
+@dataclass(frozen=True)
+class ShiftedText:
+    """The language model on text whose positions start at the cache offset + delta."""
+
+    model: Callable[..., mx.array]
+    split: HeadSplit | None
+
+
+def media_end(cache_keys: Sequence[int]) -> int:
+    """One past the prompt's last image (or video) token: its media tokens' keys are negative."""
+    return max((i for i, key in enumerate(cache_keys) if key < 0), default=-1) + 1
+
+
+def rope_delta(model: VisionLanguageModel, token_ids: Sequence[int], arrays: dict[str, Any]) -> int | None:
+    """The prompt's M-RoPE delta from mlx-vlm's position index (0 for families without one); None where it fails."""
+    if not model.uses_rope_deltas:
+        return 0
+    index = getattr(model.language_model, "get_rope_index", None)
+    if index is None:
+        return None
+    ids = mx.array(token_ids, mx.int32)[None]
+    grids = [mx.array(arrays[name]) if name in arrays else None for name in ("image_grid_thw", "video_grid_thw")]
+    try:
+        _, deltas = index(ids, *grids, mx.ones(ids.shape, mx.int32))
+    except Exception:  # noqa: BLE001 — a family whose index takes other arguments: the embedding path stays
+        return None
+    return int(deltas.reshape(-1)[0].item())
+
+
+def shifted_text(model: VisionLanguageModel, delta: int, split: HeadSplit | None) -> ShiftedText:
+    deltas = mx.array([[delta]])
+
+    def call(inputs: mx.array, cache: Any = None) -> mx.array:
+        return model(inputs, cache=cache, rope_deltas=deltas)
+
+    if split is None or not model.uses_rope_deltas:
+        return ShiftedText(call if model.uses_rope_deltas else model, split)
+    backbone = model.language_model.model
+
+    def hidden(inputs: mx.array, cache: Any = None) -> mx.array:
+        return backbone(inputs, cache=cache, position_ids=model.text_positions(inputs, cache, deltas))
+
+    return ShiftedText(call, HeadSplit(hidden, split.head))
+
+
+class AfterImages:
+    """Which chunks of prompts with images run as text after their images, and running them."""
+
+    def __init__(self, model: VisionLanguageModel, split: HeadSplit | None, vocab_size: int) -> None:
+        self.model, self.split, self.vocab_size = model, split, vocab_size
+        # Our delta == the embedding's (checked once). Families without M-RoPE keep the embedding path: Gemma 3's
+        # text after an image, run as text, wrote other KV than from its embeddings.
+        self.agrees: bool | None = None if model.uses_rope_deltas else False
+
+    def note_embedded(self, request: NewRequest, embedded: EmbeddedPrompt) -> None:
+        if self.agrees is None and request.vision is not None:
+            delta = rope_delta(self.model, request.prompt_token_ids, request.vision.model_arrays)
+            self.agrees = delta == embedded.rope_delta
+
+    def delta(self, request: NewRequest, chunk: PrefillChunk, known: int | None = None) -> int | None:
+        """The delta this chunk runs at as text (`known`: the request's, found before), or None: it holds media
+        tokens, or comes before the prompt's last image, or the delta is not known to agree."""
+        if not self.agrees or request.vision is None or chunk.start < media_end(request.cache_keys):
+            return None
+        if known is not None:
+            return known
+        return rope_delta(self.model, request.prompt_token_ids, request.vision.model_arrays)
+
+    def run(self, chunks: list[PrefillChunk], caches: list[LayerCaches], deltas: list[int]) -> PrefillResult:
+        """Each chunk alone (their deltas differ), one forward with logits at its last position."""
+        result = PrefillResult([], [], None)
+        for chunk, cache, delta in zip(chunks, caches, deltas):
+            text = shifted_text(self.model, delta, self.split)
+            result = result.followed_by(run_prefill(text.model, [chunk], [cache], None, self.vocab_size, text.split))
+        return result
+
+
+__all__ = ["AfterImages", "ShiftedText", "media_end", "rope_delta", "shifted_text"]
