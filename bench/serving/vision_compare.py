@@ -252,7 +252,7 @@ def run_together(run: VisionRun, servers: list[str], model_path: str, settings: 
         ready = []
         for name, (server, _) in started.items():
             try:
-                wait_ready(run, server, name, 0.45 * run.left())
+                wait_ready(run, server, name, 0.6 * run.left())
                 ready.append(name)
             except Exception as exc:  # noqa: BLE001 — recorded; the others still run
                 failed(run, name, name, exc)

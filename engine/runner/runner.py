@@ -31,8 +31,7 @@ from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prefill_shapes import warmup_shapes
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
 from engine.runner.verify_step import SpeculativeDecoder
-from engine.runner.text_after_images import AfterImages
-from engine.runner.vision_prefill import run_vision_prefill
+from engine.runner.vision_prefill import VisionPrompts
 from engine.runner.warmup import warm_prefill_shapes
 from engine.runner_output import RunnerOutput, SampledToken
 from engine.sampling.held_guides import HeldGuides
@@ -41,7 +40,7 @@ from engine.sampling.sampler import BatchSampler, RowSampling
 from engine.scheduler_output import DecodeRow, NewRequest, PrefillChunk, SchedulerOutput
 from engine.spec_decode.speculator import SpeculationStats
 from engine.vision.feature_cache import FeatureCache
-from engine.vision.model import EmbeddedPrompt, MediaPrompt, VisionLanguageModel
+from engine.vision.model import VisionLanguageModel
 
 
 class ModelRunner:
@@ -80,12 +79,11 @@ class ModelRunner:
         self.vision = self.model if isinstance(self.model, VisionLanguageModel) else None
         # Prefill logits at the completing positions only, where the model splits exactly (else None).
         self.head_split = self.vision.head_split() if self.vision is not None else head_split(self.model)
-        self._embedded: dict[str, EmbeddedPrompt] = {}
         self._rope_deltas: dict[str, int] = {}
         self.text_twin = self.vision.text_twin if self.vision is not None else None
-        self.after_images = AfterImages(self.vision, self.head_split, loaded.vocab_size) if self.vision else None
-        self._kinds: dict[str, int] = {}  # this step's prefill chunks: _prefill_kind
         self.features = FeatureCache(vision_features_budget(config)) if self.vision is not None else None
+        self.vision_prompts = None if self.vision is None else VisionPrompts(
+            self.vision, self.features, self.head_split, loaded.vocab_size, self._rope_deltas)
         # Speculative decoding (verify_step.py): models of plain KV caches only, not vision models.
         self.speculation = speculation if speculation is not None and self.vision is None else None
 
@@ -191,7 +189,8 @@ class ModelRunner:
         self._prefill_caches.pop(request_id, None)
         self._joiner_blocks.pop(request_id, None)
         self._next_inputs.pop(request_id, None)
-        self._embedded.pop(request_id, None)
+        if self.vision_prompts is not None:
+            self.vision_prompts.forget(request_id)
         self._rope_deltas.pop(request_id, None)
         if self.speculation is not None:
             self.speculation.forget(request_id)
@@ -298,63 +297,19 @@ class ModelRunner:
         return PendingStep(request_ids, sampled, [r.params.top_logprobs for r in rows])
 
     def _text_chunks_first(self, chunks: list[PrefillChunk]) -> list[PrefillChunk]:
-        if self.vision is None:
+        if self.vision_prompts is None:
             return self._adapter_rows.ordered(chunks)  # one adapter's chunks together (vision models have none)
-        self._kinds = {chunk.request_id: self._prefill_kind(chunk) for chunk in chunks}
-        return sorted(chunks, key=lambda chunk: self._kinds[chunk.request_id])
-
-    def _prefill_kind(self, chunk: PrefillChunk) -> int:
-        """0: text; 1: a prompt's text after its images, their KV cached (text_after_images.py); 2: the rest of a
-        prompt with images, from its embeddings (vision_prefill.py)."""
-        request = self._requests[chunk.request_id]
-        if request.vision is None:
-            return 0
-        if chunk.request_id not in self._embedded and self.after_images is not None:
-            delta = self.after_images.delta(request, chunk, self._rope_deltas.get(chunk.request_id))
-            if delta is not None:
-                if delta:
-                    self._rope_deltas[chunk.request_id] = delta
-                return 1
-        return 2
+        return self.vision_prompts.order(chunks, self._requests)
 
     def _run_prefill(self, chunks: list[PrefillChunk], caches: list[LayerCaches]) -> PrefillResult:
-        """Text chunks batched (prefill.py), text after images one prompt at a time, then the chunks of prompts
-        with images, one request at a time."""
-        kinds = [self._kinds.get(chunk.request_id, 0) for chunk in chunks] if self.vision is not None else []
-        split, images_from = kinds.count(0) if kinds else len(chunks), len(chunks) - kinds.count(2)
+        """Text chunks batched (prefill.py); a vision model's others as vision_prefill.py runs them."""
         rows_limit = self.config.max_prefill_seqs if self.pad_prefill_shapes else None
         def run_text(text_chunks: list[PrefillChunk], text_caches: list[LayerCaches]) -> PrefillResult:
             return run_prefill(self.model, text_chunks, text_caches, rows_limit, self.batch.vocab_size, self.head_split)
 
-        text = self._adapter_rows.prefill(chunks[:split], caches[:split], run_text) if split else PrefillResult([], [], None)
-        if split < images_from:
-            after = chunks[split:images_from]
-            deltas = [self._rope_deltas.get(chunk.request_id, 0) for chunk in after]
-            text = text.followed_by(self.after_images.run(after, caches[split:images_from], deltas))
-        if images_from == len(chunks):
-            return text
-        prompts = self._embedded_prompts([chunk.request_id for chunk in chunks[images_from:]])
-        images = run_vision_prefill(self.vision, chunks[images_from:], caches[images_from:], prompts)
-        for chunk in chunks[images_from:]:
-            if chunk.completes_prefill:
-                self._embedded.pop(chunk.request_id)
-        return text.followed_by(images)
-
-    def _embedded_prompts(self, request_ids: list[str]) -> dict[str, EmbeddedPrompt]:
-        """The prompts' embeddings (their images through the vision tower), made at their first chunk: the
-        step's new prompts together (one tower forward where the model has the batched tower)."""
-        new = [rid for rid in request_ids if rid not in self._embedded]
-        if new:
-            requests = [self._requests[rid] for rid in new]
-            prompts = [MediaPrompt(r.prompt_token_ids, r.vision, r.held_image_features) for r in requests]
-            made = self.vision.embed_prompts(prompts, self.features)
-            for request, embedded in zip(requests, made):
-                request_id = request.request_id
-                self._embedded[request_id] = embedded
-                self.after_images.note_embedded(request, embedded)
-                if embedded.rope_delta:
-                    self._rope_deltas[request_id] = embedded.rope_delta
-        return {rid: self._embedded[rid] for rid in request_ids}
+        if self.vision_prompts is not None:
+            return self.vision_prompts.run(chunks, caches, self._requests, run_text)
+        return self._adapter_rows.prefill(chunks, caches, run_text) if chunks else PrefillResult([], [], None)
 
     def _collect_first_tokens(self, step: PendingStep | None) -> list[SampledToken]:
         if step is None:
@@ -447,10 +402,9 @@ class ModelRunner:
         self._requests.clear()
         self._rows.clear()
         self._next_inputs.clear()
-        self._embedded.clear()
         self._rope_deltas.clear()
-        if self.features is not None:
-            self.features.clear()
+        if self.vision_prompts is not None:
+            self.vision_prompts.clear()
         if self.prefix_cache is not None:
             self.prefix_cache.evict_all_unlocked()
         self.batch.caches = []

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from typing import Callable
+
 from engine.kv.batch_cache import LayerCaches, eval_caches
+from engine.models.head_split import HeadSplit
 from engine.request import Request
 from engine.runner.prefill import MAX_FORWARD_TOKENS, PrefillResult
-from engine.scheduler_output import PrefillChunk
+from engine.runner.text_after_images import AfterImages
+from engine.scheduler_output import NewRequest, PrefillChunk
 from engine.vision.feature_cache import FeatureCache
-from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
+from engine.vision.model import EmbeddedPrompt, MediaPrompt, VisionLanguageModel
+
+TEXT, TEXT_AFTER_IMAGES, WITH_IMAGES = 0, 1, 2  # a vision model's prefill chunks, in the order they run
+RunText = Callable[[list[PrefillChunk], list[LayerCaches]], PrefillResult]
 
 # A completing chunk this short runs in one forward whose logits cover every position (152k-vocabulary rows: 78 MB
 # in bf16 at 256 tokens), not a body forward and a one-token tail forward: a repeated image's question (its image
@@ -63,4 +70,72 @@ def vision_cost_tokens(
     return int(image_tokens * per_token * prefill_tokens_per_s)
 
 
-__all__ = ["run_vision_prefill", "vision_cost_tokens"]
+class VisionPrompts:
+    """A vision-language model's prefill beside the runner's text path: which of a step's chunks are text, text
+    after their images (text_after_images.py) or need the prompt's embeddings (made at a request's first such
+    chunk, kept to its last), and running them. `rope_deltas` is the runner's (its decode rows read them)."""
+
+    def __init__(self, model: VisionLanguageModel, features: FeatureCache, split: HeadSplit | None, vocab_size: int,
+                 rope_deltas: dict[str, int]) -> None:
+        self.model, self.features, self.rope_deltas = model, features, rope_deltas
+        self.after_images = AfterImages(model, split, vocab_size)
+        self._embedded: dict[str, EmbeddedPrompt] = {}
+        self._kinds: dict[str, int] = {}  # this step's chunks'
+
+    def order(self, chunks: list[PrefillChunk], requests: dict[str, NewRequest]) -> list[PrefillChunk]:
+        self._kinds = {chunk.request_id: self._kind(chunk, requests[chunk.request_id]) for chunk in chunks}
+        return sorted(chunks, key=lambda chunk: self._kinds[chunk.request_id])
+
+    def _kind(self, chunk: PrefillChunk, request: NewRequest) -> int:
+        if request.vision is None:
+            return TEXT
+        if chunk.request_id not in self._embedded:  # a prompt being embedded keeps that path to its end
+            delta = self.after_images.delta(request, chunk, self.rope_deltas.get(chunk.request_id))
+            if delta is not None:
+                if delta:
+                    self.rope_deltas[chunk.request_id] = delta
+                return TEXT_AFTER_IMAGES
+        return WITH_IMAGES
+
+    def run(self, chunks: list[PrefillChunk], caches: list[LayerCaches], requests: dict[str, NewRequest],
+            run_text: RunText) -> PrefillResult:
+        """`chunks` as order() left them: text batched (run_text), text after images one prompt at a time, then
+        the chunks of prompts with images, one request at a time."""
+        kinds = [self._kinds[chunk.request_id] for chunk in chunks]
+        split, images_from = kinds.count(TEXT), len(chunks) - kinds.count(WITH_IMAGES)
+        result = run_text(chunks[:split], caches[:split]) if split else PrefillResult([], [], None)
+        if split < images_from:
+            after = chunks[split:images_from]
+            deltas = [self.rope_deltas.get(chunk.request_id, 0) for chunk in after]
+            result = result.followed_by(self.after_images.run(after, caches[split:images_from], deltas))
+        if images_from == len(chunks):
+            return result
+        prompts = self._embedded_prompts([chunk.request_id for chunk in chunks[images_from:]], requests)
+        images = run_vision_prefill(self.model, chunks[images_from:], caches[images_from:], prompts)
+        for chunk in chunks[images_from:]:
+            if chunk.completes_prefill:
+                self._embedded.pop(chunk.request_id)
+        return result.followed_by(images)
+
+    def _embedded_prompts(self, request_ids: list[str], requests: dict[str, NewRequest]) -> dict[str, EmbeddedPrompt]:
+        """The prompts' embeddings (their images through the vision tower), made at their first chunk: the
+        step's new prompts together (one tower forward where the model has the batched tower)."""
+        new = [requests[rid] for rid in request_ids if rid not in self._embedded]
+        if new:
+            prompts = [MediaPrompt(r.prompt_token_ids, r.vision, r.held_image_features) for r in new]
+            for request, embedded in zip(new, self.model.embed_prompts(prompts, self.features)):
+                self._embedded[request.request_id] = embedded
+                self.after_images.note_embedded(request, embedded)
+                if embedded.rope_delta:
+                    self.rope_deltas[request.request_id] = embedded.rope_delta
+        return {rid: self._embedded[rid] for rid in request_ids}
+
+    def forget(self, request_id: str) -> None:
+        self._embedded.pop(request_id, None)
+
+    def clear(self) -> None:
+        self._embedded.clear()
+        self.features.clear()
+
+
+__all__ = ["VisionPrompts", "run_vision_prefill", "vision_cost_tokens"]

@@ -147,7 +147,7 @@ def test_a_second_turn_about_the_same_image_reuses_its_kv(family):
     # Qwen2.5-VL (M-RoPE): the turn's text after the cached image runs as text at the prompt's rope delta, with
     # no embedding of the prompt (no feature lookup); Gemma 3 keeps the embedding path (and keeps no features).
     as_text = family.loaded.model.uses_rope_deltas
-    assert core.runner.after_images.agrees is as_text
+    assert core.runner.vision_prompts.after_images.agrees is as_text
     if as_text:
         assert _lookups(core) == lookups
     assert_same_stream(alone(family, Request("turn2-alone", prompt.token_ids, greedy(4), vision=prompt.vision)), second)
