@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 from typing import AsyncIterator, Callable
 
-from engine.client.interface import StreamEvent
+from engine.client.interface import StreamEvent, ToldOnce
 from engine.errors import ImagePixelsNeededError
-from engine.output.request_output import Admitted, Queued
 from engine.request import Request
 from engine.vision.inputs import VisionInputs
 
@@ -54,21 +53,15 @@ class PixelsOnDemandStream:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[StreamEvent]:
-        told: set[type] = set()
-        produced = resent = False
+        seen, resent = ToldOnce(), False
         while True:
             try:
                 async for item in self._stream:  # type: ignore[attr-defined]
-                    if isinstance(item, (Queued, Admitted)):
-                        if type(item) in told:
-                            continue
-                        told.add(type(item))
-                    else:
-                        produced = True
-                    yield item
+                    if seen.passes(item):
+                        yield item
                 return
             except ImagePixelsNeededError as exc:
-                if produced or resent:
+                if seen.produced or resent:
                     raise
                 resent = True
                 if exc.never_kept:

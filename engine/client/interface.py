@@ -266,6 +266,24 @@ class RequestStream:
                 self._abort(self.request_id)
 
 
+class ToldOnce:
+    """What a request's stream has passed on across its submissions (a resubmitted request queues and is admitted
+    again): its queueing and admission once each, and whether it produced output."""
+
+    def __init__(self) -> None:
+        self._told: set[type] = set()
+        self.produced = False
+
+    def passes(self, item: StreamEvent) -> bool:
+        if isinstance(item, (Queued, Admitted)):
+            if type(item) in self._told:
+                return False
+            self._told.add(type(item))
+        else:
+            self.produced = True
+        return True
+
+
 class StreamRouter:
     """Request id -> its Pending slot; a step's outputs are routed in one call."""
 

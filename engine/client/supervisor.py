@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from engine.adapters.registry import LoadedAdapter
-from engine.client.interface import EngineClient, RequestStream, ServedModel, StreamEvent
+from engine.client.interface import EngineClient, RequestStream, ServedModel, StreamEvent, ToldOnce
 from engine.health import EngineHealth, EngineStatus
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, EngineRestartingError, OrchardError
-from engine.output.request_output import Admitted, Queued
 from engine.request import Request
 
 logger = logging.getLogger(__name__)
@@ -237,21 +236,15 @@ class ResubmittingStream:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[StreamEvent]:
-        produced = requeued = False
-        told: set[type] = set()  # Queued / Admitted already passed on
+        seen, requeued = ToldOnce(), False
         while True:
             try:
                 async for item in self._stream:
-                    if isinstance(item, (Queued, Admitted)):
-                        if type(item) in told:
-                            continue
-                        told.add(type(item))
-                    else:
-                        produced = True
-                    yield item
+                    if seen.passes(item):
+                        yield item
                 return
             except EngineDeadError:
-                if produced or requeued:  # once only: a request that kills every engine is not re-queued forever
+                if seen.produced or requeued:  # once only: a request that kills every engine is not re-queued forever
                     raise
                 requeued = True
                 self._client, self._stream = await self._engine.resubmit(self._request, self._client)

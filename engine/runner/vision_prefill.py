@@ -25,21 +25,26 @@ from engine.vision.model import EmbeddedPrompt, MediaPrompt, VisionLanguageModel
 TEXT, TEXT_AFTER_IMAGES, WITH_IMAGES = 0, 1, 2  # a vision model's prefill chunks, in the order they run
 RunText = Callable[[list[PrefillChunk], list[LayerCaches]], PrefillResult]
 
-# A completing chunk this short runs in one forward whose logits cover every position (152k-vocabulary rows: 78 MB
-# in bf16 at 256 tokens), not a body forward and a one-token tail forward: a repeated image's question (its image
-# from the prefix cache) saves a whole forward of the language model.
-ONE_FORWARD_TOKENS = 256
+# On a GPU a completing chunk this short runs in one forward whose logits cover every position (152k-vocabulary
+# rows: 78 MB in bf16 at 256 tokens), not a body forward and a one-token tail forward: a repeated image's question
+# (its image from the prefix cache) saves a launch-bound forward. Not on the CPU, where those logits cost more than
+# the forward saved (a tiny Qwen2.5-VL's 207-token question: 444-530 ms against 86-95 ms in two forwards).
+GPU_ONE_FORWARD_TOKENS = 256
+
+
+def one_forward_tokens() -> int:
+    return GPU_ONE_FORWARD_TOKENS if mx.default_device().type == mx.DeviceType.gpu else 0
 
 
 def run_vision_prefill(
     model: VisionLanguageModel, chunks: list[PrefillChunk], caches: list[LayerCaches],
-    prompts: dict[str, EmbeddedPrompt],
+    prompts: dict[str, EmbeddedPrompt], one_forward: int = 0,
 ) -> PrefillResult:
     completing: list[PrefillChunk] = []
     last_logits: list[mx.array] = []
     for chunk, cache in zip(chunks, caches):
         prompt = prompts[chunk.request_id]
-        if chunk.completes_prefill and chunk.num_tokens <= ONE_FORWARD_TOKENS:
+        if chunk.completes_prefill and chunk.num_tokens <= one_forward:
             completing.append(chunk)
             last_logits.append(model.prefill_embedded(prompt, chunk.start, chunk.end, cache)[:, -1, :])
             continue
@@ -81,6 +86,7 @@ class VisionPrompts:
         self.after_images = AfterImages(model, split, vocab_size)
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._kinds: dict[str, int] = {}  # this step's chunks'
+        self._one_forward = one_forward_tokens()
 
     def order(self, chunks: list[PrefillChunk], requests: dict[str, NewRequest]) -> list[PrefillChunk]:
         self._kinds = {chunk.request_id: self._kind(chunk, requests[chunk.request_id]) for chunk in chunks}
@@ -111,7 +117,7 @@ class VisionPrompts:
         if images_from == len(chunks):
             return result
         prompts = self._embedded_prompts([chunk.request_id for chunk in chunks[images_from:]], requests)
-        images = run_vision_prefill(self.model, chunks[images_from:], caches[images_from:], prompts)
+        images = run_vision_prefill(self.model, chunks[images_from:], caches[images_from:], prompts, self._one_forward)
         for chunk in chunks[images_from:]:
             if chunk.completes_prefill:
                 self._embedded.pop(chunk.request_id)

@@ -4,11 +4,15 @@ image and never a changed one. Two families with different processors: Qwen2.5-V
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 
 from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
 from deployments.model_calls import ImageInput, VideoInput
 from engine import EngineConfig, EngineCore, Request, SamplingParams
+from engine.kv.batch_cache import new_request_cache
+from engine.runner.vision_prefill import run_vision_prefill
+from engine.scheduler_output import PrefillChunk
 from engine.vision.loader import load_vision_model, load_vision_processor, read_media_token_ids
 from tests.engine.test_batching import assert_same_stream
 from tests.support.drive import Arrival, run_core
@@ -220,3 +224,21 @@ def test_text_prompts_of_a_vision_model_compute_logits_at_their_last_position_on
     would be 390 MB), and the split's logits are the model's own."""
     core = EngineCore(family.loaded, EngineConfig())
     assert core.runner.head_split is not None
+
+
+def test_a_short_completing_chunk_in_one_forward_equals_a_body_and_a_tail_forward(family):
+    """A GPU runs a completing chunk of <= 256 tokens in one forward (runner/vision_prefill.py), the CPU as a body
+    and a one-token tail forward: the same logits and KV."""
+    request = family.request("one", [png_bytes(112, 84, seed=8)])
+    model = family.loaded.model
+    embedded = model.embed_prompt(request.prompt_token_ids, request.vision)
+    chunk = PrefillChunk("one", 0, tuple(request.prompt_token_ids), True)
+    two, one = (run_vision_prefill(model, [chunk], [new_request_cache(model)], {"one": embedded}, one_forward)
+                for one_forward in (0, 256))
+    assert two.last_logits.shape == one.last_logits.shape
+    assert mx.allclose(two.last_logits, one.last_logits, atol=1e-4).item()
+    # The KV each wrote (Gemma 3's sliding-window caches lay it out otherwise): the next token's logits on it.
+    token = mx.array([[int(mx.argmax(two.last_logits[0]).item())]])
+    delta = mx.array([[embedded.rope_delta]])
+    after_two, after_one = (model(token, cache=result.caches[0], rope_deltas=delta) for result in (two, one))
+    assert mx.allclose(after_two, after_one, atol=1e-4).item()

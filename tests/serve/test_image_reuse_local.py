@@ -15,18 +15,10 @@ from deployments.config import ModelConfig
 from deployments.model.service import process_engine_client
 from tests.serve.local_stack import local_stack
 from tests.serve.test_metrics_local import Scrape
-from tests.serve.test_vision_local import VL, clients, openai_image_message
-from tests.support.tiny_vlms import write_qwen25_vl
+from tests.serve.test_vision_local import VL, clients, openai_image_message, vl_config  # noqa: F401 (a fixture)
 from tests.support.vlm_images import png_bytes
 
 RESENT = "sent again with its images' pixels"
-
-
-@pytest.fixture(scope="module")
-def vl_config(tmp_path_factory) -> ModelConfig:
-    folder = write_qwen25_vl(tmp_path_factory.mktemp("vl"))
-    return ModelConfig(model_path=str(folder), model_id=VL, model_type="multimodal", max_image_pixels=1_000_000,
-                       advanced={"prefill_warmup_seconds": 0})
 
 
 def ask(image: bytes, question: str) -> dict:
