@@ -8,7 +8,7 @@ no longer keeps them (evicted, or a restarted engine) refuses it at once, before
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Protocol
 
 from engine.client.interface import StreamEvent, ToldOnce
 from engine.errors import ImagePixelsNeededError
@@ -16,6 +16,17 @@ from engine.request import Request
 from engine.vision.inputs import VisionInputs
 
 logger = logging.getLogger(__name__)
+
+
+class EventStream(Protocol):
+    """A request's stream as engine clients return it (RequestStream, the supervisor's ResubmittingStream)."""
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]: ...
+
+    async def hold(self, timeout_s: float | None) -> None: ...
+
+
+Submit = Callable[[Request], EventStream]
 
 
 class PixelSends:
@@ -27,7 +38,7 @@ class PixelSends:
             return vision
         return vision.without_pixels()
 
-    def submit(self, submit: Callable[[Request], object], request: Request, vision: VisionInputs | None) -> object:
+    def submit(self, submit: Submit, request: Request, vision: VisionInputs | None) -> EventStream:
         """`request`'s stream from `submit`; one that went without the pixels of `vision` goes again with them
         where the engine asks."""
         stream = submit(request)
@@ -40,14 +51,14 @@ class PixelsOnDemandStream:
     """A request's stream (engine/client/interface.py RequestStream's interface) that, refused for lack of its
     pixels before any output, goes again with them; its queueing and admission are told once."""
 
-    def __init__(self, sends: PixelSends, submit: Callable[[Request], object], request: Request,
-                 vision: VisionInputs, stream: object) -> None:
+    def __init__(self, sends: PixelSends, submit: Submit, request: Request, vision: VisionInputs,
+                 stream: EventStream) -> None:
         self.request_id = request.request_id
         self._sends, self._submit, self._request, self._vision = sends, submit, request, vision
         self._stream = stream
 
     async def hold(self, timeout_s: float | None) -> None:
-        await self._stream.hold(timeout_s)  # type: ignore[attr-defined]
+        await self._stream.hold(timeout_s)
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._iterate()
@@ -56,7 +67,7 @@ class PixelsOnDemandStream:
         seen, resent = ToldOnce(), False
         while True:
             try:
-                async for item in self._stream:  # type: ignore[attr-defined]
+                async for item in self._stream:
                     if seen.passes(item):
                         yield item
                 return
