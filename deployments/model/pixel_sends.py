@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import AsyncIterator, Callable, Protocol
 
-from engine.client.interface import StreamEvent, ToldOnce
-from engine.errors import ImagePixelsNeededError
+from engine.client.interface import RetriedStream, StreamEvent
+from engine.errors import ImagePixelsNeededError, OrchardError
 from engine.request import Request
 from engine.vision.inputs import VisionInputs
 
@@ -47,40 +47,22 @@ class PixelSends:
         return PixelsOnDemandStream(self, submit, request, vision, stream)
 
 
-class PixelsOnDemandStream:
-    """A request's stream (engine/client/interface.py RequestStream's interface) that, refused for lack of its
-    pixels before any output, goes again with them; its queueing and admission are told once."""
+class PixelsOnDemandStream(RetriedStream):
+    """A request's stream that, refused for lack of its pixels before any output, goes again with them."""
+
+    retried_on = ImagePixelsNeededError
 
     def __init__(self, sends: PixelSends, submit: Submit, request: Request, vision: VisionInputs,
                  stream: EventStream) -> None:
-        self.request_id = request.request_id
+        super().__init__(request.request_id, stream)
         self._sends, self._submit, self._request, self._vision = sends, submit, request, vision
-        self._stream = stream
 
-    async def hold(self, timeout_s: float | None) -> None:
-        await self._stream.hold(timeout_s)
-
-    def __aiter__(self) -> AsyncIterator[StreamEvent]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[StreamEvent]:
-        seen, resent = ToldOnce(), False
-        while True:
-            try:
-                async for item in self._stream:
-                    if seen.passes(item):
-                        yield item
-                return
-            except ImagePixelsNeededError as exc:
-                if seen.produced or resent:
-                    raise
-                resent = True
-                if exc.never_kept:
-                    self._sends.leave_out = False
-                logger.info("request %s sent again with its images' pixels: %s", self.request_id, exc.message)
-                again = self._request.as_submitted()
-                again.vision = self._vision
-                self._stream = self._submit(again)
-
+    async def again(self, error: OrchardError) -> EventStream:
+        if isinstance(error, ImagePixelsNeededError) and error.never_kept:
+            self._sends.leave_out = False
+        logger.info("request %s sent again with its images' pixels: %s", self.request_id, error.message)
+        again = self._request.as_submitted()
+        again.vision = self._vision
+        return self._submit(again)
 
 __all__ = ["PixelSends", "PixelsOnDemandStream"]

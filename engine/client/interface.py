@@ -266,22 +266,45 @@ class RequestStream:
                 self._abort(self.request_id)
 
 
-class ToldOnce:
-    """What a request's stream has passed on across its submissions (a resubmitted request queues and is admitted
-    again): its queueing and admission once each, and whether it produced output."""
+class RetriedStream(ABC):
+    """A request's stream (RequestStream's interface) that, ended by a `retried_on` error before any output, is
+    submitted once more (`again`); its queueing and admission are passed on once (the new submission's are not)."""
 
-    def __init__(self) -> None:
-        self._told: set[type] = set()
-        self.produced = False
+    retried_on: type[OrchardError] = OrchardError
 
-    def passes(self, item: StreamEvent) -> bool:
-        if isinstance(item, (Queued, Admitted)):
-            if type(item) in self._told:
-                return False
-            self._told.add(type(item))
-        else:
-            self.produced = True
-        return True
+    def __init__(self, request_id: str, stream: Any) -> None:
+        self.request_id = request_id
+        self._stream = stream
+
+    async def hold(self, timeout_s: float | None) -> None:
+        await self._stream.hold(timeout_s)
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[StreamEvent]:
+        told: set[type] = set()
+        produced = retried = False
+        while True:
+            try:
+                async for item in self._stream:
+                    if isinstance(item, (Queued, Admitted)):
+                        if type(item) in told:
+                            continue
+                        told.add(type(item))
+                    else:
+                        produced = True
+                    yield item
+                return
+            except OrchardError as exc:
+                if not isinstance(exc, self.retried_on) or produced or retried:  # once only
+                    raise
+                retried = True
+                self._stream = await self.again(exc)
+
+    @abstractmethod
+    async def again(self, error: OrchardError) -> Any:
+        """The request's new stream."""
 
 
 class StreamRouter:

@@ -18,10 +18,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 from engine.adapters.registry import LoadedAdapter
-from engine.client.interface import EngineClient, RequestStream, ServedModel, StreamEvent, ToldOnce
+from engine.client.interface import EngineClient, RequestStream, RetriedStream, ServedModel
 from engine.health import EngineHealth, EngineStatus
 from engine.core import EngineStats
 from engine.errors import EngineDeadError, EngineRestartingError, OrchardError
@@ -218,33 +218,19 @@ class SupervisedEngine:
         return getattr(self._client, "pid", None)
 
 
-class ResubmittingStream:
+class ResubmittingStream(RetriedStream):
     """A request's stream that survives an engine death as long as the request has produced nothing (its
-    queueing and admission are no output: the new engine's are not passed on when the caller was already told)."""
+    queueing and admission are no output: the new engine's are not passed on when the caller was already told);
+    once only: a request that kills every engine is not re-queued forever."""
+
+    retried_on = EngineDeadError
 
     def __init__(self, engine: SupervisedEngine, request: Request, client: EngineClient, stream: RequestStream) -> None:
-        self.request_id = request.request_id
+        super().__init__(request.request_id, stream)
         self._engine = engine
         self._request = request
         self._client = client
-        self._stream = stream
 
-    async def hold(self, timeout_s: float | None) -> None:
-        await self._stream.hold(timeout_s)
-
-    def __aiter__(self) -> AsyncIterator[StreamEvent]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[StreamEvent]:
-        seen, requeued = ToldOnce(), False
-        while True:
-            try:
-                async for item in self._stream:
-                    if seen.passes(item):
-                        yield item
-                return
-            except EngineDeadError:
-                if seen.produced or requeued:  # once only: a request that kills every engine is not re-queued forever
-                    raise
-                requeued = True
-                self._client, self._stream = await self._engine.resubmit(self._request, self._client)
+    async def again(self, error: OrchardError) -> RequestStream:
+        self._client, stream = await self._engine.resubmit(self._request, self._client)
+        return stream
