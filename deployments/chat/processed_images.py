@@ -85,31 +85,32 @@ class ImageReuse:
         self._lock = threading.Lock()
         self.expands: bool | None = None if budget_bytes > 0 else False  # None: not checked yet
 
-    def processed(self, text: str, images: Sequence[ImageInput]) -> ReusedPrompt | None:
-        """The prompt's token ids and its images' kept processing, or None (not kept, or no reuse here)."""
+    def processed(self, text: str, key: str) -> ReusedPrompt | None:
+        """The prompt's token ids and its images' (`key`: images_key) kept processing, or None (not kept, or no
+        reuse here)."""
         if not self.expands:
             return None
         with self._lock:
-            found = self._kept.lookup([images_key(images)])
+            found = self._kept.lookup([key])
         if found is None:
             return None
         ids = expanded_ids(self._text_ids(text), self._token, found[0].token_runs)
         return None if ids is None else ReusedPrompt(ids, found[0])
 
-    def remember(self, text: str, images: Sequence[ImageInput], token_ids: list[int], kept: ProcessedImages) -> None:
-        """Keep what the processor made of `images` (`kept`, its token_runs unset) for this prompt; the first time,
-        check that expanding this prompt's text gives its token ids."""
+    def remember(self, text: str, key: str, token_ids: list[int], kept: ProcessedImages) -> None:
+        """Keep what the processor made of the images of `key` (`kept`, its token_runs unset) for this prompt; the
+        first time, check that expanding this prompt's text gives its token ids."""
         if self.expands is False:
             return
         runs = tuple(end - start for start, end in media_token_runs(token_ids, self._token))
-        if len(runs) != len(images):  # images split in tiles, or placeholders the processor moved
+        if len(runs) != len(kept.image_digests):  # images split in tiles, or placeholders the processor moved
             return
         if self.expands is None:
             self.expands = self._expansion_holds(text, token_ids, runs)
             if not self.expands:
                 return
         with self._lock:
-            self._kept.put(images_key(images), replace(kept, token_runs=runs))
+            self._kept.put(key, replace(kept, token_runs=runs))
 
     def _expansion_holds(self, text: str, token_ids: list[int], runs: tuple[int, ...]) -> bool:
         try:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from deployments.chat.images import decode_image
-from deployments.chat.processed_images import ImageReuse, ProcessedImages
+from deployments.chat.processed_images import ImageReuse, ProcessedImages, images_key
 from deployments.chat.videos import decode_video, video_digest
 from deployments.model_calls import ImageInput, VideoInput
 from engine.errors import InvalidRequestError
@@ -51,7 +51,8 @@ class VisionPromptEncoder:
         """`text`: the rendered chat prompt with the template's placeholders, one per image and video, in order."""
         videos = videos or []
         self._check_kinds(images, videos)
-        reused = self._reuse.processed(text, images) if images and not videos else None
+        key = images_key(images) if images and not videos and self._reuse.expands is not False else None
+        reused = self._reuse.processed(text, key) if key is not None else None
         if reused is not None:
             kept = reused.images
             vision = VisionInputs(kept.pixel_values, kept.image_arrays, kept.image_digests)
@@ -73,8 +74,8 @@ class VisionPromptEncoder:
         media = [(self._tokens.image, image_digests)]
         if self._tokens.video is not None:
             media.append((self._tokens.video, video_digests))
-        if images and pixels is not None:
-            self._reuse.remember(text, images, token_ids, ProcessedImages(pixels, arrays, image_digests))
+        if key is not None and pixels is not None:
+            self._reuse.remember(text, key, token_ids, ProcessedImages(pixels, arrays, image_digests))
         return VisionPrompt(token_ids, vision, cache_key_ids(token_ids, media))
 
     def _text_alone(self, text: str) -> dict[str, Any]:

@@ -65,4 +65,5 @@ class PixelsOnDemandStream(RetriedStream):
         again.vision = self._vision
         return self._submit(again)
 
+
 __all__ = ["PixelSends", "PixelsOnDemandStream"]

@@ -9,9 +9,9 @@ completing chunk: one forward). A prompt's text after its images, once their KV 
 
 from __future__ import annotations
 
-import mlx.core as mx
-
 from typing import Callable
+
+import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches, eval_caches
 from engine.models.head_split import HeadSplit

@@ -81,7 +81,7 @@ class VisionLanguageModel:
             self.make_cache = self.language_model.make_cache
         probe = _text_probe(model)
         # Text positions passed explicitly, [B, L] (the language model's own text-only layout), where it takes them.
-        self.uses_rope_deltas = _takestext_positions(model, probe)
+        self.uses_rope_deltas = _takes_text_positions(model, probe)
         # Image features enter the language model in its own dtype: a float32 vision tower beside a bf16 language
         # model would otherwise make the prompt's KV float32, and with it every decode row batched beside it.
         self.text_dtype = probe.inputs_embeds.dtype
@@ -339,7 +339,7 @@ def _text_probe(model: nn.Module) -> Any:
     return model.get_input_embeddings(ids, None, mask=mx.ones(ids.shape, mx.int32))
 
 
-def _takestext_positions(model: nn.Module, probe: Any) -> bool:
+def _takes_text_positions(model: nn.Module, probe: Any) -> bool:
     """Whether the language model takes rotary positions from the caller (M-RoPE families): the text probe says
     so. Positions laid out otherwise than we build them are refused at load rather than decoded wrong."""
     positions = probe.position_ids
