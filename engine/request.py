@@ -69,6 +69,8 @@ class Request:
     num_cached_tokens: int = 0
     # Prefix-cache blocks this request reuses; locked from admission until it finishes.
     prefix_blocks: list = field(default_factory=list)  # kv.cache_manager.CachedBlock (the kv layer sits above)
+    # >0: the last of them is a media tail, of which only these first tokens are reused (cache_manager.py).
+    prefix_tail_tokens: int = 0
     stop_reason: str | int | None = None
     error: OrchardError | None = None
     # Structured output: the compiled automaton for sampling.guided, set before scheduling.

@@ -42,6 +42,8 @@ class NewRequest:
     adapter_slot: int = 0
     # Its images' features, held since it came without its pixels (Request.held_image_features).
     held_image_features: list | None = None
+    # >0: the last cached block is a media tail, reused up to this many of its tokens (kv/cache_manager.py).
+    cached_tail_tokens: int = 0
 
     @property
     def cache_keys(self) -> tuple[int, ...]:

@@ -26,17 +26,25 @@ pytest_isolated() {
   fi
 }
 
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+# A test or teardown that hangs is reported (tests/support/hang_watch.py); the reports are printed again last.
+export ORCHARD_HANG_REPORT="$logs/hangs.txt"
+hang_reports() {
+  if [ -s "$logs/hangs.txt" ]; then echo "==== hangs (tests/support/hang_watch.py) ===="; cat "$logs/hangs.txt"; fi
+}
+
 one_process=0  # a test path, or -m (the slow tests: some measure real time and need the machine to themselves)
 for arg in "$@"; do
   case "$arg" in tests|tests/*|*.py|*::*|-m|-m*) one_process=1 ;; esac
 done
 if [ "$one_process" = 1 ]; then
-  pytest_isolated "$@"
-  exit
+  status=0
+  pytest_isolated "$@" || status=$?
+  hang_reports
+  exit "$status"
 fi
 
-logs="$(mktemp -d)"
-trap 'rm -rf "$logs"' EXIT
 pytest_isolated tests/engine tests/graph "$@" > "$logs/graph.log" 2>&1 &
 graph=$!
 pytest_isolated tests --ignore=tests/engine --ignore=tests/graph "$@" > "$logs/rest.log" 2>&1 &
@@ -53,4 +61,5 @@ cat "$logs/rest.log"
 finished "$graph"
 echo "==== tests/engine, then tests/graph (Ray Serve) ===="
 cat "$logs/graph.log"
+hang_reports
 exit "$status"

@@ -74,30 +74,36 @@ class KVBlockStore:
             mx.async_eval(self._unevaluated)
             self._unevaluated = []
 
-    def request_cache(self, block_hashes: Sequence[int]) -> LayerCaches:
+    def request_cache(self, block_hashes: Sequence[int], tail_tokens: int = 0) -> LayerCaches:
         """A fresh per-request cache, pre-filled with the KV of the matched blocks (by hash: locked in the cache
-        while their request runs)."""
+        while their request runs); `tail_tokens` > 0: of the last block only its first tail_tokens positions."""
         blocks = [self.cache.block(block_hash) for block_hash in block_hashes]
         if blocks and self.cache.snapshot_only:
             return copy.deepcopy(blocks[-1].payload)
         caches = new_request_cache(self.model, self.quantization)
         if not blocks:
             return caches
-        num_tokens = len(blocks) * self.cache.block_size
+        size = self.cache.block_size
+        ends = [size] * len(blocks)
+        if tail_tokens:
+            ends[-1] = tail_tokens
+        num_tokens = sum(ends)
         if self.quantization is not None:
             return [
-                filled_request_cache(self.quantization, *(concat_positions([b.payload[layer][which] for b in blocks])
-                                                          for which in (0, 1)), num_tokens)
+                filled_request_cache(self.quantization, *(concat_positions(
+                    [positions(b.payload[layer][which], 0, end) for b, end in zip(blocks, ends)])
+                    for which in (0, 1)), num_tokens)
                 for layer in range(len(caches))
             ]
         if all(isinstance(b.payload, mx.array) for b in blocks):
-            stacked = mx.concatenate([b.payload for b in blocks], axis=-2)  # [layers, k/v, 1, heads, tokens, dim]
+            # [layers, k/v, 1, heads, tokens, dim]
+            stacked = mx.concatenate([_first(b.payload, end) for b, end in zip(blocks, ends)], axis=-2)
             for layer, layer_cache in enumerate(caches):
                 layer_cache.state = (stacked[layer, 0], stacked[layer, 1], num_tokens)
             return caches
         for layer, layer_cache in enumerate(caches):
-            keys = mx.concatenate([b.payload[layer][0] for b in blocks], axis=2)
-            values = mx.concatenate([b.payload[layer][1] for b in blocks], axis=2)
+            keys = mx.concatenate([_first(b.payload[layer][0], end) for b, end in zip(blocks, ends)], axis=2)
+            values = mx.concatenate([_first(b.payload[layer][1], end) for b, end in zip(blocks, ends)], axis=2)
             layer_cache.state = (keys, values, num_tokens)
         return caches
 
@@ -168,6 +174,11 @@ class KVBlockStore:
             return copied, sum(layer.nbytes for layer in copied)
 
         self.cache.insert(token_ids, snapshot)
+
+
+def _first(array: mx.array, end: int) -> mx.array:
+    """Its first `end` positions (the axis before the last); the array itself when that is all of them."""
+    return array if end == array.shape[-2] else array[..., :end, :]
 
 
 def _gather(layers: LayerCaches, start: int, end: int) -> Any:

@@ -2,7 +2,9 @@
 
 Prompt KV is cached in blocks of `block_size` tokens. A block is keyed by a chain hash of its tokens and its
 parent's hash, so equal hashes mean equal prefixes; matching also compares each block's tokens and parent link,
-so a hash collision can never hand one conversation another's KV. Blocks hold an opaque payload (the engine's
+so a hash collision can never hand one conversation another's KV. A block in which an image's tokens end and
+text follows is also indexed by its tokens through that image: another question on the same image reuses the
+block's first positions (a partial block), so the image's KV comes whole from the cache. Blocks hold an opaque payload (the engine's
 per-layer arrays) and its size in bytes; unlocked leaf blocks are evicted least-recently-used whenever the byte
 budget would be exceeded. In `snapshot_only` mode (models whose caches cannot be cut by position) only the last
 block of an inserted chain carries a payload: a snapshot of the whole cache state at that block boundary; a
@@ -69,6 +71,11 @@ def _no_payload(index: int) -> tuple[None, int]:
     return None, 0
 
 
+def media_tail_length(tokens: Sequence[int]) -> int:
+    """Tokens through the last media token (negative key) of a block's tokens; 0: none."""
+    return max((i for i, key in enumerate(tokens) if key < 0), default=-1) + 1
+
+
 # Builds the payload of block i (tokens [i*block_size, (i+1)*block_size)): (payload, nbytes).
 PayloadFactory = Callable[[int], tuple[Any, int]]
 
@@ -81,6 +88,8 @@ class PrefixCache:
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     # In least- to most-recently-used order; a chain is touched leaf first so parents stay behind leaves.
     _blocks: OrderedDict[int, CachedBlock] = field(default_factory=OrderedDict)
+    # Blocks where media ends and text follows, by (parent hash, their tokens through the media's last token).
+    _media_tails: dict[tuple[int, tuple[int, ...]], CachedBlock] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.capacity_bytes < 0:
@@ -110,6 +119,30 @@ class PrefixCache:
         else:
             self.stats.misses += 1
         return matched
+
+    def match_media_tail(self, tokens: Sequence[int], matched: list[CachedBlock],
+                         max_tokens: int | None = None) -> tuple[CachedBlock, int] | None:
+        """After match()'s chain: a cached block that begins with the prompt's next tokens through its last media
+        token, where those end inside the block (another question on a cached image); with how many of its tokens
+        the prompt reuses. Counted with match()'s hit or miss."""
+        if self.snapshot_only:
+            return None
+        start = len(matched) * self.block_size
+        limit = len(tokens) if max_tokens is None else min(max_tokens, len(tokens))
+        window = tuple(tokens[start : min(start + self.block_size, limit)])
+        length = media_tail_length(window)
+        if not 0 < length < self.block_size:
+            return None
+        parent = matched[-1] if matched else None
+        block = self._media_tails.get((parent.block_hash if parent is not None else ROOT_HASH, window[:length]))
+        if block is None or block.tokens[:length] != window[:length] or block.parent is not parent:
+            return None
+        self._touch([*matched, block])
+        if not matched:  # match() counted a miss
+            self.stats.misses -= 1
+            self.stats.hits += 1
+        self.stats.hit_tokens += length
+        return block, length
 
     def block(self, block_hash: int) -> CachedBlock:
         """The cached block of this hash (a locked block stays until its request unlocks it)."""
@@ -164,6 +197,9 @@ class PrefixCache:
             self.unlock(protect)
         block = CachedBlock(block_hash, block_tokens, parent, payload, nbytes)
         self._blocks[block_hash] = block
+        tail = media_tail_length(block_tokens)
+        if 0 < tail < self.block_size and not self.snapshot_only:
+            self._media_tails[(block.parent_hash, block_tokens[:tail])] = block  # the newest such block
         if parent is not None:
             parent.num_children += 1
         self.stats.bytes_used += nbytes
@@ -206,6 +242,9 @@ class PrefixCache:
 
     def _remove(self, block: CachedBlock) -> None:
         del self._blocks[block.block_hash]
+        tail = (block.parent_hash, block.tokens[:media_tail_length(block.tokens)])
+        if self._media_tails.get(tail) is block:
+            del self._media_tails[tail]
         if block.parent is not None:
             block.parent.num_children -= 1
         self.stats.bytes_used -= block.nbytes
@@ -233,6 +272,7 @@ class PrefixCache:
         assert self.stats.bytes_used == sum(b.nbytes for b in self._blocks.values())
         assert self.stats.bytes_used <= self.capacity_bytes
         assert self.stats.num_blocks == len(self._blocks)
+        assert all(self._blocks.get(b.block_hash) is b for b in self._media_tails.values())
 
 
 class KVCacheManager:
@@ -254,10 +294,17 @@ class KVCacheManager:
         cache = self.prefix_cache
         if cache is None or request.num_computed_tokens:
             return
-        blocks = cache.match(request.prefill_cache_keys(), max_tokens=request.num_prefill_tokens - 1)
+        keys, limit = request.prefill_cache_keys(), request.num_prefill_tokens - 1
+        blocks = cache.match(keys, max_tokens=limit)
+        tail = cache.match_media_tail(keys, blocks, max_tokens=limit) if request.vision is not None else None
+        request.num_computed_tokens = len(blocks) * cache.block_size
+        request.prefix_tail_tokens = 0
+        if tail is not None:
+            blocks = [*blocks, tail[0]]
+            request.prefix_tail_tokens = tail[1]
+            request.num_computed_tokens += tail[1]
         cache.lock(blocks)
         request.prefix_blocks = blocks
-        request.num_computed_tokens = len(blocks) * cache.block_size
         if not request.num_preemptions:  # usage reports the prompt's hit at its first admission
             request.num_cached_tokens = request.num_computed_tokens
 
@@ -265,6 +312,7 @@ class KVCacheManager:
         if self.prefix_cache is not None and request.prefix_blocks:
             self.prefix_cache.unlock(request.prefix_blocks)
             request.prefix_blocks = []
+            request.prefix_tail_tokens = 0
 
     # ---- chunking --------------------------------------------------------------
     def prefill_target(self, request: Request) -> int:
@@ -282,7 +330,8 @@ class KVCacheManager:
         if not self.cuts_blocks:
             return False
         size = self.prefix_cache.block_size
-        if len(request.prefix_blocks) >= request.num_prefill_tokens // size:
+        full_blocks = len(request.prefix_blocks) - (1 if request.prefix_tail_tokens else 0)
+        if full_blocks >= request.num_prefill_tokens // size:
             return False
         self._uncached_first_blocks.add(request.cache_keys[:size])
         return True

@@ -343,9 +343,9 @@ class ModelRunner:
         """The request's cache, made at its first chunk from its cached prefix blocks (if any)."""
         cache = self._prefill_caches.get(request_id)
         if cache is None:
-            hashes = self._requests[request_id].cached_block_hashes
-            store = self._blocks
-            cache = store.request_cache(hashes) if store is not None else new_request_cache(self.model, self.kv_quantization)
+            request, store = self._requests[request_id], self._blocks
+            cache = (store.request_cache(request.cached_block_hashes, request.cached_tail_tokens) if store is not None
+                     else new_request_cache(self.model, self.kv_quantization))
             self._prefill_caches[request_id] = cache
         return cache
 

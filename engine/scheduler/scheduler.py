@@ -290,7 +290,7 @@ class Scheduler:
             request.request_id, request.prefill_token_ids(), request.sampling,
             tuple(block.block_hash for block in request.prefix_blocks), request.vision, keys, request.speculative,
             resumed=resumed, num_generated=request.num_recomputed_outputs, adapter_slot=request.adapter_slot,
-            held_image_features=request.held_image_features,
+            held_image_features=request.held_image_features, cached_tail_tokens=request.prefix_tail_tokens,
         ))
 
     def _add_chunk(

@@ -157,6 +157,25 @@ def test_a_second_turn_about_the_same_image_reuses_its_kv(family):
     assert_same_stream(alone(family, Request("turn2-alone", prompt.token_ids, greedy(4), vision=prompt.vision)), second)
 
 
+def test_another_question_on_a_cached_image_reuses_its_kv_through_the_images_last_token(family):
+    core = EngineCore(family.loaded, EngineConfig(prefix_block_size=BLOCK))
+    image = png_bytes(112, 84, seed=7)
+    run_core(core, [Arrival(0, family.request("first", [image], " ".join(f"t{30 + i}" for i in range(24))))])
+    other = " ".join(f"t{60 + i}" for i in range(24))
+    lookups = _lookups(core)
+    second = run_core(core, [Arrival(0, family.request("second", [image], other))])["second"]
+    keys = family.request("probe", [image], other).prompt_cache_keys
+    media_end = max(i for i, key in enumerate(keys) if key < 0) + 1
+    if core.scheduler.kv.cuts_blocks:
+        # The image ends inside a block whose text differs: that block's first positions are reused, and the
+        # question runs as text (Qwen2.5-VL) with no embedding of the prompt.
+        assert media_end % BLOCK and second.finish.usage.cached_tokens == media_end
+        if family.loaded.model.uses_rope_deltas:
+            assert _lookups(core) == lookups
+    assert_same_stream(alone(family, family.request("second-alone", [image], other)), second)
+    core.scheduler.kv.prefix_cache.check_integrity()
+
+
 def _lookups(core: EngineCore) -> tuple[int, int]:
     stats = core.stats().vision_features
     return stats.hits, stats.misses

@@ -47,9 +47,15 @@ def test_a_repeated_image_goes_without_pixels_and_again_with_them_once_evicted(v
     asks = [(a, "t1 t2"), (a, "t3 t4 t5"), (b, "t1 t2"), (a, "t6")]
     anew = vl_config.model_copy(update={"processed_image_cache_bytes": 0})
     reference = asyncio.run(answers(anew, asks, tmp_path, process_engine_client))
-    assert reference["lookups"] == (2.0, 2.0)  # a kept, then b: the engine's own cache, pixels sent every time
-    one_image = int(reference["kept_bytes"]) // 2
-    reusing = vl_config.model_copy(update={"vision_feature_cache_bytes": one_image})
+    # Pixels sent every time, and a's KV through its last image token in the prefix cache: a, then b through the
+    # tower (misses); a asked again prefills only its question, as text (no lookup at all).
+    assert reference["lookups"] == (2.0, 0.0)
+    uncached = asyncio.run(answers(anew.model_copy(update={"enable_prefix_cache": False}), asks, tmp_path,
+                                   process_engine_client))
+    assert uncached["lookups"] == (2.0, 2.0)  # a kept, then b: the engine's own cache
+    one_image = int(uncached["kept_bytes"]) // 2
+    # Without the prefix cache, so that every request needs its features.
+    reusing = vl_config.model_copy(update={"vision_feature_cache_bytes": one_image, "enable_prefix_cache": False})
     with caplog.at_level(logging.INFO, logger="deployments.model.pixel_sends"):
         seen = asyncio.run(answers(reusing, asks, tmp_path, process_engine_client))
     # a: miss; a again, no pixels: held (hit); b: miss, evicting a; a again, no pixels: refused (miss), resent
@@ -57,9 +63,9 @@ def test_a_repeated_image_goes_without_pixels_and_again_with_them_once_evicted(v
     assert seen["lookups"] == (4.0, 1.0)
     resent = [r.getMessage() for r in caplog.records if RESENT in r.getMessage()]
     assert len(resent) == 1 and resent[0].endswith("The engine no longer keeps these images' features")
-    for ours, theirs in zip(seen["answers"], reference["answers"]):
-        assert ours[0] == theirs[0] != ""
-        assert ours[1] == pytest.approx(theirs[1], abs=1e-5)
+    for ours, uncached_answer, theirs in zip(seen["answers"], uncached["answers"], reference["answers"]):
+        assert ours[0] == uncached_answer[0] == theirs[0] != ""
+        assert ours[1] == pytest.approx(theirs[1], abs=1e-5) and uncached_answer[1] == pytest.approx(theirs[1], abs=1e-5)
 
 
 def test_an_engine_keeping_no_features_gets_pixels_always(vl_config, tmp_path, caplog):

@@ -7,22 +7,50 @@ from pathlib import Path
 
 HUNG = '''
 import asyncio
+import contextlib
+import time
+
+import pytest
+
+@contextlib.asynccontextmanager
+async def held():
+    try:
+        yield
+    finally:
+        await asyncio.Event().wait()
 
 def test_waits_forever():
     async def wait_for_nothing():
-        await asyncio.Event().wait()
+        async with held():
+            pass
     asyncio.run(wait_for_nothing())
+
+@pytest.fixture
+def slow_to_stop():
+    yield
+    time.sleep(1.0)
+
+def test_stops_slowly(slow_to_stop):
+    pass
 '''
 
 
-def test_a_hung_test_fails_with_its_await_chain(tmp_path: Path):
+def test_a_hung_test_fails_with_its_await_chain_and_a_slow_teardown_is_reported(tmp_path: Path):
     (tmp_path / "test_hung.py").write_text(HUNG)
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.support.hang_watch"]\n')
     repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "ORCHARD_TEST_HANG_S": "2", "PYTHONPATH": str(repo)}
+    report = tmp_path / "hangs.txt"
+    env = {**os.environ, "ORCHARD_TEST_HANG_S": "2", "PYTHONPATH": str(repo), "ORCHARD_HANG_REPORT": str(report)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=0",
                            str(tmp_path)], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert done.returncode == 1, done.stdout
-    assert "1 failed" in done.stdout and "CancelledError" in done.stdout
-    assert "still running after 2 s" in done.stdout
-    assert "test_hung.py:6 in wait_for_nothing" in done.stdout and "locks.py" in done.stdout
+    assert "1 failed, 1 passed" in done.stdout and "CancelledError" in done.stdout
+    written = report.read_text()
+    assert "test_hung.py::test_waits_forever still running after 2 s; its process's threads" in written
+    assert "--- thread MainThread" in written and "in select" in written  # the loop's thread waits in select
+    # Through the `async with` exit into the context manager's generator, down to what it waits on.
+    assert "test_hung.py:17 in wait_for_nothing" in written and "test_hung.py:13 in held" in written
+    assert "locks.py" in written
+    assert "test_stops_slowly (teardown) still running after 0 s" in written and "in slow_to_stop" in written
+    threads = written[:written.index("tasks on a loop")]
+    assert threads[:threads.rindex("\n===")] in done.stdout  # the failed test's captured log has it too

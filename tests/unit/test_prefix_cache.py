@@ -30,6 +30,34 @@ def test_match_returns_the_longest_cached_block_prefix():
     cache.check_integrity()
 
 
+def test_another_question_on_a_cached_image_reuses_the_block_it_ends_in_through_its_last_token():
+    cache = PrefixCache(BLOCK, capacity_bytes=50)
+    image = [-7] * 5  # an image's tokens (negative keys), ending inside the second block
+    first = [1, 2, *image, 10, 11, 12, 13, 14]
+    chain = cache.insert(first, payload(first))
+    second = [1, 2, *image, 20, 21, 22, 23, 24]
+    matched = cache.match(second)
+    assert matched == chain[:1]
+    assert cache.match_media_tail(second, matched) == (chain[1], 3)  # (-7, -7, -7) of (-7, -7, -7, 10)
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.hit_tokens) == (1, 0, 4 + 3)
+    # Another image, another parent, or the image cut by max_tokens: no tail.
+    assert cache.match_media_tail([1, 2, -8, -8, -8, -8, -8, 20], matched) is None
+    assert cache.match_media_tail([0, 2, *image, 20], []) is None
+    assert cache.match_media_tail(second, matched, max_tokens=6) is None
+    # A text block and a block that ends with the image are no tails.
+    assert cache.match_media_tail([1, 2, 3, 4, 5, 6, 7, 8], cache.match([1, 2, 3, 4])) is None
+    ends = [*image[:2], 1, 2, *image[:4]]
+    cache.insert(ends, payload(ends))
+    assert cache.match_media_tail(ends + [5], cache.match(ends[:4])) is None  # a whole block: match() has it
+    cache.check_integrity()
+    # The tail's block evicted (the budget holds 5 blocks of 10 bytes): its index entry goes with it.
+    for n in range(4):
+        other = [100 + n] * 8
+        cache.insert(other, payload(other))
+    assert cache.match_media_tail(second, cache.match(second)) is None
+    cache.check_integrity()
+
+
 def test_diverging_conversations_share_only_their_common_blocks():
     cache = PrefixCache(BLOCK, capacity_bytes=1000)
     a = [1, 2, 3, 4, 5, 6, 7, 8]
