@@ -4,6 +4,7 @@ talks to it over HTTP exactly as to `orchard serve`, and the CLI's tests use it 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -11,6 +12,8 @@ from typing import Self
 
 from deployments.config import ModelConfig
 from deployments.mcp_config import McpConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -35,10 +38,12 @@ class LocalServer:
             raise self.error
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 60.0) -> None:
         if self._loop is not None and self._stop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=timeout_s)
+            if self._thread.is_alive():  # its engines are stopped at the interpreter's exit (thread_client.py)
+                logger.error("the in-process server did not stop within %.0f s", timeout_s)
 
     def __enter__(self) -> Self:
         return self.start()

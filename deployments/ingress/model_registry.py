@@ -76,6 +76,7 @@ class Registry:
         self._api_configs: dict[str, ModelConfig] = {}
         self._served_once: set[str] = set()  # API-loaded ids whose model has served: only these are persisted
         self._tasks: set[asyncio.Task] = set()
+        self._closed = False
         self._status = StatusRefresher(self._refresh_now)
         self._replicas = ReplicaWatch(backend, self.fetch_info, self._spawn)
         self._readings = ModelReadings(backend, self._replicas.lost)
@@ -118,12 +119,12 @@ class Registry:
             self._begin_load(config)
 
     async def close(self) -> None:
+        self._closed = True  # the poll loop ends even where a cancellation of it is lost
         await self._status.close()
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)  # their ends, cancelled or failed
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -132,7 +133,7 @@ class Registry:
         return task
 
     async def _poll(self) -> None:
-        while True:
+        while not self._closed:
             await asyncio.sleep(self._poll_interval_s)
             try:
                 await self.refresh()

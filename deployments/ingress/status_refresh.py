@@ -38,10 +38,13 @@ class StatusRefresher:
             task = self._start(None)
         elif force and self._started_at < called_at:
             task = self._start(task)  # after the one in flight, so views land in order
-        try:
-            await asyncio.wait_for(asyncio.shield(task), self.wait_s)
-        except asyncio.TimeoutError:
+        # asyncio.wait, not wait_for(shield(task)): Python 3.11's wait_for returns normally when the caller is
+        # cancelled just as the fetch ends, and the registry's poll task then outlived its cancel (a close hung).
+        done, _ = await asyncio.wait({task}, timeout=self.wait_s)
+        if not done:
             logger.warning("Serve's status took over %.1f s: answering from the last view while it comes", self.wait_s)
+            return
+        task.result()
 
     def _start(self, after: asyncio.Future | None) -> asyncio.Future:
         self._started_at = time.monotonic()

@@ -190,7 +190,10 @@ class EngineClientBase(ABC):
     # ---- from the engine (any thread) -----------------------------------------
     def _post_outputs(self, outputs: list[RequestOutput]) -> None:
         self._heard_at = time.monotonic()
-        self._loop.call_soon_threadsafe(self._streams.deliver, outputs)
+        try:
+            self._loop.call_soon_threadsafe(self._streams.deliver, outputs)
+        except RuntimeError:  # the loop has closed (an engine never closed, at exit): nobody is left to tell
+            pass
 
     def _set_stats(self, stats: EngineStats) -> None:
         self._heard_at = time.monotonic()  # the engine loop posts stats between steps, and every 0.5 s idle

@@ -7,9 +7,11 @@ step's outputs back via `loop.call_soon_threadsafe`. No MLX call happens on the 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import queue
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +25,7 @@ from engine.errors import EngineDeadError
 from engine.request import Request
 
 logger = logging.getLogger(__name__)
+EXIT_JOIN_S = 10.0  # at exit, how long an engine still running gets to stop
 
 
 class ThreadEngineClient(EngineClientBase):
@@ -46,6 +49,7 @@ class ThreadEngineClient(EngineClientBase):
         ready: asyncio.Future = self._loop.create_future()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="orchard-engine", daemon=True)
         self._thread.start()
+        _running.add(self)
         await ready
         core = self._core
         processor = await asyncio.to_thread(self._load_processor, core.loaded.path) if self._load_processor else None
@@ -61,6 +65,7 @@ class ThreadEngineClient(EngineClientBase):
         self._commands.put(Shutdown())
         await asyncio.to_thread(self._thread.join)
         self._thread = None
+        _running.discard(self)
         if self._intake is not None:
             self._intake.shutdown()
 
@@ -106,6 +111,22 @@ class ThreadEngineClient(EngineClientBase):
 
     def _enqueue(self, request: Request) -> None:
         self._commands.put(AddRequest(request))
+
+
+# Engines started and not closed. One still running when the interpreter exits would take its MLX streams into
+# the C++ teardown, which aborts the process ("terminate called without an active exception"): stopped first.
+_running: "weakref.WeakSet[ThreadEngineClient]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running_engines() -> None:
+    threads = [(client, client._thread) for client in list(_running) if client._thread is not None]
+    for client, _ in threads:
+        client._commands.put(Shutdown())
+    for client, thread in threads:
+        thread.join(EXIT_JOIN_S)
+        if thread.is_alive():
+            logger.error("an engine thread did not stop within %.0f s of the exit", EXIT_JOIN_S)
 
 
 def _resolve(future: asyncio.Future, exc: BaseException | None) -> None:

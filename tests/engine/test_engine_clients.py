@@ -336,3 +336,36 @@ def test_an_engine_process_that_dies_while_starting_fails_the_start(tiny_llama):
         assert not client.health().alive and client.pid is None
 
     run(scenario)
+
+
+LEFT_RUNNING = '''
+import asyncio, sys
+from engine import EngineConfig, EngineCore, Request, SamplingParams
+from engine.client.thread_client import ThreadEngineClient
+from engine.models.loader import load_model
+
+async def main():
+    loaded = load_model(sys.argv[1])
+    client = ThreadEngineClient(lambda: EngineCore(loaded, EngineConfig()))
+    await client.start()
+    async for event in client.submit(Request("r", [1, 2, 3], SamplingParams(max_tokens=1000, ignore_eos=True))):
+        break  # mid-generation: the request, and the engine, go on
+asyncio.run(main())
+print("left", flush=True)
+'''
+
+
+def test_a_thread_engine_left_running_at_exit_is_stopped_before_the_interpreter_ends(tiny_llama, tmp_path):
+    """MLX aborts the process at exit when a thread's streams outlive it ("terminate called without an active
+    exception"): an engine never closed (a hung teardown, a caller's bug) is stopped by the exit itself."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "left_running.py"
+    script.write_text(LEFT_RUNNING)
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(script), str(tiny_llama.path)], capture_output=True, text=True,
+                          timeout=120, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0 and done.stdout == "left\n", done.stderr[-2000:]
+    assert "terminate called" not in done.stderr and "Traceback" not in done.stderr

@@ -94,9 +94,10 @@ def _awaited_generator(awaitable):
     return next((ref for ref in gc.get_referents(awaitable) if inspect.isasyncgen(ref)), None)
 
 
-def _on_hang(test: str, after_s: float, cancel: bool) -> None:
+def _on_hang(test: str, after_s: float, cancel: bool, fired: threading.Event) -> None:
     """Runs on the timer's thread: the threads now, then each loop's tasks (once that loop runs again); the main
     thread's (the test's own) are cancelled when `cancel`."""
+    fired.set()
     write_report(f"\n=== hang_watch: {test} still running after {after_s:.0f} s; its process's threads ===\n"
                  + thread_stacks())
     main = threading.main_thread().ident
@@ -105,30 +106,42 @@ def _on_hang(test: str, after_s: float, cancel: bool) -> None:
         loop.call_soon_threadsafe(_dump_tasks, loop, test, after_s, cancel and own)
 
 
-def _watched(test: str, after_s: float, cancel: bool):
-    timer = threading.Timer(after_s, _on_hang, args=(test, after_s, cancel))
-    timer.daemon = True
-    timer.start()
-    return timer
+class Watch:
+    """A timer over one test phase; `fired` once it reported (and cancelled)."""
+
+    def __init__(self, test: str, after_s: float, cancel: bool) -> None:
+        self.fired = threading.Event()
+        self._timer = threading.Timer(after_s, _on_hang, args=(test, after_s, cancel, self.fired))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def stop(self) -> None:
+        self._timer.cancel()
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    timer = _watched(item.nodeid, HANG_S, cancel=True)
+    """A test still running after HANG_S fails, even where cancelling its tasks let it end otherwise (a close that
+    swallows the cancellation)."""
+    watch = Watch(item.nodeid, HANG_S, cancel=True)
     try:
-        yield
+        result = yield
     finally:
-        timer.cancel()
+        watch.stop()
+    if watch.fired.is_set():
+        pytest.fail(f"hung: still running after {HANG_S:.0f} s, its tasks cancelled (hang_watch's report above)",
+                    pytrace=False)
+    return result
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item):
     """A fixture's teardown that waits long (a server that does not stop) is reported, not cancelled."""
-    timer = _watched(f"{item.nodeid} (teardown)", TEARDOWN_HANG_S, cancel=False)
+    watch = Watch(f"{item.nodeid} (teardown)", TEARDOWN_HANG_S, cancel=False)
     try:
-        yield
+        return (yield)
     finally:
-        timer.cancel()
+        watch.stop()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -32,6 +32,12 @@ def slow_to_stop():
 
 def test_stops_slowly(slow_to_stop):
     pass
+
+def test_ends_once_cancelled():
+    async def close_swallowing_cancellation():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+    asyncio.run(close_swallowing_cancellation())
 '''
 
 
@@ -44,7 +50,8 @@ def test_a_hung_test_fails_with_its_await_chain_and_a_slow_teardown_is_reported(
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=0",
                            str(tmp_path)], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert done.returncode == 1, done.stdout
-    assert "1 failed, 1 passed" in done.stdout and "CancelledError" in done.stdout
+    assert "2 failed, 1 passed" in done.stdout and "CancelledError" in done.stdout
+    assert "FAILED test_hung.py::test_ends_once_cancelled - Failed: hung: still running a" in done.stdout
     written = report.read_text()
     assert "test_hung.py::test_waits_forever still running after 2 s; its process's threads" in written
     assert "--- thread MainThread" in written and "in select" in written  # the loop's thread waits in select
