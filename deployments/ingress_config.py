@@ -121,6 +121,10 @@ class IngressConfig(BaseModel):
         default_factory=list, description="models (each a model's args, as in the first table) loaded by the first "
         "request that names them (it waits, a stream with keep-alives), unloaded again under the memory budget; a "
         "pinned one loads at start")
+    auto_load_repos: list[str] = Field(
+        default_factory=list, description="repo-id patterns (fnmatch: 'mlx-community/*'; '*': any) of models in "
+        "the local Hugging Face cache that a request naming one loads as an on_demand model, with default settings "
+        "(nothing is downloaded for a request); empty: only on_demand models load so")
     # Images in requests: data URLs and base64 always; http(s) URLs only when allowed, from public addresses only
     # unless remote_media_allow_private (ingress/media_hosts.py). file:// and other schemes never.
     allow_remote_media: bool = Field(MediaLimits.allow_remote_media, description="fetch http(s) image URLs")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Awaitable, Callable
 
 from deployments.config import ModelConfig
@@ -43,6 +44,14 @@ class BudgetedLoads:
                 if info is not None:
                     measured = (info.memory.mlx_active_mb + info.memory.mlx_cache_mb) * MIB
                     self.memory.admit_configured(entry.model_id, int(measured))
+
+    async def measure(self, model_id: str) -> None:
+        """What a model's arrays hold once it serves (MLX's active memory: its buffer cache goes back when it idles),
+        beside what was counted for it: read where it runs in a process of its own (Serve's replicas); in this
+        process (the in-process backend) MLX's counters are every model's."""
+        info = await self._readings.info(model_id)
+        if info is not None and info.pid != os.getpid():
+            self.memory.measured(model_id, int(info.memory.mlx_active_mb * MIB))
 
     async def make_room(
         self, entry: ModelEntry, config: ModelConfig, resolved: ModelConfig, plan: LoadPlan | None,

@@ -40,7 +40,8 @@ class Ingress:
         store = ModelStore(self.config.resolved_state_dir())
         self.registry = Registry(ServeBackend(), store, self.config.model_roots, self.config.status_poll_interval_s,
                                  downloads=DownloadManager(), load_limits=self.config.admin_loads,
-                                 memory_budget_bytes=self.config.memory.budget_bytes, on_demand=self.config.on_demand)
+                                 memory_budget_bytes=self.config.memory.budget_bytes, on_demand=self.config.on_demand,
+                                 auto_load_repos=self.config.auto_load_repos)
         await self.registry.start(restore=self.config.restore_models)
         self.responses = ResponseStore(self.config.responses_store_size, self.config.responses_store_ttl_s,
                                        max_bytes=self.config.responses_store_bytes)

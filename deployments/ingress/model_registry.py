@@ -39,6 +39,7 @@ from deployments.ingress.load_steps import (
 from deployments.ingress.model_entries import (
     AdminOperation, DeploymentState, ModelBackend, ModelEntry, ModelQueueStats, ModelStatus,
 )
+from deployments.ingress.cached_repos import cached_repo_config
 from deployments.ingress.model_readings import ModelReadings
 from deployments.ingress.model_store import ModelStore
 from deployments.ingress.node_memory import LoadPlan, NodeMemory
@@ -59,12 +60,14 @@ class Registry:
         load_limits: AdminLoadLimits | None = None,
         memory_budget_bytes: int | None = None,
         on_demand: list[ModelConfig] | None = None,
+        auto_load_repos: list[str] | None = None,
     ) -> None:
         self._backend = backend
         # The node's memory budget across models (node_memory.py); None: none, every load is tried.
         self.memory = NodeMemory(memory_budget_bytes) if memory_budget_bytes else None
         # Models loaded by the first request that names them (auto_load.py), again after an eviction.
         self._on_demand = {config.id: config for config in on_demand or []}
+        self._auto_load_repos = auto_load_repos or []  # cached repos a request may load so (cached_repos.py)
         self._load_limits = load_limits or AdminLoadLimits()
         # Hugging Face downloads of this server (admin downloads, and loads with auto_download).
         self.downloads = downloads
@@ -193,6 +196,10 @@ class Registry:
             entry = self.named(model_id)
         if entry is None and (split := split_adapter_id(model_id)) is not None and self.named(split[0]) is not None:
             return await route_adapter(self, *split)
+        if entry is None and model_id not in self._on_demand and self._auto_load_repos:
+            config = await asyncio.to_thread(cached_repo_config, model_id, self._auto_load_repos)  # reads the cache
+            if config is not None and self.named(model_id) is None:
+                self._on_demand[model_id] = config  # on_demand from now on: listed unloaded once evicted
         if entry is None and model_id in self._on_demand:
             entry = self._auto_load(self._on_demand[model_id])
         if entry is None and not self._entries:
@@ -361,8 +368,9 @@ class Registry:
             logger.error("model %s failed to load: %s", config.id, message)
         else:
             entry.status, entry.error = ModelStatus.RUNNING, None
-            if self.memory is not None:
+            if self._budget is not None:
                 self.memory.loaded(config.id)
+                self._spawn(self._budget.measure(config.id))
             if config.id not in self._served_once:  # a restored one is stored already: a start writes nothing
                 self._served_once.add(config.id)
                 self._persist()

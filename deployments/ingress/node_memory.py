@@ -116,6 +116,18 @@ class NodeMemory:
     def loaded(self, model_id: str) -> None:
         self.residency.loaded(model_id)
 
+    def measured(self, model_id: str, measured_bytes: int) -> None:
+        """What the model holds once it serves, beside what was counted for it; a model measuring more than its
+        estimate is counted at what it measures (a footprint estimate that fell short shows in the log)."""
+        estimate = self.residency.measured(model_id, measured_bytes)
+        if estimate is None:
+            return
+        above = measured_bytes > estimate
+        logger.log(logging.WARNING if above else logging.INFO,
+                   "model %s holds %.2f GiB once loaded (MLX's active memory; its KV grows with its requests) "
+                   "against %.2f GiB counted%s", model_id, measured_bytes / GIB, estimate / GIB,
+                   ": counted at what it holds from now on" if above else "")
+
     def released(self, model_id: str) -> None:
         self.residency.release(model_id)
 
@@ -152,7 +164,8 @@ class NodeMemory:
             "budget_bytes": self.residency.budget_bytes,
             "counted_bytes": self.residency.counted_bytes(),
             "resident_bytes": self.residency.resident_bytes(),
-            "models": [{"id": m.model_id, "footprint_bytes": m.footprint_bytes, "pinned": m.pinned,
+            "models": [{"id": m.model_id, "footprint_bytes": m.footprint_bytes, "measured_bytes": m.measured_bytes,
+                        "pinned": m.pinned,
                         "requests_running": m.in_flight, "idle_s": round(now - m.last_used, 1),
                         "loading": m.loading, "unloading": m.evicting} for m in self.residency.models()],
             "events": [vars(e) for e in self.events],

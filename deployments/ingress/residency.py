@@ -27,6 +27,7 @@ class ResidentModel:
     evicting: bool = False  # chosen to make room: its unload is under way
     loading: bool = False  # reserved, not serving yet: another load cannot unload it
     waiting: bool = False  # reserved, its room not free yet (its evictions under way): holds no memory yet
+    measured_bytes: int | None = None  # what MLX held in it once it served (NodeMemory.measured)
 
     @property
     def evictable(self) -> bool:
@@ -81,6 +82,17 @@ class Residency:
         if model is not None:
             model.loading = model.waiting = False
             model.last_used = self._clock()
+
+    def measured(self, model_id: str, measured_bytes: int) -> int | None:
+        """What the model holds, read once it serves: above its estimate, it is counted at that from now on (later
+        loads are planned against what it really holds). Its footprint before; None: no longer counted."""
+        model = self._models.get(model_id)
+        if model is None:
+            return None
+        estimate = model.footprint_bytes
+        model.measured_bytes = measured_bytes
+        model.footprint_bytes = max(estimate, measured_bytes)
+        return estimate
 
     def admit(self, model_id: str, footprint_bytes: int, pinned: bool = False) -> None:
         """A model found running (serve_config.yaml's, or one the ingress finds at a restart): counted as it is."""

@@ -65,8 +65,12 @@ def test_requests_rotating_over_three_on_demand_models_fit_a_budget_for_two(budg
         finally:
             stop.set()
             sampler.join()
-        events = [(e["event"], e["model_id"]) for e in
-                  http.get("/v1/admin/loaded-models").json()["memory_budget"]["events"]]
+        described = http.get("/v1/admin/loaded-models").json()["memory_budget"]
+        events = [(e["event"], e["model_id"]) for e in described["events"]]
+    # Each model's memory read once it served (its replica's process): its weights at least, within its estimate.
+    measured = {m["id"]: (m["measured_bytes"], m["footprint_bytes"]) for m in described["models"]}
+    assert set(measured) == {"gamma", "alpha"}
+    assert all(0 < held <= counted for held, counted in measured.values()), measured
     assert events == [("load", "alpha"), ("load", "beta"), ("load", "gamma"), ("evict", "alpha"),
                       ("load", "alpha"), ("evict", "beta")]
     assert len(samples) > 10 and max(samples) <= budget

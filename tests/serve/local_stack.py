@@ -51,6 +51,7 @@ async def local_stack(
     mcp: McpHub | None = None,
     memory_budget_bytes: int | None = None,
     on_demand: list[ModelConfig] | None = None,
+    auto_load_repos: list[str] | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
@@ -60,7 +61,7 @@ async def local_stack(
         await backend.deploy(config)
     store = ModelStore(state_dir) if state_dir is not None else None
     registry = Registry(backend, store, model_roots, poll_interval_s=0.2, downloads=downloads, load_limits=load_limits,
-                        memory_budget_bytes=memory_budget_bytes, on_demand=on_demand)
+                        memory_budget_bytes=memory_budget_bytes, on_demand=on_demand, auto_load_repos=auto_load_repos)
     await registry.start(restore=restore)
     rag_service = None
     if rag is not None:  # the RAG deployment's service in process, reaching the models through the registry

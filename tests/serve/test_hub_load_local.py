@@ -183,3 +183,33 @@ def test_repo_ids_match_the_cache_ignoring_case(hub, tmp_path):
     cached = check_model_sources(ModelConfig(model_path=REPO), base_dir=tmp_path)
     shouted = check_model_sources(ModelConfig(model_path=REPO.upper(), auto_download=False), base_dir=tmp_path)
     assert shouted.model_path == cached.model_path
+
+
+def test_a_request_naming_a_cached_repo_the_operator_allows_loads_it_on_demand(hub, tiny_llama):
+    """auto_load_repos: a repo complete in the local cache and matching a pattern loads for the request that names
+    it (as an on_demand model); an uncached one is never downloaded for a request, one the patterns leave out is
+    unknown, and so is every repo without the setting."""
+    other = "someone/tiny-llama"
+    hub.add_folder(other, tiny_llama)
+    chat = {"messages": [{"role": "user", "content": "t1"}], "max_tokens": 3, "ignore_eos": True}
+
+    async def scenario():
+        async with local_stack([], downloads=DownloadManager(), auto_load_repos=["mlx-community/*"]) as stack:
+            uncached = await stack.http.post("/v1/chat/completions", json={**chat, "model": REPO})
+            for repo in (REPO, other):
+                pulled = await stack.http.post("/v1/admin/download-model-stream", json={"repo_id": repo})
+                assert pulled.status_code == 200 and '"error"' not in pulled.text, pulled.text
+            answer = await stack.http.post("/v1/chat/completions", json={**chat, "model": REPO})
+            left_out = await stack.http.post("/v1/chat/completions", json={**chat, "model": other})
+            listed = {m["id"]: m.get("status") for m in (await stack.http.get("/v1/models")).json()["data"]}
+        async with local_stack([], downloads=DownloadManager()) as plain:
+            off = await plain.http.post("/v1/chat/completions", json={**chat, "model": REPO})
+        return uncached, left_out, answer, listed, off
+
+    uncached, left_out, answer, listed, off = asyncio.run(scenario())
+    for refused in (uncached, off):  # no model loaded yet, and none loads for it
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "no_models_loaded", refused.text
+    assert left_out.status_code == 404 and left_out.json()["error"]["code"] == "model_not_found", left_out.text
+    assert len(hub.file_gets(REPO, "model.safetensors")) == 1  # by the download, never for a request
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3, answer.text
+    assert listed == {REPO: "running", other: "cached"}  # /v1/models lists what the cache holds

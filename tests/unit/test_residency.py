@@ -109,3 +109,16 @@ def test_a_model_still_loading_is_not_unloaded_for_another_load():
         r.reserve("second", 6 * GIB)
     r.loaded("first")
     assert r.reserve("second", 6 * GIB).evict == ["first"]
+
+
+def test_a_model_measuring_more_than_its_estimate_is_counted_at_what_it_holds():
+    r = residency(10)
+    r.reserve("a", 3 * GIB)
+    r.reserve("b", 3 * GIB)
+    assert r.measured("a", 2 * GIB) == 3 * GIB  # under its estimate: still counted at the estimate
+    assert r.measured("b", 5 * GIB) == 3 * GIB  # over it: counted at what it holds from now on
+    assert [(m.model_id, m.footprint_bytes, m.measured_bytes) for m in r.models()] == [
+        ("a", 3 * GIB, 2 * GIB), ("b", 5 * GIB, 5 * GIB)]
+    assert r.counted_bytes() == 8 * GIB
+    assert r.reserve("c", 3 * GIB).evict == ["a"]  # 2 GiB free: the least recently used makes room
+    assert r.measured("gone", GIB) is None
