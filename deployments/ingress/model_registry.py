@@ -32,6 +32,7 @@ from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo
 from deployments.ingress.adapter_catalog import AdapterCatalog, route_adapter, split_adapter_id
 from deployments.ingress.auto_load import AutoLoadingClient
 from deployments.ingress.budgeted_loads import BudgetedLoads
+from deployments.ingress.cached_repos import cached_repo_config
 from deployments.ingress.load_limits import check_load_resources
 from deployments.ingress.load_steps import (
     check_admin_load, check_not_reserved, deploy_within_deadline, download_for_load, pending_downloads,
@@ -39,7 +40,6 @@ from deployments.ingress.load_steps import (
 from deployments.ingress.model_entries import (
     AdminOperation, DeploymentState, ModelBackend, ModelEntry, ModelQueueStats, ModelStatus,
 )
-from deployments.ingress.cached_repos import cached_repo_config
 from deployments.ingress.model_readings import ModelReadings
 from deployments.ingress.model_store import ModelStore
 from deployments.ingress.node_memory import LoadPlan, NodeMemory

@@ -165,8 +165,7 @@ class NodeMemory:
             "counted_bytes": self.residency.counted_bytes(),
             "resident_bytes": self.residency.resident_bytes(),
             "models": [{"id": m.model_id, "footprint_bytes": m.footprint_bytes, "measured_bytes": m.measured_bytes,
-                        "pinned": m.pinned,
-                        "requests_running": m.in_flight, "idle_s": round(now - m.last_used, 1),
+                        "pinned": m.pinned, "requests_running": m.in_flight, "idle_s": round(now - m.last_used, 1),
                         "loading": m.loading, "unloading": m.evicting} for m in self.residency.models()],
             "events": [vars(e) for e in self.events],
         }
