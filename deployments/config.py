@@ -23,6 +23,7 @@ from deployments.bodega import from_bodega
 from deployments.chat.images import DEFAULT_MAX_IMAGE_PIXELS
 from deployments.chat.parsers.selection import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES
 from deployments.engine_fields import ADVANCED_KNOBS, MODEL_KNOBS, AdvancedEngineKnobs, EngineKnobs
+from deployments.replica_options import Autoscaling, RayActorOptions
 from deployments.speculative import SpeculativeOptions
 
 # `model_path: default` means the embedded SmolLM2 model, converted on first use by the model's replica.
@@ -56,25 +57,6 @@ MAX_MODEL_ID_CHARS = 128
 # Serve's config builder writes a log file named after the application, so '/' cannot be in an
 # application name (Ray 2.60); model "org/name" is application "org--name".
 APP_NAME_SLASH = "--"
-
-
-class RayActorOptions(BaseModel):
-    """Ray's per-replica resources. CPUs are scheduling tokens only (MLX is not bound by them)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    num_cpus: float = Field(0.1, ge=0, description="CPUs Ray reserves for the replica (a scheduling token)")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves for the replica")
-    memory: int | None = Field(None, ge=0, description="bytes Ray reserves for the replica")
-    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources the replica needs")
-
-    def to_ray(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
-        if self.memory is not None:
-            options["memory"] = self.memory
-        if self.resources:
-            options["resources"] = dict(self.resources)
-        return options
 
 
 class AdvancedOptions(AdvancedEngineKnobs):
@@ -192,7 +174,9 @@ class ModelConfig(EngineKnobs):
         default_factory=dict, description="per-request LoRA adapters, name -> folder (mlx-lm's or PEFT's format): "
         "a request sends model 'MODEL:NAME'; listed in /v1/models with parent MODEL; POST "
         "/v1/admin/load-adapter adds more; model_type lm")
-    num_replicas: int = Field(1, ge=1, description="Serve replicas of this model")
+    num_replicas: int = Field(1, ge=1, description="Serve replicas of this model (autoscaling: their bounds instead)")
+    autoscaling: Autoscaling | None = Field(
+        None, description="Serve's autoscaling of the replicas by load (null: num_replicas, fixed)")
     max_ongoing_requests: int = Field(
         512, ge=1, description="requests one replica takes at once (Serve's default of 5 would throttle an LLM)")
     ray_actor_options: RayActorOptions = Field(
@@ -262,6 +246,8 @@ class ModelConfig(EngineKnobs):
         if self.speculative is not None and self.model_type != "lm":
             raise ValueError(f"'speculative' (or Bodega's 'draft_model_path' / 'num_draft_tokens') applies to model_type "
                              f"'lm', not '{self.model_type}': that engine does not speculate")
+        if self.autoscaling is not None and "num_replicas" in self.model_fields_set and self.num_replicas != 1:
+            raise ValueError("'num_replicas' fixes the replicas; 'autoscaling' bounds them: set one")
         if self.kv_bits is not None and self.model_type != "lm":
             raise ValueError(f"'kv_bits' applies to model_type 'lm', not '{self.model_type}'")
         self._check_lora()
@@ -327,9 +313,21 @@ class ModelConfig(EngineKnobs):
         speculative = self.speculative.engine_config() if self.speculative is not None else None
         return EngineConfig(**knobs, speculative=speculative)
 
+    @property
+    def max_replicas(self) -> int:
+        return self.autoscaling.max_replicas if self.autoscaling is not None else self.num_replicas
+
+    @property
+    def single_replica(self) -> bool:
+        """At most one replica ever serves it (streams may then take the replica's channel)."""
+        return self.max_replicas == 1
+
     def deployment_options(self) -> dict[str, Any]:
+        replicas: dict[str, Any] = {"num_replicas": self.num_replicas}
+        if self.autoscaling is not None:
+            replicas = {"autoscaling_config": self.autoscaling.model_dump()}
         return {
-            "num_replicas": self.num_replicas,
+            **replicas,
             "max_ongoing_requests": self.max_ongoing_requests,
             "ray_actor_options": self.ray_actor_options.to_ray(),
             # A failed model load is reported, not retried 20 times (Serve's default).

@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from deployments.config import DEFAULT_EMBEDDING_MODEL_ID, ModelConfig, RayActorOptions
+from deployments.config import DEFAULT_EMBEDDING_MODEL_ID, ModelConfig
+from deployments.replica_options import RayActorOptions
 from deployments.mcp_config import McpConfig
 
 # Keys from the environment where a config field is unset (the config wins: see IngressConfig).

@@ -20,7 +20,8 @@ from pydantic_core import PydanticUndefined
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, wherever it runs from
 
 from deployments.bodega import ALIASES, BODEGA_ONLY_FIELDS, DRAFT_FIELDS  # noqa: E402
-from deployments.config import AdvancedOptions, ModelConfig, RayActorOptions
+from deployments.config import AdvancedOptions, ModelConfig
+from deployments.replica_options import Autoscaling, RayActorOptions
 from deployments.ingress_config import AdminLoadLimits, IngressConfig, MemoryBudget, RagConfig
 from deployments.mcp_config import McpConfig, McpServerConfig
 from deployments.engine_fields import ADVANCED_KNOBS, FIXED_KNOBS, SERVING_DEFAULTS, EngineKnobs  # noqa: E402
@@ -119,6 +120,11 @@ def model_section() -> list[str]:
         "### `ray_actor_options`", "",
         "Ray's resources for each replica (the ingress's `ray_actor_options` take the same fields).", "",
         *rows(RayActorOptions), "",
+        "### `autoscaling`", "",
+        "Serve's autoscaling of the model's replicas (its `autoscaling_config`; null: `num_replicas`, fixed). On "
+        "a GPU host give each replica a GPU (`ray_actor_options.num_gpus: 1`); on the CPU replicas share the cores.",
+        "",
+        *rows(Autoscaling), "",
         "### Bodega's fields", "",
         "Besides the names in the tables above, a model accepts these of Bodega's fields:", "",
         *bodega_only_rows(),

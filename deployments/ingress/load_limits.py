@@ -40,10 +40,11 @@ class ClusterCapacity:
 def check_load_resources(config: ModelConfig, limits: AdminLoadLimits, capacity: ClusterCapacity) -> None:
     """Refuse (400 naming the field) a load over the operator's maxima, or one whose replicas no node could hold."""
     max_replicas = limits.max_replicas or max(1, int(capacity.total_gpus))
-    if config.num_replicas > max_replicas:
+    if config.max_replicas > max_replicas:
+        field = "autoscaling.max_replicas" if config.autoscaling is not None else "num_replicas"
         raise InvalidRequestError(
-            f"num_replicas {config.num_replicas} is over this server's limit for loads over HTTP ({max_replicas}; "
-            "serve_config.yaml's admin_loads.max_replicas)", param="num_replicas")
+            f"{field} {config.max_replicas} is over this server's limit for loads over HTTP ({max_replicas}; "
+            "serve_config.yaml's admin_loads.max_replicas)", param=field)
     options = config.ray_actor_options
     _check_at_most(options.num_cpus, limits.max_cpus_per_replica, "num_cpus", "max_cpus_per_replica", capacity)
     _check_at_most(options.num_gpus, limits.max_gpus_per_replica, "num_gpus", "max_gpus_per_replica", capacity)

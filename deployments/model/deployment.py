@@ -50,7 +50,7 @@ class ModelServer:
         # With several replicas Serve balances the handle calls; one channel would pin every stream to one replica.
         # An embedding model has no streams.
         streams = self.config.model_type not in NO_ENGINE_MODEL_TYPES
-        if streams and self.config.advanced.stream_channel and self.config.num_replicas == 1:
+        if streams and self.config.advanced.stream_channel and self.config.single_replica:
             channel = ChannelServer(self.service.generate, ray.get_runtime_context().get_node_id())
             try:
                 await channel.start()
@@ -112,7 +112,7 @@ class ModelServer:
 
     async def info(self) -> ModelInfo:
         info = self.service.info()
-        if self.config.num_replicas == 1:
+        if self.config.single_replica:
             info = dataclasses.replace(info, sole_replica_node=ray.get_runtime_context().get_node_id())
         return info
 

@@ -30,6 +30,7 @@ async def _listed(stack) -> dict[str, str]:
     ({"ray_actor_options": {"memory": 10**18}}, "ray_actor_options.memory"),
     ({"ray_actor_options": {"resources": {"TPU": 1}}}, "ray_actor_options.resources"),
     ({"num_replicas": 100}, "num_replicas"),
+    ({"autoscaling": {"max_replicas": 100}}, "autoscaling.max_replicas"),
 ])
 def test_resources_no_node_could_hold_or_over_the_operators_limits_are_refused_at_once(
         tiny_models, tmp_path, fields, param):

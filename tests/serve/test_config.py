@@ -103,6 +103,9 @@ def test_unknown_fields_are_refused_by_name():
         ({"model_id": "m" * 129}, "model_id is 129 characters long; the most is 128"),
         ({"model_id": "a//b"}, "empty part"),
         ({"model_id": "org/"}, "empty part"),
+        ({"num_replicas": 2, "autoscaling": {}}, "'autoscaling' bounds them: set one"),
+        ({"autoscaling": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas is over max_replicas"),
+        ({"autoscaling": {"target_ongoing_requests": 0}}, "greater than 0"),
     ],
 )
 def test_invalid_values_are_refused_with_a_reason(fields, message):
@@ -332,3 +335,18 @@ def test_vision_warmup_sizes_are_checked_and_default_to_none_on_the_cpu():
     for bad in (["672"], ["0x10"], ["10x10x3"], ["12345x2"]):
         with pytest.raises(ValueError, match="is not a size WxH"):
             ModelConfig(model_path="default", vision_warmup_sizes=bad)
+
+
+def test_replicas_fixed_or_autoscaled_reach_serve():
+    fixed = ModelConfig(model_path="default", num_replicas=2)
+    assert fixed.deployment_options()["num_replicas"] == 2 and "autoscaling_config" not in fixed.deployment_options()
+    assert not fixed.single_replica and ModelConfig(model_path="default").single_replica
+    scaled = ModelConfig(model_path="default", autoscaling={"min_replicas": 1, "max_replicas": 3})
+    options = scaled.deployment_options()
+    assert "num_replicas" not in options and options["autoscaling_config"] == {
+        "min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 32.0, "upscale_delay_s": 10.0,
+        "downscale_delay_s": 300.0}
+    assert scaled.max_replicas == 3 and not scaled.single_replica
+    from ray.serve.config import AutoscalingConfig  # Serve takes it as it is
+
+    assert AutoscalingConfig(**options["autoscaling_config"]).max_replicas == 3
