@@ -152,6 +152,8 @@ class ServeBackend:
             model_status = _STATUS.get(app.status, ModelStatus.LOADING)
             deployment = app.deployments[MODEL_SERVER_DEPLOYMENT]
             message = None
+            if model_status in (ModelStatus.LOADING, ModelStatus.UNHEALTHY) and _serves_beside_others(deployment):
+                model_status = ModelStatus.RUNNING  # one of several replicas dies or is replaced: the others serve
             if model_status in (ModelStatus.FAILED, ModelStatus.UNHEALTHY):
                 message = summarize_failure(deployment.message or app.message)
             elif model_status == ModelStatus.RUNNING and not deployment.replica_states.get(ReplicaState.RUNNING):
@@ -174,6 +176,13 @@ class ServeBackend:
                 raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model") from exc
             client = self._clients[model_id] = ServeModelClient(model_id, handle)
         return client
+
+
+def _serves_beside_others(deployment: Any) -> bool:
+    """A replica runs while another one starts, stops or fails (a replica of several died, an update rolls):
+    Serve routes to the running ones. Not a sole replica in trouble: it alone is no reason to send requests."""
+    states = deployment.replica_states
+    return states.get(ReplicaState.RUNNING, 0) >= 1 and sum(states.values()) >= 2
 
 
 def _running(app: Any) -> bool:
