@@ -13,10 +13,15 @@ from deployments.model_sources import cached_hub_source
 from engine.errors import OrchardError
 
 
+def repo_allowed(model_id: str, patterns: list[str]) -> bool:
+    """Whether the operator's patterns allow a request to load the repo `model_id` names (read nothing yet)."""
+    return "/" in model_id and any(fnmatch.fnmatchcase(model_id, pattern) for pattern in patterns)
+
+
 def cached_repo_config(model_id: str, patterns: list[str]) -> ModelConfig | None:
     """The on_demand config of the cached repo `model_id` names, if the operator's patterns allow it; None: not
     allowed, not a repo id, not (completely) in the cache, or of a kind that does not load by default."""
-    if "/" not in model_id or not any(fnmatch.fnmatchcase(model_id, pattern) for pattern in patterns):
+    if not repo_allowed(model_id, patterns):
         return None
     try:
         config = ModelConfig(model_id=model_id, model_path=model_id)
@@ -41,4 +46,4 @@ def repo_model_type(folder: Path) -> str | None:
     return "multimodal" if "vision_config" in config else "lm"
 
 
-__all__ = ["cached_repo_config", "repo_model_type"]
+__all__ = ["cached_repo_config", "repo_allowed", "repo_model_type"]

@@ -32,7 +32,7 @@ from deployments.model_calls import MetricsSnapshot, ModelClient, ModelInfo
 from deployments.ingress.adapter_catalog import AdapterCatalog, route_adapter, split_adapter_id
 from deployments.ingress.auto_load import AutoLoadingClient
 from deployments.ingress.budgeted_loads import BudgetedLoads
-from deployments.ingress.cached_repos import cached_repo_config
+from deployments.ingress.cached_repos import cached_repo_config, repo_allowed
 from deployments.ingress.load_limits import check_load_resources
 from deployments.ingress.load_steps import (
     check_admin_load, check_not_reserved, deploy_within_deadline, download_for_load, pending_downloads,
@@ -196,7 +196,7 @@ class Registry:
             entry = self.named(model_id)
         if entry is None and (split := split_adapter_id(model_id)) is not None and self.named(split[0]) is not None:
             return await route_adapter(self, *split)
-        if entry is None and model_id not in self._on_demand and self._auto_load_repos:
+        if entry is None and model_id not in self._on_demand and repo_allowed(model_id, self._auto_load_repos):
             config = await asyncio.to_thread(cached_repo_config, model_id, self._auto_load_repos)  # reads the cache
             if config is not None and self.named(model_id) is None:
                 self._on_demand[model_id] = config  # on_demand from now on: listed unloaded once evicted

@@ -4,9 +4,9 @@ Prompt KV is cached in blocks of `block_size` tokens. A block is keyed by a chai
 parent's hash, so equal hashes mean equal prefixes; matching also compares each block's tokens and parent link,
 so a hash collision can never hand one conversation another's KV. A block in which an image's tokens end and
 text follows is also indexed by its tokens through that image: another question on the same image reuses the
-block's first positions (a partial block), so the image's KV comes whole from the cache. Blocks hold an opaque payload (the engine's
-per-layer arrays) and its size in bytes; unlocked leaf blocks are evicted least-recently-used whenever the byte
-budget would be exceeded. In `snapshot_only` mode (models whose caches cannot be cut by position) only the last
+block's first positions (a partial block), so the image's KV comes whole from the cache. Blocks hold an opaque
+payload (the engine's per-layer arrays) and its size in bytes; unlocked leaf blocks are evicted least-recently-used
+whenever the byte budget would be exceeded. In `snapshot_only` mode (models whose caches cannot be cut by position) only the last
 block of an inserted chain carries a payload: a snapshot of the whole cache state at that block boundary; a
 match ends at the deepest block holding one.
 
@@ -71,9 +71,10 @@ def _no_payload(index: int) -> tuple[None, int]:
     return None, 0
 
 
-def media_tail_length(tokens: Sequence[int]) -> int:
-    """Tokens through the last media token (negative key) of a block's tokens; 0: none."""
-    return max((i for i, key in enumerate(tokens) if key < 0), default=-1) + 1
+def media_end(cache_keys: Sequence[int]) -> int:
+    """One past the last media (image or video) token, whose keys are negative; 0: none. Of a prompt, or of a
+    block's tokens (how many of them a media tail reuses)."""
+    return max((i for i, key in enumerate(cache_keys) if key < 0), default=-1) + 1
 
 
 # Builds the payload of block i (tokens [i*block_size, (i+1)*block_size)): (payload, nbytes).
@@ -130,7 +131,7 @@ class PrefixCache:
         start = len(matched) * self.block_size
         limit = len(tokens) if max_tokens is None else min(max_tokens, len(tokens))
         window = tuple(tokens[start : min(start + self.block_size, limit)])
-        length = media_tail_length(window)
+        length = media_end(window)
         if not 0 < length < self.block_size:
             return None
         parent = matched[-1] if matched else None
@@ -197,7 +198,7 @@ class PrefixCache:
             self.unlock(protect)
         block = CachedBlock(block_hash, block_tokens, parent, payload, nbytes)
         self._blocks[block_hash] = block
-        tail = media_tail_length(block_tokens)
+        tail = media_end(block_tokens)
         if 0 < tail < self.block_size and not self.snapshot_only:
             self._media_tails[(block.parent_hash, block_tokens[:tail])] = block  # the newest such block
         if parent is not None:
@@ -242,7 +243,7 @@ class PrefixCache:
 
     def _remove(self, block: CachedBlock) -> None:
         del self._blocks[block.block_hash]
-        tail = (block.parent_hash, block.tokens[:media_tail_length(block.tokens)])
+        tail = (block.parent_hash, block.tokens[:media_end(block.tokens)])
         if self._media_tails.get(tail) is block:
             del self._media_tails[tail]
         if block.parent is not None:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 
 from engine.kv.batch_cache import LayerCaches
+from engine.kv.cache_manager import media_end
 from engine.models.head_split import HeadSplit
 from engine.runner.prefill import PrefillResult, run_prefill
 from engine.scheduler_output import NewRequest, PrefillChunk
@@ -29,11 +30,6 @@ class ShiftedText:
 
     model: Callable[..., mx.array]
     split: HeadSplit | None
-
-
-def media_end(cache_keys: Sequence[int]) -> int:
-    """One past the prompt's last image (or video) token: its media tokens' keys are negative."""
-    return max((i for i, key in enumerate(cache_keys) if key < 0), default=-1) + 1
 
 
 def rope_delta(model: VisionLanguageModel, token_ids: Sequence[int], arrays: dict[str, Any]) -> int | None:
@@ -100,4 +96,4 @@ class AfterImages:
         return result
 
 
-__all__ = ["AfterImages", "ShiftedText", "media_end", "rope_delta", "shifted_text"]
+__all__ = ["AfterImages", "ShiftedText", "rope_delta", "shifted_text"]
