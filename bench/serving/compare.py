@@ -20,6 +20,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -41,7 +42,8 @@ from deployments.cli.loadgen.tables import show
 from deployments.cli.loadgen.workloads import LoadSettings
 
 REPO = Path(__file__).resolve().parents[2]
-SERVERS = ("orchard", "mlx_lm")
+SERVERS = ("orchard", "mlx_lm")  # and orchard_rN: ours with N replicas (issue 56's pairing: orchard_r2,orchard_r1)
+REPLICA_PHASE = re.compile(r"orchard_r([1-9][0-9]*)(?:#[0-9]+)?$")
 # Time-budget shares. Our server's phase holds its start: 95-115 s of prefill-shape warm-up on the H100 against
 # mlx_lm.server's ~22 s (at 1.0 / 1.3 the 2026-11-25 sweeps lost our burst and long phases while mlx_lm.server
 # and the engine used a third of theirs: commit 4ccf0ac). The engine run is short.
@@ -73,6 +75,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--orchard-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="ours: another model entry field, e.g. queue_size=1024; a dotted KEY sets a nested field, "
                         "e.g. advanced.prefill_warmup_seconds=15 (repeatable)")
+    p.add_argument("--gpus-per-replica", type=float, default=0.0,
+                   help="orchard_rN phases: ray_actor_options.num_gpus of each replica (1: one GPU each)")
     p.add_argument("--mlx-prompt-concurrency", type=int, default=16, help="mlx_lm.server --prompt-concurrency")
     p.add_argument("--efficiency-rounds", type=int, default=0,
                    help="ours: after the sweep, K alternating rounds of uniform load over HTTP and in process")
@@ -299,8 +303,8 @@ class Run:
     def phase_budget(self, phase: str, phases_left: list[str]) -> float:
         """A weighted share of what is left; our server's phase also gets the efficiency rounds' reserve on top."""
         reserve = efficiency_reserve_s(self.args.efficiency_rounds) if "orchard" in phases_left else 0.0
-        total = sum(PHASE_WEIGHTS[p] for p in phases_left)
-        share = (self.left() - reserve) * PHASE_WEIGHTS[phase] / total
+        total = sum(phase_weight(p) for p in phases_left)
+        share = (self.left() - reserve) * phase_weight(phase) / total
         return share + (reserve if phase == "orchard" else 0.0)
 
     def event(self, text: str) -> None:
@@ -313,14 +317,28 @@ class Run:
         write_json(self.json_path, self.report)
 
 
+def phase_weight(phase: str) -> float:
+    return PHASE_WEIGHTS["orchard"] if REPLICA_PHASE.match(phase) else PHASE_WEIGHTS[phase]
+
+
+def replica_args(name: str, gpus_per_replica: float) -> list[str]:
+    """The model entry fields of an orchard_rN phase: N replicas (each with its GPUs); none for other phases."""
+    match = REPLICA_PHASE.match(name)
+    if not match:
+        return []
+    fields = [f"num_replicas={match.group(1)}"]
+    return fields + ([f"ray_actor_options.num_gpus={gpus_per_replica:g}"] if gpus_per_replica else [])
+
+
 def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSettings, budget_s: float) -> None:
     args = run.args
     port = free_port()
-    if name == "orchard":
+    if name == "orchard" or REPLICA_PHASE.match(name):
         knobs = OrchardKnobs(max(settings.levels + [settings.burst_size, settings.long_background + 1]),
                              args.prefill_batch, args.chunked_prefill_tokens, args.context_length, args.throughput_optimized,
-                             args.prefix_cache == "on", list(args.orchard_arg))
+                             args.prefix_cache == "on", list(args.orchard_arg) + replica_args(name, args.gpus_per_replica))
         spec = orchard_spec(model_path, "bench-model", port, knobs)
+        spec.name = spec.target.name = name
     else:
         decode = max(settings.levels + [settings.burst_size, settings.long_background + 1])
         spec = mlx_lm_spec(model_path, port, decode, args.mlx_prompt_concurrency)
@@ -431,9 +449,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if args.prefill_batch is None:  # the server's and the engine baseline's: the same, as the server is configured
         args.prefill_batch = config_applications()[1]["args"].get("max_prefill_seqs")
     run = Run(args)
-    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    if set(servers) - set(SERVERS):
-        raise SystemExit(f"unknown servers {sorted(set(servers) - set(SERVERS))}; choose from {SERVERS}")
+    servers = phase_names(args.servers)
     with tempfile.TemporaryDirectory(prefix="orchard-compare-") as tmp:
         model_path = args.model or build_model(args, Path(tmp) / "model", timeout_s=max(30.0, 0.4 * run.left()))
         run.report["model"] = model_facts(model_path, args)
@@ -458,6 +474,18 @@ def main(argv: Optional[list[str]] = None) -> dict:
     show(comparison_tables(run.report))
     print(f"\nwrote {run.json_path} in {run.report['wall_s']} s")
     return run.report
+
+
+def phase_names(servers: str) -> list[str]:
+    """--servers as phase names; a repeated orchard_rN (alternating rounds) is named orchard_rN#2, #3, ..."""
+    names: list[str] = []
+    for server in (s.strip() for s in servers.split(",") if s.strip()):
+        if server not in SERVERS and not REPLICA_PHASE.match(server):
+            raise SystemExit(f"unknown server {server!r}; choose from {SERVERS} or orchard_rN (N replicas)")
+        if server in names and not REPLICA_PHASE.match(server):
+            raise SystemExit(f"{server!r} twice: only orchard_rN phases repeat")
+        names.append(server if server not in names else f"{server}#{sum(n.split('#')[0] == server for n in names) + 1}")
+    return names
 
 
 def _warn_context(run: Run, settings: LoadSettings) -> None:

@@ -130,6 +130,7 @@ def acceptance_checks(report: dict, throughput_workload: str = "mixed") -> list[
                                  f">= {HTTP_EFFICIENCY_BOUND}", value >= HTTP_EFFICIENCY_BOUND))
     checks += _efficiency_check(report)
     checks += _lone_stream_checks(report)
+    checks += replica_checks(report)
     ours = workload_levels(report, OURS, throughput_workload)
     ref = workload_levels(report, REFERENCE, throughput_workload)
     for c in sorted(set(ours) & set(ref)):
@@ -147,6 +148,31 @@ def acceptance_checks(report: dict, throughput_workload: str = "mixed") -> list[
             checks.append(_check(f"{server} ITL P99 / P50 of {l.background_streams} streams, "
                                  f"{l.long_prompt_words}-token prompt, {label}", value, "< 4",
                                  None if value != value else value < 4))
+    return checks
+
+
+REPLICA_SCALING_BOUND = 1.8  # 2 replicas on 2 GPUs / 1 on 1 (issue 56)
+
+
+def replica_checks(report: dict, workload: str = "uniform") -> list[dict[str, str]]:
+    """orchard_r2 / orchard_r1 phases (compare --servers orchard_r2,orchard_r1,...): per level, the median over
+    the rounds' pairs of system tok/s (>= 1.8) and of TTFT P95 (not worse: <= 1)."""
+    servers = report.get("servers") or {}
+    rounds = {n: [k for k in servers if k.split("#")[0] == f"orchard_r{n}"] for n in (1, 2)}
+    pairs = list(zip(rounds[2], rounds[1]))
+    if not pairs:
+        return []
+    checks = []
+    levels = sorted(set.intersection(*(set(workload_levels(report, k, workload)) for pair in pairs for k in pair)))
+    for c in levels:
+        for key, bound, passes in (("system_tok_s", f">= {REPLICA_SCALING_BOUND}", lambda v: v >= REPLICA_SCALING_BOUND),
+                                   ("ttft_p95_s", "<= 1.0", lambda v: v <= 1.0)):
+            each = [number(workload_levels(report, two, workload)[c].get(key))
+                    / number(workload_levels(report, one, workload)[c].get(key)) for two, one in pairs]
+            value = statistics.median(each)
+            checks.append(_check(f"2 replicas / 1, {key}, {workload}, c={c}, median of {len(each)} pairs "
+                                 f"({', '.join(fmt(v, 3) for v in each)})", value, bound,
+                                 None if value != value else passes(value)))
     return checks
 
 
