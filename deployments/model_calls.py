@@ -295,6 +295,20 @@ class QueueStats:
     channel_streams_total: int | None = None
     # Speculative decoding's counts since the engine started (None: the model does not speculate).
     speculation: SpeculationStats | None = None
+    # A model with several replicas: each one's own (the fields above are their sums); None: one replica answered.
+    replicas: "list[ReplicaQueueStats] | None" = None
+
+
+@dataclass
+class ReplicaQueueStats:
+    """One replica of a model with several, as it last reported (transport/replica_board.py)."""
+
+    replica_id: str
+    node_id: str
+    pid: int
+    age_s: float  # since that report (they come every second)
+    health: EngineHealth | None
+    stats: QueueStats
 
 
 @dataclass

@@ -21,7 +21,7 @@ from deployments.api.openapi_errors import (
 )
 from deployments.api.unknown_fields import ignored_field_counts
 from deployments.config import ModelConfig
-from deployments.model_calls import MemoryUsage
+from deployments.model_calls import MemoryUsage, ReplicaQueueStats
 from deployments.ingress.model_entries import AdminOperation, ModelEntry, ModelQueueStats, ModelStatus
 from engine.errors import ModelLoadError, OrchardError
 from engine.spec_decode.speculator import SpeculationStats
@@ -236,6 +236,30 @@ def _queue_row(row: ModelQueueStats) -> dict[str, Any]:
         "process_cpu_seconds_total": stats.process_cpu_seconds_total if stats else None,
         "stream_channel_streams_total": stats.channel_streams_total if stats else None,
         "speculation": _speculation_row(stats.speculation) if stats and stats.speculation else None,
+        # A model with several replicas: each one as it last reported (the counts above are their sums).
+        "replicas": [_replica_row(r) for r in stats.replicas] if stats and stats.replicas else None,
+    }
+
+
+def _replica_row(replica: ReplicaQueueStats) -> dict[str, Any]:
+    stats = replica.stats
+    return {
+        "replica_id": replica.replica_id,
+        "node_id": replica.node_id,
+        "pid": replica.pid,
+        "report_age_s": replica.age_s,
+        "health": replica.health.status.value if replica.health is not None else None,
+        "waiting": stats.waiting,
+        "running": stats.running,
+        "decoding": stats.decoding,
+        "tokens_per_s": stats.tokens_per_s,
+        "prompt_tokens_total": stats.prompt_tokens_total,
+        "generation_tokens_total": stats.generation_tokens_total,
+        "engine_steps_total": stats.steps_total,
+        "engine_step_seconds_total": stats.step_seconds_total,
+        "engine_step_cpu_seconds_total": stats.step_cpu_seconds_total,
+        "process_cpu_seconds_total": stats.process_cpu_seconds_total,
+        "stream_channel_streams_total": stats.channel_streams_total,
     }
 
 

@@ -174,7 +174,7 @@ class ServeBackend:
                 handle = await _in(_HANDLE_THREADS, serve.get_app_handle, serve_app_name(model_id))
             except RayServeException as exc:  # deleted between the status check and now
                 raise ModelNotFoundError(f"The model '{model_id}' does not exist", param="model") from exc
-            client = self._clients[model_id] = ServeModelClient(model_id, handle)
+            client = self._clients[model_id] = ServeModelClient(model_id, handle, app_name=serve_app_name(model_id))
         return client
 
 

@@ -46,19 +46,20 @@ class _SnapshotCollector(Collector):
 
 
 def _value_family(spec: MetricSpec, samples: list[Sample]) -> Metric:
-    names = sorted(samples[0].labels)  # model_name and the spec's own
+    # model_name and the spec's own; `replica` where a model has several (a single replica's samples: "")
+    names = sorted(set().union(*(s.labels for s in samples)))
     family_type = CounterMetricFamily if spec.kind is MetricKind.COUNTER else GaugeMetricFamily
     family = family_type(spec.full_name, spec.help, labels=names)
     for sample in samples:
-        family.add_metric([sample.labels[n] for n in names], sample.value)
+        family.add_metric([sample.labels.get(n, "") for n in names], sample.value)
     return family
 
 
 def _histogram_family(spec: MetricSpec, histograms: list[HistogramSample]) -> Metric:
-    names = sorted(histograms[0].labels)
+    names = sorted(set().union(*(h.labels for h in histograms)))
     family = HistogramMetricFamily(spec.full_name, spec.help, labels=names)
     bounds = [str(float(b)) for b in spec.buckets] + ["+Inf"]
     for histogram in histograms:
         cumulative = list(accumulate(histogram.bucket_counts))
-        family.add_metric([histogram.labels[n] for n in names], list(zip(bounds, cumulative)), histogram.sum)
+        family.add_metric([histogram.labels.get(n, "") for n in names], list(zip(bounds, cumulative)), histogram.sum)
     return family

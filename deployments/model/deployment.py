@@ -8,8 +8,10 @@ an ingress on the same node streams over the replica's stream channel instead (t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import os
 from typing import Any, AsyncIterator
 
 import ray
@@ -26,6 +28,7 @@ from deployments.ray_loopback import keep_replica_grpc_on_loopback
 from deployments.image_calls import ImageEvent, ImageJob
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from deployments.transport.channel import ChannelAddress, ChannelServer
+from deployments.transport.replica_board import REPORT_EVERY_S, ReplicaReport, board_handle
 
 logger = logging.getLogger("ray.serve.orchard")
 # After the unload's drain, the channel's streams have this long to send their last chunks.
@@ -47,10 +50,11 @@ class ModelServer:
         self.service = new_model_service(self.config)
         await self.service.start()  # the app stays DEPLOYING (clients get 503) until the model is warm
         self.channel: ChannelServer | None = None
-        # With several replicas Serve balances the handle calls; one channel would pin every stream to one replica.
+        # With several replicas each one's channel is found on the replica board, where the ingress picks the
+        # replica per stream; channel_address (a handle call: any replica) names a sole replica's only.
         # An embedding model has no streams.
         streams = self.config.model_type not in NO_ENGINE_MODEL_TYPES
-        if streams and self.config.advanced.stream_channel and self.config.single_replica:
+        if streams and self.config.advanced.stream_channel:
             channel = ChannelServer(self.service.generate, ray.get_runtime_context().get_node_id())
             try:
                 await channel.start()
@@ -58,6 +62,7 @@ class ModelServer:
             except OSError as exc:  # no socket here (e.g. no writable temp dir): the handle path still serves
                 logger.warning("model %s: no stream channel (%s); streams go through Ray", self.config.id, exc)
         self.metrics_refresh = asyncio.create_task(self._refresh_metrics())
+        self.board_reports = None if self.config.single_replica else asyncio.create_task(self._report_to_board())
         self._adapter_loader: Any = None  # Serve's multiplexed loader, made at the first multiplexed request
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
@@ -83,7 +88,7 @@ class ModelServer:
         return await adapter_call(self.service, self.config, name, None)
 
     async def channel_address(self) -> ChannelAddress | None:
-        return self.channel.address if self.channel is not None else None
+        return self.channel.address if self.channel is not None and self.config.single_replica else None
 
     async def count_tokens(self, prompt: ChatPrompt) -> TokenCount:
         return await self.service.count_tokens(prompt)
@@ -124,6 +129,27 @@ class ModelServer:
             await asyncio.sleep(METRICS_REFRESH_S)
             self.service.metrics_snapshot()
 
+    async def _report_to_board(self) -> None:
+        """A replica of a model with several: its channel, stats, metrics and health to the board, every second."""
+        context = serve.get_replica_context()
+        app_name, replica_id = context.app_name, context.replica_id.unique_id
+        node_id = ray.get_runtime_context().get_node_id()
+        while True:
+            try:
+                report = ReplicaReport(app_name, replica_id, node_id, os.getpid(),
+                                       self.channel.address if self.channel is not None else None,
+                                       await self.queue_stats(), self.service.metrics_snapshot(),
+                                       self.service.info().health)
+                await board_handle().report.remote(report)
+            except Exception as exc:  # noqa: BLE001 - the board is best effort; the next report may get through
+                logger.warning("model %s: no report to the replica board: %r", self.config.id, exc)
+            await asyncio.sleep(REPORT_EVERY_S)
+
+    def _leave_board(self) -> None:
+        context = serve.get_replica_context()
+        with contextlib.suppress(Exception):  # best effort: an unrefreshed row is dropped after ROW_TTL_S anyway
+            board_handle().leave.remote(context.app_name, context.replica_id.unique_id)
+
     async def queue_stats(self) -> QueueStats:
         stats = self.service.queue_stats()
         if self.channel is not None:
@@ -134,9 +160,11 @@ class ModelServer:
         """Serve is unloading this model (or replacing the replica): refuse new streams, let open ones finish
         for advanced.unload_drain_s, end the rest with model_unloaded, then stop the engine (before the process exits,
         else MLX may abort)."""
-        refresh = getattr(self, "metrics_refresh", None)
-        if refresh is not None:
-            refresh.cancel()
+        for task in (getattr(self, "metrics_refresh", None), getattr(self, "board_reports", None)):
+            if task is not None:
+                task.cancel()
+        if getattr(self, "board_reports", None) is not None:
+            self._leave_board()
         channel = getattr(self, "channel", None)
         if channel is not None:
             channel.stop_accepting()

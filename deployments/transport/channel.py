@@ -262,6 +262,10 @@ class ChannelClient:
         await writer.drain()
         return cls(model_id, reader, writer)
 
+    @property
+    def open_streams(self) -> int:
+        return len(self._inboxes)
+
     async def stream(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         """The job's chunks; closing this early (the HTTP client went away) aborts the request in the model."""
         if self.closed:

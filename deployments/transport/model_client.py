@@ -17,6 +17,7 @@ import ray
 from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
+from engine.errors import ModelUnloadedError
 from deployments.model_calls import (
     AdapterListing, ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MetricsSnapshot, ModelInfo, QueueStats, StreamChunk,
     TextTokenCounts, TextTokensJob, TokenCount,
@@ -26,6 +27,8 @@ from deployments.image_calls import ImageEvent, ImageJob
 from deployments.speech_calls import SpeakJob, SpeechAudioEvent, TranscribeJob, TranscriptEvent
 from deployments.transport.embed_calls import EmbedCalls
 from deployments.transport.errors import model_call_failure
+from deployments.transport.replica_board import ReplicaReport, merged_metrics, merged_queue_stats, read_board
+from deployments.transport.replica_routing import ReplicaChannels
 
 logger = logging.getLogger("ray.serve.orchard")
 # A model without a reachable stream channel is streamed through its handle; asked again after this long.
@@ -37,8 +40,12 @@ def _ray_node_id() -> str:
 
 
 class ServeModelClient:
-    def __init__(self, model_id: str, handle: Any, node_id: Callable[[], str] = _ray_node_id) -> None:
+    def __init__(self, model_id: str, handle: Any, node_id: Callable[[], str] = _ray_node_id,
+                 app_name: str | None = None) -> None:
         self._model_id = model_id
+        # A model with several replicas (their rows on the replica board): streams over their channels, picked here.
+        self._replicas = (ReplicaChannels(model_id, lambda: read_board(app_name), node_id)
+                          if app_name is not None else None)
         self._handle = handle
         self._stream_handle = handle.options(stream=True)
         self._node_id = node_id
@@ -48,10 +55,29 @@ class ServeModelClient:
         self._embed_calls = EmbedCalls(self._embed_many)
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
-        channel = await self._channel_for_streams()
-        source = channel.stream(job) if channel is not None else self._handle_stream(job)
+        channel = await self._channel_for(job)
+        if channel is None:
+            source = self._handle_stream(job)
+        elif self._replicas is not None and self._replicas.rows:
+            source = self._replica_stream(channel, job)
+        else:
+            source = channel.stream(job)
         async with contextlib.aclosing(source) as chunks:
             async for chunk in chunks:
+                yield chunk
+
+    async def _replica_stream(self, channel: ChannelClient, job: GenerateJob) -> AsyncIterator[StreamChunk]:
+        """A stream over the picked replica's channel; one that replica refuses because it is stopping (scaled down
+        or replaced since the board was read) goes through Serve's router instead, which knows it is gone."""
+        async with contextlib.aclosing(channel.stream(job)) as chunks:
+            first = True
+            async for chunk in chunks:
+                if first and isinstance(chunk.error, ModelUnloadedError):
+                    async with contextlib.aclosing(self._handle_stream(job)) as rerouted:
+                        async for again in rerouted:
+                            yield again
+                    return
+                first = False
                 yield chunk
 
     async def _handle_stream(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
@@ -70,6 +96,22 @@ class ServeModelClient:
         finally:
             if not finished:  # the client went away: cancel the replica's generator, aborting the request
                 response.cancel()
+
+    async def _channel_for(self, job: GenerateJob) -> ChannelClient | None:
+        """The channel this stream takes (None: the Ray handle): a sole replica's, or the replica picked among
+        several; a request for a LoRA adapter on several replicas takes Serve's multiplexed routing."""
+        rows = await self._replica_rows()
+        if not rows:
+            return await self._channel_for_streams()
+        if job.adapter is not None or not self._replicas.usable:
+            return None
+        return self._replicas.pick(job)
+
+    async def _replica_rows(self) -> list[ReplicaReport]:
+        if self._replicas is None:
+            return []
+        await self._replicas.refresh()
+        return self._replicas.rows
 
     async def _channel_for_streams(self) -> ChannelClient | None:
         """The replica's stream channel, connected on first use; None: stream through the handle."""
@@ -159,7 +201,11 @@ class ServeModelClient:
         return await self._handle.info.remote()
 
     async def queue_stats(self) -> QueueStats:
-        return await self._handle.queue_stats.remote()
+        rows = await self._replica_rows()
+        merged = merged_queue_stats(self._model_id, rows) if rows else None
+        return merged if merged is not None else await self._handle.queue_stats.remote()
 
     async def metrics(self) -> MetricsSnapshot:
-        return await self._handle.metrics.remote()
+        rows = await self._replica_rows()
+        merged = merged_metrics(rows) if rows else None
+        return merged if merged is not None else await self._handle.metrics.remote()

@@ -42,6 +42,8 @@ class EngineCounters:
     step_s: float
     step_cpu_s: float
     process_cpu_s: float
+    # A model with several replicas: each one's generated tokens so far (replica id -> count).
+    replica_tokens: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -194,8 +196,9 @@ class StreamClient:
         row = next((r for r in rows if isinstance(r, dict) and r.get("id") == self.target.model), None)
         if row is None or row.get("engine_steps_total") is None:
             return None
+        replicas = {r["replica_id"]: r["generation_tokens_total"] for r in row.get("replicas") or []}
         return EngineCounters(time.perf_counter(), row["engine_steps_total"], row["engine_step_seconds_total"],
-                              row["engine_step_cpu_seconds_total"], row["process_cpu_seconds_total"])
+                              row["engine_step_cpu_seconds_total"], row["process_cpu_seconds_total"], replicas)
 
     async def stream(self, spec: RequestSpec, record: Optional[RequestRecord] = None) -> RequestRecord:
         """Stream one request; pass `record` to watch it fill in while it runs (the long-prompt workload)."""

@@ -123,6 +123,9 @@ async def _run_unit(client: StreamClient, settings: LoadSettings, unit: Unit, so
             e = level.engine
             print(f"  {tag} engine: {e.steps} steps, {e.step_ms_mean:.2f} ms/step (thread CPU {e.step_cpu_ms_mean:.2f}), "
                   f"busy {e.busy_fraction:.0%}, model process {e.process_cpus:.2f} CPUs", flush=True)
+            if e.replica_tok_s:
+                shares = ", ".join(f"{rid} {rate:.1f}" for rid, rate in e.replica_tok_s.items())
+                print(f"  {tag} replicas' generated tok/s: {shares}", flush=True)
 
 
 def suite_tables(suite: SuiteResult) -> list:

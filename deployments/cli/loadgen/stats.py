@@ -66,6 +66,8 @@ class EngineWindow:
     step_cpu_ms_mean: float  # the engine thread's CPU time per step; wall >> CPU: waiting (device or GIL)
     busy_fraction: float  # time inside steps / window
     process_cpus: float  # the model process's CPU seconds per second, all threads (engine, event loop, Ray)
+    # A model with several replicas (the fields above sum or average them): each one's generated tok/s.
+    replica_tok_s: dict[str, float] = field(default_factory=dict)
 
 
 def engine_window(before: Optional[EngineCounters], after: Optional[EngineCounters]) -> Optional[EngineWindow]:
@@ -78,6 +80,9 @@ def engine_window(before: Optional[EngineCounters], after: Optional[EngineCounte
         step_cpu_ms_mean=1e3 * (after.step_cpu_s - before.step_cpu_s) / steps,
         busy_fraction=(after.step_s - before.step_s) / wall,
         process_cpus=(after.process_cpu_s - before.process_cpu_s) / wall,
+        # Replicas seen at both reads (the board's counters are up to a second old, like the window's ends).
+        replica_tok_s={r: round((after.replica_tokens[r] - before.replica_tokens[r]) / wall, 1)
+                       for r in sorted(set(after.replica_tokens) & set(before.replica_tokens))},
     )
 
 

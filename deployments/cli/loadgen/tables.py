@@ -69,14 +69,21 @@ def show(tables: Sequence[Table]) -> str:
 def level_table(server: str, levels: Sequence[Any]) -> Table:
     header = ["workload", "conc", "reqs", "err", "sys tok/s", "ttft mean ms", "ttft p50 ms", "ttft p95 ms",
               "itl p50 ms", "itl p99 ms", "req tok/s", "reads/s", "tok/read", "note"]
+    replicas = any(replica_rates(l) for l in levels)  # a model with several replicas: each one's share
     rows = [
         [l.workload, str(l.concurrency), str(l.requests), str(l.errors), fmt(l.system_tok_s),
          fmt(l.ttft_mean_s * 1e3), fmt(l.ttft_p50_s * 1e3), fmt(l.ttft_p95_s * 1e3),
          fmt(l.itl_p50_ms, 2), fmt(l.itl_p99_ms, 2), fmt(l.req_tok_s_mean), fmt(l.reads_per_s), fmt(l.tokens_per_read, 2),
-         level_note(l)]
+         level_note(l)] + ([" / ".join(fmt(rate) for rate in replica_rates(l).values())] if replicas else [])
         for l in levels
     ]
-    return Table(f"[{server}] concurrency sweep (closed loop)", header, rows)
+    return Table(f"[{server}] concurrency sweep (closed loop)", header + (["replicas tok/s"] if replicas else []), rows)
+
+
+def replica_rates(level: Any) -> dict[str, float]:
+    """Each replica's generated tok/s in the level (our server, a model with several replicas); else empty."""
+    engine = getattr(level, "engine", None)
+    return dict(getattr(engine, "replica_tok_s", None) or {})
 
 
 def level_note(level: Any) -> str:
