@@ -154,25 +154,40 @@ def acceptance_checks(report: dict, throughput_workload: str = "mixed") -> list[
 REPLICA_SCALING_BOUND = 1.8  # 2 replicas on 2 GPUs / 1 on 1 (issue 56)
 
 
-def replica_checks(report: dict, workload: str = "uniform") -> list[dict[str, str]]:
-    """orchard_r2 / orchard_r1 phases (compare --servers orchard_r2,orchard_r1,...): per level, the median over
-    the rounds' pairs of system tok/s (>= 1.8) and of TTFT P95 (not worse: <= 1)."""
+def replica_checks(report: dict) -> list[dict[str, str]]:
+    """orchard_r2 / orchard_r1 phases (compare --servers orchard_r2,orchard_r1,...), per workload and level: the
+    median over the rounds' pairs of system tok/s (>= 1.8) and of TTFT P95 (not worse: <= 1); and where the run
+    has level c/2, the most two replicas can give: 2 x one replica's tok/s at c/2 over its tok/s at c (each
+    replica then holds c/2 streams), for a sole replica whose rate still grows with its rows."""
     servers = report.get("servers") or {}
     rounds = {n: [k for k in servers if k.split("#")[0] == f"orchard_r{n}"] for n in (1, 2)}
     pairs = list(zip(rounds[2], rounds[1]))
     if not pairs:
         return []
     checks = []
-    levels = sorted(set.intersection(*(set(workload_levels(report, k, workload)) for pair in pairs for k in pair)))
-    for c in levels:
-        for key, bound, passes in (("system_tok_s", f">= {REPLICA_SCALING_BOUND}", lambda v: v >= REPLICA_SCALING_BOUND),
-                                   ("ttft_p95_s", "<= 1.0", lambda v: v <= 1.0)):
-            each = [number(workload_levels(report, two, workload)[c].get(key))
-                    / number(workload_levels(report, one, workload)[c].get(key)) for two, one in pairs]
-            value = statistics.median(each)
-            checks.append(_check(f"2 replicas / 1, {key}, {workload}, c={c}, median of {len(each)} pairs "
-                                 f"({', '.join(fmt(v, 3) for v in each)})", value, bound,
-                                 None if value != value else passes(value)))
+    for workload in ("mixed", "uniform"):
+        levels = sorted(set.intersection(*(set(workload_levels(report, k, workload)) for pair in pairs for k in pair)))
+        for c in levels:
+            checks += _replica_level_checks(report, workload, c, pairs)
+    return checks
+
+
+def _replica_level_checks(report: dict, workload: str, c: int, pairs: list[tuple[str, str]]) -> list[dict[str, str]]:
+    def rate(server: str, level: int, key: str = "system_tok_s") -> float:
+        return number(workload_levels(report, server, workload).get(level, {}).get(key))
+
+    checks = []
+    for key, bound, passes in (("system_tok_s", f">= {REPLICA_SCALING_BOUND}", lambda v: v >= REPLICA_SCALING_BOUND),
+                               ("ttft_p95_s", "<= 1.0", lambda v: v <= 1.0)):
+        each = [rate(two, c, key) / rate(one, c, key) for two, one in pairs]
+        value = statistics.median(each)
+        checks.append(_check(f"2 replicas / 1, {key}, {workload}, c={c}, median of {len(each)} pairs "
+                             f"({', '.join(fmt(v, 3) for v in each)})", value, bound,
+                             None if value != value else passes(value)))
+    ceiling = statistics.median(2 * rate(one, c // 2) / rate(one, c) for _, one in pairs)
+    if ceiling == ceiling:
+        checks.append(_check(f"most 2 replicas can give, {workload}, c={c}: 2 x 1 replica's tok/s at c={c // 2} / at "
+                             f"c={c}", ceiling, "(ceiling)", None))
     return checks
 
 

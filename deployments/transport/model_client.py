@@ -67,18 +67,23 @@ class ServeModelClient:
                 yield chunk
 
     async def _replica_stream(self, channel: ChannelClient, job: GenerateJob) -> AsyncIterator[StreamChunk]:
-        """A stream over the picked replica's channel; one that replica refuses because it is stopping (scaled down
-        or replaced since the board was read) goes through Serve's router instead, which knows it is gone."""
+        """A stream over the picked replica's channel. One that replica refuses because it is stopping (scaled down
+        or replaced since the board was read), or loses because it died before the stream began, goes to another
+        replica's channel, else through Serve's router: nothing of it ran, so nothing is lost or repeated."""
         async with contextlib.aclosing(channel.stream(job)) as chunks:
             first = True
             async for chunk in chunks:
-                if first and isinstance(chunk.error, ModelUnloadedError):
-                    async with contextlib.aclosing(self._handle_stream(job)) as rerouted:
+                if first and chunk.error is not None and (isinstance(chunk.error, ModelUnloadedError) or channel.closed):
+                    async with contextlib.aclosing(self._elsewhere(channel, job)) as rerouted:
                         async for again in rerouted:
                             yield again
                     return
                 first = False
                 yield chunk
+
+    def _elsewhere(self, failed: ChannelClient, job: GenerateJob) -> AsyncIterator[StreamChunk]:
+        other = self._replicas.pick(job) if self._replicas is not None and self._replicas.usable else None
+        return other.stream(job) if other is not None and other is not failed else self._handle_stream(job)
 
     async def _handle_stream(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         handle = self._stream_handle

@@ -37,7 +37,7 @@ def prefix_key(job: GenerateJob) -> str | None:
         opening += [m for m in prompt.messages if m.get("role") == "user"][:1]
         text = json.dumps([m.get("content") for m in opening], default=str)[:PREFIX_CHARS] if opening else ""
     elif isinstance(prompt, TextPrompt):
-        text = (prompt.text or "")[:PREFIX_CHARS] or json.dumps((prompt.token_ids or [])[:PREFIX_CHARS // 4])
+        text = prompt.text[:PREFIX_CHARS] if prompt.text else json.dumps(prompt.token_ids[:PREFIX_CHARS // 4]) if prompt.token_ids else ""
     else:
         return None
     adapter = job.adapter.name if job.adapter is not None else ""
@@ -93,11 +93,10 @@ class ReplicaChannels:
             if replica_id not in self._clients:
                 try:
                     self._clients[replica_id] = await self._connect(self._model_id, row.channel)
-                except OSError as exc:
-                    logger.warning("stream channel of model '%s' replica %s unreachable (%s): streaming through Ray",
-                                   self._model_id, replica_id, exc)
-                    return False
-        return True
+                except OSError as exc:  # a replica that died and still has a row: tried again at the next read
+                    logger.info("stream channel of model '%s' replica %s unreachable: %s", self._model_id, replica_id,
+                                exc)
+        return bool(self._clients)
 
     def pick(self, job: GenerateJob) -> ChannelClient | None:
         """The replica for this stream: its conversation's, unless that one is much busier; else the least busy."""

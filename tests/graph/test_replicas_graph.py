@@ -69,6 +69,50 @@ def chat(http: httpx.Client, stream: bool = False, max_tokens: int = 24) -> http
         "temperature": 0, "ignore_eos": True, "stream": stream})
 
 
+def conversation(http: httpx.Client, index: int) -> int:
+    """Two turns of one conversation; the second turn's cached prompt tokens (its replica holds the first's)."""
+    messages = [{"role": "user", "content": " ".join(f"t{(index * 37 + j) % 230}" for j in range(64))}]
+    body = {"model": TWO, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    first = http.post("/v1/chat/completions", json={**body, "messages": messages})
+    assert first.status_code == 200, first.text
+    messages += [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "t1 t2 t3"}]
+    second = http.post("/v1/chat/completions", json={**body, "messages": messages})
+    assert second.status_code == 200, second.text
+    return (second.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+
+def test_streams_go_over_each_replicas_channel_and_a_conversation_stays_on_its_replica(two_replicas):
+    with httpx.Client(base_url=two_replicas.base_url, timeout=120) as http, ThreadPoolExecutor(8) as pool:
+        wait_until(lambda: len(replica_pids()) == 2 and chat(http).status_code == 200, GRAPH_START_S,
+                   what="two replicas serving")
+        wait_until(lambda: len(replica_rows(http)) == 2, 30, what="both replicas on the board")
+        # Eight conversations at once: each one's second turn finds its first in its replica's prefix cache (Serve's
+        # router alone would send half of them to the other replica).
+        cached = list(pool.map(lambda i: conversation(http, i), range(8)))
+        assert all(tokens >= 48 for tokens in cached), cached
+        answers = list(pool.map(lambda _: chat(http, stream=True), range(16)))
+        assert all(a.status_code == 200 and "[DONE]" in a.text for a in answers)
+        time.sleep(1.5)  # the replicas' next reports
+        model = queue_row(http)
+        rows = model["replicas"]
+        assert sorted(r["pid"] for r in rows) == sorted(replica_pids())
+        assert all(r["stream_channel_streams_total"] > 0 and r["health"] == "running" for r in rows), rows
+        assert sum(r["stream_channel_streams_total"] for r in rows) == model["stream_channel_streams_total"] >= 32
+        assert sum(r["generation_tokens_total"] for r in rows) == model["generation_tokens_total"]
+        metrics = http.get("/metrics").text
+        for row in rows:
+            assert f'model_name="{TWO}",replica="{row["replica_id"]}"' in metrics
+
+
+def queue_row(http: httpx.Client) -> dict:
+    return next(m for m in http.get("/v1/queue/stats").json()["models"] if m["id"] == TWO)
+
+
+def replica_rows(http: httpx.Client) -> list[dict]:
+    return queue_row(http).get("replicas") or []
+
+
 def test_two_replicas_share_the_streams_and_a_killed_one_leaves_the_other_serving(two_replicas):
     with httpx.Client(base_url=two_replicas.base_url, timeout=120) as http, ThreadPoolExecutor(16) as pool:
         wait_until(lambda: len(replica_pids()) == 2 and chat(http).status_code == 200, GRAPH_START_S,
