@@ -73,7 +73,8 @@ class AdvancedOptions(AdvancedEngineKnobs):
         0.5, gt=0, description="the model processes' GIL switch interval (null: Python's 5 ms)")
     stream_channel: bool = Field(
         True, description="an ingress on the replica's node streams over a Unix socket (transport/channel.py) "
-        "instead of a Ray handle stream per request (false: always the handle; several replicas use the handle)")
+        "instead of a Ray handle stream per request (false: always the handle; several replicas: each replica's "
+        "channel, picked by the ingress, docs/operations.md#scaling)")
     unload_drain_s: float = Field(
         10.0, ge=0, description="on unload, seconds open streams get to finish before they end with model_unloaded")
     # One forward of many short texts costs little more than one of a single text.

@@ -56,6 +56,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="also serve serve_config.yaml's own model applications as they are (the embedded SmolLM2)")
     p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2, help="Ray's logical CPUs")
     p.add_argument("--throughput-optimized", action="store_true", help="RAY_SERVE_THROUGHPUT_OPTIMIZED=1")
+    p.add_argument("--dashboard", action="store_true", help="Ray's dashboard on 127.0.0.1:8265 (scripts/ops_screenshots.sh)")
     p.add_argument("--startup-timeout-s", type=float, default=600.0)
     return p.parse_args(argv)
 
@@ -197,7 +198,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     stop = {"now": False}
     started = time.monotonic()
     # Stream chunks are tiny: a small object store spares /dev/shm (Ray would reserve 30% of RAM).
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False, object_store_memory=OBJECT_STORE_BYTES)
+    ray.init(num_cpus=args.num_cpus, include_dashboard=args.dashboard, dashboard_host="127.0.0.1", log_to_driver=False,
+             object_store_memory=OBJECT_STORE_BYTES)
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own handlers
         signal.signal(sig, lambda *_: stop.update(now=True))
     code = 0

@@ -82,10 +82,11 @@ def _existing_board() -> Any | None:
     """The board if a replica started it; a cluster of single-replica models has none (and gets none)."""
     cluster = ray.get_runtime_context().gcs_address
     if cluster not in _handles:
-        try:
-            _handles[cluster] = ray.get_actor(BOARD_NAME, namespace=BOARD_NAMESPACE)
-        except ValueError:
+        # Listed first: a failed get_actor logs a warning in Ray's worker log, once a second per model here.
+        named = ray.util.list_named_actors(all_namespaces=True)
+        if not any(a.get("name") == BOARD_NAME and a.get("namespace") == BOARD_NAMESPACE for a in named):
             return None
+        _handles[cluster] = ray.get_actor(BOARD_NAME, namespace=BOARD_NAMESPACE)
     return _handles[cluster]
 
 
