@@ -21,7 +21,8 @@ cleanup() {
 trap cleanup EXIT
 
 "$PY" -m tests.support.random_model "$WORK/tiny-chat" --shape tiny > /dev/null
-"$PY" -m bench.serving.orchard_server --model "$WORK/tiny-chat" --model-id tiny-chat --port 8000 --dashboard \
+# Ray 2.60's dashboard asks for the cluster's token: this throwaway cluster, on loopback only, runs without one.
+RAY_AUTH_MODE=disabled "$PY" -m bench.serving.orchard_server --model "$WORK/tiny-chat" --model-id tiny-chat --port 8000 --dashboard \
   --with-config-models --model-arg num_replicas=2 --decode-batch 16 > "$WORK/server.log" 2>&1 &
 pids+=($!)
 until grep -q "ORCHARD READY" "$WORK/server.log"; do
@@ -31,8 +32,8 @@ done
 prometheus --config.file=docs/ops/prometheus.yml --storage.tsdb.path="$WORK/prometheus" \
   --web.listen-address=127.0.0.1:9090 > "$WORK/prometheus.log" 2>&1 &
 pids+=($!)
-.venv/bin/orchard bench --url http://127.0.0.1:8000 --model tiny-chat --concurrency 4,8,16 --duration 90 \
-  --gen-tokens 64 --ignore-eos --out "$WORK/bench" > "$WORK/bench.log" 2>&1 || tail -20 "$WORK/bench.log"
+.venv/bin/orchard bench --url http://127.0.0.1:8000 --model tiny-chat --concurrency 4,8,16 --duration 100 \
+  --requests-per-stream 40 --gen-tokens 64 --ignore-eos --out "$WORK/bench" > "$WORK/bench.log" 2>&1 || tail -20 "$WORK/bench.log"
 sleep 10  # the last scrapes
 
 shot() {  # URL FILE: the page after its scripts ran (virtual time lets the charts draw)
@@ -41,6 +42,6 @@ shot() {  # URL FILE: the page after its scripts ran (virtual time lets the char
 }
 shot "http://127.0.0.1:8265/#/serve" "$OUT/ray_dashboard_serve.png"
 query='sum by (replica) (rate(orchard:generation_tokens_total{model_name="tiny-chat"}[30s]))'
-shot "http://127.0.0.1:9090/graph?g0.expr=$("$PY" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$query")&g0.tab=0&g0.range_input=5m" \
+shot "http://127.0.0.1:9090/graph?g0.expr=$("$PY" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$query")&g0.tab=0&g0.range_input=2m" \
   "$OUT/prometheus_replicas.png"
 ls -la "$OUT"/ray_dashboard_serve.png "$OUT"/prometheus_replicas.png
