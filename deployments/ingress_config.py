@@ -15,6 +15,7 @@ from deployments.config import DEFAULT_EMBEDDING_MODEL_ID, ModelConfig
 from deployments.replica_options import RayActorOptions
 from deployments.mcp_config import McpConfig
 
+DEFAULT_MAX_FILE_BYTES = 200 * 1024 * 1024  # POST /v1/files: OpenAI's limit for a batch's input file
 # Keys from the environment where a config field is unset (the config wins: see IngressConfig).
 API_KEYS_ENV = "ORCHARD_API_KEYS"  # comma-separated
 ADMIN_KEY_ENV = "ORCHARD_ADMIN_KEY"
@@ -94,7 +95,10 @@ class IngressConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # a bad key is never echoed
 
-    state_dir: str | None = Field(None, description="where the API-loaded model list is kept")
+    state_dir: str | None = Field(
+        None, description="where the API-loaded model list and the Files API's uploads (files/) are kept")
+    max_file_bytes: int = Field(
+        DEFAULT_MAX_FILE_BYTES, ge=1, description="the largest file POST /v1/files accepts (a batch's JSONL input)")
     model_roots: list[str] | None = Field(
         None,
         description="admin loads of local folders must lie under one of these "

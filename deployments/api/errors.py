@@ -71,6 +71,12 @@ class ResponseNotFoundError(OrchardError):
     code = "response_not_found"
 
 
+class StoredFileNotFoundError(OrchardError):
+    """/v1/files/{id} for an id the ingress does not hold: never uploaded or deleted (404)."""
+
+    code = "file_not_found"
+
+
 class PreviousResponseNotFoundError(InvalidRequestError):
     """A `previous_response_id` (or an earlier response of its chain) the ingress does not hold (400, as OpenAI)."""
 
@@ -103,6 +109,7 @@ _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (RequestTooLargeError, _Rule(413, "invalid_request_error")),
     (ModelNotFoundError, _Rule(404, "invalid_request_error")),
     (ResponseNotFoundError, _Rule(404, "invalid_request_error")),
+    (StoredFileNotFoundError, _Rule(404, "invalid_request_error")),
     (DocumentNotFoundError, _Rule(404, "invalid_request_error")),
     (ModelExistsError, _Rule(409, "invalid_request_error")),
     (QueueFullError, _Rule(429, "rate_limit_error", QUEUE_RETRY_AFTER_S)),

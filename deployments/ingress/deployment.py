@@ -18,6 +18,7 @@ from deployments.ingress.model_registry import Registry
 from deployments.ingress.model_store import ModelStore
 from deployments.ingress.responses_store import ResponseStore
 from deployments.ingress.routes import create_app
+from deployments.batches.files import FileStore
 from deployments.ingress.serve_models import ServeBackend
 from deployments.hub.downloads import DownloadManager
 from deployments.transport.rag_client import ServeRagClient
@@ -52,7 +53,8 @@ class Ingress:
         rag_limit = self.config.rag.max_upload_bytes if self.config.rag is not None else 0
         return create_app(self.registry, self.config.enable_admin, self.keys, self.config.max_body_bytes,
                           responses=self.responses, media=self.config.media_limits(), rag=self.rag,
-                          rag_max_upload_bytes=rag_limit, mcp=self.mcp)
+                          rag_max_upload_bytes=rag_limit, mcp=self.mcp,
+                          files=FileStore(self.config.resolved_state_dir() / "files", self.config.max_file_bytes))
 
     async def __del__(self) -> None:
         registry = getattr(self, "registry", None)

@@ -60,6 +60,8 @@ from deployments.ingress.embedding_routes import embeddings_router
 from deployments.ingress.edge import REQUEST_ID, BodyLimitMiddleware, RequestIdMiddleware
 from deployments.ingress.generation import KEEPALIVE_S, Renderer, answer
 from deployments.ingress.rag_routes import MULTIPART_OVERHEAD_BYTES, UPLOAD_ROUTE, rag_router
+from deployments.ingress.file_routes import FILES_MULTIPART_OVERHEAD_BYTES, FILES_ROUTE, files_router
+from deployments.batches.files import FileStore
 from deployments.rag_calls import RagClient
 from deployments.ingress.media_fetch import ImageLoader
 from deployments.ingress.model_entries import ModelEntry, ModelStatus
@@ -81,6 +83,7 @@ def create_app(
     rag: RagClient | None = None,
     rag_max_upload_bytes: int = RagConfig().max_upload_bytes,
     mcp: McpHub | None = None,
+    files: FileStore | None = None,
 ) -> FastAPI:
     images = ImageLoader(media or MediaLimits())
     mcp = mcp or McpHub()  # none configured: a request naming a server is refused
@@ -97,6 +100,8 @@ def create_app(
     metrics = IngressMetrics()
     # The last added runs first: request id, then the key check, then the body limit (no body read before both).
     upload_limit = {UPLOAD_ROUTE: rag_max_upload_bytes + MULTIPART_OVERHEAD_BYTES} if rag is not None else {}
+    if files is not None:
+        upload_limit[FILES_ROUTE] = files.max_bytes + FILES_MULTIPART_OVERHEAD_BYTES
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, path_limits=upload_limit)
     app.add_middleware(ApiKeyMiddleware, keys=keys or ApiKeys([]))
     app.add_middleware(RequestIdMiddleware)
@@ -112,6 +117,8 @@ def create_app(
     if rag is not None:
         app.include_router(rag_router(rag, registry, metrics, keepalive_s))
     app.include_router(image_router(registry, metrics, keepalive_s))
+    if files is not None:
+        app.include_router(files_router(files))
     app.include_router(admin_router(registry, enable_admin))
     if enable_admin:
         app.include_router(adapter_router(registry))

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 import httpx
 from fastapi import FastAPI
 
+from deployments.batches.files import FileStore
 from deployments.config import ModelConfig
 from deployments.ingress_config import DEFAULT_MAX_BODY_BYTES, AdminLoadLimits, MediaLimits, RagConfig
 from deployments.ingress.auth import ApiKeys
@@ -52,6 +53,7 @@ async def local_stack(
     memory_budget_bytes: int | None = None,
     on_demand: list[ModelConfig] | None = None,
     auto_load_repos: list[str] | None = None,
+    files: FileStore | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
@@ -69,7 +71,8 @@ async def local_stack(
 
         rag_service = RagService(rag, registry.route)
     app = create_app(registry, keys=keys, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s, media=media,
-                     rag=rag_service, rag_max_upload_bytes=rag.max_upload_bytes if rag is not None else 0, mcp=mcp)
+                     rag=rag_service, rag_max_upload_bytes=rag.max_upload_bytes if rag is not None else 0, mcp=mcp,
+                     files=files)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://orchard", timeout=30) as http:
             yield LocalStack(http, registry, backend, app)
