@@ -2,7 +2,7 @@
 
 Inference keys guard every route but /health, /ready, /metrics and the API docs; the admin key, if set, alone opens
 /v1/admin/*, /v1/models/local/* and DELETE /v1/models/* (an inference key there gets 403). With no admin key the admin routes need what the inference
-routes need. RAG's writes to the disk (upload, delete) need an inference key, or with none configured the admin key
+routes need. RAG's and the Files API's writes to the disk (upload, delete) need an inference key, or with none configured the admin key
 when one is set: an operator who keys only the admin API keeps anonymous callers from filling its disk.
 Keys arrive as `Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>` (Anthropic); neither the configured
 keys nor a presented one is ever logged or repeated in an error.
@@ -41,6 +41,7 @@ class RouteAccess(Enum):
 
 RAG_PATH = "/v1/rag/"
 RAG_READS = frozenset({"/v1/rag/query", "/v1/rag/documents"})
+FILES_PATH = "/v1/files"  # the Files API: an upload or delete changes what the server keeps on its disk
 
 
 def route_access(path: str, method: str = "GET") -> RouteAccess:
@@ -51,6 +52,8 @@ def route_access(path: str, method: str = "GET") -> RouteAccess:
     if method.upper() == "DELETE" and path.startswith(MODELS_PATH):  # Bodega's DELETE /v1/models/{id}: the cache's
         return RouteAccess.ADMIN
     if path.startswith(RAG_PATH) and path not in RAG_READS:  # upload, document delete (and unknown RAG paths)
+        return RouteAccess.DISK_WRITE
+    if (path == FILES_PATH or path.startswith(FILES_PATH + "/")) and method.upper() in ("POST", "DELETE"):
         return RouteAccess.DISK_WRITE
     return RouteAccess.INFERENCE  # unknown paths too: no route map for callers without a key
 

@@ -76,6 +76,8 @@ class ReplicaChannels:
         loop = asyncio.get_running_loop()
         if loop.time() - self._read_at < BOARD_REFRESH_S:
             return
+        if self._lock.locked() and self._read_at > float("-inf"):
+            return  # a read is under way: this stream goes by the last one rather than wait for a slow board
         async with self._lock:
             if loop.time() - self._read_at >= BOARD_REFRESH_S:
                 self.rows = await self._read_rows()

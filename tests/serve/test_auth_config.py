@@ -74,6 +74,12 @@ def test_routes_by_access():
     assert [route_access(p, m) for p, m in (("/v1/rag/upload", "POST"), ("/v1/rag/documents/f1", "DELETE"))] == [
         RouteAccess.DISK_WRITE] * 2
     assert [route_access(p) for p in ("/v1/rag/query", "/v1/rag/documents")] == [RouteAccess.INFERENCE] * 2
+    # So do the Files API's upload and delete; listing and reading files are inference routes.
+    assert [route_access(p, m) for p, m in (("/v1/files", "POST"), ("/v1/files/file-1", "DELETE"))] == [
+        RouteAccess.DISK_WRITE] * 2
+    assert [route_access(p) for p in ("/v1/files", "/v1/files/file-1", "/v1/files/file-1/content")] == [
+        RouteAccess.INFERENCE] * 3
+    assert route_access("/v1/filesystem", "POST") == RouteAccess.INFERENCE
 
 
 def test_rag_writes_follow_the_admin_key_when_no_inference_key_is_set():
