@@ -77,6 +77,12 @@ class StoredFileNotFoundError(OrchardError):
     code = "file_not_found"
 
 
+class BatchNotFoundError(OrchardError):
+    """/v1/batches/{id} for an id the ingress does not hold (404)."""
+
+    code = "batch_not_found"
+
+
 class PreviousResponseNotFoundError(InvalidRequestError):
     """A `previous_response_id` (or an earlier response of its chain) the ingress does not hold (400, as OpenAI)."""
 
@@ -110,6 +116,7 @@ _RULES: list[tuple[type[OrchardError], _Rule]] = [
     (ModelNotFoundError, _Rule(404, "invalid_request_error")),
     (ResponseNotFoundError, _Rule(404, "invalid_request_error")),
     (StoredFileNotFoundError, _Rule(404, "invalid_request_error")),
+    (BatchNotFoundError, _Rule(404, "invalid_request_error")),
     (DocumentNotFoundError, _Rule(404, "invalid_request_error")),
     (ModelExistsError, _Rule(409, "invalid_request_error")),
     (QueueFullError, _Rule(429, "rate_limit_error", QUEUE_RETRY_AFTER_S)),

@@ -64,8 +64,8 @@ class FileStore:
         stored = StoredFile(f"file-{secrets.token_hex(12)}", len(data), now // 10**9, name, purpose, now)
         with self._lock:
             self.root.mkdir(parents=True, exist_ok=True)
-            _write_atomically(self.root / f"{stored.id}.data", data)
-            _write_atomically(self.root / f"{stored.id}.json", json.dumps(asdict(stored)).encode())
+            write_atomically(self.root / f"{stored.id}.data", data)
+            write_atomically(self.root / f"{stored.id}.json", json.dumps(asdict(stored)).encode())
         return stored
 
     def get(self, file_id: str) -> StoredFile:
@@ -74,6 +74,16 @@ class FileStore:
             return StoredFile(**json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):
             raise StoredFileNotFoundError(f"No such file: {file_id!r}", param="file_id") from None
+
+    def keep(self, path: Path, filename: str, purpose: str) -> StoredFile:
+        """A file the server wrote (a batch's output or errors) taken into the store as it is (moved, not copied)."""
+        now = time.time_ns()
+        stored = StoredFile(f"file-{secrets.token_hex(12)}", path.stat().st_size, now // 10**9, filename, purpose, now)
+        with self._lock:
+            self.root.mkdir(parents=True, exist_ok=True)
+            os.replace(path, self.root / f"{stored.id}.data")
+            write_atomically(self.root / f"{stored.id}.json", json.dumps(asdict(stored)).encode())
+        return stored
 
     def content_path(self, file_id: str) -> Path:
         self.get(file_id)
@@ -130,7 +140,7 @@ def check_jsonl(data: bytes) -> None:
         raise InvalidRequestError("The file holds no JSONL lines", param="file")
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     """A reader never sees half a file: written beside it, then renamed over it."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".upload-")
     try:
@@ -142,4 +152,4 @@ def _write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
-__all__ = ["FILE_PURPOSES", "FileStore", "StoredFile", "check_jsonl"]
+__all__ = ["FILE_PURPOSES", "FileStore", "StoredFile", "check_jsonl", "write_atomically"]

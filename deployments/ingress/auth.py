@@ -42,6 +42,7 @@ class RouteAccess(Enum):
 RAG_PATH = "/v1/rag/"
 RAG_READS = frozenset({"/v1/rag/query", "/v1/rag/documents"})
 FILES_PATH = "/v1/files"  # the Files API: an upload or delete changes what the server keeps on its disk
+BATCHES_PATH = "/v1/batches"  # and a batch writes its output and error files there
 
 
 def route_access(path: str, method: str = "GET") -> RouteAccess:
@@ -53,7 +54,8 @@ def route_access(path: str, method: str = "GET") -> RouteAccess:
         return RouteAccess.ADMIN
     if path.startswith(RAG_PATH) and path not in RAG_READS:  # upload, document delete (and unknown RAG paths)
         return RouteAccess.DISK_WRITE
-    if (path == FILES_PATH or path.startswith(FILES_PATH + "/")) and method.upper() in ("POST", "DELETE"):
+    if any(path == p or path.startswith(p + "/") for p in (FILES_PATH, BATCHES_PATH)) and method.upper() in (
+            "POST", "DELETE"):
         return RouteAccess.DISK_WRITE
     return RouteAccess.INFERENCE  # unknown paths too: no route map for callers without a key
 

@@ -18,6 +18,7 @@ from deployments.ingress.model_registry import Registry
 from deployments.ingress.model_store import ModelStore
 from deployments.ingress.responses_store import ResponseStore
 from deployments.ingress.routes import create_app
+from deployments.batches.batches import BatchStore
 from deployments.batches.files import FileStore
 from deployments.ingress.serve_models import ServeBackend
 from deployments.hub.downloads import DownloadManager
@@ -51,10 +52,12 @@ class Ingress:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         rag_limit = self.config.rag.max_upload_bytes if self.config.rag is not None else 0
+        state = self.config.resolved_state_dir()
         return create_app(self.registry, self.config.enable_admin, self.keys, self.config.max_body_bytes,
                           responses=self.responses, media=self.config.media_limits(), rag=self.rag,
                           rag_max_upload_bytes=rag_limit, mcp=self.mcp,
-                          files=FileStore(self.config.resolved_state_dir() / "files", self.config.max_file_bytes))
+                          files=FileStore(state / "files", self.config.max_file_bytes), batches=BatchStore(state / "batches"),
+                          batch_headers=_own_key(self.config))
 
     async def __del__(self) -> None:
         registry = getattr(self, "registry", None)
@@ -75,3 +78,9 @@ async def proxy_bind_host() -> str | None:
     """
     client = await asyncio.to_thread(_get_global_client)
     return client.http_config.host
+
+
+def _own_key(config: IngressConfig) -> dict[str, str]:
+    """A batch's lines go through the ingress's own routes with its first inference key (none set: none needed)."""
+    keys = config.resolved_api_keys()
+    return {"Authorization": f"Bearer {keys[0]}"} if keys else {}

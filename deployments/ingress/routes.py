@@ -61,7 +61,10 @@ from deployments.ingress.edge import REQUEST_ID, BodyLimitMiddleware, RequestIdM
 from deployments.ingress.generation import KEEPALIVE_S, Renderer, answer
 from deployments.ingress.rag_routes import MULTIPART_OVERHEAD_BYTES, UPLOAD_ROUTE, rag_router
 from deployments.ingress.file_routes import FILES_MULTIPART_OVERHEAD_BYTES, FILES_ROUTE, files_router
+from deployments.batches.batches import BatchStore
 from deployments.batches.files import FileStore
+from deployments.batches.runner import BatchRunner
+from deployments.ingress.batch_routes import batches_router, internal_sender
 from deployments.rag_calls import RagClient
 from deployments.ingress.media_fetch import ImageLoader
 from deployments.ingress.model_entries import ModelEntry, ModelStatus
@@ -84,13 +87,21 @@ def create_app(
     rag_max_upload_bytes: int = RagConfig().max_upload_bytes,
     mcp: McpHub | None = None,
     files: FileStore | None = None,
+    batches: BatchStore | None = None,
+    batch_headers: dict[str, str] | None = None,
 ) -> FastAPI:
     images = ImageLoader(media or MediaLimits())
     mcp = mcp or McpHub()  # none configured: a request naming a server is refused
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runner = getattr(app.state, "batch_runner", None)
+        if runner is not None:
+            runner.resume()  # batches an earlier ingress left unfinished
         yield
+        if runner is not None:
+            await runner.close()
+            await app.state.batch_client.aclose()
         await images.aclose()  # the remote-image client, if one was made
         await mcp.aclose()  # the declared MCP servers' sessions (stdio servers' processes end with them)
 
@@ -119,6 +130,10 @@ def create_app(
     app.include_router(image_router(registry, metrics, keepalive_s))
     if files is not None:
         app.include_router(files_router(files))
+    if files is not None and batches is not None:
+        send, app.state.batch_client = internal_sender(app, batch_headers or {})
+        app.state.batch_runner = BatchRunner(batches, files, send)
+        app.include_router(batches_router(app.state.batch_runner))
     app.include_router(admin_router(registry, enable_admin))
     if enable_admin:
         app.include_router(adapter_router(registry))

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 import httpx
 from fastapi import FastAPI
 
+from deployments.batches.batches import BatchStore
 from deployments.batches.files import FileStore
 from deployments.config import ModelConfig
 from deployments.ingress_config import DEFAULT_MAX_BODY_BYTES, AdminLoadLimits, MediaLimits, RagConfig
@@ -54,6 +55,7 @@ async def local_stack(
     on_demand: list[ModelConfig] | None = None,
     auto_load_repos: list[str] | None = None,
     files: FileStore | None = None,
+    batches: BatchStore | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Models of `configs` start as if from serve_config.yaml; `state_dir` holds API-loaded ones. Admin loads take
     folders under `model_roots` only (None: Orchard's and Hugging Face's caches); the ingress is named
@@ -72,11 +74,14 @@ async def local_stack(
         rag_service = RagService(rag, registry.route)
     app = create_app(registry, keys=keys, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s, media=media,
                      rag=rag_service, rag_max_upload_bytes=rag.max_upload_bytes if rag is not None else 0, mcp=mcp,
-                     files=files)
+                     files=files, batches=batches)
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://orchard", timeout=30) as http:
             yield LocalStack(http, registry, backend, app)
     finally:
+        if getattr(app.state, "batch_runner", None) is not None:  # what the lifespan's end does under Serve
+            await app.state.batch_runner.close()
+            await app.state.batch_client.aclose()
         await app.state.image_loader.aclose()  # httpx's ASGI transport runs no lifespan
         await app.state.mcp.aclose()
         await registry.close()

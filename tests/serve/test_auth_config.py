@@ -80,6 +80,19 @@ def test_routes_by_access():
     assert [route_access(p) for p in ("/v1/files", "/v1/files/file-1", "/v1/files/file-1/content")] == [
         RouteAccess.INFERENCE] * 3
     assert route_access("/v1/filesystem", "POST") == RouteAccess.INFERENCE
+    # A batch writes its output files there too; reading batches is an inference route.
+    assert [route_access(p, "POST") for p in ("/v1/batches", "/v1/batches/batch_1/cancel")] == [
+        RouteAccess.DISK_WRITE] * 2
+    assert route_access("/v1/batches/batch_1") == RouteAccess.INFERENCE
+
+
+def test_a_batch_runs_its_lines_with_the_ingress_own_inference_key():
+    from deployments.ingress.deployment import _own_key
+    from deployments.ingress_config import IngressConfig
+
+    assert _own_key(IngressConfig(api_keys=["sk-user-1", "sk-user-2"], admin_key="sk-admin")) == {
+        "Authorization": "Bearer sk-user-1"}
+    assert _own_key(IngressConfig(api_keys=[], admin_key="sk-admin")) == {}  # inference routes are open then
 
 
 def test_rag_writes_follow_the_admin_key_when_no_inference_key_is_set():
