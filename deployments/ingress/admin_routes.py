@@ -21,7 +21,7 @@ from deployments.api.openapi_errors import (
 )
 from deployments.api.unknown_fields import ignored_field_counts
 from deployments.config import ModelConfig
-from deployments.model_calls import MemoryUsage, ReplicaQueueStats
+from deployments.model_calls import MemoryUsage, QueueStats, ReplicaQueueStats
 from deployments.ingress.model_entries import AdminOperation, ModelEntry, ModelQueueStats, ModelStatus
 from engine.errors import ModelLoadError, OrchardError
 from engine.spec_decode.speculator import SpeculationStats
@@ -213,6 +213,20 @@ def queue_stats_body(rows: list[ModelQueueStats]) -> dict[str, Any]:
     }
 
 
+# The counts a model's row and each of its replicas' rows give: wire name -> QueueStats field.
+_COUNTS = {
+    "waiting": "waiting", "running": "running", "decoding": "decoding", "tokens_per_s": "tokens_per_s",
+    "prompt_tokens_total": "prompt_tokens_total", "generation_tokens_total": "generation_tokens_total",
+    "engine_steps_total": "steps_total", "engine_step_seconds_total": "step_seconds_total",
+    "engine_step_cpu_seconds_total": "step_cpu_seconds_total", "process_cpu_seconds_total": "process_cpu_seconds_total",
+    "stream_channel_streams_total": "channel_streams_total",
+}
+
+
+def _counts(stats: QueueStats | None) -> dict[str, Any]:
+    return {wire: getattr(stats, name) if stats is not None else None for wire, name in _COUNTS.items()}
+
+
 def _queue_row(row: ModelQueueStats) -> dict[str, Any]:
     stats = row.stats
     capacity = None
@@ -221,20 +235,10 @@ def _queue_row(row: ModelQueueStats) -> dict[str, Any]:
     return {
         "id": row.entry.model_id,
         "status": row.entry.current_status.value,
-        "waiting": stats.waiting if stats else None,
-        "running": stats.running if stats else None,
-        "decoding": stats.decoding if stats else None,
         "queue_capacity": capacity,
         "max_num_seqs": stats.max_num_seqs if stats else None,
         "kv_cache_bytes": stats.kv_cache_bytes if stats else None,
-        "tokens_per_s": stats.tokens_per_s if stats else None,
-        "prompt_tokens_total": stats.prompt_tokens_total if stats else None,
-        "generation_tokens_total": stats.generation_tokens_total if stats else None,
-        "engine_steps_total": stats.steps_total if stats else None,
-        "engine_step_seconds_total": stats.step_seconds_total if stats else None,
-        "engine_step_cpu_seconds_total": stats.step_cpu_seconds_total if stats else None,
-        "process_cpu_seconds_total": stats.process_cpu_seconds_total if stats else None,
-        "stream_channel_streams_total": stats.channel_streams_total if stats else None,
+        **_counts(stats),
         "speculation": _speculation_row(stats.speculation) if stats and stats.speculation else None,
         # A model with several replicas: each one as it last reported (the counts above are their sums).
         "replicas": [_replica_row(r) for r in stats.replicas] if stats and stats.replicas else None,
@@ -242,24 +246,13 @@ def _queue_row(row: ModelQueueStats) -> dict[str, Any]:
 
 
 def _replica_row(replica: ReplicaQueueStats) -> dict[str, Any]:
-    stats = replica.stats
     return {
         "replica_id": replica.replica_id,
         "node_id": replica.node_id,
         "pid": replica.pid,
         "report_age_s": replica.age_s,
         "health": replica.health.status.value if replica.health is not None else None,
-        "waiting": stats.waiting,
-        "running": stats.running,
-        "decoding": stats.decoding,
-        "tokens_per_s": stats.tokens_per_s,
-        "prompt_tokens_total": stats.prompt_tokens_total,
-        "generation_tokens_total": stats.generation_tokens_total,
-        "engine_steps_total": stats.steps_total,
-        "engine_step_seconds_total": stats.step_seconds_total,
-        "engine_step_cpu_seconds_total": stats.step_cpu_seconds_total,
-        "process_cpu_seconds_total": stats.process_cpu_seconds_total,
-        "stream_channel_streams_total": stats.channel_streams_total,
+        **_counts(replica.stats),
     }
 
 

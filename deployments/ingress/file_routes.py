@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
-from starlette.datastructures import UploadFile
 
 from deployments.api.openapi_errors import ANY_ROUTE, error_responses
 from deployments.batches.files import FileStore
+from deployments.ingress.multipart import form_upload
 from engine.errors import InvalidRequestError
 
 FILES_ROUTE = "/v1/files"
@@ -64,21 +63,10 @@ def files_router(store: FileStore) -> APIRouter:
 
 async def _upload_fields(request: Request) -> tuple[str, str, bytes]:
     """The multipart fields `purpose` and `file`: the purpose, the file's name and bytes."""
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise InvalidRequestError("send the file as multipart/form-data, in the fields 'file' and 'purpose'",
-                                  param="file")
-    try:
-        form = await request.form(max_files=1, max_fields=16)
-    except Exception as exc:  # starlette's MultiPartException / HTTPException on a malformed or oversized form
-        raise InvalidRequestError(f"malformed multipart body: {getattr(exc, 'detail', exc)}", param="file") from exc
-    async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(form.close)
-        purpose, upload = form.get("purpose"), form.get("file")
-        if not isinstance(purpose, str):
-            raise InvalidRequestError("the multipart field 'purpose' is required ('batch')", param="purpose")
-        if not isinstance(upload, UploadFile):
-            raise InvalidRequestError("send the file in the multipart field 'file'", param="file")
-        return purpose, upload.filename or "", await upload.read()
+    fields, name, data = await form_upload(request, "the file")
+    if "purpose" not in fields:
+        raise InvalidRequestError("the multipart field 'purpose' is required ('batch')", param="purpose")
+    return fields["purpose"], name, data
 
 
 __all__ = ["FILES_MULTIPART_OVERHEAD_BYTES", "FILES_ROUTE", "files_router"]

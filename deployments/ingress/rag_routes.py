@@ -17,7 +17,6 @@ from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.datastructures import UploadFile
 
 from deployments.api.openai_convert import chat_job
 from deployments.api.openai_render import ResponseMeta
@@ -27,6 +26,7 @@ from deployments.api.openapi_errors import (
 from deployments.api.rag_schemas import RagChatRenderer, RagQueryRequest, document_out, sources_out
 from deployments.ingress.edge import REQUEST_ID
 from deployments.ingress.generation import KEEPALIVE_S, answer
+from deployments.ingress.multipart import form_upload
 from deployments.ingress.model_registry import Registry
 from deployments.metrics.ingress_metrics import Api, IngressMetrics
 from deployments.model_calls import GenerateJob, StreamChunk
@@ -123,16 +123,5 @@ def rag_router(
 
 async def _uploaded_file(request: Request) -> tuple[str, bytes]:
     """The multipart field `file`: its bare file name (no directories) and bytes."""
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise InvalidRequestError("send the document as multipart/form-data, in the field 'file'", param="file")
-    try:
-        form = await request.form(max_files=1, max_fields=16)
-    except Exception as exc:  # starlette's MultiPartException / HTTPException on a malformed or oversized form
-        raise InvalidRequestError(f"malformed multipart body: {getattr(exc, 'detail', exc)}", param="file") from exc
-    async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(form.close)
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise InvalidRequestError("send the document in the multipart field 'file'", param="file")
-        filename = PurePath((upload.filename or "").replace("\\", "/")).name or "upload"
-        return filename, await upload.read()
+    _, name, data = await form_upload(request, "the document")
+    return PurePath(name.replace("\\", "/")).name or "upload", data
