@@ -195,20 +195,20 @@ class BatchRunner:
         done_ok, done_failed = _custom_ids(output), _custom_ids(errors)
         record.request_counts = RequestCounts(len(lines) + len(malformed), _line_count(output), _line_count(errors))
         self.batches.save(record)
-        pending = [line for line in lines if line.custom_id not in done_ok | done_failed]
+        pending = iter([line for line in lines if line.custom_id not in done_ok | done_failed])
         progress = _Progress(self.batches, record)
-        gate = asyncio.Semaphore(self._concurrency)
 
-        async def one(line: BatchLine) -> None:
-            async with gate:  # a cancel cancels the gather, and with it every line waiting here or in flight
+        async def worker() -> None:  # `concurrency` of these take the lines in turn: memory flat in the batch's size
+            for line in pending:
                 status, body = await self._send(record.endpoint, line.body)
-            response = {"status_code": status, "request_id": secrets.token_hex(16), "body": body}
-            ok = 200 <= status < 300
-            with (output if ok else errors).open("a", encoding="utf-8") as out:
-                out.write(json.dumps(_entry(line.custom_id, response, None)) + "\n")
-            progress.count(ok)
+                response = {"status_code": status, "request_id": secrets.token_hex(16), "body": body}
+                ok = 200 <= status < 300
+                with (output if ok else errors).open("a", encoding="utf-8") as out:
+                    out.write(json.dumps(_entry(line.custom_id, response, None)) + "\n")
+                progress.count(ok)
 
-        await asyncio.gather(*(one(line) for line in pending))
+        # A cancel cancels the gather, and with it every line in flight.
+        await asyncio.gather(*(worker() for _ in range(self._concurrency)))
         progress.save()
 
     async def _finish(self, record: BatchRecord, status: str) -> None:

@@ -28,6 +28,7 @@ BOARD_NAMESPACE = "orchard"
 REPORT_EVERY_S = 1.0
 ROW_TTL_S = 5.0  # five missed reports: the replica is gone (a live one reports every second)
 READ_TIMEOUT_S = 2.0
+ABSENT_RECHECK_S = 5.0  # a model that starts several replicas reaches the ingress's channels this much later at most
 
 
 @dataclass
@@ -78,13 +79,20 @@ def board_handle() -> Any:
     return _handles[cluster]
 
 
+_absent_until: dict[str, float] = {}  # per cluster: no board was found; not looked for again before this time
+
+
 def _existing_board() -> Any | None:
     """The board if a replica started it; a cluster of single-replica models has none (and gets none)."""
     cluster = ray.get_runtime_context().gcs_address
     if cluster not in _handles:
-        # Listed first: a failed get_actor logs a warning in Ray's worker log, once a second per model here.
+        if time.monotonic() < _absent_until.get(cluster, 0.0):
+            return None
+        # Listed first: a failed get_actor logs a warning in Ray's worker log. A blocking call to Ray's GCS, so it
+        # is made at most every ABSENT_RECHECK_S while there is no board.
         named = ray.util.list_named_actors(all_namespaces=True)
         if not any(a.get("name") == BOARD_NAME and a.get("namespace") == BOARD_NAMESPACE for a in named):
+            _absent_until[cluster] = time.monotonic() + ABSENT_RECHECK_S
             return None
         _handles[cluster] = ray.get_actor(BOARD_NAME, namespace=BOARD_NAMESPACE)
     return _handles[cluster]
