@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from deployments.api.errors import StoredFileNotFoundError
 from deployments.ingress_config import DEFAULT_MAX_FILE_BYTES
@@ -60,13 +60,7 @@ class FileStore:
                                       param="file")
         check_jsonl(data)
         name = os.path.basename(filename.replace("\\", "/"))[:MAX_FILENAME_CHARS] or "upload.jsonl"
-        now = time.time_ns()
-        stored = StoredFile(f"file-{secrets.token_hex(12)}", len(data), now // 10**9, name, purpose, now)
-        with self._lock:
-            self.root.mkdir(parents=True, exist_ok=True)
-            write_atomically(self.root / f"{stored.id}.data", data)
-            write_atomically(self.root / f"{stored.id}.json", json.dumps(asdict(stored)).encode())
-        return stored
+        return self._add(len(data), name, purpose, lambda target: write_atomically(target, data))
 
     def get(self, file_id: str) -> StoredFile:
         path = self._path(file_id, "json")
@@ -77,11 +71,15 @@ class FileStore:
 
     def keep(self, path: Path, filename: str, purpose: str) -> StoredFile:
         """A file the server wrote (a batch's output or errors) taken into the store as it is (moved, not copied)."""
+        return self._add(path.stat().st_size, filename, purpose, lambda target: os.replace(path, target))
+
+    def _add(self, size: int, filename: str, purpose: str, put_data: Callable[[Path], None]) -> StoredFile:
+        """A new file: `put_data` puts its bytes at the path given, then its FileObject is written beside them."""
         now = time.time_ns()
-        stored = StoredFile(f"file-{secrets.token_hex(12)}", path.stat().st_size, now // 10**9, filename, purpose, now)
+        stored = StoredFile(f"file-{secrets.token_hex(12)}", size, now // 10**9, filename, purpose, now)
         with self._lock:
             self.root.mkdir(parents=True, exist_ok=True)
-            os.replace(path, self.root / f"{stored.id}.data")
+            put_data(self.root / f"{stored.id}.data")
             write_atomically(self.root / f"{stored.id}.json", json.dumps(asdict(stored)).encode())
         return stored
 
@@ -89,17 +87,11 @@ class FileStore:
         self.get(file_id)
         return self._path(file_id, "data")
 
-    def listing(self, purpose: str | None, limit: int, order: str, after: str | None) -> tuple[list[StoredFile], bool]:
-        """Files by creation time (`order` asc/desc), those after the id `after`; and whether more follow."""
+    def listing(self, purpose: str | None, order: str) -> list[StoredFile]:
+        """The files (of `purpose`, if given) by creation time, `order` asc or desc."""
         ids = [p.stem for p in self.root.glob("file-*.json")] if self.root.is_dir() else []
         files = [f for f in (self._maybe(i) for i in ids) if f is not None and purpose in (None, f.purpose)]
-        files.sort(key=lambda f: (f.created_ns, f.id), reverse=order == "desc")
-        if after is not None:
-            position = next((i for i, f in enumerate(files) if f.id == after), None)
-            if position is None:
-                raise InvalidRequestError(f"No such file to list after: {after!r}", param="after")
-            files = files[position + 1:]
-        return files[:limit], len(files) > limit
+        return sorted(files, key=lambda f: (f.created_ns, f.id), reverse=order == "desc")
 
     def delete(self, file_id: str) -> None:
         self.get(file_id)
@@ -117,6 +109,19 @@ class FileStore:
         if not FILE_ID.fullmatch(file_id):
             raise StoredFileNotFoundError(f"No such file: {file_id!r}", param="file_id")
         return self.root / f"{file_id}.{suffix}"
+
+
+def list_page(items: list[Any], after: str | None, limit: int, what: str) -> dict[str, Any]:
+    """OpenAI's list object over `items` (each with .id and .to_wire(), in listing order): those after the id
+    `after`, at most `limit`, and whether more follow."""
+    if after is not None:
+        position = next((i for i, item in enumerate(items) if item.id == after), None)
+        if position is None:
+            raise InvalidRequestError(f"No such {what} to list after: {after!r}", param="after")
+        items = items[position + 1:]
+    page = items[:limit]
+    return {"object": "list", "data": [item.to_wire() for item in page], "has_more": len(items) > limit,
+            "first_id": page[0].id if page else None, "last_id": page[-1].id if page else None}
 
 
 def check_jsonl(data: bytes) -> None:
@@ -152,4 +157,4 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
-__all__ = ["FILE_PURPOSES", "FileStore", "StoredFile", "check_jsonl", "write_atomically"]
+__all__ = ["FILE_PURPOSES", "FileStore", "StoredFile", "check_jsonl", "list_page", "write_atomically"]

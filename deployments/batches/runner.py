@@ -83,19 +83,21 @@ def _entry(custom_id: str | None, response: dict[str, Any] | None, error: dict[s
     return {"id": f"batch_req_{secrets.token_hex(12)}", "custom_id": custom_id, "response": response, "error": error}
 
 
-def _custom_ids(path: Path) -> set[str]:
-    """The custom_ids of the lines a work file holds answers to (a malformed line's entry is no answer: its
-    custom_id may repeat a good line's; a last line cut by a crash is not one)."""
-    ids = set()
+def _work_file(path: Path) -> tuple[set[str], int]:
+    """A work file's answered custom_ids and its whole entries, in one read. A malformed line's entry is no answer
+    (its custom_id may repeat a good line's); a last line cut by a crash is no entry."""
+    answered, entries = set(), 0
     if path.exists():
         for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 entry = json.loads(text)
-                if entry["response"] is not None:
-                    ids.add(entry["custom_id"])
-            except (ValueError, KeyError, TypeError):
+            except ValueError:
                 continue
-    return ids
+            if isinstance(entry, dict):
+                entries += 1
+                if entry.get("response") is not None and isinstance(entry.get("custom_id"), str):
+                    answered.add(entry["custom_id"])
+    return answered, entries
 
 
 class BatchRunner:
@@ -192,10 +194,11 @@ class BatchRunner:
             with errors.open("w", encoding="utf-8") as out:
                 out.writelines(json.dumps(entry) + "\n" for entry in malformed)
             record.mark("in_progress")
-        done_ok, done_failed = _custom_ids(output), _custom_ids(errors)
-        record.request_counts = RequestCounts(len(lines) + len(malformed), _line_count(output), _line_count(errors))
+        (done_ok, completed), (done_failed, failed) = _work_file(output), _work_file(errors)
+        record.request_counts = RequestCounts(len(lines) + len(malformed), completed, failed)
         self.batches.save(record)
-        pending = iter([line for line in lines if line.custom_id not in done_ok | done_failed])
+        done = done_ok | done_failed
+        pending = iter([line for line in lines if line.custom_id not in done])
         progress = _Progress(self.batches, record)
 
         async def worker() -> None:  # `concurrency` of these take the lines in turn: memory flat in the batch's size
@@ -218,7 +221,7 @@ class BatchRunner:
             record.mark("finalizing")
             self.batches.save(record)
         work = self.batches.work_dir(record.id)
-        output, errors = _line_count(work / "output.jsonl"), _line_count(work / "errors.jsonl")
+        output, errors = _work_file(work / "output.jsonl")[1], _work_file(work / "errors.jsonl")[1]
         record.request_counts = RequestCounts(max(record.request_counts.total, output + errors), output, errors)
         for name, attribute in (("output.jsonl", "output_file_id"), ("errors.jsonl", "error_file_id")):
             path = work / name
@@ -228,19 +231,6 @@ class BatchRunner:
         record.mark(status)
         self.batches.save(record)
         logger.info("batch %s %s: %s", record.id, status, record.request_counts)
-
-
-def _line_count(path: Path) -> int:
-    """The whole lines a work file holds (one cut by a crash is not one)."""
-    if not path.exists():
-        return 0
-    count = 0
-    for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            count += isinstance(json.loads(text), dict)
-        except ValueError:
-            continue
-    return count
 
 
 class _Progress:

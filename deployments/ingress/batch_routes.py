@@ -11,6 +11,7 @@ from fastapi import APIRouter, FastAPI, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.api.openapi_errors import ANY_ROUTE, error_responses
+from deployments.batches.files import list_page
 from deployments.batches.runner import BatchRunner, Send
 from engine.errors import InvalidRequestError
 
@@ -44,15 +45,7 @@ def batches_router(runner: BatchRunner) -> APIRouter:
     @router.get(BATCHES_ROUTE, responses=error_responses((400, 401, *ANY_ROUTE)))
     async def list_batches(limit: int = Query(20, ge=1, le=100), after: str | None = None) -> dict[str, Any]:
         runner.resume()
-        records = runner.batches.all()
-        if after is not None:
-            position = next((i for i, r in enumerate(records) if r.id == after), None)
-            if position is None:
-                raise InvalidRequestError(f"No such batch to list after: {after!r}", param="after")
-            records = records[position + 1:]
-        page = records[:limit]
-        return {"object": "list", "data": [r.to_wire() for r in page], "has_more": len(records) > limit,
-                "first_id": page[0].id if page else None, "last_id": page[-1].id if page else None}
+        return list_page(runner.batches.all(), after, limit, "batch")
 
     @router.get(BATCHES_ROUTE + "/{batch_id}", responses=error_responses((401, 404, *ANY_ROUTE)))
     async def retrieve(batch_id: str) -> dict[str, Any]:

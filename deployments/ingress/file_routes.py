@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
 from deployments.api.openapi_errors import ANY_ROUTE, error_responses
-from deployments.batches.files import FileStore
+from deployments.batches.files import FileStore, list_page
 from deployments.ingress.multipart import form_upload
 from engine.errors import InvalidRequestError
 
@@ -38,9 +38,7 @@ def files_router(store: FileStore) -> APIRouter:
     @router.get(FILES_ROUTE, responses=error_responses((400, 401, *ANY_ROUTE)))
     async def list_files(purpose: str | None = None, limit: int = Query(10000, ge=1, le=10000),
                          order: Literal["asc", "desc"] = "desc", after: str | None = None) -> dict[str, Any]:
-        files, has_more = store.listing(purpose, limit, order, after)
-        return {"object": "list", "data": [f.to_wire() for f in files], "has_more": has_more,
-                "first_id": files[0].id if files else None, "last_id": files[-1].id if files else None}
+        return list_page(store.listing(purpose, order), after, limit, "file")
 
     @router.get(FILES_ROUTE + "/{file_id}", responses=error_responses(FILE_LOOKUP))
     async def retrieve(file_id: str) -> dict[str, Any]:

@@ -61,8 +61,9 @@ class ModelServer:
                 self.channel = channel
             except OSError as exc:  # no socket here (e.g. no writable temp dir): the handle path still serves
                 logger.warning("model %s: no stream channel (%s); streams go through Ray", self.config.id, exc)
-        self.metrics_refresh = asyncio.create_task(self._refresh_metrics())
-        self.board_reports = None if self.config.single_replica else asyncio.create_task(self._report_to_board())
+        # A sole replica refreshes its metrics every few seconds; one of several reports them (and more) every second.
+        self.metrics_refresh = asyncio.create_task(
+            self._refresh_metrics() if self.config.single_replica else self._report_to_board())
         self._adapter_loader: Any = None  # Serve's multiplexed loader, made at the first multiplexed request
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
@@ -160,11 +161,11 @@ class ModelServer:
         """Serve is unloading this model (or replacing the replica): refuse new streams, let open ones finish
         for advanced.unload_drain_s, end the rest with model_unloaded, then stop the engine (before the process exits,
         else MLX may abort)."""
-        for task in (getattr(self, "metrics_refresh", None), getattr(self, "board_reports", None)):
-            if task is not None:
-                task.cancel()
-        if getattr(self, "board_reports", None) is not None:
-            self._leave_board()
+        refresh = getattr(self, "metrics_refresh", None)
+        if refresh is not None:
+            refresh.cancel()
+            if not self.config.single_replica:
+                self._leave_board()
         channel = getattr(self, "channel", None)
         if channel is not None:
             channel.stop_accepting()

@@ -55,16 +55,19 @@ class ServeModelClient:
         self._embed_calls = EmbedCalls(self._embed_many)
 
     async def generate(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
-        channel = await self._channel_for(job)
-        if channel is None:
-            source = self._handle_stream(job)
-        elif self._replicas is not None and self._replicas.rows:
-            source = self._replica_stream(channel, job)
-        else:
-            source = channel.stream(job)
-        async with contextlib.aclosing(source) as chunks:
+        async with contextlib.aclosing(await self._stream_source(job)) as chunks:
             async for chunk in chunks:
                 yield chunk
+
+    async def _stream_source(self, job: GenerateJob) -> AsyncIterator[StreamChunk]:
+        """Where this stream goes: a sole replica's channel; among several replicas (rows on the board) the one picked
+        here; else the Ray handle (also a LoRA request on several replicas: Serve's multiplexed routing)."""
+        rows = await self._replica_rows()
+        if not rows:
+            channel = await self._channel_for_streams()
+            return channel.stream(job) if channel is not None else self._handle_stream(job)
+        picked = self._replicas.pick(job) if job.adapter is None and self._replicas.usable else None
+        return self._replica_stream(picked, job) if picked is not None else self._handle_stream(job)
 
     async def _replica_stream(self, channel: ChannelClient, job: GenerateJob) -> AsyncIterator[StreamChunk]:
         """A stream over the picked replica's channel. One that replica refuses because it is stopping (scaled down
@@ -101,16 +104,6 @@ class ServeModelClient:
         finally:
             if not finished:  # the client went away: cancel the replica's generator, aborting the request
                 response.cancel()
-
-    async def _channel_for(self, job: GenerateJob) -> ChannelClient | None:
-        """The channel this stream takes (None: the Ray handle): a sole replica's, or the replica picked among
-        several; a request for a LoRA adapter on several replicas takes Serve's multiplexed routing."""
-        rows = await self._replica_rows()
-        if not rows:
-            return await self._channel_for_streams()
-        if job.adapter is not None or not self._replicas.usable:
-            return None
-        return self._replicas.pick(job)
 
     async def _replica_rows(self) -> list[ReplicaReport]:
         if self._replicas is None:

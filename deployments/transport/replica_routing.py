@@ -37,7 +37,10 @@ def prefix_key(job: GenerateJob) -> str | None:
         opening += [m for m in prompt.messages if m.get("role") == "user"][:1]
         text = json.dumps([m.get("content") for m in opening], default=str)[:PREFIX_CHARS] if opening else ""
     elif isinstance(prompt, TextPrompt):
-        text = prompt.text[:PREFIX_CHARS] if prompt.text else json.dumps(prompt.token_ids[:PREFIX_CHARS // 4]) if prompt.token_ids else ""
+        if prompt.text:
+            text = prompt.text[:PREFIX_CHARS]
+        else:
+            text = json.dumps(prompt.token_ids[:PREFIX_CHARS // 4]) if prompt.token_ids else ""
     else:
         return None
     adapter = job.adapter.name if job.adapter is not None else ""
