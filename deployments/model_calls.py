@@ -293,6 +293,9 @@ class QueueStats:
     process_cpu_seconds_total: float
     # Streams the ingress received over the replica's stream channel (None: the model has none).
     channel_streams_total: int | None = None
+    # A vision-language model's batched tower: images run and seconds taken (None: no such tower).
+    vision_tower_images_total: int | None = None
+    vision_tower_seconds_total: float | None = None
     # Speculative decoding's counts since the engine started (None: the model does not speculate).
     speculation: SpeculationStats | None = None
     # A model with several replicas: each one's own (the fields above are their sums); None: one replica answered.

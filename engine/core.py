@@ -33,7 +33,7 @@ from engine.sampling.structured import GuideCompileStats, GuideCompiler
 from engine.scheduler.scheduler import Scheduler
 from engine.scheduler_output import SchedulerOutput
 from engine.spec_decode.speculator import SpeculationStats
-from engine.vision.feature_cache import FeatureCacheStats
+from engine.vision.feature_cache import FeatureCacheStats, VisionTowerStats
 from engine.vision.model import VisionLanguageModel
 
 THROUGHPUT_WINDOW_S = 10.0
@@ -88,6 +88,7 @@ class EngineStats:
     num_preempted: int = 0
     # Vision-language models: the vision tower's kept outputs (None: a text model).
     vision_features: FeatureCacheStats | None = None
+    vision_tower: VisionTowerStats | None = None
 
 
 class EngineCore:
@@ -294,6 +295,7 @@ class EngineCore:
             num_preemptions=self.scheduler.num_preemptions,
             num_preempted=self.scheduler.num_preempted,
             vision_features=self.runner.features.stats() if self.runner.features is not None else None,
+            vision_tower=replace(self.runner.vision.tower_stats) if self.runner.vision is not None else None,
         )
 
     def release_idle_buffers(self) -> None:

@@ -233,19 +233,21 @@ def image_table(report: dict) -> Optional[Table]:
 
 
 def mix_table(report: dict) -> Optional[Table]:
-    header = ["server", "conc", "round", "text_only tok/s", "image_mix tok/s", "mix/text", "text_only ttft p95 ms",
-              "image_mix ttft p95 ms", "images / reqs (mix)", "err"]
+    header = ["server", "conc", "round", "text_only tok/s", "image_mix tok/s", "mix/text", "tower floor",
+              "text_only ttft p95 ms", "image_mix ttft p95 ms", "images / reqs (mix)", "tower s (mix)", "err"]
     rows = []
     for server, mix in (report.get("mix") or {}).items():
         for r in (mix or {}).get("rounds") or []:
             text, mixed = r["text_only"], r["image_mix"]
+            tower_s = (mixed.get("engine") or {}).get("tower_s")
             rows.append([server, str(mix["level"]), str(r["round"]), fmt(_value(text, "system_tok_s")),
-                         fmt(_value(mixed, "system_tok_s")), fmt(r["ratio"], 3), fmt(_value(text, "ttft_p95_s", 1e3)),
-                         fmt(_value(mixed, "ttft_p95_s", 1e3)), f"{mixed['image_requests']} / {mixed['requests']}",
+                         fmt(_value(mixed, "system_tok_s")), fmt(r["ratio"], 3), fmt(r.get("tower_floor"), 3),
+                         fmt(_value(text, "ttft_p95_s", 1e3)), fmt(_value(mixed, "ttft_p95_s", 1e3)),
+                         f"{mixed['image_requests']} / {mixed['requests']}", fmt(tower_s, 2),
                          str(text["errors"] + mixed["errors"])])
         if mix and mix.get("rounds"):
-            rows.append([server, str(mix["level"]), "median", "", "", fmt(mix.get("median_ratio"), 3), "", "", "",
-                         mix.get("note") or ""])
+            rows.append([server, str(mix["level"]), "median", "", "", fmt(mix.get("median_ratio"), 3),
+                         fmt(mix.get("median_tower_floor"), 3), "", "", "", "", mix.get("note") or ""])
     return Table("mixed text + image load vs text-only (alternating rounds)", header, rows) if rows else None
 
 

@@ -220,6 +220,8 @@ _COUNTS = {
     "engine_steps_total": "steps_total", "engine_step_seconds_total": "step_seconds_total",
     "engine_step_cpu_seconds_total": "step_cpu_seconds_total", "process_cpu_seconds_total": "process_cpu_seconds_total",
     "stream_channel_streams_total": "channel_streams_total",
+    "vision_tower_images_total": "vision_tower_images_total",
+    "vision_tower_seconds_total": "vision_tower_seconds_total",
 }
 
 

@@ -23,6 +23,7 @@ from deployments.ingress.adapter_catalog import SEPARATOR, adapter_cards, adapte
 from deployments.ingress.adapter_routes import adapter_router
 from deployments.ingress.admin_routes import admin_router
 from deployments.ingress.hub_routes import cache_listing, hub_router
+from deployments.ingress.json_body import FastJsonRoute
 from deployments.api.anthropic_convert import chat_prompt, messages_job
 from deployments.api.anthropic_render import MessageMeta, MessagesRenderer
 from deployments.api.anthropic_schemas import CountTokensRequest, MessagesRequest
@@ -159,7 +160,7 @@ def metrics_router(registry: Registry, metrics: IngressMetrics) -> APIRouter:
 def openai_router(
     registry: Registry, images: ImageLoader, metrics: IngressMetrics, keepalive_s: float = KEEPALIVE_S
 ) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(route_class=FastJsonRoute)  # bodies of megabytes (images): json_body.py
 
     @router.post("/v1/chat/completions", responses={**EVENT_STREAM, **error_responses(GENERATION)})
     async def chat_completions(body: ChatCompletionRequest) -> Response:
@@ -217,7 +218,7 @@ def responses_router(
     keepalive_s: float = KEEPALIVE_S,
 ) -> APIRouter:
     """OpenAI's Responses API on the chat path; stored responses live in this ingress (ingress/responses_store.py)."""
-    router = APIRouter()
+    router = APIRouter(route_class=FastJsonRoute)  # bodies of megabytes (images): json_body.py
 
     @router.post("/v1/responses", responses={**EVENT_STREAM, **error_responses(TOOL_LOOP_GENERATION)})
     async def create_response(body: ResponsesRequest) -> Response:
@@ -247,7 +248,7 @@ def anthropic_router(
     registry: Registry, images: ImageLoader, metrics: IngressMetrics, mcp: McpHub, keepalive_s: float = KEEPALIVE_S
 ) -> APIRouter:
     """Anthropic's Messages API; the `anthropic-version` / `anthropic-beta` headers are tolerated."""
-    router = APIRouter()
+    router = APIRouter(route_class=FastJsonRoute)  # bodies of megabytes (images): json_body.py
 
     @router.post("/v1/messages", responses={**EVENT_STREAM, **error_responses(TOOL_LOOP_GENERATION, anthropic=True)})
     async def messages(body: MessagesRequest) -> Response:

@@ -97,6 +97,9 @@ VISION_LOOKUPS = MetricSpec(
     ("result",),
 )
 VISION_CACHE_BYTES = MetricSpec("vision_feature_cache_bytes", GAUGE, "Bytes of vision features kept across requests.")
+VISION_TOWER_IMAGES = MetricSpec("vision_tower_images_total", COUNTER, "Images run through the batched vision tower.")
+VISION_TOWER_SECONDS = MetricSpec("vision_tower_seconds_total", COUNTER,
+                                  "Seconds of the batched vision tower's forwards (device time the images took).")
 SPEC_VERIFY_STEPS = MetricSpec("spec_decode_verify_steps_total", COUNTER, "Engine steps that verified draft tokens.")
 SPEC_DRAFT_TOKENS = MetricSpec("spec_decode_num_draft_tokens_total", COUNTER, "Draft tokens proposed.")
 SPEC_ACCEPTED_TOKENS = MetricSpec("spec_decode_num_accepted_tokens_total", COUNTER, "Draft tokens accepted.")
@@ -123,7 +126,7 @@ RESIDENT_BYTES = MetricSpec(
 ALL_SPECS = (
     REQUESTS, REQUEST_SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, TTFT, ITL, E2E, QUEUE_TIME, RUNNING, WAITING,
     KV_CACHE_BYTES, KV_BUDGET_BYTES, PREEMPTIONS, PREEMPTED, PREFIX_LOOKUPS, PREFIX_HIT_TOKENS, PREFIX_CACHE_BYTES, VISION_LOOKUPS,
-    VISION_CACHE_BYTES, SPEC_VERIFY_STEPS, SPEC_DRAFT_TOKENS,
+    VISION_CACHE_BYTES, VISION_TOWER_IMAGES, VISION_TOWER_SECONDS, SPEC_VERIFY_STEPS, SPEC_DRAFT_TOKENS,
     SPEC_ACCEPTED_TOKENS, GUIDE_COMPILES, GUIDE_COMPILE_SECONDS, ENGINE_RESTARTS, MEMORY_BYTES, MODEL_LOADS,
     MODEL_EVICTIONS, RESIDENT_BYTES,
 )

@@ -110,6 +110,10 @@ class ModelMetrics:
             rec.set_total(families.VISION_LOOKUPS, vision.hits, result="hit")
             rec.set_total(families.VISION_LOOKUPS, vision.misses, result="miss")
             rec.set(families.VISION_CACHE_BYTES, vision.bytes)
+        tower = stats.vision_tower
+        if tower is not None:
+            rec.set_total(families.VISION_TOWER_IMAGES, tower.images)
+            rec.set_total(families.VISION_TOWER_SECONDS, tower.seconds)
         if stats.guide_compiles is not None:
             rec.set_total(families.GUIDE_COMPILES, stats.guide_compiles.compiles)
             rec.set_total(families.GUIDE_COMPILE_SECONDS, stats.guide_compiles.seconds_total)

@@ -317,6 +317,8 @@ class ModelService:
             step_cpu_seconds_total=round(stats.step_cpu_seconds_total, 4),
             process_cpu_seconds_total=round(self._process_cpu_seconds(stats), 4),
             speculation=stats.speculation,
+            vision_tower_images_total=stats.vision_tower.images if stats.vision_tower else None,
+            vision_tower_seconds_total=round(stats.vision_tower.seconds, 4) if stats.vision_tower else None,
         )
 
     def metrics_snapshot(self) -> MetricsSnapshot:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Iterable
 
 import ray
 
@@ -125,13 +125,20 @@ def merged_queue_stats(model_id: str, rows: list[ReplicaReport]) -> QueueStats |
     stats = [row.stats for row in reported]
     sums = {name: sum(getattr(s, name) for s in stats) for name in SUMMED}
     queues = [s.queue_size for s in stats]
-    channels = [s.channel_streams_total for s in stats if s.channel_streams_total is not None]
     return QueueStats(
-        model_id=model_id, queue_size=None if None in queues else sum(queues),
-        channel_streams_total=sum(channels) if channels else None, speculation=None,
+        model_id=model_id, queue_size=None if None in queues else sum(queues), speculation=None,
+        channel_streams_total=_known_sum(s.channel_streams_total for s in stats),
+        vision_tower_images_total=_known_sum(s.vision_tower_images_total for s in stats),
+        vision_tower_seconds_total=_known_sum(s.vision_tower_seconds_total for s in stats),
         replicas=[ReplicaQueueStats(r.replica_id, r.node_id, r.pid, r.age_s, r.health, r.stats) for r in reported],
         **sums,
     )
+
+
+def _known_sum(values: Iterable[float | None]) -> Any:
+    """The sum of the replicas' values that are known; None where none is."""
+    known = [value for value in values if value is not None]
+    return sum(known) if known else None
 
 
 def merged_metrics(rows: list[ReplicaReport]) -> MetricsSnapshot | None:

@@ -21,6 +21,14 @@ class FeatureCacheStats:
     budget_bytes: int = 0
 
 
+@dataclass
+class VisionTowerStats:
+    """The batched vision tower's runs since the engine started (mlx-vlm's own tower path is not timed apart)."""
+
+    images: int = 0
+    seconds: float = 0.0  # wall time of its forwards, evaluated
+
+
 class FeatureCache:
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = max(0, budget_bytes)
@@ -65,4 +73,4 @@ class FeatureCache:
         return FeatureCacheStats(self._hits, self._misses, len(self._entries), self._bytes, self.budget_bytes)
 
 
-__all__ = ["FeatureCache", "FeatureCacheStats"]
+__all__ = ["FeatureCache", "FeatureCacheStats", "VisionTowerStats"]

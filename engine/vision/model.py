@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.errors import ImagePixelsNeededError, ModelLoadError
 from engine.models.head_split import HeadSplit, agrees
-from engine.vision.feature_cache import FeatureCache
+from engine.vision.feature_cache import FeatureCache, VisionTowerStats
 from engine.vision.inputs import VisionInputs, media_token_runs
 from engine.vision.qwen_tower import WindowedTower
 
@@ -70,6 +70,7 @@ class VisionLanguageModel:
         # Seconds of the batched tower per image token it made (a running mean; None: not run yet): the scheduler
         # charges a prompt's images to the step's prefill budget by it (runner/vision_prefill.py).
         self.tower_s_per_token: float | None = None
+        self.tower_stats = VisionTowerStats()  # what a mix of text and image requests pays for the images
         # Orchard's forward of the tower over a step's images at once (qwen_tower.py), checked on first use.
         tower = getattr(model, "vision_tower", None)
         self.batched_tower: WindowedTower | None = WindowedTower(tower) if WindowedTower.fits(tower) else None
@@ -176,7 +177,10 @@ class VisionLanguageModel:
         bounds = np.cumsum([0] + [t * h * w // unit for prompt in grids for t, h, w in prompt]).tolist()
         rows = [out[start:end] * 1 for start, end in zip(bounds, bounds[1:])]  # own buffers, kept apart
         mx.eval(rows)
-        self._note_tower_time((time.perf_counter() - started) / max(1, bounds[-1]))
+        seconds = time.perf_counter() - started
+        self._note_tower_time(seconds / max(1, bounds[-1]))
+        self.tower_stats.images += sum(len(prompt) for prompt in grids)
+        self.tower_stats.seconds += seconds
         per_prompt, taken = [], 0
         for vision, prompt in zip(visions, grids):
             images = rows[taken:taken + len(prompt)]

@@ -40,6 +40,10 @@ def test_a_seen_image_merges_its_kept_features_and_answers_as_without_them(famil
         assert (stats.misses, stats.hits, stats.entries, stats.bytes) == (1, 1, 1, image_tokens * hidden)
     else:
         assert (stats.hits, stats.entries, stats.bytes) == (0, 0, 0)
+    # Only Qwen2.5-VL's batched tower is timed: once, over the first request's one image.
+    tower = core.stats().vision_tower
+    batched = family.loaded.model.batched_tower is not None
+    assert batched is keeps and tower.images == int(batched) and (tower.seconds > 0) is batched
     assert_same_stream(uncached(family, family.request("second", [image], "t5 t6 t7")), second)
 
 

@@ -284,3 +284,21 @@ def test_bodegas_image_routes_take_the_documented_body_and_name_a_model_not_load
     for model, answer in zip(("solomon", "kalamkari"), asyncio.run(scenario())):
         assert answer.status_code == 404, answer.text
         assert model in answer.json()["error"]["message"]
+
+def test_bodies_pydantic_cannot_read_get_the_standard_librarys_answer(alpha):
+    """The generation routes read JSON with pydantic_core (ingress/json_body.py); what it refuses goes to json.loads:
+    a lone surrogate escape still parses (and meets the check of the text that names it), bad JSON gets the same
+    error body as on a route reading it the usual way."""
+    async def scenario():
+        async with local_stack([alpha]) as stack:
+            surrogate = json.dumps(chat_body(messages=[{"role": "user", "content": "t1 \ud800 t2"}]))
+            ok = await stack.http.post("/v1/chat/completions", content=surrogate,
+                                       headers={"content-type": "application/json"})
+            bad = [await stack.http.post(path, content=b'{"model": "alpha",}', headers={"content-type": "application/json"})
+                   for path in ("/v1/chat/completions", "/v1/embeddings")]
+            return ok, bad
+
+    ok, (fast, plain) = asyncio.run(scenario())
+    assert ok.status_code == 400 and "lone surrogate" in ok.json()["error"]["message"], ok.text
+    assert fast.status_code == plain.status_code == 400 and fast.json()["error"]["type"] == "invalid_request_error"
+    assert fast.json()["error"]["message"] == plain.json()["error"]["message"]

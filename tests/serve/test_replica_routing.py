@@ -176,6 +176,11 @@ def test_a_models_stats_sum_its_replicas_and_list_each():
     rows[1] = replace(rows[1], stats=replace(rows[1].stats, queue_size=None))
     assert merged_queue_stats("m", rows).queue_size is None  # one replica unbounded: the model is
     assert merged_queue_stats("m", [replace(r, stats=None) for r in rows]) is None
+    # A vision tower's counts: summed over the replicas that have one; None where none has.
+    rows[0] = replace(rows[0], stats=replace(rows[0].stats, vision_tower_images_total=3, vision_tower_seconds_total=0.5))
+    merged = merged_queue_stats("m", rows)
+    assert (merged.vision_tower_images_total, merged.vision_tower_seconds_total, merged.channel_streams_total) == (3, 0.5, 4)
+    assert merged_queue_stats("m", rows[1:]).vision_tower_images_total is None
 
 
 def test_each_replicas_metrics_carry_its_id_beside_a_single_replica_models():

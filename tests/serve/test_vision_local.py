@@ -93,13 +93,17 @@ def test_images_in_all_three_apis_streamed_equal_whole_and_counted(vl_config, tm
                                              {"type": "input_text", "text": QUESTION}]}])
             assert response.status in ("completed", "incomplete") and response.output_text
 
-            # One tower run: the four requests after the first merged the image's kept features.
+            # One tower run: the four requests after the first merged the image's kept features. The batched
+            # tower's counters (metrics and queue stats) saw that one image.
             async def lookups() -> tuple | None:
                 scrape = Scrape((await stack.http.get("/metrics")).text)
                 seen = tuple(scrape.values.get(("orchard:vision_feature_cache_lookups_total",
                                                 (("model_name", VL), ("result", result)))) for result in ("miss", "hit"))
-                return seen if seen == (1.0, 4.0) else None
+                seen += (scrape.values.get(("orchard:vision_tower_images_total", (("model_name", VL),))),)
+                return seen if seen == (1.0, 4.0, 1.0) else None
             await wait_for(lookups, timeout_s=10)
+            row = next(m for m in (await stack.http.get("/v1/queue/stats")).json()["models"] if m["id"] == VL)
+            assert row["vision_tower_images_total"] == 1 and row["vision_tower_seconds_total"] > 0
 
     asyncio.run(scenario())
 

@@ -44,6 +44,9 @@ class EngineCounters:
     process_cpu_s: float
     # A model with several replicas: each one's generated tokens so far (replica id -> count).
     replica_tokens: dict[str, int] = field(default_factory=dict)
+    # A vision-language model's batched tower: images and seconds so far.
+    tower_images: int = 0
+    tower_s: float = 0.0
 
 
 @dataclass
@@ -198,7 +201,8 @@ class StreamClient:
             return None
         replicas = {r["replica_id"]: r["generation_tokens_total"] for r in row.get("replicas") or []}
         return EngineCounters(time.perf_counter(), row["engine_steps_total"], row["engine_step_seconds_total"],
-                              row["engine_step_cpu_seconds_total"], row["process_cpu_seconds_total"], replicas)
+                              row["engine_step_cpu_seconds_total"], row["process_cpu_seconds_total"], replicas,
+                              row.get("vision_tower_images_total") or 0, row.get("vision_tower_seconds_total") or 0.0)
 
     async def stream(self, spec: RequestSpec, record: Optional[RequestRecord] = None) -> RequestRecord:
         """Stream one request; pass `record` to watch it fill in while it runs (the long-prompt workload)."""

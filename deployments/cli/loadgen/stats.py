@@ -68,6 +68,9 @@ class EngineWindow:
     process_cpus: float  # the model process's CPU seconds per second, all threads (engine, event loop, Ray)
     # A model with several replicas (the fields above sum or average them): each one's generated tok/s.
     replica_tok_s: dict[str, float] = field(default_factory=dict)
+    # A vision-language model: images through its batched tower in the window, and the tower's seconds.
+    tower_images: int = 0
+    tower_s: float = 0.0
 
 
 def engine_window(before: Optional[EngineCounters], after: Optional[EngineCounters]) -> Optional[EngineWindow]:
@@ -83,6 +86,8 @@ def engine_window(before: Optional[EngineCounters], after: Optional[EngineCounte
         # Replicas seen at both reads (the board's counters are up to a second old, like the window's ends).
         replica_tok_s={r: round((after.replica_tokens[r] - before.replica_tokens[r]) / wall, 1)
                        for r in sorted(set(after.replica_tokens) & set(before.replica_tokens))},
+        tower_images=after.tower_images - before.tower_images,
+        tower_s=round(after.tower_s - before.tower_s, 4),
     )
 
 
