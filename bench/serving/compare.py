@@ -366,9 +366,9 @@ def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSetting
     except Exception as exc:  # a server that fails to start or dies: recorded, and the next one still runs
         info["error"] = f"{type(exc).__name__}: {exc}"[:4000]
         run.event(f"{name} failed: {type(exc).__name__}: {str(exc)[:2000]}")
-        if name == "orchard":
-            save_ray_log_tails(run.log_dir / "ray_serve_tails.log")
     finally:
+        if name.startswith("orchard"):  # tracebacks, and the engines' load, warm-up and slow-step lines
+            save_ray_log_tails(run.log_dir / "ray_serve_tails.log", heading=name)
         stop_started = time.perf_counter()
         server.stop()
         info["stop_s"] = round(time.perf_counter() - stop_started, 1)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from engine.client.interface import EngineClientBase, ServedModel
 from engine.client.loop import EngineLoop, GuidedIntake
 from engine.client.messages import AbortRequest, AddRequest, AdapterCommand, Shutdown
+from engine.decode_warmup import warm_decode_batch
 from engine.client.spec import EngineSpec, build_engine_core, load_serving_processor
 from engine.core import EngineCore
 from engine.device_memory import release_thread_streams
@@ -92,6 +93,7 @@ class ThreadEngineClient(EngineClientBase):
         try:
             self._core = self._build_core()
             self._core.runner.warmup()
+            warm_decode_batch(self._core)
             self._stats = self._core.stats()
             self._intake = GuidedIntake(self._core.guides, self._enqueue, self._post_outputs)
             self._intake.warm()

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from engine import EngineConfig, EngineCore, Request, SamplingParams
+from engine.decode_warmup import warm_decode_batch
 from tests.support.drive import Arrival, run_core
 
 LOGPROB_TOLERANCE = 1e-4
@@ -137,3 +138,18 @@ def test_greedy_stream_matches_mlx_lm_generate_step(tiny_llama, prompt_len):
     tokens, logprobs = zip(*((int(t), float(lp[t].item())) for t, lp in reference))
     assert ours.token_ids == list(tokens)
     assert max(abs(a - b) for a, b in zip(ours.logprobs, logprobs)) < LOGPROB_TOLERANCE
+
+
+def test_the_decode_warm_up_runs_rows_joining_at_doubling_widths_and_leaves_the_core_untouched(tiny_llama):
+    core = EngineCore(tiny_llama, EngineConfig(max_decode_seqs=8))
+    assert warm_decode_batch(core) == 0  # the CPU builds no kernels at first use: no warm-up by default
+    steps = warm_decode_batch(core, time_budget_s=60.0)
+    # Widths 2, 4, 8: three steps each, then the rows left drain (answers of 3..6 tokens).
+    assert 9 < steps < 30
+    stats = core.stats()
+    assert (stats.num_steps, stats.prompt_tokens_total, stats.generation_tokens_total) == (0, 0, 0)
+    assert stats.prefix_cache.hits + stats.prefix_cache.misses == 0 and stats.kv_cache_bytes == 0
+    prompt = [5, 6, 7, 8]
+    sampling = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True)
+    assert_same_stream(run_alone(tiny_llama, "a", prompt, sampling),
+                       run_core(core, [Arrival(0, Request("a", prompt, sampling))])["a"])
