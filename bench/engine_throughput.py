@@ -6,6 +6,12 @@ sequences are submitted at once and generated to completion with no stop tokens.
 
     python -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency 1,8,32 --json out.json
     python -m bench.engine_throughput --model PATH --engines mlx_batch,orchard
+    python -m bench.engine_throughput --random-shape qwen3-0.6b --engines mlx_batch,orchard --concurrency 128 \
+        --join-every-steps 2 --mixed-lengths     # staggered arrivals of mixed lengths (issue 57)
+
+Staggered arrivals: request i joins at the engine's step i * K (--join-every-steps K), so every engine sees the
+same arrival pattern in its own steps; with --mixed-lengths the prompts are 1/4 to 7/4 of --prompt-tokens
+(the same mean). mlx_forward (one length, all at once) does not run in that mode.
 
 Also home of what the other benchmarks share: the engine API block (bench/'s only door to engine/ besides the
 serving launcher), machine/commit/model facts for reports, seeded prompts.
@@ -223,7 +229,8 @@ class Runner:
     def supports(self, concurrency: int) -> bool:
         return True
 
-    def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
+    def run(self, prompts: list[list[int]], gen_tokens: int, join_every: int = 0) -> Trace:
+        """join_every > 0: prompt i joins at this engine's step i * join_every (0: all at once)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -241,7 +248,7 @@ class MlxStepRunner(Runner):
     def supports(self, concurrency: int) -> bool:
         return concurrency == 1
 
-    def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
+    def run(self, prompts: list[list[int]], gen_tokens: int, join_every: int = 0) -> Trace:
         from mlx_lm.generate import generate_step
 
         trace = Trace(start=time.perf_counter())
@@ -262,11 +269,11 @@ class MlxForwardRunner(Runner):
     def __init__(self, model):
         self.model = model
 
-    def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
+    def run(self, prompts: list[list[int]], gen_tokens: int, join_every: int = 0) -> Trace:
         from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-        if len({len(p) for p in prompts}) != 1:
-            raise ValueError("mlx_forward takes prompts of one length (no padding)")
+        if len({len(p) for p in prompts}) != 1 or join_every:
+            raise ValueError("mlx_forward takes prompts of one length, all at once (no padding, no joins)")
         trace = Trace(start=time.perf_counter())
         batched = len(prompts) > 1
         cache = [BatchKVCache([0] * len(prompts)) for _ in self.model.layers] if batched else make_prompt_cache(self.model)
@@ -294,7 +301,7 @@ class MlxBatchRunner(Runner):
         self.model = model
         self.prefill_batch_size = prefill_batch_size
 
-    def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
+    def run(self, prompts: list[list[int]], gen_tokens: int, join_every: int = 0) -> Trace:
         from mlx_lm.generate import BatchGenerator
 
         trace = Trace(start=time.perf_counter())
@@ -305,11 +312,20 @@ class MlxBatchRunner(Runner):
             completion_batch_size=len(prompts),
             prefill_batch_size=self.prefill_batch_size,
         )
-        gen.insert(prompts, [gen_tokens] * len(prompts))
-        while responses := gen.next_generated():
+        step, joined, produced, wanted = 0, 0, 0, gen_tokens * len(prompts)
+        while produced < wanted:
+            due = len(prompts) if not join_every else min(len(prompts), step // join_every + 1)
+            if due > joined:
+                gen.insert(prompts[joined:due], [gen_tokens] * (due - joined))
+                joined = due
+            responses = gen.next_generated()
+            step += 1
             now = time.perf_counter()
             for response in responses:
                 trace.add(str(response.uid), 1, now)
+            produced += len(responses)
+            if not responses and joined == len(prompts):
+                break  # nothing left to generate (a response short of gen_tokens shows as incomplete)
         trace.end = time.perf_counter()
         gen.close()
         return trace
@@ -349,22 +365,24 @@ class OrchardRunner(Runner):
             self._core_concurrency = concurrency
         return self._core
 
-    def run(self, prompts: list[list[int]], gen_tokens: int) -> Trace:
+    def run(self, prompts: list[list[int]], gen_tokens: int, join_every: int = 0) -> Trace:
         core = self._core_for(len(prompts))
         before = core.stats()  # outside the timed run
         trace = Trace(start=time.perf_counter())
         arrivals = [trace.start + i * self.stagger_s for i in range(len(prompts))]
-        submitted = 0
+        submitted = step = 0
         while submitted < len(prompts) or core.has_unfinished_requests():
             now = time.perf_counter()
-            while submitted < len(prompts) and arrivals[submitted] <= now:
+            while submitted < len(prompts) and (
+                    submitted * join_every <= step if join_every else arrivals[submitted] <= now):
                 self._next_id += 1
                 core.add_request(greedy_request(f"r{self._next_id}", prompts[submitted], gen_tokens))
                 submitted += 1
-            if not core.has_unfinished_requests():
+            if not core.has_unfinished_requests() and not join_every:
                 time.sleep(max(0.0, arrivals[submitted] - time.perf_counter()))
                 continue
             step_into(core, trace)
+            step += 1
         trace.end = time.perf_counter()
         after = core.stats()
         steps = max(1, after.num_steps - before.num_steps)
@@ -412,10 +430,14 @@ def build_runners(names: list[str], model_path: str, args) -> list[Runner]:
 
 
 # ---- the benchmark
-def make_prompts(num: int, length: int, vocab_size: int, seed: list[int]) -> list[list[int]]:
+def make_prompts(num: int, length: int, vocab_size: int, seed: list[int], mixed: bool = False) -> list[list[int]]:
+    """mixed: each prompt's length drawn from length/4 .. 7*length/4 (the same mean)."""
     # The top ids hold special tokens in our random models; keep prompts to plain words.
     rng = np.random.default_rng(seed)
-    return rng.integers(0, max(vocab_size - 16, 2), size=(num, length)).tolist()
+    if not mixed:
+        return rng.integers(0, max(vocab_size - 16, 2), size=(num, length)).tolist()
+    lengths = rng.integers(max(1, length // 4), 7 * length // 4 + 1, size=num)
+    return [rng.integers(0, max(vocab_size - 16, 2), size=int(n)).tolist() for n in lengths]
 
 
 def free_memory() -> None:
@@ -426,12 +448,12 @@ def free_memory() -> None:
 def bench_level(runner: Runner, concurrency: int, args, vocab_size: int) -> RunResult:
     # Prompts differ per level and from the warm-up's, so no prefix cache can help a timed run;
     # every engine gets the same prompts at the same level.
-    warm = make_prompts(concurrency, args.prompt_tokens, vocab_size, [args.seed, concurrency, 1])
-    runner.run(warm, min(args.warmup_tokens, args.gen_tokens))
+    warm = make_prompts(concurrency, args.prompt_tokens, vocab_size, [args.seed, concurrency, 1], args.mixed_lengths)
+    runner.run(warm, min(args.warmup_tokens, args.gen_tokens), args.join_every_steps)
     free_memory()
-    prompts = make_prompts(concurrency, args.prompt_tokens, vocab_size, [args.seed, concurrency, 0])
+    prompts = make_prompts(concurrency, args.prompt_tokens, vocab_size, [args.seed, concurrency, 0], args.mixed_lengths)
     mx.reset_peak_memory()
-    trace = runner.run(prompts, args.gen_tokens)
+    trace = runner.run(prompts, args.gen_tokens, args.join_every_steps)
     result = summarize(runner.name, concurrency, args.prompt_tokens, args.gen_tokens, trace)
     result.peak_memory_gb = mx.get_peak_memory() / 1e9
     result.step_phases_ms = getattr(runner, "step_phases_ms", None)
@@ -606,6 +628,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--warmup-tokens", type=int, default=16, help="new tokens in each warm-up run")
+    p.add_argument("--join-every-steps", type=int, default=0,
+                   help="request i joins at the engine's step i*K (0: all at once); mlx_forward does not run")
+    p.add_argument("--mixed-lengths", action="store_true", help="prompts of 1/4 to 7/4 of --prompt-tokens")
     p.add_argument("--prefill-batch-size", type=int, default=8, help="both batch engines (mlx-lm's default is 8)")
     p.add_argument("--prefill-chunk-tokens", type=int, default=2048)
     # Off by default: mlx-lm's BatchGenerator has no prefix cache, and these prompts never share a prefix,
@@ -625,6 +650,9 @@ def main(argv: Optional[list[str]] = None) -> list[RunResult]:
     unknown = set(engines) - set(ENGINES)
     if unknown:
         raise SystemExit(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
+    if (args.join_every_steps or args.mixed_lengths) and "mlx_forward" in engines:
+        print("mlx_forward takes one prompt length, all at once: left out of staggered / mixed-length runs")
+        engines.remove("mlx_forward")
     with tempfile.TemporaryDirectory(prefix="orchard-bench-") as tmp:
         model_path = args.model
         if args.random_shape:

@@ -96,6 +96,9 @@ class ServerSpec:
     target: Target
     env: dict[str, str] = field(default_factory=dict)
     health_path: Optional[str] = None  # GET must answer 200 before the first probe request
+    # An orchard_rN phase: ready once /v1/queue/stats lists N replicas of the model (the first one answers while
+    # the others still load: the second pair of 2026-11-30 measured its first level on one replica).
+    replicas: int = 1
 
 
 @dataclass
@@ -184,8 +187,14 @@ class ServerProcess:
                 return False
             body: dict[str, Any] = {"model": target.model, "max_tokens": 1,
                                     "messages": [{"role": "user", "content": "t1 t2 t3"}], **target.extra_body}
-            return http.post(target.base_url + "/v1/chat/completions", json=body).status_code == 200
-        except httpx.HTTPError:
+            if http.post(target.base_url + "/v1/chat/completions", json=body).status_code != 200:
+                return False
+            if self.spec.replicas <= 1:
+                return True
+            rows = http.get(target.base_url + "/v1/queue/stats").json().get("models") or []
+            row = next((r for r in rows if r.get("id") == target.model), None) or {}
+            return len(row.get("replicas") or []) >= self.spec.replicas
+        except (httpx.HTTPError, ValueError):
             return False
 
     def _check_alive(self) -> None:
@@ -339,6 +348,8 @@ def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSetting
                              args.prefix_cache == "on", list(args.orchard_arg) + replica_args(name, args.gpus_per_replica))
         spec = orchard_spec(model_path, "bench-model", port, knobs)
         spec.name = spec.target.name = name
+        match = REPLICA_PHASE.match(name)
+        spec.replicas = int(match.group(1)) if match else 1
     else:
         decode = max(settings.levels + [settings.burst_size, settings.long_background + 1])
         spec = mlx_lm_spec(model_path, port, decode, args.mlx_prompt_concurrency)
