@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator, Literal, Protocol
 from engine.health import EngineHealth, EngineStatus
 from engine.errors import OrchardError
 from engine.output.request_output import Finish
+from engine.request import Priority
 from deployments.output_deltas import McpEvent, ToolCallDelta
 from engine.sampling.params import SamplingParams
 from engine.spec_decode.speculator import SpeculationStats
@@ -91,6 +92,8 @@ class GenerateJob:
     speculative: bool = True
     # The per-request LoRA adapter the request's model ('MODEL:NAME') names (None: the base model).
     adapter: "AdapterRef | None" = None
+    # The engine's scheduling class: the X-Orchard-Priority header's (batch lines: ingress/batch_routes.py).
+    priority: Priority = Priority.INTERACTIVE
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,14 @@ class RequestStatus(IntEnum):
         return self > RequestStatus.PREEMPTED
 
 
+class Priority(IntEnum):
+    """Scheduling classes, the lower first: interactive requests are admitted ahead of batch ones (OpenAI's Batches
+    API lines), and a batch row gives its slot or its KV up to an interactive one (preempted, resumed later)."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+
 class FinishReason(str, Enum):
     STOP = "stop"
     LENGTH = "length"
@@ -91,6 +99,7 @@ class Request:
     # runs it on (set when the engine takes the request; 0: none).
     adapter: str | None = None
     adapter_slot: int = 0
+    priority: Priority = Priority.INTERACTIVE
     # Draft tokens verified for this request, and how many of them it accepted (usage reports both).
     num_drafted_tokens: int = 0
     num_accepted_draft_tokens: int = 0
@@ -164,11 +173,11 @@ class Request:
 
     def as_submitted(self) -> "Request":
         """A new request of this one's inputs (prompt, sampling, images, cache keys, speculation opt-out, compiled
-        guide, adapter) and none of its progress: what a replacement engine runs again."""
+        guide, adapter, priority) and none of its progress: what a replacement engine runs again."""
         return Request(
             self.request_id, self.prompt_token_ids, self.sampling, arrival_time=self.arrival_time, guide=self.guide,
             vision=self.vision, prompt_cache_keys=self.prompt_cache_keys, speculative=self.speculative,
-            adapter=self.adapter,
+            adapter=self.adapter, priority=self.priority,
         )
 
     def append_output_token(self, token_id: int) -> None:

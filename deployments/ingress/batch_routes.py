@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from deployments.api.openapi_errors import ANY_ROUTE, error_responses
 from deployments.batches.files import list_page
 from deployments.batches.runner import BatchRunner, Send
+from deployments.ingress.edge import PRIORITY_HEADER
 from engine.errors import InvalidRequestError
 
 logger = logging.getLogger("ray.serve.orchard")
@@ -62,10 +63,10 @@ def batches_router(runner: BatchRunner) -> APIRouter:
 
 def internal_sender(app: FastAPI, headers: dict[str, str]) -> tuple[Send, httpx.AsyncClient]:
     """A batch line's request through this app's own routes (in process, no socket): the answer a client sending it
-    alone gets. `headers` carry the ingress's own inference key where keys are set; the client is the caller's to
-    close."""
+    alone gets, at the engine's batch priority (interactive requests first). `headers` carry the ingress's own
+    inference key where keys are set; the client is the caller's to close."""
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://orchard-batch",
-                               headers=headers, timeout=None)
+                               headers={**headers, PRIORITY_HEADER: "batch"}, timeout=None)
 
     async def send(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         response = await client.post(url, json=body)

@@ -13,10 +13,15 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from deployments.api.errors import RequestTooLargeError, wire_error, wire_error_for_path
-from engine.errors import OrchardError
+from engine.errors import InvalidRequestError, OrchardError
+from engine.request import Priority
 
 logger = logging.getLogger("ray.serve.orchard")
 REQUEST_ID: ContextVar[str] = ContextVar("orchard_request_id", default="-")
+# X-Orchard-Priority: "batch" lowers a request's scheduling class (a client may lower its own, none may raise it).
+REQUEST_PRIORITY: ContextVar[Priority] = ContextVar("orchard_request_priority", default=Priority.INTERACTIVE)
+PRIORITY_HEADER = "X-Orchard-Priority"
+_PRIORITIES = {"interactive": Priority.INTERACTIVE, "batch": Priority.BATCH}
 _SAFE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -28,7 +33,8 @@ async def send_error(scope: dict, receive: Callable, send: Callable, exc: Orchar
 
 
 class RequestIdMiddleware:
-    """Every request gets an id for its log lines: the caller's X-Request-Id, or a new one echoed back.
+    """Every request gets an id for its log lines: the caller's X-Request-Id, or a new one echoed back; and its
+    scheduling class (X-Orchard-Priority: interactive, the default, or batch; another value is refused).
 
     Under Serve the proxy has already set (and will echo) the header, so only the id is read.
     """
@@ -51,7 +57,18 @@ class RequestIdMiddleware:
 
         token = REQUEST_ID.set(request_id)
         try:
-            await self.app(scope, receive, send_with_id)
+            asked = dict(scope["headers"]).get(PRIORITY_HEADER.lower().encode())
+            priority = _PRIORITIES.get(asked.decode("latin-1").strip().lower()) if asked is not None else None
+            if asked is not None and priority is None:
+                await send_error(scope, receive, send_with_id, InvalidRequestError(
+                    f"{PRIORITY_HEADER} is 'interactive' or 'batch', not {asked.decode('latin-1')[:40]!r}",
+                    param=PRIORITY_HEADER))
+                return
+            priority_token = REQUEST_PRIORITY.set(priority or Priority.INTERACTIVE)
+            try:
+                await self.app(scope, receive, send_with_id)
+            finally:
+                REQUEST_PRIORITY.reset(priority_token)
         finally:
             REQUEST_ID.reset(token)
 

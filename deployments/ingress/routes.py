@@ -58,7 +58,7 @@ from deployments.ingress.image_routes import image_router
 from deployments.ingress.realtime_routes import realtime_router
 from deployments.ingress.speech_routes import speech_router
 from deployments.ingress.embedding_routes import embeddings_router
-from deployments.ingress.edge import REQUEST_ID, BodyLimitMiddleware, RequestIdMiddleware
+from deployments.ingress.edge import REQUEST_ID, REQUEST_PRIORITY, BodyLimitMiddleware, RequestIdMiddleware
 from deployments.ingress.generation import KEEPALIVE_S, Renderer, answer
 from deployments.ingress.rag_routes import MULTIPART_OVERHEAD_BYTES, UPLOAD_ROUTE, rag_router
 from deployments.ingress.file_routes import FILES_MULTIPART_OVERHEAD_BYTES, FILES_ROUTE, files_router
@@ -301,6 +301,7 @@ async def _generation_response(
     listed first: a server that cannot be reached is refused before the model is asked). Counted from the routing on
     (a request for a model that is not served names no metric)."""
     logger.info("request %s for model %s, stream=%s [X-Request-Id %s]", job.request_id, model_id, job.stream, job.log_id)
+    job.priority = REQUEST_PRIORITY.get()
     client = await registry.route(model_id)
     tally = metrics.request(api, model_id)
     try:

@@ -174,6 +174,7 @@ class ModelService:
                 job.request_id, prompt.token_ids, sampling, prompt_cache_keys=prompt.cache_keys,
                 vision=self._pixel_sends.vision_to_send(prompt.vision, prompt.images_repeated),
                 speculative=job.speculative, adapter=job.adapter.name if job.adapter is not None else None,
+                priority=job.priority,
             )
             if job.adapter is None:
                 stream = self._pixel_sends.submit(self._engine.submit, request, prompt.vision)

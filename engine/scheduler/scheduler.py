@@ -8,6 +8,10 @@ streams already running, while a burst of short prompts starts in few steps.
 With a KV budget (kv/budget.py) every step's KV is planned before it runs: when the running requests' next step
 would not fit, the newest are preempted (their KV freed, a decode row's kept by the prefix cache) and re-queued
 at the front, to resume by recomputing prompt + generated tokens; prompts are admitted and chunked within it.
+
+Priority classes (request.Priority): the waiting queue holds interactive requests ahead of batch ones, prefills
+run in that order, and an interactive request waiting for a decode slot takes the newest batch request's (which
+is preempted as for KV); a KV preemption takes batch requests first.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from engine.config import EngineConfig
 from engine.errors import QueueFullError, QueueTimeoutError
 from engine.kv.budget import ADMISSION_HEADROOM_TOKENS, KVBudget, KVPlan
 from engine.kv.cache_manager import KVCacheManager
-from engine.request import Request, RequestStatus
+from engine.request import Priority, Request, RequestStatus
 from engine.sampling.held_guides import HeldGuides
 from engine.scheduler_output import DecodeRow, ExpiredRequest, NewRequest, PrefillChunk, SchedulerOutput
 
@@ -63,9 +67,21 @@ class Scheduler:
         if self.config.queue_size is not None and self._num_queued_beyond_free_slots() >= self.config.queue_size:
             raise QueueFullError(f"The request queue is full (queue_size={self.config.queue_size})")
         request.status = RequestStatus.WAITING
-        self.waiting.append(request)
+        self._enqueue(request)
         if request.guide is not None:
             self.guides.hold(request.sampling.guided, request.guide)
+
+    def _enqueue(self, request: Request, front: bool = False) -> None:
+        """Into the waiting queue behind every request of a higher class; `front`: ahead of its own class too (a
+        preempted request resumes first)."""
+        waiting = self.waiting
+        if not front and (not waiting or waiting[-1].priority <= request.priority):
+            waiting.append(request)
+            return
+        place = next((i for i, queued in enumerate(waiting)
+                      if queued.priority > request.priority or (front and queued.priority == request.priority)),
+                     len(waiting))
+        waiting.insert(place, request)
 
     def _num_queued_beyond_free_slots(self) -> int:
         free_slots = self.config.max_decode_seqs - len(self.running)
@@ -94,7 +110,7 @@ class Scheduler:
         output = SchedulerOutput(freed_request_ids=self._freed_request_ids)
         self._freed_request_ids = []
         output.expired = self._expire_waiting()
-        preempted = self._preempt_to_fit()
+        preempted = self._preempt_to_fit() + self._preempt_for_interactive()
         decoding = self._schedule_decodes()
         output.decode_rows = [
             DecodeRow(r.request_id, r.num_decode_steps - 1, self._draft_allowance(r)) for r in decoding.values()
@@ -152,20 +168,34 @@ class Scheduler:
             holders = [r for r in self.running if plan.rows.get(r.request_id) or plan.prefills.get(r.request_id)]
             if len(holders) <= 1:
                 break
-            victim = holders[-1]
+            victim = _newest_of_lowest_class(holders)
             self._preempt(victim)
             plan.drop(victim.request_id)
             preempted.append(victim)
         return preempted
 
+    def _preempt_for_interactive(self) -> list[Request]:
+        """The newest batch requests, one per interactive request that waits for a decode slot none has free."""
+        waiting = sum(1 for r in self.waiting if r.priority == Priority.INTERACTIVE)
+        needed = waiting - max(0, self.config.max_decode_seqs - len(self.running))
+        preempted: list[Request] = []
+        while needed > 0:
+            batch = [r for r in self.running if r.priority > Priority.INTERACTIVE]
+            if not batch:
+                break
+            self._preempt(batch[-1])
+            preempted.append(batch[-1])
+            needed -= 1
+        return preempted
+
     def _preempt(self, request: Request) -> None:
-        """Back to the front of the queue; its prefix-cache blocks stay cached, unlocked."""
+        """Back to the front of the queue (of its class); its prefix-cache blocks stay cached, unlocked."""
         self.running.remove(request)
         self.kv.release(request)
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self._enqueue(request, front=True)
 
     def _may_admit(self, request: Request, plan: KVPlan | None) -> bool:
         """Whether the admitted requests and this one could all run ADMISSION_HEADROOM_TOKENS more tokens in one
@@ -254,7 +284,7 @@ class Scheduler:
     def _schedule_prefills(self, new_requests: list[NewRequest], plan: KVPlan | None) -> list[PrefillChunk]:
         budget = self.config.prefill_token_budget
         chunks: list[PrefillChunk] = []
-        candidates = [r for r in self.running if r.is_prefilling]
+        candidates = sorted((r for r in self.running if r.is_prefilling), key=lambda r: r.priority)  # stable
         for request in candidates:
             if len(chunks) == self.config.max_prefill_seqs or budget == 0:
                 return chunks
@@ -335,3 +365,9 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
+
+
+def _newest_of_lowest_class(requests: list[Request]) -> Request:
+    """The last admitted of the lowest-priority class present (requests in admission order)."""
+    lowest = max(r.priority for r in requests)
+    return next(r for r in reversed(requests) if r.priority == lowest)

@@ -17,6 +17,7 @@ from deployments.config import ModelConfig
 from deployments.model_calls import GenerateJob, TextPrompt
 from engine.sampling.params import SamplingParams
 from tests.serve.local_stack import local_stack, wait_for
+from tests.serve.test_metrics_local import Scrape
 
 MODEL = "tiny/alpha"
 CHAT = [{"role": "user", "content": "t1 t2 t3"}]
@@ -302,3 +303,38 @@ def test_bodies_pydantic_cannot_read_get_the_standard_librarys_answer(alpha):
     assert ok.status_code == 400 and "lone surrogate" in ok.json()["error"]["message"], ok.text
     assert fast.status_code == plain.status_code == 400 and fast.json()["error"]["type"] == "invalid_request_error"
     assert fast.json()["error"]["message"] == plain.json()["error"]["message"]
+
+
+def test_a_batch_priority_request_gives_its_decode_slot_to_an_interactive_one(alpha):
+    """X-Orchard-Priority: batch (what Batches API lines carry) reaches the engine's scheduler: with one decode slot,
+    an interactive request sent while a batch one decodes takes its slot (the batch row preempted, resumed by
+    recompute after it); both answers equal the same requests sent alone. Another value is refused, naming it."""
+    one_slot = alpha.model_copy(update={"max_decode_seqs": 1, "context_length": 4096})
+    batch_body = chat_body(max_tokens=1500)
+    question = chat_body(max_tokens=5, messages=[{"role": "user", "content": "t7 t8"}])
+
+    async def decoding(http) -> bool | None:
+        row = next(m for m in (await http.get("/v1/queue/stats")).json()["models"] if m["id"] == MODEL)
+        return True if row["decoding"] == 1 else None
+
+    async def scenario():
+        async with local_stack([one_slot]) as stack:
+            http = stack.http
+            alone = [(await http.post("/v1/chat/completions", json=b)).json() for b in (batch_body, question)]
+            batch = asyncio.create_task(http.post("/v1/chat/completions", json=batch_body,
+                                                  headers={"X-Orchard-Priority": "batch"}))
+            await wait_for(lambda: decoding(http), timeout_s=30)  # its row holds the one slot
+            interactive = (await http.post("/v1/chat/completions", json=question)).json()
+            batch_done = batch.done()
+            batch_answer = (await batch).json()
+            refused = await http.post("/v1/chat/completions", json=question, headers={"X-Orchard-Priority": "urgent"})
+            scrape = Scrape((await http.get("/metrics")).text)
+            preemptions = scrape.values.get(("orchard:num_preemptions_total", (("model_name", MODEL),)))
+            return alone, interactive, batch_done, batch_answer, refused, preemptions
+
+    alone, interactive, batch_done, batch_answer, refused, preemptions = asyncio.run(scenario())
+    assert preemptions == 1.0 and not batch_done  # answered while the batch request still ran
+    assert interactive["choices"][0]["message"]["content"] == alone[1]["choices"][0]["message"]["content"]
+    assert batch_answer["choices"][0]["message"]["content"] == alone[0]["choices"][0]["message"]["content"]
+    assert batch_answer["usage"] == alone[0]["usage"]
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "X-Orchard-Priority"
