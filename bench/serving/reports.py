@@ -130,6 +130,7 @@ def acceptance_checks(report: dict, throughput_workload: str = "mixed") -> list[
                                  f">= {HTTP_EFFICIENCY_BOUND}", value >= HTTP_EFFICIENCY_BOUND))
     checks += _efficiency_check(report)
     checks += _lone_stream_checks(report)
+    checks += batch_checks(report, engine)
     checks += replica_checks(report)
     ours = workload_levels(report, OURS, throughput_workload)
     ref = workload_levels(report, REFERENCE, throughput_workload)
@@ -148,6 +149,27 @@ def acceptance_checks(report: dict, throughput_workload: str = "mixed") -> list[
             checks.append(_check(f"{server} ITL P99 / P50 of {l.background_streams} streams, "
                                  f"{l.long_prompt_words}-token prompt, {label}", value, "< 4",
                                  None if value != value else value < 4))
+    return checks
+
+
+BATCH_ROWS = 16  # lines a batch runs at once (deployments/batches/runner.py): the in-process rate it is held to
+
+
+def batch_checks(report: dict, engine: dict[int, float]) -> list[dict[str, str]]:
+    """Issue 58: a Batches API job's tok/s >= 0.8 of the in-process engine's at its batch size (engine baseline
+    level 16), and interactive TTFT P95 beside it <= 1.2x without it."""
+    checks = []
+    for server, suite in (report.get("servers") or {}).items():
+        batch = (suite or {}).get("batch")
+        if not batch or batch.get("status") != "completed":
+            continue
+        rate = engine.get(BATCH_ROWS)
+        value = number(batch["tok_s"]) / rate if rate else float("nan")
+        checks.append(_check(f"{server} batch of {batch['lines']} lines tok/s / in-process engine at {BATCH_ROWS} rows",
+                             value, ">= 0.8", None if value != value else value >= 0.8))
+        ratio = number(batch.get("ttft_p95_ratio"))
+        checks.append(_check(f"{server} interactive TTFT P95 at {batch['streams']} streams, during the batch / alone",
+                             ratio, "<= 1.2", None if ratio != ratio else ratio <= 1.2))
     return checks
 
 

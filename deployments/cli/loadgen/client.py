@@ -188,6 +188,12 @@ class StreamClient:
         assert self._session is not None
         await self._session.close()
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The open session, for calls other than streams (the batch workload's files and batches)."""
+        assert self._session is not None
+        return self._session
+
     async def engine_counters(self) -> Optional[EngineCounters]:
         """Our server's engine counters for the target model (/v1/queue/stats); None from other servers."""
         assert self._session is not None

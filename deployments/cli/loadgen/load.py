@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from deployments.cli.loadgen.batch_load import BatchLoadResult, run_batch_load
 from deployments.cli.loadgen.client import StreamClient, Target
 from deployments.cli.loadgen.stats import BurstResult, LevelResult, LongPromptResult
 from deployments.cli.loadgen.tables import burst_table, level_note, level_table, long_table, show
@@ -35,7 +36,7 @@ from deployments.cli.loadgen.workloads import (
 )
 
 MIN_UNIT_S = 2.0  # a level with less time left than this is skipped (and listed as skipped)
-SCENARIO_WEIGHTS = {"long": 3.0, "burst": 2.0}  # in units of "one request per worker" sweep levels
+SCENARIO_WEIGHTS = {"long": 3.0, "burst": 2.0, "batch": 8.0}  # in units of "one request per worker" sweep levels
 
 
 @dataclass
@@ -45,6 +46,7 @@ class SuiteResult:
     levels: list[LevelResult] = field(default_factory=list)
     long: Optional[LongPromptResult] = None
     burst: Optional[BurstResult] = None
+    batch: Optional[BatchLoadResult] = None
     skipped: list[str] = field(default_factory=list)
     warmup_errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
@@ -67,6 +69,8 @@ def plan_units(settings: LoadSettings) -> list[Unit]:
             units.append(Unit("long", settings.long_background, SCENARIO_WEIGHTS["long"]))
         elif workload == "burst":
             units.append(Unit("burst", settings.burst_size, SCENARIO_WEIGHTS["burst"]))
+        elif workload == "batch":
+            units.append(Unit("batch", settings.batch_streams, SCENARIO_WEIGHTS["batch"]))
     return units
 
 
@@ -113,6 +117,10 @@ async def _run_unit(client: StreamClient, settings: LoadSettings, unit: Unit, so
         suite.burst = r = await run_burst(client, settings, hard)
         print(f"  {tag} lone ttft {r.lone_ttft_s * 1e3:8.1f} ms  burst ttft p95 {r.ttft_p95_s * 1e3:8.1f} ms  "
               f"({r.p95_over_lone:.2f}x)  err {r.errors} slow connects {r.slow_connects} {r.note}", flush=True)
+    elif unit.workload == "batch":
+        suite.batch = r = await run_batch_load(client, settings, hard)
+        print(f"  {tag} batch of {r.lines}: {r.status or '-'} {r.completed} done, {r.tok_s:9.1f} tok/s over "
+              f"{r.wall_s:.1f} s; interactive TTFT P95 during / alone {r.ttft_p95_ratio:.2f}  {r.note}", flush=True)
     else:
         level = await run_sweep_level(client, settings, unit.workload, unit.concurrency, soft, hard)
         suite.levels.append(level)
@@ -172,6 +180,8 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burst-size", type=int, default=d.burst_size)
     p.add_argument("--burst-prompt-tokens", type=int, default=d.burst_prompt_tokens)
     p.add_argument("--burst-gen-tokens", type=int, default=d.burst_gen_tokens)
+    p.add_argument("--batch-lines", type=int, default=d.batch_lines, help="the batch workload's job (issue 58)")
+    p.add_argument("--batch-streams", type=int, default=d.batch_streams, help="interactive streams beside the batch")
     p.add_argument("--requests-per-worker", type=int, default=d.requests_per_worker)
     p.add_argument("--requests-per-worker-high", type=int, default=d.requests_per_worker_high)
     p.add_argument("--high-from", type=int, default=d.high_from, help="levels >= this use --requests-per-worker-high")

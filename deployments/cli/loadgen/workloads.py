@@ -30,7 +30,7 @@ from deployments.cli.loadgen.stats import (
 # prompts of about an image request's tokens; `image_mix` = half of each.
 VISION_WORKLOADS = ("image", "image_mix", "text_only")
 SWEEP_WORKLOADS = ("mixed", "uniform", "same") + VISION_WORKLOADS
-SCENARIO_WORKLOADS = ("long", "burst")
+SCENARIO_WORKLOADS = ("long", "burst", "batch")
 WORKLOADS = SWEEP_WORKLOADS + SCENARIO_WORKLOADS
 WORKLOAD_IDS = {name: i for i, name in enumerate(WORKLOADS)}  # seeds prompts per workload
 WARMUP_ROUND = 10_000  # the vision warm-ups' round index: their images and prompts are never measured ones
@@ -77,6 +77,8 @@ class LoadSettings:
     image_format: str = "jpeg"
     question_tokens: int = 64  # the text beside each image
     text_only_tokens: int = 0  # text_only prompts; 0: the image's tokens (Qwen2.5-VL: one per 28x28 px) + the question
+    batch_lines: int = 2000  # the batch workload's Batches API job (uniform prompts), beside batch_streams streams
+    batch_streams: int = 8
 
     def rpw(self, concurrency: int) -> int:
         return self.requests_per_worker_high if concurrency >= self.high_from else self.requests_per_worker
