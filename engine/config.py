@@ -75,7 +75,9 @@ class EngineConfig:
     pad_prefill_shapes: bool | None = knob(
         None, "pad prefill forwards to a few shapes warmed at load (null: on with a GPU, off on the CPU); "
         "models of plain KV caches only")
-    prefill_warmup_seconds: float = knob(120.0, "the most seconds the padded shapes' warm-up may take at load", ge=0)
+    prefill_warmup_seconds: float = knob(
+        120.0, "the most seconds the padded shapes' warm-up may take at load (the decode warm-up, on a GPU, at most "
+        "30 more)", ge=0)
     context_length: int | None = knob(
         None, "the most tokens a request's prompt and output may hold (null: the model's own)", ge=2)
     queue_size: int | None = knob(None, "most requests waiting for a slot (null: only max_num_seqs applies)", ge=0)
