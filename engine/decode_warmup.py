@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+
 import mlx.core as mx
 
 from engine.core import EngineCore

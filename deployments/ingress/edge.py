@@ -57,20 +57,30 @@ class RequestIdMiddleware:
 
         token = REQUEST_ID.set(request_id)
         try:
-            asked = dict(scope["headers"]).get(PRIORITY_HEADER.lower().encode())
-            priority = _PRIORITIES.get(asked.decode("latin-1").strip().lower()) if asked is not None else None
-            if asked is not None and priority is None:
-                await send_error(scope, receive, send_with_id, InvalidRequestError(
-                    f"{PRIORITY_HEADER} is 'interactive' or 'batch', not {asked.decode('latin-1')[:40]!r}",
-                    param=PRIORITY_HEADER))
+            try:
+                priority = _asked_priority(scope)
+            except InvalidRequestError as exc:
+                await send_error(scope, receive, send_with_id, exc)
                 return
-            priority_token = REQUEST_PRIORITY.set(priority or Priority.INTERACTIVE)
+            priority_token = REQUEST_PRIORITY.set(priority)
             try:
                 await self.app(scope, receive, send_with_id)
             finally:
                 REQUEST_PRIORITY.reset(priority_token)
         finally:
             REQUEST_ID.reset(token)
+
+
+def _asked_priority(scope: dict) -> Priority:
+    asked = dict(scope["headers"]).get(PRIORITY_HEADER.lower().encode())
+    if asked is None:
+        return Priority.INTERACTIVE
+    text = asked.decode("latin-1")
+    priority = _PRIORITIES.get(text.strip().lower())
+    if priority is None:
+        raise InvalidRequestError(f"{PRIORITY_HEADER} is 'interactive' or 'batch', not {text[:40]!r}",
+                                  param=PRIORITY_HEADER)
+    return priority
 
 
 @dataclass

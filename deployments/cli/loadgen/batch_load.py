@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import aiohttp
@@ -57,15 +57,17 @@ def batch_lines(client: StreamClient, settings: LoadSettings, lines: int) -> byt
 async def run_batch_load(client: StreamClient, settings: LoadSettings, hard: float) -> BatchLoadResult:
     result = BatchLoadResult(settings.batch_lines, settings.batch_streams)
     window = INTERACTIVE_SHARE * max(0.0, hard - time.perf_counter())
+    # Prompts of the uniform workload's shape seeded apart (the sweep's own, and each other's): no prefix-cache hits.
+    alone_prompts, during_prompts = (replace(settings, seed=settings.seed + k) for k in (101, 102))
     now = time.perf_counter()
-    result.interactive_alone = await run_sweep_level(client, settings, "uniform", result.streams, now + window, hard)
+    result.interactive_alone = await run_sweep_level(client, alone_prompts, "uniform", result.streams, now + window, hard)
     try:
         batch_id, created = await _create_batch(client, batch_lines(client, settings, result.lines))
     except (aiohttp.ClientError, ValueError, KeyError) as exc:
         result.note = f"no Batches API here: {exc}"[:300]
         return result
     now = time.perf_counter()
-    result.interactive_during = await run_sweep_level(client, settings, "uniform", result.streams, now + window, hard)
+    result.interactive_during = await run_sweep_level(client, during_prompts, "uniform", result.streams, now + window, hard)
     ended_early = (await _batch(client, batch_id)).get("status") != "in_progress"
     batch = await _wait_done(client, batch_id, hard)
     result.status = batch.get("status", "")
