@@ -20,6 +20,8 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
+from engine.vision.qwen_positions import rotary_table, tower_index
+
 log = logging.getLogger(__name__)
 
 # Probe grids (t, h, w in patches): merged 5x6 and 3x3, neither a whole number of 4x4-unit windows, so mlx-vlm's
@@ -65,27 +67,29 @@ class WindowedTower:
     @staticmethod
     def fits(tower: Any) -> bool:
         """An mlx-vlm tower of the layout this forward reads."""
-        names = ("patch_embed", "rot_pos_emb", "get_window_index", "blocks", "merger", "fullatt_block_indexes")
+        names = ("patch_embed", "rotary_pos_emb", "window_size", "patch_size", "spatial_merge_size",
+                 "spatial_merge_unit", "blocks", "merger", "fullatt_block_indexes")
         return type(tower).__module__.endswith("qwen2_5_vl.vision") and all(hasattr(tower, n) for n in names)
 
     def __call__(self, pixel_values: mx.array, grids: Sequence[Sequence[int]]) -> mx.array:
+        """Queued without reading anything back: the index arrays come from the host (qwen_positions.py)."""
         tower = self.tower
-        grid = mx.array([list(g) for g in grids])
+        layout = tower_index(grids, tower)
         x = tower.patch_embed(pixel_values.astype(self.dtype))
-        rotary = tower.rot_pos_emb(grid)
-        window_index, window_bounds = tower.get_window_index(grid)
+        rotary = rotary_table(tower, layout)
+        window_index = mx.array(layout.window_index, mx.int32)
         unit = tower.spatial_merge_unit
         rows = x.shape[0]
         x = x.reshape(rows // unit, unit, -1)[window_index].reshape(rows, -1)
         rotary = rotary.reshape(rows // unit, unit, -1)[window_index].reshape(rows, -1)
-        windowed = attention_groups(window_bounds.tolist())
+        windowed = attention_groups(layout.window_bounds)
         frames = [h * w for t, h, w in grids for _ in range(t)]
         full = attention_groups(np.concatenate([[0], np.cumsum(frames)]).tolist())
         for index, block in enumerate(tower.blocks):
             groups = full if index in tower.fullatt_block_indexes else windowed
             x = x + _attention(block.attn, block.norm1(x), groups, rotary)
             x = x + block.mlp(block.norm2(x))
-        return tower.merger(x)[mx.argsort(window_index)]
+        return tower.merger(x)[mx.array(np.argsort(layout.window_index), mx.int32)]
 
     def agrees(self) -> bool:
         """This forward matches mlx-vlm's on the probe images within the tower dtype's rounding."""

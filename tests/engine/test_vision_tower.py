@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from engine import EngineConfig, EngineCore
+from engine.vision.qwen_positions import rotary_table, tower_index
 from engine.vision.qwen_tower import PROBE_GRIDS, WindowedTower, attention_groups
 from tests.engine.test_batching import assert_same_stream
 from tests.engine.test_vision_engine import Family
@@ -48,6 +49,20 @@ def test_batched_tower_equals_mlx_vlm_and_each_image_alone(dtype):
     # The same arithmetic; only the matmuls' row blocking differs with the rows in one call.
     alone = mx.concatenate(alone).astype(mx.float32)
     assert mx.allclose(alone, together.astype(mx.float32), rtol=1e-5, atol=1e-5).item()
+
+
+@pytest.mark.parametrize("grids", [GRIDS, [(1, 48, 48)], [(1, 50, 36), (3, 4, 4)], [PROBE_GRIDS[0]]])
+def test_host_index_arrays_equal_mlx_vlms_own(grids):
+    """The window order, window bounds and rotary table from the host (qwen_positions.py) are mlx-vlm's, exactly:
+    672x672 (48x48 patches) included."""
+    model = build_random_vlm(vlm_config("tiny-vl", "bfloat16"), "bfloat16", seed=1, vision_dtype="float32")
+    tower = model.vision_tower
+    grid = mx.array([list(g) for g in grids])
+    their_index, their_bounds = tower.get_window_index(grid)
+    ours = tower_index(grids, tower)
+    assert ours.window_index.tolist() == their_index.tolist()
+    assert ours.window_bounds == their_bounds.tolist()
+    assert mx.array_equal(rotary_table(tower, ours), tower.rot_pos_emb(grid)).item()
 
 
 def test_a_forward_that_differs_from_mlx_vlms_is_not_used():

@@ -1,0 +1,69 @@
+"""Qwen2.5-VL's vision-tower index arrays, computed on the host from the images' grids.
+
+mlx-vlm's `rot_pos_emb` and `get_window_index` build them with MLX ops and read them back (`.item()`, `.tolist()`,
+`np.where` on an MLX array): each read waits for everything queued on the device, so an image arriving beside
+running decode rows stalled the pipeline several times before its tower could even be queued. The same integers
+from numpy need no device; the rotary table itself stays an MLX computation, as mlx-vlm's.
+Equal to mlx-vlm's on the grids tests/engine/test_qwen_positions.py tries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+PAD = -100  # mlx-vlm's mark for a padded window cell
+
+
+@dataclass(frozen=True)
+class TowerIndex:
+    window_index: np.ndarray  # merged-patch order inside windows (int64)
+    window_bounds: list[int]  # cumulative patch counts of the windows (mlx-vlm's cu_window_seqlens)
+    position_ids: np.ndarray  # [patches, 2]: each patch's (row, column) for the 2-D rotary embedding
+    largest_side: int  # the longest grid side in patches: the rotary table's length
+
+
+def tower_index(grids: Sequence[Sequence[int]], tower: Any) -> TowerIndex:
+    """`tower`: mlx-vlm's Qwen2.5-VL VisionModel (its window size, patch size and merge size)."""
+    merge = tower.spatial_merge_size
+    window = tower.window_size // merge // tower.patch_size
+    indices, bounds, offset, positions = [], [0], 0, []
+    for t, h, w in grids:
+        rows, cols = h // merge, w // merge
+        index = np.arange(t * rows * cols).reshape(t, rows, cols)
+        pad_h, pad_w = window - rows % window, window - cols % window
+        across_h, across_w = (rows + pad_h) // window, (cols + pad_w) // window
+        padded = np.pad(index, ((0, 0), (0, pad_h), (0, pad_w)), constant_values=PAD)
+        padded = padded.reshape(t, across_h, window, across_w, window).transpose(0, 1, 3, 2, 4)
+        padded = padded.reshape(t, across_h * across_w, window, window)
+        sizes = (padded != PAD).sum(axis=(2, 3)).reshape(-1)
+        flat = padded.reshape(-1)
+        indices.append(flat[flat != PAD] + offset)
+        bounds.extend((np.cumsum(sizes) * tower.spatial_merge_unit + bounds[-1]).tolist())
+        offset += t * rows * cols
+        positions.append(np.tile(_patch_positions(h, w, merge), (t, 1)))
+    largest = max(max(int(h), int(w)) for _, h, w in grids)
+    return TowerIndex(np.concatenate(indices), bounds, np.concatenate(positions), largest)
+
+
+def _patch_positions(h: int, w: int, merge: int) -> np.ndarray:
+    """mlx-vlm's rot_pos_emb order: merge x merge blocks, row-major inside each block."""
+    rows = np.repeat(np.arange(h)[:, None], w, axis=1).reshape(h // merge, merge, w // merge, merge)
+    cols = np.repeat(np.arange(w)[None, :], h, axis=0).reshape(h // merge, merge, w // merge, merge)
+    rows, cols = rows.transpose(0, 2, 1, 3).reshape(-1), cols.transpose(0, 2, 1, 3).reshape(-1)
+    return np.stack([rows, cols], axis=-1)
+
+
+def rotary_table(tower: Any, index: TowerIndex) -> mx.array:
+    """mlx-vlm's rot_pos_emb output for these grids, from the host positions (no read back)."""
+    rotary = tower.rotary_pos_emb
+    inv_freq = 1.0 / (rotary.theta ** (mx.arange(0, rotary.dim, 2, dtype=mx.float32) / rotary.dim))
+    freqs = mx.outer(mx.arange(index.largest_side, dtype=inv_freq.dtype), inv_freq)
+    positions = index.position_ids
+    return freqs[mx.array(positions)].reshape(positions.shape[0], -1)
+
+
+__all__ = ["TowerIndex", "rotary_table", "tower_index"]
