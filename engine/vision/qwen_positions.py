@@ -4,7 +4,7 @@ mlx-vlm's `rot_pos_emb` and `get_window_index` build them with MLX ops and read 
 `np.where` on an MLX array): each read waits for everything queued on the device, so an image arriving beside
 running decode rows stalled the pipeline several times before its tower could even be queued. The same integers
 from numpy need no device; the rotary table itself stays an MLX computation, as mlx-vlm's.
-Equal to mlx-vlm's on the grids tests/engine/test_qwen_positions.py tries.
+Equal to mlx-vlm's on the grids tests/engine/test_vision_tower.py tries.
 """
 
 from __future__ import annotations
