@@ -148,8 +148,11 @@ def engine_core(loaded, draft=None, **config):
 
 
 def warm_up(core) -> None:
-    """What an engine client does before the first request: kernels built, speculation's costs calibrated."""
-    core.runner.warmup()
+    """What an engine client does before the first request: kernels built (prefill shapes, on a GPU the decode
+    batch's), speculation's costs calibrated."""
+    from engine.decode_warmup import warm_up_at_load
+
+    warm_up_at_load(core)
 
 
 def speculative_config(**fields):

@@ -27,6 +27,13 @@ log = logging.getLogger(__name__)
 DECODE_WARMUP_S = 30.0  # at most, within prefill_warmup_seconds: compiles take ~1 s each where they happen
 
 
+def warm_up_at_load(core: EngineCore) -> None:
+    """What every engine client does before its first request: the runner's warm-up (a first forward, the padded
+    prefill shapes, speculation's costs), then the decode batch's."""
+    core.runner.warmup()
+    warm_decode_batch(core)
+
+
 def warm_decode_batch(core: EngineCore, time_budget_s: float | None = None) -> int:
     """Steps run by the throwaway core. The budget by default: none on the CPU, else DECODE_WARMUP_S within
     prefill_warmup_seconds."""
@@ -68,4 +75,4 @@ def _row(index: int, vocab: int) -> Request:
                    SamplingParams(max_tokens=3 + index % 4, temperature=0.0, ignore_eos=True))
 
 
-__all__ = ["DECODE_WARMUP_S", "warm_decode_batch"]
+__all__ = ["DECODE_WARMUP_S", "warm_decode_batch", "warm_up_at_load"]

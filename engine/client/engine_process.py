@@ -27,7 +27,7 @@ from engine.client.messages import (
 from engine.client.process_settings import priority_message, raise_engine_priority
 from engine.client.spec import EngineSpec, build_engine_core
 from engine.core import EngineCore
-from engine.decode_warmup import warm_decode_batch
+from engine.decode_warmup import warm_up_at_load
 from engine.errors import ModelLoadError, OrchardError
 from engine.output.request_output import RequestOutput
 
@@ -87,8 +87,7 @@ def serve(conn: Connection) -> int:
     outbox = Outbox(conn)
     try:
         core = build_engine_core(spec)
-        core.runner.warmup()
-        warm_decode_batch(core)
+        warm_up_at_load(core)
     except BaseException as exc:  # the serving process reports it as the model's load failure
         error = exc if isinstance(exc, OrchardError) else ModelLoadError(f"Could not start the engine: {exc!r}")
         outbox.send(EngineFailed(error))

@@ -18,9 +18,9 @@ from typing import Any, Callable
 from engine.client.interface import EngineClientBase, ServedModel
 from engine.client.loop import EngineLoop, GuidedIntake
 from engine.client.messages import AbortRequest, AddRequest, AdapterCommand, Shutdown
-from engine.decode_warmup import warm_decode_batch
 from engine.client.spec import EngineSpec, build_engine_core, load_serving_processor
 from engine.core import EngineCore
+from engine.decode_warmup import warm_up_at_load
 from engine.device_memory import release_thread_streams
 from engine.errors import EngineDeadError
 from engine.request import Request
@@ -92,8 +92,7 @@ class ThreadEngineClient(EngineClientBase):
     def _run(self, ready: asyncio.Future) -> None:
         try:
             self._core = self._build_core()
-            self._core.runner.warmup()
-            warm_decode_batch(self._core)
+            warm_up_at_load(self._core)
             self._stats = self._core.stats()
             self._intake = GuidedIntake(self._core.guides, self._enqueue, self._post_outputs)
             self._intake.warm()
