@@ -26,13 +26,13 @@ from engine.models.head_split import head_split
 from engine.models.loader import LoadedModel
 from engine.runner.adapter_rows import AdapterRows
 from engine.runner.decode_batch import DecodeBatch, new_row_sampling
+from engine.runner.kv_in_place import InPlaceKV
 from engine.runner.memory import vision_features_budget
 from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
-from engine.runner.prefill_shapes import warmup_shapes
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
 from engine.runner.verify_step import SpeculativeDecoder
 from engine.runner.vision_prefill import VisionPrompts
-from engine.runner.warmup import warm_prefill_shapes
+from engine.runner.warmup import warm_up_model
 from engine.runner_output import RunnerOutput, SampledToken
 from engine.sampling.held_guides import HeldGuides
 from engine.sampling.pending_step import PendingStep
@@ -66,6 +66,7 @@ class ModelRunner:
         self._rows: dict[str, RowSampling] = {}
         self._next_inputs: dict[str, int] = {}
         self._pending: PendingStep | None = None
+        self._in_place = InPlaceKV(config.decode_in_place_kv_bytes)
         self.read_wait_seconds = 0.0  # summed over steps: time blocked reading sampled tokens back from the device
         # Freed buffers of sizes that will not recur (prefill shapes, batch resizes) would
         # otherwise pile up in MLX's buffer cache until device memory runs out.
@@ -106,23 +107,24 @@ class ModelRunner:
                 return self._execute_verifying(scheduled, lengths, before_device_work)
             started, pipelined = time.perf_counter(), self._pending is not None
             needs_history = any(self._rows[row.request_id].params.needs_token_history for row in rows)
-            sampled = []
             first = self._dispatch_prompts(scheduled.prefill_chunks)
             logits = self._dispatch_forward(rows, scheduled.rows_to_cache)
             if before_device_work is not None:
                 before_device_work()
+            sampled = self._wait_for_previous_step() if logits is not None and self._in_place.should_wait(
+                self.batch.caches) else []
             if needs_history:
                 # Penalties and guides need the previous step's tokens before sampling, not before
                 # the forward: the device runs this step's forward while they are read back.
                 if logits is not None:
                     mx.async_eval(logits)
-                sampled = self._read_pending()
+                sampled += self._read_pending()
             dispatched = self._dispatch_sampling(logits, rows)
             if self._blocks is not None:
                 self._blocks.flush()
             first_tokens = self._collect_first_tokens(first)
             if not needs_history:
-                sampled = self._read_pending()
+                sampled += self._read_pending()
             self._pending = dispatched
             if self.speculation is not None and rows and not scheduled.prefill_chunks:
                 self.speculation.observe_step(len(rows), 1, time.perf_counter() - started, pipelined)
@@ -143,7 +145,6 @@ class ModelRunner:
         started = time.perf_counter()
         first = self._dispatch_prompts(scheduled.prefill_chunks)
         sampled = self._read_pending()
-        self._pending = None
         for token in sampled:  # the drafts continue these: they are the rows' inputs now
             self._next_inputs[token.request_id] = token.token_id
         rows = scheduled.decode_rows
@@ -195,10 +196,19 @@ class ModelRunner:
         if self.speculation is not None:
             self.speculation.forget(request_id)
 
+    def _wait_for_previous_step(self) -> list[SampledToken]:
+        """The previous step's tokens, once the device has ended it and let go of its buffers (kv_in_place.py)."""
+        sampled = self._read_pending()
+        started = time.perf_counter()
+        mx.synchronize(self.stream)
+        self.read_wait_seconds += time.perf_counter() - started
+        return sampled
+
     def _read_pending(self) -> list[SampledToken]:
+        """The pending step's tokens, read once (None pending after it)."""
         if self._pending is None:
             return []
-        sampled = self._read(self._pending)
+        sampled, self._pending = self._read(self._pending), None
         self.batch.record_tokens(sampled, self._rows)
         if self.speculation is not None:
             self.speculation.record(sampled)
@@ -359,6 +369,10 @@ class ModelRunner:
         if not self.holds_state():
             mx.clear_cache()
 
+    @property
+    def decode_steps_in_place(self) -> int:
+        return self._in_place.steps_waited
+
     def speculation_stats(self) -> SpeculationStats | None:
         return self.speculation.stats() if self.speculation is not None else None
 
@@ -373,20 +387,8 @@ class ModelRunner:
     def warmup(self) -> None:
         """Build kernels before the first request: one tiny forward, and every padded prefill shape."""
         with mx.stream(self.stream):
-            cache = new_request_cache(self.model, self.kv_quantization)
-            logits = self.model(mx.array([[0, 1]], mx.uint32), cache=cache)
-            mx.eval(logits)
-            if self.pad_prefill_shapes:
-                vocab = self.batch.vocab_size
-                shapes = warmup_shapes(
-                    self.config.max_prefill_seqs, self.config.prefill_token_budget, self.config.prefill_chunk_limit,
-                    head_split=self.head_split is not None,
-                )
-                new_cache = lambda: new_request_cache(self.model)  # noqa: E731
-                warm_prefill_shapes(
-                    self.model, shapes, new_cache, self.config.prefill_warmup_seconds, vocab, self.config.max_prefill_seqs,
-                    self.head_split,
-                )
+            warm_up_model(self.model, self.config, self.kv_quantization, self.pad_prefill_shapes,
+                          self.batch.vocab_size, self.head_split)
             if self.speculation is not None:
                 self.speculation.calibrate()
             mx.clear_cache()

@@ -8,10 +8,12 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from engine.kv.batch_cache import LayerCaches, cache_arrays
+from engine.config import EngineConfig
+from engine.kv.batch_cache import LayerCaches, cache_arrays, new_request_cache
+from engine.kv.quantized_kv import KVQuantization
 from engine.models.head_split import HeadSplit
 from engine.runner.prefill import run_prefill
-from engine.runner.prefill_shapes import WarmupShape
+from engine.runner.prefill_shapes import WarmupShape, warmup_shapes
 from engine.scheduler_output import PrefillChunk
 
 log = logging.getLogger(__name__)
@@ -38,3 +40,17 @@ def warm_prefill_shapes(
         done += 1
     log.info("prefill warm-up: %d shapes in %.1f s", done, time.monotonic() - started)
     return done
+
+
+def warm_up_model(
+    model: Any, config: EngineConfig, kv_quantization: KVQuantization | None, pad_prefill_shapes: bool,
+    vocab_size: int, split: HeadSplit | None,
+) -> None:
+    """Build kernels before the first request: one tiny forward, and every padded prefill shape."""
+    logits = model(mx.array([[0, 1]], mx.uint32), cache=new_request_cache(model, kv_quantization))
+    mx.eval(logits)
+    if pad_prefill_shapes:
+        shapes = warmup_shapes(config.max_prefill_seqs, config.prefill_token_budget, config.prefill_chunk_limit,
+                               head_split=split is not None)
+        warm_prefill_shapes(model, shapes, lambda: new_request_cache(model), config.prefill_warmup_seconds,
+                            vocab_size, config.max_prefill_seqs, split)
