@@ -385,7 +385,9 @@ def round_checks(report: dict) -> list[dict[str, str]]:
         view = {"servers": {name: phase.get("suite") for name, phase in phases.items()}}
         ours, ref = (workload_levels(view, s, "image") for s in ("orchard", "mlx_vlm"))
         for level in sorted(set(ours) & set(ref)):
-            if ours[level]["errors"] + ref[level]["errors"] == 0 and ref[level]["system_tok_s"]:
+            # A level cut by the time budget (requests cancelled) measured part of a wave: no ratio from it.
+            whole = all(side[level]["errors"] + side[level].get("cancelled", 0) == 0 for side in (ours, ref))
+            if whole and ref[level]["system_tok_s"]:
                 ratios[level].append(ours[level]["system_tok_s"] / ref[level]["system_tok_s"])
         first, steady = phases.get("orchard", {}).get("first_image_ttft_s"), (ours.get(1) or {}).get("ttft_mean_s")
         if first and steady:
