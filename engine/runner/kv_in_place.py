@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.kv.batch_cache import cache_nbytes
+
 
 @dataclass
 class InPlaceKV:
@@ -26,7 +28,7 @@ class InPlaceKV:
         """Whether this decode step, over the batch's per-layer `caches`, waits for the step before it."""
         if self.threshold_bytes is None or not caches:
             return False
-        if sum(getattr(layer, "nbytes", 0) for layer in caches) < self.threshold_bytes:
+        if cache_nbytes(caches) < self.threshold_bytes:
             return False
         self.steps_waited += 1
         return True
