@@ -87,10 +87,6 @@ class VisionPrompts:
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._kinds: dict[str, int] = {}  # this step's chunks'
         self._one_forward = one_forward_tokens()
-        # The towers and embedding merges run on a stream of their own: the reads back they make (the tower's
-        # timing, mlx-vlm's positions, the rope delta) then wait for the vision work alone, not also for the decode
-        # step queued on the runner's stream (each such wait left the device idle while the next graph was built).
-        self._stream = mx.new_stream(mx.default_device())
 
     def order(self, chunks: list[PrefillChunk], requests: dict[str, NewRequest]) -> list[PrefillChunk]:
         self._kinds = {chunk.request_id: self._kind(chunk, requests[chunk.request_id]) for chunk in chunks}
@@ -133,9 +129,7 @@ class VisionPrompts:
         new = [requests[rid] for rid in request_ids if rid not in self._embedded]
         if new:
             prompts = [MediaPrompt(r.prompt_token_ids, r.vision, r.held_image_features) for r in new]
-            with mx.stream(self._stream):
-                embeddings = self.model.embed_prompts(prompts, self.features)
-            for request, embedded in zip(new, embeddings):
+            for request, embedded in zip(new, self.model.embed_prompts(prompts, self.features)):
                 self._embedded[request.request_id] = embedded
                 self.after_images.note_embedded(request, embedded)
                 if embedded.rope_delta:
