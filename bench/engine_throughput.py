@@ -40,9 +40,7 @@ import numpy as np
 
 # mlx_forward: mlx-lm's model in a bare decode loop (argmax fed back, one step queued ahead): what running that
 # forward once per token costs at best, with no sampling, scheduling or outputs.
-# orchard_in_place: ours with every decode step waiting for the one before it, so that its KV is written in place
-# (engine/runner/kv_in_place.py), paired with orchard's pipelined steps to find where that pays.
-ENGINES = ("mlx_step", "mlx_batch", "mlx_forward", "orchard", "orchard_in_place")
+ENGINES = ("mlx_step", "mlx_batch", "mlx_forward", "orchard")
 
 
 @dataclass
@@ -344,16 +342,14 @@ class OrchardRunner(Runner):
     """
 
     name = "orchard"
-    engine_config: dict = {}  # EngineConfig fields of this column
     stagger_s = 0.0
     # The last run's mean wall and engine-thread CPU milliseconds per engine step, and per phase.
     step_ms_mean = 0.0
     step_cpu_ms_mean = 0.0
     step_phases_ms: Optional[dict] = None
 
-    def __init__(self, model_path: str, prefill_batch_size: Optional[int], prefill_chunk_tokens: int, prefix_cache: bool,
-                 loaded=None):
-        self.loaded = loaded if loaded is not None else load_orchard_model(model_path)
+    def __init__(self, model_path: str, prefill_batch_size: Optional[int], prefill_chunk_tokens: int, prefix_cache: bool):
+        self.loaded = load_orchard_model(model_path)
         self.prefill_batch_size = prefill_batch_size  # None: the engine's default
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.prefix_cache = prefix_cache
@@ -365,7 +361,7 @@ class OrchardRunner(Runner):
         if self._core is None or self._core_concurrency != concurrency:
             self.close()
             config = dict(max_num_seqs=1024, max_decode_seqs=concurrency, prefill_chunk_tokens=self.prefill_chunk_tokens,
-                          enable_prefix_cache=self.prefix_cache, **self.engine_config)
+                          enable_prefix_cache=self.prefix_cache)
             if self.prefill_batch_size is not None:
                 config["max_prefill_seqs"] = self.prefill_batch_size
             self._core = engine_core(self.loaded, **config)
@@ -398,18 +394,12 @@ class OrchardRunner(Runner):
         self.step_phases_ms = {name: round(1e3 * (seconds - getattr(before.step_phases, name)) / steps, 3)
                                for name, seconds in asdict(after.step_phases).items()}
         self.step_phases_ms["steps"] = steps
-        self.step_phases_ms["in_place"] = after.decode_steps_in_place - before.decode_steps_in_place
         return trace
 
     def close(self) -> None:
         if self._core is not None:
             self._core.close()
             self._core = None
-
-
-class OrchardInPlaceRunner(OrchardRunner):
-    name = "orchard_in_place"
-    engine_config = {"decode_in_place_kv_bytes": 0}
 
 
 def orchard_importable() -> bool:
@@ -433,19 +423,12 @@ def build_runners(names: list[str], model_path: str, args) -> list[Runner]:
             runners.append(MlxBatchRunner(model, args.prefill_batch_size))
         if "mlx_forward" in names:
             runners.append(MlxForwardRunner(model))
-    ours = [c for c in (OrchardRunner, OrchardInPlaceRunner) if c.name in names]
-    if ours and orchard_importable():
-        loaded = None  # one model for both of our columns
-        for runner_class in ours:
-            try:
-                runner = runner_class(model_path, args.prefill_batch_size, args.prefill_chunk_tokens,
-                                      args.prefix_cache == "on", loaded)
-            except Exception:
-                traceback.print_exc()
-                print(f"[{runner_class.name}] load_model failed, skipping its column")
-                continue
-            loaded = runner.loaded
-            runners.append(runner)
+    if "orchard" in names and orchard_importable():
+        try:
+            runners.append(OrchardRunner(model_path, args.prefill_batch_size, args.prefill_chunk_tokens, args.prefix_cache == "on"))
+        except Exception:
+            traceback.print_exc()
+            print("[orchard] load_model failed, skipping its column")
     return runners
 
 
@@ -542,12 +525,9 @@ def format_tables(results: list[RunResult], levels: list[int], engines: list[str
     # prompt in one forward, the decode rate.
     paired = [(e, rate) for e, rate in (("mlx_batch", "tok_per_s"), ("mlx_forward", "decode_tok_per_s")) if e in engines]
     paired = paired if "orchard" in engines else []
-    in_place = "orchard" in engines and "orchard_in_place" in engines  # the two orderings of our decode step
     if "orchard" in engines:
         header += ["orchard/mlx_batch", "orchard/mlx_step"]
         header += [f"orchard/{e} paired" + (" decode" if rate != "tok_per_s" else "") for e, rate in paired]
-    if in_place:
-        header += ["in_place/orchard paired", "in_place/orchard paired decode"]
     rows = [header]
     for c in levels:
         row = [str(c)]
@@ -558,9 +538,6 @@ def format_tables(results: list[RunResult], levels: list[int], engines: list[str
             ours = by_key.get(("orchard", c))
             row += [_ratio(ours, by_key.get(("mlx_batch", c))), _ratio(ours, step_at_1) if c == 1 else "-"]
             row += [paired_ratio(results, "orchard", e, c, rate) for e, rate in paired]
-        if in_place:
-            row += [paired_ratio(results, "orchard_in_place", "orchard", c, rate)
-                    for rate in ("tok_per_s", "decode_tok_per_s")]
         rows.append(row)
     detail = [["engine", "conc", "wall s", "tok/s", "to last 1st tok s", "decode tok/s", "ttft mean ms", "ttft max ms", "complete"]]
     for r in results:
@@ -568,23 +545,19 @@ def format_tables(results: list[RunResult], levels: list[int], engines: list[str
             r.engine, str(r.concurrency), f"{r.wall_s:.2f}", f"{r.tok_per_s:.1f}", f"{r.last_first_token_s:.3f}",
             f"{r.decode_tok_per_s:.1f}", f"{r.ttft_mean_s * 1e3:.1f}", f"{r.ttft_max_s * 1e3:.1f}", str(r.complete),
         ])
-    tables = [_plain_table(rows), _plain_table(detail)]
-    tables += [table for engine in ("orchard", "orchard_in_place") if (table := _phase_table(by_key, levels, engine))]
-    return "\n\n".join(tables)
+    return _plain_table(rows) + "\n\n" + _plain_table(detail) + _phase_table(by_key, levels)
 
 
-def _phase_table(by_key: dict[tuple[str, int], RunResult], levels: list[int], engine: str) -> str:
-    """Our engine's mean step, split: scheduling, building the step on the host, waiting on the device, outputs;
-    and how many decode steps waited for the one before them (kv_in_place.py)."""
-    rows = [[f"{engine} conc", "steps", "schedule ms", "build ms", "wait ms", "output ms", "step ms", "in place"]]
+def _phase_table(by_key: dict[tuple[str, int], RunResult], levels: list[int]) -> str:
+    """Our engine's mean step, split: scheduling, building the step on the host, waiting on the device, outputs."""
+    rows = [["orchard conc", "steps", "schedule ms", "build ms", "wait ms", "output ms", "step ms"]]
     for c in levels:
-        result = by_key.get((engine, c))
+        result = by_key.get(("orchard", c))
         phases = result.step_phases_ms if result is not None else None
         if phases:
             parts = [phases[name] for name in ("schedule", "build", "wait", "output")]
-            rows.append([str(c), str(phases["steps"])] + [f"{ms:.2f}" for ms in parts] + [f"{sum(parts):.2f}"]
-                        + [str(phases.get("in_place", "-"))])
-    return _plain_table(rows) if len(rows) > 1 else ""
+            rows.append([str(c), str(phases["steps"])] + [f"{ms:.2f}" for ms in parts] + [f"{sum(parts):.2f}"])
+    return "\n\n" + _plain_table(rows) if len(rows) > 1 else ""
 
 
 def _plain_table(rows: list[list[str]]) -> str:

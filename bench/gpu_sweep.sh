@@ -52,11 +52,11 @@ case "$MODE" in
   engine)
     set +e  # the prefix-cache runs still go if engine_throughput fails
     python3 -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency "${LEVELS:-1,8,32,64,128}" \
-      --engines mlx_step,mlx_batch,mlx_forward,orchard,orchard_in_place --repeat "${REPEAT:-5}" --json "$OUT/engine_throughput.json" \
+      --engines mlx_step,mlx_batch,mlx_forward,orchard --repeat "${REPEAT:-5}" --json "$OUT/engine_throughput.json" \
       2>&1 | tail -n 40 > "$OUT/engine_throughput.txt"
     # Staggered arrivals of mixed lengths (issue 57): a row joins every 2 steps, prompts 32..224 tokens.
     python3 -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency "${STAGGER_LEVELS:-128}" \
-      --engines mlx_batch,orchard,orchard_in_place --join-every-steps 2 --mixed-lengths --repeat "${REPEAT:-5}" \
+      --engines mlx_batch,orchard --join-every-steps 2 --mixed-lengths --repeat "${REPEAT:-5}" \
       --json "$OUT/engine_throughput_staggered.json" 2>&1 | tail -n 20 >> "$OUT/engine_throughput.txt"
     shapes="qwen3-0.6b"
     [ -z "${SKIP_8B:-}" ] && shapes="$shapes llama-3.1-8b"

@@ -109,10 +109,6 @@ class EngineConfig:
         "used out), a byte budget counted beside the KV's (0: none kept; null: 1% of device memory, RAM on the CPU)",
         ge=0)
     max_lora_rank: int = knob(64, "the highest rank a per-request LoRA adapter may have", ge=1)
-    # engine/runner/kv_in_place.py: on a GPU a step queued behind a running one copies the batch's KV whole.
-    decode_in_place_kv_bytes: int | None = knob(
-        None, "a decode step whose batch holds at least this many KV bytes waits for the step before it, so that "
-        "its KV is written in place, not copied (null: never waits; 0: always)", ge=0)
 
     def __post_init__(self) -> None:
         if self.prefix_cache_bytes is not None and not (

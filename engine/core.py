@@ -91,8 +91,6 @@ class EngineStats:
     # Vision-language models: the vision tower's kept outputs (None: a text model).
     vision_features: FeatureCacheStats | None = None
     vision_tower: VisionTowerStats | None = None
-    # Decode steps that waited for the step before them, so that their KV was written in place (kv_in_place.py).
-    decode_steps_in_place: int = 0
 
 
 class EngineCore:
@@ -313,7 +311,6 @@ class EngineCore:
             num_preempted=self.scheduler.num_preempted,
             vision_features=self.runner.features.stats() if self.runner.features is not None else None,
             vision_tower=replace(self.runner.vision.tower_stats) if self.runner.vision is not None else None,
-            decode_steps_in_place=self.runner.decode_steps_in_place,
         )
 
     def release_idle_buffers(self) -> None:

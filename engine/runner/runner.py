@@ -26,7 +26,6 @@ from engine.models.head_split import head_split
 from engine.models.loader import LoadedModel
 from engine.runner.adapter_rows import AdapterRows
 from engine.runner.decode_batch import DecodeBatch, new_row_sampling
-from engine.runner.kv_in_place import InPlaceKV
 from engine.runner.memory import vision_features_budget
 from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
@@ -66,7 +65,6 @@ class ModelRunner:
         self._rows: dict[str, RowSampling] = {}
         self._next_inputs: dict[str, int] = {}
         self._pending: PendingStep | None = None
-        self._in_place = InPlaceKV(config.decode_in_place_kv_bytes)
         self.read_wait_seconds = 0.0  # summed over steps: time blocked reading sampled tokens back from the device
         # Freed buffers of sizes that will not recur (prefill shapes, batch resizes) would
         # otherwise pile up in MLX's buffer cache until device memory runs out.
@@ -111,20 +109,19 @@ class ModelRunner:
             logits = self._dispatch_forward(rows, scheduled.rows_to_cache)
             if before_device_work is not None:
                 before_device_work()
-            sampled = self._wait_for_previous_step() if logits is not None and self._in_place.should_wait(
-                self.batch.caches) else []
+            sampled = []
             if needs_history:
                 # Penalties and guides need the previous step's tokens before sampling, not before
                 # the forward: the device runs this step's forward while they are read back.
                 if logits is not None:
                     mx.async_eval(logits)
-                sampled += self._read_pending()
+                sampled = self._read_pending()
             dispatched = self._dispatch_sampling(logits, rows)
             if self._blocks is not None:
                 self._blocks.flush()
             first_tokens = self._collect_first_tokens(first)
             if not needs_history:
-                sampled += self._read_pending()
+                sampled = self._read_pending()
             self._pending = dispatched
             if self.speculation is not None and rows and not scheduled.prefill_chunks:
                 self.speculation.observe_step(len(rows), 1, time.perf_counter() - started, pipelined)
@@ -195,14 +192,6 @@ class ModelRunner:
         self._rope_deltas.pop(request_id, None)
         if self.speculation is not None:
             self.speculation.forget(request_id)
-
-    def _wait_for_previous_step(self) -> list[SampledToken]:
-        """The previous step's tokens, once the device has ended it and let go of its buffers (kv_in_place.py)."""
-        sampled = self._read_pending()
-        started = time.perf_counter()
-        mx.synchronize(self.stream)
-        self.read_wait_seconds += time.perf_counter() - started
-        return sampled
 
     def _read_pending(self) -> list[SampledToken]:
         """The pending step's tokens, read once (None pending after it)."""
@@ -368,10 +357,6 @@ class ModelRunner:
         """
         if not self.holds_state():
             mx.clear_cache()
-
-    @property
-    def decode_steps_in_place(self) -> int:
-        return self._in_place.steps_waited
 
     def speculation_stats(self) -> SpeculationStats | None:
         return self.speculation.stats() if self.speculation is not None else None

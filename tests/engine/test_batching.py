@@ -153,24 +153,3 @@ def test_the_decode_warm_up_runs_rows_joining_at_doubling_widths_and_leaves_the_
     sampling = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True)
     assert_same_stream(run_alone(tiny_llama, "a", prompt, sampling),
                        run_core(core, [Arrival(0, Request("a", prompt, sampling))])["a"])
-
-
-@pytest.mark.parametrize("threshold, waits", [(0, True), (1 << 40, False), (None, False)])
-def test_decode_steps_that_wait_for_the_step_before_answer_as_pipelined_ones(tiny_llama, threshold, waits):
-    # A row with penalties reads the previous step's tokens before sampling: the other order of the step.
-    penalised = SamplingParams(max_tokens=12, temperature=0.0, presence_penalty=0.5, ignore_eos=True, logprobs=True)
-    prompts = random_prompts(10, seed=3)
-    sampling = [penalised if i == 4 else params(i) for i in range(10)]
-
-    def run(**extra):
-        core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=3, max_decode_seqs=8, **extra))
-        arrivals = [Arrival(i // 3, Request(f"r{i}", prompts[i], sampling[i])) for i in range(10)]
-        return run_core(core, arrivals), core.stats()
-
-    pipelined, pipelined_stats = run()
-    ours, stats = run(decode_in_place_kv_bytes=threshold)
-    assert pipelined_stats.decode_steps_in_place == 0
-    # Every decode step waited (0), none did (a threshold over the batch's KV, or none).
-    assert (stats.decode_steps_in_place > 10) is waits and (stats.decode_steps_in_place == 0) is not waits
-    for i in range(10):
-        assert_same_stream(pipelined[f"r{i}"], ours[f"r{i}"])
