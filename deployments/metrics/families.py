@@ -99,7 +99,8 @@ VISION_LOOKUPS = MetricSpec(
 VISION_CACHE_BYTES = MetricSpec("vision_feature_cache_bytes", GAUGE, "Bytes of vision features kept across requests.")
 VISION_TOWER_IMAGES = MetricSpec("vision_tower_images_total", COUNTER, "Images run through the batched vision tower.")
 VISION_TOWER_SECONDS = MetricSpec("vision_tower_seconds_total", COUNTER,
-                                  "Seconds of the batched vision tower's forwards (device time the images took).")
+                                  "Seconds of the batched vision tower's forwards (device time the images took; "
+                                  "the first runs timed, later ones at their rate).")
 SPEC_VERIFY_STEPS = MetricSpec("spec_decode_verify_steps_total", COUNTER, "Engine steps that verified draft tokens.")
 SPEC_DRAFT_TOKENS = MetricSpec("spec_decode_num_draft_tokens_total", COUNTER, "Draft tokens proposed.")
 SPEC_ACCEPTED_TOKENS = MetricSpec("spec_decode_num_accepted_tokens_total", COUNTER, "Draft tokens accepted.")

@@ -13,7 +13,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from engine.kv.batch_cache import LayerCaches, eval_caches
+from engine.kv.batch_cache import LayerCaches, cache_arrays
 from engine.models.head_split import HeadSplit
 from engine.request import Request
 from engine.runner.prefill import MAX_FORWARD_TOKENS, PrefillResult
@@ -51,7 +51,9 @@ def run_vision_prefill(
         body_end = chunk.end - 1 if chunk.completes_prefill else chunk.end
         for start in range(chunk.start, body_end, MAX_FORWARD_TOKENS):
             model.prefill_embedded(prompt, start, min(start + MAX_FORWARD_TOKENS, body_end), cache)
-            eval_caches(cache)  # the unused logits are never computed
+            # Queued, not waited for (the engine thread goes on building the step), and the unused logits are
+            # never computed.
+            mx.async_eval(cache_arrays(cache))
         if chunk.completes_prefill:
             completing.append(chunk)
             last_logits.append(model.prefill_embedded(prompt, body_end, chunk.end, cache)[:, -1, :])
@@ -87,6 +89,11 @@ class VisionPrompts:
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._kinds: dict[str, int] = {}  # this step's chunks'
         self._one_forward = one_forward_tokens()
+        # The embedding (the tower's graph, mlx-vlm's merge and positions) is built on a stream of its own: the reads
+        # back mlx-vlm makes there (token counts, the M-RoPE index, the rope delta) then wait for their own small
+        # work, not for the decode step queued on the runner's stream; the tower and merge are computed, lazily,
+        # with the prompt's prefill.
+        self._stream = mx.new_stream(mx.default_device())
 
     def order(self, chunks: list[PrefillChunk], requests: dict[str, NewRequest]) -> list[PrefillChunk]:
         self._kinds = {chunk.request_id: self._kind(chunk, requests[chunk.request_id]) for chunk in chunks}
@@ -129,7 +136,9 @@ class VisionPrompts:
         new = [requests[rid] for rid in request_ids if rid not in self._embedded]
         if new:
             prompts = [MediaPrompt(r.prompt_token_ids, r.vision, r.held_image_features) for r in new]
-            for request, embedded in zip(new, self.model.embed_prompts(prompts, self.features)):
+            with mx.stream(self._stream):
+                embeddings = self.model.embed_prompts(prompts, self.features)
+            for request, embedded in zip(new, embeddings):
                 self._embedded[request.request_id] = embedded
                 self.after_images.note_embedded(request, embedded)
                 if embedded.rope_delta:

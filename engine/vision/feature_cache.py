@@ -26,7 +26,10 @@ class VisionTowerStats:
     """The batched vision tower's runs since the engine started (mlx-vlm's own tower path is not timed apart)."""
 
     images: int = 0
-    seconds: float = 0.0  # wall time of its forwards, evaluated
+    # Wall time of its forwards: the first runs' waited for and timed (timed_runs), later ones' at the rate those
+    # gave, since they are left lazy (vision/model.py, TIMED_TOWER_RUNS).
+    seconds: float = 0.0
+    timed_runs: int = 0
 
 
 class FeatureCache:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from engine import EngineConfig, EngineCore
+from engine.vision.model import TIMED_TOWER_RUNS
 from engine.vision.qwen_positions import rotary_table, tower_index
 from engine.vision.qwen_tower import PROBE_GRIDS, WindowedTower, attention_groups
 from tests.engine.test_batching import assert_same_stream
@@ -102,3 +103,24 @@ def test_a_steps_new_image_prompts_share_one_tower_forward_and_answer_as_alone(t
     assert calls == [4]  # three prompts, four images, one forward
     for request_id, stream in expected.items():
         assert_same_stream(stream, batched[request_id])
+
+
+def test_after_its_timed_runs_the_tower_is_left_lazy_and_answers_as_when_waited_for(tmp_path):
+    """The first TIMED_TOWER_RUNS forwards are waited for and timed; later ones are computed with their prompt's
+    prefill (no wait on the engine thread): the same tokens and logprobs either way."""
+    family = Family(write_qwen25_vl(tmp_path / "qwen"))
+    model = family.loaded.model
+    images = [png_bytes(56 + 28 * (i % 3), 56, seed=70 + i) for i in range(TIMED_TOWER_RUNS + 3)]
+
+    def run_images():  # one new image a step, beside the rows still decoding
+        core = EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False, vision_feature_cache_bytes=0))
+        return run_core(core, [Arrival(i, family.request(f"r{i}", [image])) for i, image in enumerate(images)])
+
+    first = run_images()
+    assert model.tower_stats.timed_runs == TIMED_TOWER_RUNS and model.tower_stats.images == len(images)
+    seconds_after_first = model.tower_stats.seconds
+    again = run_images()  # every forward lazy now
+    assert model.tower_stats.timed_runs == TIMED_TOWER_RUNS and model.tower_stats.images == 2 * len(images)
+    assert model.tower_stats.seconds > seconds_after_first  # counted at the learnt rate
+    for request_id, stream in first.items():
+        assert_same_stream(stream, again[request_id])
