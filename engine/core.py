@@ -287,7 +287,7 @@ class EngineCore:
         return EngineStats(
             num_waiting=self.scheduler.num_waiting,
             num_running=self.scheduler.num_running,
-            num_decoding=len(self.runner.batch),
+            num_decoding=self.runner.batch.num_live_rows,
             max_num_seqs=self.config.max_num_seqs,
             queue_size=self.config.queue_size,
             kv_cache_bytes=self.runner.kv_cache_bytes(),

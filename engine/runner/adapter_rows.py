@@ -29,7 +29,8 @@ class AdapterRows:
         return self._adapters is not None and self._adapters.active
 
     def _slot(self, request_id: str) -> int:
-        return self._requests[request_id].adapter_slot
+        request = self._requests.get(request_id)  # none for a decode batch's dead rows: the base model's slot
+        return request.adapter_slot if request is not None else 0
 
     def rows(self, request_ids: Sequence[str]) -> ContextManager:
         """Around a forward whose batch rows are these requests', in order."""

@@ -25,7 +25,7 @@ from engine.kv.plain_batch import RowBlock
 from engine.models.head_split import head_split
 from engine.models.loader import LoadedModel
 from engine.runner.adapter_rows import AdapterRows
-from engine.runner.decode_batch import DecodeBatch, new_row_sampling
+from engine.runner.decode_batch import DecodeBatch, is_dead_row, new_row_sampling
 from engine.runner.memory import vision_features_budget
 from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
@@ -85,6 +85,7 @@ class ModelRunner:
             self.vision, self.features, self.head_split, loaded.vocab_size, self._rope_deltas)
         # Speculative decoding (verify_step.py): models of plain KV caches only, not vision models.
         self.speculation = speculation if speculation is not None and self.vision is None else None
+        self.batch.defer_leaves = self.speculation is None
 
     # ---- one engine step -------------------------------------------------
     def execute(self, scheduled: SchedulerOutput, before_device_work: Callable[[], None] | None = None) -> RunnerOutput:
@@ -207,7 +208,7 @@ class ModelRunner:
         started = time.perf_counter()
         tokens = step.read()
         self.read_wait_seconds += time.perf_counter() - started  # the device time a step did not hide
-        return tokens
+        return [token for token in tokens if not is_dead_row(token.request_id)]
 
     def _update_batch(self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]]) -> list[int]:
         """The decode batch made exactly this step's rows (leaving rows' KV cached first); returns the previous
@@ -237,7 +238,7 @@ class ModelRunner:
         if logits is None:
             return None
         sample_index = {row.request_id: row.sample_index for row in rows}
-        steps = [sample_index[rid] for rid in self.batch.request_ids]
+        steps = [sample_index.get(rid, 0) for rid in self.batch.request_ids]  # dead rows: none
         sampled = self.batch.sampler.sample(logits, steps)
         mx.async_eval(sampled.arrays())
         return PendingStep(list(self.batch.request_ids), sampled, self.batch.top_logprob_counts())

@@ -8,7 +8,7 @@ import pytest
 
 from engine import EngineConfig, EngineCore, Request, SamplingParams
 from engine.decode_warmup import warm_decode_batch
-from tests.support.drive import Arrival, run_core
+from tests.support.drive import Arrival, Collected, run_core
 
 LOGPROB_TOLERANCE = 1e-4
 
@@ -153,3 +153,40 @@ def test_the_decode_warm_up_runs_rows_joining_at_doubling_widths_and_leaves_the_
     sampling = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=True)
     assert_same_stream(run_alone(tiny_llama, "a", prompt, sampling),
                        run_core(core, [Arrival(0, Request("a", prompt, sampling))])["a"])
+
+
+def test_rows_that_leave_stay_in_the_kv_as_dead_rows_until_half_the_batch_is_dead(tiny_llama):
+    # Removing a row copies every layer's whole KV; a dead row only costs a row of each step (decode_batch.py).
+    prompts = random_prompts(9, seed=3)
+    sampling = [params(i, max_tokens=4 + i) for i in range(8)]  # one row leaves each step
+    core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=8, prefill_chunk_tokens=512, max_decode_seqs=8))
+    for i in range(8):
+        core.add_request(Request(f"r{i}", prompts[i], sampling[i]))
+    results: dict[str, Collected] = {}
+    shapes = []  # (rows in the batch's KV, dead rows among them) after each step
+    decoding = []  # what the engine's stats report decoding: the live rows
+    late = Request("late", prompts[8], params(8, max_tokens=5))
+    while core.has_unfinished_requests() or late is not None:
+        if late is not None and core.runner.batch.num_dead_rows == 2:
+            core.add_request(late)  # a joiner: the batch is rebuilt, its dead rows dropped
+            late = None
+        collect(core.step(), results)
+        shapes.append((len(core.runner.batch), core.runner.batch.num_dead_rows))
+        decoding.append(core.stats().num_decoding)
+    # Rows leave one a step from the 4th and stay as dead rows (8, 3); the late request (prefilled the step after it
+    # came) joins as a 4th leaves: the batch is rebuilt of its 5 live rows; two more stay dead; a third would make 3
+    # of 5 dead, so the batch is rebuilt of its 2 live rows; they end together.
+    assert shapes == [(0, 0), (8, 0), (8, 0), (8, 0), (8, 1), (8, 2), (8, 3), (5, 0), (5, 1), (5, 2), (2, 0), (0, 0)]
+    assert decoding == [rows - dead for rows, dead in shapes]
+    for i in range(8):
+        assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
+    assert_same_stream(run_alone(tiny_llama, "late", prompts[8], params(8, max_tokens=5)), results["late"])
+
+
+def collect(outputs, results: dict[str, Collected]) -> None:
+    for output in outputs:
+        collected = results.setdefault(output.request_id, Collected())
+        if output.delta is not None:
+            collected.token_ids += output.delta.token_ids
+            collected.logprobs += [lp.logprob for lp in output.delta.logprobs or []]
+        collected.finish = output.finish or collected.finish
