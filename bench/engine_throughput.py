@@ -83,6 +83,21 @@ class RunResult:
     peak_memory_gb: float = 0.0  # MLX peak device memory during the timed run
     # Ours only: the engine thread's mean milliseconds per step in each phase (engine/core.py StepPhaseSeconds).
     step_phases_ms: Optional[dict] = None
+    # With --step-trace: each step that returned tokens, as [ms since the step before (or the start), tokens].
+    # Where steps that joined or dropped rows cost more than a full step (issue 57's leaving rows).
+    step_trace: Optional[list] = None
+
+
+def step_trace(trace: Trace) -> list[list]:
+    """The run's steps from its emissions (one timestamp per step): [ms since the previous step, tokens]."""
+    tokens_at: dict[float, int] = {}
+    for emission in trace.emissions:
+        tokens_at[emission.at] = tokens_at.get(emission.at, 0) + emission.num_tokens
+    steps, previous = [], trace.start
+    for at in sorted(tokens_at):
+        steps.append([round(1e3 * (at - previous), 2), tokens_at[at]])
+        previous = at
+    return steps
 
 
 def summarize(engine: str, num_seqs: int, prompt_tokens: int, gen_tokens: int, trace: Trace) -> RunResult:
@@ -460,6 +475,7 @@ def bench_level(runner: Runner, concurrency: int, args, vocab_size: int) -> RunR
     result = summarize(runner.name, concurrency, args.prompt_tokens, args.gen_tokens, trace)
     result.peak_memory_gb = mx.get_peak_memory() / 1e9
     result.step_phases_ms = getattr(runner, "step_phases_ms", None)
+    result.step_trace = step_trace(trace) if args.step_trace else None
     free_memory()
     return result
 
@@ -642,6 +658,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     # Runs on the lent machines vary by up to 30%: repeat each level (engines alternating), report medians.
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-trace", action="store_true", help="keep each timed run's steps (ms, tokens) in the JSON")
     p.add_argument("--json", help="write results here")
     return p.parse_args(argv)
 

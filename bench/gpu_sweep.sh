@@ -52,7 +52,7 @@ case "$MODE" in
   engine)
     set +e  # the prefix-cache runs still go if engine_throughput fails
     python3 -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency "${LEVELS:-1,8,32,64,128}" \
-      --engines mlx_step,mlx_batch,mlx_forward,orchard --repeat "${REPEAT:-5}" --json "$OUT/engine_throughput.json" \
+      --engines mlx_step,mlx_batch,mlx_forward,orchard --repeat "${REPEAT:-5}" --step-trace --json "$OUT/engine_throughput.json" \
       2>&1 | tail -n 40 > "$OUT/engine_throughput.txt"
     # Staggered arrivals of mixed lengths (issue 57): a row joins every 2 steps, prompts 32..224 tokens.
     python3 -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency "${STAGGER_LEVELS:-128}" \
