@@ -17,6 +17,7 @@ from engine.kv.batch_cache import LayerCaches, cache_arrays
 from engine.models.head_split import HeadSplit
 from engine.request import Request
 from engine.runner.prefill import MAX_FORWARD_TOKENS, PrefillResult
+from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS
 from engine.runner.text_after_images import AfterImages
 from engine.scheduler_output import NewRequest, PrefillChunk
 from engine.vision.feature_cache import FeatureCache
@@ -25,11 +26,14 @@ from engine.vision.model import EmbeddedPrompt, MediaPrompt, VisionLanguageModel
 TEXT, TEXT_AFTER_IMAGES, WITH_IMAGES = 0, 1, 2  # a vision model's prefill chunks, in the order they run
 RunText = Callable[[list[PrefillChunk], list[LayerCaches]], PrefillResult]
 
-# On a GPU a completing chunk this short runs in one forward whose logits cover every position (152k-vocabulary
-# rows: 78 MB in bf16 at 256 tokens), not a body forward and a one-token tail forward: a repeated image's question
-# (its image from the prefix cache) saves a launch-bound forward. Not on the CPU, where those logits cost more than
-# the forward saved (a tiny Qwen2.5-VL's 207-token question: 444-530 ms against 86-95 ms in two forwards).
-GPU_ONE_FORWARD_TOKENS = 256
+# On a GPU a completing chunk of up to this many tokens runs in one forward whose logits cover every position (152k-
+# vocabulary rows: 78 MB in bf16 at 256 tokens, 200 MB at a 672x672 image's 656), not a body forward and a one-token
+# tail forward: the tail is a whole launch-bound forward of host time in a host-bound step (a repeated image's
+# question, and each new image prompt at 32 streams, where the image_mix rate stayed at 0.61-0.66 of text-only's on
+# the H200 at b4540fd). The text path's bound on full logits (prefill_shapes.py). Not on the CPU, where those
+# logits cost more than the forward saved (a tiny Qwen2.5-VL's 207-token question: 444-530 ms against 86-95 ms in
+# two forwards).
+GPU_ONE_FORWARD_TOKENS = SHORT_FORWARD_LOGITS_TOKENS
 
 
 def one_forward_tokens() -> int:

@@ -246,7 +246,7 @@ def test_text_prompts_of_a_vision_model_compute_logits_at_their_last_position_on
 
 
 def test_a_short_completing_chunk_in_one_forward_equals_a_body_and_a_tail_forward(family):
-    """A GPU runs a completing chunk of <= 256 tokens in one forward (runner/vision_prefill.py), the CPU as a body
+    """A GPU runs a completing chunk of <= 2,048 tokens in one forward (runner/vision_prefill.py), the CPU as a body
     and a one-token tail forward: the same logits and KV."""
     request = family.request("one", [png_bytes(112, 84, seed=8)])
     model = family.loaded.model
