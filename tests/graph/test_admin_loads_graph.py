@@ -32,6 +32,12 @@ def _listed(http) -> set[str]:
     return {m["id"] for m in http.get("/v1/admin/loaded-models").json()["data"]}
 
 
+def _answer_seconds(http, route: str) -> float:
+    started = time.monotonic()
+    assert http.get(route).status_code in (200, 503), route
+    return time.monotonic() - started
+
+
 def test_unplaceable_loads_fill_their_slots_and_the_control_routes_stay_quick(graph, tiny_models):
     slots = AdminLoadLimits().max_in_flight
     stuck = [f"stuck{i}" for i in range(slots)]
@@ -49,9 +55,9 @@ def test_unplaceable_loads_fill_their_slots_and_the_control_routes_stay_quick(gr
             assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_loads", refused.text
             time.sleep(3)  # Serve tries to place them meanwhile
             for route in CONTROL_ROUTES:
-                started = time.monotonic()
-                assert http.get(route).status_code in (200, 503), route
-                assert time.monotonic() - started < 1, route
+                # The best of three: a route held up by the stuck loads is slow each time, while one answer on this
+                # loaded 2-core machine (two test processes, Ray, Serve placing the loads) took 1.3 s once.
+                assert min(_answer_seconds(http, route) for _ in range(3)) < 1, route
             chat = http.post("/v1/chat/completions", json={
                 "model": ALPHA, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
             assert chat.status_code == 200
