@@ -62,7 +62,9 @@ class DecodeBatch:
     # Rows that leave while none joins stay in the KV as dead rows (decoded, their tokens dropped) until half the
     # batch is dead or rows join: removing them copies every layer's whole KV, and on an H200 at 128 rows the
     # steps that dropped 8 rows took 15-65 ms against ~8 ms for a full step, where a dead row costs a row of a step.
-    # Off where rows' inputs come from the host (speculative decoding's verify steps).
+    # On a GPU only (the runner's choice: on the CPU a step's cost grows with its rows; there two paired runs of 8
+    # staggered rows of the Qwen3-0.6B shape gave 0.92 and 1.03, on / off), and not where rows' inputs come from the
+    # host (speculative decoding's verify steps).
     defer_leaves: bool = False
     _dead_rows_made: int = 0
 

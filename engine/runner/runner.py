@@ -85,7 +85,7 @@ class ModelRunner:
             self.vision, self.features, self.head_split, loaded.vocab_size, self._rope_deltas)
         # Speculative decoding (verify_step.py): models of plain KV caches only, not vision models.
         self.speculation = speculation if speculation is not None and self.vision is None else None
-        self.batch.defer_leaves = self.speculation is None
+        self.batch.defer_leaves = self.speculation is None and mx.default_device().type == mx.DeviceType.gpu
 
     # ---- one engine step -------------------------------------------------
     def execute(self, scheduled: SchedulerOutput, before_device_work: Callable[[], None] | None = None) -> RunnerOutput:

@@ -160,6 +160,8 @@ def test_rows_that_leave_stay_in_the_kv_as_dead_rows_until_half_the_batch_is_dea
     prompts = random_prompts(9, seed=3)
     sampling = [params(i, max_tokens=4 + i) for i in range(8)]  # one row leaves each step
     core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=8, prefill_chunk_tokens=512, max_decode_seqs=8))
+    assert not core.runner.batch.defer_leaves  # the CPU's choice (runner.py); the GPU's, run here:
+    core.runner.batch.defer_leaves = True
     for i in range(8):
         core.add_request(Request(f"r{i}", prompts[i], sampling[i]))
     results: dict[str, Collected] = {}
