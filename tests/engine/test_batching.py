@@ -8,7 +8,7 @@ import pytest
 
 from engine import EngineConfig, EngineCore, Request, SamplingParams
 from engine.decode_warmup import warm_decode_batch
-from tests.support.drive import Arrival, Collected, run_core
+from tests.support.drive import Arrival, Collected, collect, run_core
 
 LOGPROB_TOLERANCE = 1e-4
 
@@ -184,11 +184,3 @@ def test_rows_that_leave_stay_in_the_kv_as_dead_rows_until_half_the_batch_is_dea
         assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
     assert_same_stream(run_alone(tiny_llama, "late", prompts[8], params(8, max_tokens=5)), results["late"])
 
-
-def collect(outputs, results: dict[str, Collected]) -> None:
-    for output in outputs:
-        collected = results.setdefault(output.request_id, Collected())
-        if output.delta is not None:
-            collected.token_ids += output.delta.token_ids
-            collected.logprobs += [lp.logprob for lp in output.delta.logprobs or []]
-        collected.finish = output.finish or collected.finish

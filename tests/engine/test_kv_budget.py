@@ -11,7 +11,7 @@ from engine import EngineConfig, EngineCore, Request, SamplingParams
 from engine.errors import KVBudgetExceededError
 from engine.kv.kv_layout import kv_bytes_per_token
 from engine.spec_decode.config import SpeculativeConfig
-from tests.support.drive import Collected
+from tests.support.drive import Collected, collect
 
 NUM_REQUESTS = 32
 MAX_TOKENS = 48
@@ -50,12 +50,10 @@ def run(core: EngineCore, budget: int | None) -> tuple[dict[str, Collected], int
     admitted: list[str] = []
     peak = 0
     while core.has_unfinished_requests():
-        for output in core.step(on_admitted=lambda outputs: admitted.extend(o.request_id for o in outputs)):
-            collected = results.setdefault(output.request_id, Collected())
+        outputs = core.step(on_admitted=lambda outputs: admitted.extend(o.request_id for o in outputs))
+        for output in outputs:
             assert output.error is None, output.error
-            if output.delta is not None:
-                collected.token_ids += output.delta.token_ids
-            collected.finish = output.finish or collected.finish
+        collect(outputs, results)
         peak = max(peak, core.runner.kv_cache_bytes())
         if budget is not None:
             assert core.scheduler.kv_planned_bytes <= budget

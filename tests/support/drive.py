@@ -23,6 +23,17 @@ class Arrival:
     request: Request
 
 
+def collect(outputs, results: dict[str, Collected]) -> None:
+    """A step's outputs added to each request's collected stream."""
+    for output in outputs:
+        collected = results.setdefault(output.request_id, Collected())
+        if output.delta is not None:
+            collected.token_ids += output.delta.token_ids
+            collected.text += output.delta.text
+            collected.logprobs += [lp.logprob for lp in output.delta.logprobs or []]
+        collected.finish = output.finish or collected.finish
+
+
 def run_core(
     core: EngineCore,
     arrivals: list[Arrival],
@@ -40,13 +51,7 @@ def run_core(
             output = core.abort_request(request_id)
             if output is not None:
                 results[request_id].finish = output.finish
-        for output in core.step():
-            collected = results.setdefault(output.request_id, Collected())
-            if output.delta is not None:
-                collected.token_ids += output.delta.token_ids
-                collected.text += output.delta.text
-                collected.logprobs += [lp.logprob for lp in output.delta.logprobs or []]
-            collected.finish = output.finish or collected.finish
+        collect(core.step(), results)
         step += 1
         assert step < max_steps, "engine did not finish"
     return results
