@@ -127,6 +127,7 @@ class EngineCore:
         self.runner = ModelRunner(loaded, config, guides, prefix_cache, speculation, self.adapters)
         self.scheduler = Scheduler(config, kv=KVCacheManager(prefix_cache), kv_budget=self.kv_budget, guides=guides)
         self._states: dict[str, RequestOutputState] = {}
+        self._towers_ahead: list[Request] = []  # requests with images whose tower has not been queued yet
         self._text_source = text_source_factory(loaded.tokenizer)
         self.guides = GuideCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
         self._num_steps = 0
@@ -151,6 +152,8 @@ class EngineCore:
         if request.vision is not None and self.runner.vision is not None:
             request.vision_cost_tokens = vision_cost_tokens(
                 self.runner.vision, self.runner.features, request, self._prefill_tokens_per_s)
+            if request.held_image_features is None:
+                self._towers_ahead.append(request)
         if request.sampling.guided is not None and request.guide is None:
             request.guide = self.guides.compile(request.sampling.guided)  # engine clients compile off-thread first
         if request.adapter is not None:
@@ -193,6 +196,8 @@ class EngineCore:
         """One step; before_device_work is called once the step's forward is built, before the device runs it.
         on_admitted gets the Admitted outputs of the requests this step takes in, before their prefill runs."""
         started, started_cpu = time.perf_counter(), time.thread_time()
+        if self._towers_ahead:
+            self._run_towers_ahead()
         if self.scheduler.uncached_prompts_may_be_hit():  # copied before admissions look for hits
             self.runner.cache_prefilled_prompts()
         scheduled = self.scheduler.schedule()
@@ -210,6 +215,25 @@ class EngineCore:
         self._step_cpu_seconds_total += time.thread_time() - started_cpu
         self._log_if_slow(scheduled, started, scheduled_at, ran_at)
         return outputs
+
+    def _run_towers_ahead(self) -> None:
+        """The vision tower of requests that came with images, queued before their admission on a stream of its own:
+        while rows decode, the scheduler admits them once it should be done (Request.vision_ready_at), so that it
+        runs beside the decode steps rather than in front of them. At most a step's prefill budget of image tokens,
+        and features held ahead for at most max_prefill_seqs waiting requests (a step admits no more): a long queue
+        of images holds no more device memory than that."""
+        self._towers_ahead = [r for r in self._towers_ahead if r.status == RequestStatus.WAITING]  # not admitted
+        budget, taken = self.config.prefill_token_budget, []
+        room = self.config.max_prefill_seqs - sum(1 for r in self.scheduler.waiting if r.vision_ready_at)
+        while self._towers_ahead and len(taken) < room and (
+                not taken or budget is None or budget >= self._towers_ahead[0].num_media_tokens):
+            request = self._towers_ahead.pop(0)
+            if not self.scheduler.kv.holds_media(request):  # else its images' KV is cached: it needs no tower
+                budget = None if budget is None else budget - request.num_media_tokens
+                taken.append(request)
+        ran, seconds = self.runner.run_towers_ahead(taken)
+        for request in ran:
+            request.vision_ready_at = time.monotonic() + seconds  # the scheduler's clock
 
     def _log_if_slow(self, scheduled: SchedulerOutput, started: float, scheduled_at: float, ran_at: float) -> None:
         """A step past SLOW_STEP_S (and several expected steps) goes to the log with what it held: a stall's trace

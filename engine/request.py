@@ -87,12 +87,16 @@ class Request:
     # image's content: engine/vision/inputs.py); None for a text prompt, keyed by its token ids.
     vision: "VisionInputs | None" = None
     prompt_cache_keys: Sequence[int] | None = None
-    # Its images' features, taken from the engine's kept ones when it came without its pixels (never resubmitted).
+    # Its images' features: taken from the engine's kept ones when it came without its pixels, or made by its tower
+    # run ahead of its admission (EngineCore); its prefill merges them, running no tower.
     held_image_features: list | None = None
     # Its vision tower's time as the prompt tokens the device prefills meanwhile: charged to the step budget of its
     # first chunk after each admission (unpaid until then).
     vision_cost_tokens: int = 0
     unpaid_vision_tokens: int = 0
+    # When its images' tower, run ahead of its admission (EngineCore), should be done (time.monotonic): while rows
+    # decode, the scheduler admits it no earlier, so its prefill does not queue the decode rows behind the tower.
+    vision_ready_at: float = 0.0
     # False: never speculate for this request (it decodes plainly, in the same batch).
     speculative: bool = True
     # A per-request LoRA adapter, by its name on this model (None: the base model), and the bank slot the engine
@@ -120,6 +124,11 @@ class Request:
     def cache_keys(self) -> tuple[int, ...]:
         """The prompt as the prefix cache sees it."""
         return self.prompt_token_ids if self.prompt_cache_keys is None else self.prompt_cache_keys  # type: ignore[return-value]
+
+    @property
+    def num_media_tokens(self) -> int:
+        """The prompt's image and video tokens (the prefix cache keys them by their media, negative)."""
+        return sum(1 for key in self.cache_keys if key < 0)
 
     @property
     def max_tokens(self) -> int:

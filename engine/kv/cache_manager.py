@@ -99,17 +99,7 @@ class PrefixCache:
     # ---- lookup ------------------------------------------------------------
     def match(self, tokens: Sequence[int], max_tokens: int | None = None) -> list[CachedBlock]:
         """Longest chain of cached full blocks that is a prefix of tokens[:max_tokens]; counts a hit or miss."""
-        limit = len(tokens) if max_tokens is None else min(max_tokens, len(tokens))
-        matched: list[CachedBlock] = []
-        parent: CachedBlock | None = None
-        for start in range(0, limit - self.block_size + 1, self.block_size):
-            block_tokens = tuple(tokens[start : start + self.block_size])
-            parent_hash = parent.block_hash if parent is not None else ROOT_HASH
-            block = self._blocks.get(chain_hash(parent_hash, block_tokens))
-            if block is None or block.tokens != block_tokens or block.parent is not parent:
-                break
-            matched.append(block)
-            parent = block
+        matched = self._chain(tokens, len(tokens) if max_tokens is None else min(max_tokens, len(tokens)))
         if self.snapshot_only:
             while matched and matched[-1].payload is None:
                 matched.pop()
@@ -120,6 +110,32 @@ class PrefixCache:
         else:
             self.stats.misses += 1
         return matched
+
+    def _chain(self, tokens: Sequence[int], limit: int) -> list[CachedBlock]:
+        matched: list[CachedBlock] = []
+        parent: CachedBlock | None = None
+        for start in range(0, limit - self.block_size + 1, self.block_size):
+            block_tokens = tuple(tokens[start : start + self.block_size])
+            parent_hash = parent.block_hash if parent is not None else ROOT_HASH
+            block = self._blocks.get(chain_hash(parent_hash, block_tokens))
+            if block is None or block.tokens != block_tokens or block.parent is not parent:
+                break
+            matched.append(block)
+            parent = block
+        return matched
+
+    def holds(self, tokens: Sequence[int], end: int) -> bool:
+        """Whether cached blocks, or they and a media tail, hold tokens[:end] (plain KV blocks); nothing counted or
+        touched: a look ahead of admission, which match() makes."""
+        if self.snapshot_only:
+            return False
+        matched = self._chain(tokens, end)
+        start = len(matched) * self.block_size
+        if start >= end:
+            return True
+        window = tuple(tokens[start : start + self.block_size])
+        parent_hash = matched[-1].block_hash if matched else ROOT_HASH
+        return start + media_end(window) >= end and (parent_hash, window[: end - start]) in self._media_tails
 
     def match_media_tail(self, tokens: Sequence[int], matched: list[CachedBlock],
                          max_tokens: int | None = None) -> tuple[CachedBlock, int] | None:
@@ -308,6 +324,13 @@ class KVCacheManager:
         request.prefix_blocks = blocks
         if not request.num_preemptions:  # usage reports the prompt's hit at its first admission
             request.num_cached_tokens = request.num_computed_tokens
+
+    def holds_media(self, request: Request) -> bool:
+        """Whether the prefix cache holds the prompt's KV through its last image or video token (then its media
+        need no vision tower), as reuse_cached_prefix would find it now."""
+        keys = request.prefill_cache_keys()
+        end = media_end(keys)
+        return self.prefix_cache is not None and 0 < end < request.num_prefill_tokens and self.prefix_cache.holds(keys, end)
 
     def release(self, request: Request) -> None:
         if self.prefix_cache is not None and request.prefix_blocks:

@@ -128,6 +128,11 @@ class ModelRunner:
                 self.speculation.observe_step(len(rows), 1, time.perf_counter() - started, pipelined)
         return RunnerOutput(sampled + first_tokens, num_first_tokens=len(first_tokens))
 
+    def run_towers_ahead(self, requests: list[Request]) -> tuple[list[Request], float]:
+        """A vision model's features for requests not admitted yet (vision_prefill.py): those whose tower ran, and
+        the seconds it should take."""
+        return self.vision_prompts.run_towers_ahead(requests) if self.vision_prompts is not None else ([], 0.0)
+
     def cache_prefilled_prompts(self) -> None:
         """Copy the last step's completed prompts into the prefix cache now, before the next step is
         scheduled (the scheduler asks for it when a waiting request may hit them); else execute() copies

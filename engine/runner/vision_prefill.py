@@ -77,8 +77,7 @@ def vision_cost_tokens(
         return 0
     if request.held_image_features is not None or (features is not None and features.holds(vision.image_digests)):
         return 0
-    image_tokens = sum(1 for key in request.cache_keys if key < 0)
-    return int(image_tokens * per_token * prefill_tokens_per_s)
+    return int(request.num_media_tokens * per_token * prefill_tokens_per_s)
 
 
 class VisionPrompts:
@@ -148,6 +147,17 @@ class VisionPrompts:
                 if embedded.rope_delta:
                     self.rope_deltas[request.request_id] = embedded.rope_delta
         return {rid: self._embedded[rid] for rid in request_ids}
+
+    def run_towers_ahead(self, requests: list[Request]) -> tuple[list[Request], float]:
+        """These requests' images' features now, on the embedding's stream: kept ones, else through the batched
+        tower, not waited for. Each request holds its features (its prefill merges them and runs no tower). The
+        requests whose tower ran, and the seconds it should take."""
+        with mx.stream(self._stream):
+            held, ran, seconds = self.model.run_towers_ahead([r.vision for r in requests], self.features)
+        for request, features in zip(requests, held):
+            if features is not None:
+                request.held_image_features, request.vision_cost_tokens = features, 0
+        return [requests[i] for i in ran], seconds
 
     def forget(self, request_id: str) -> None:
         self._embedded.pop(request_id, None)

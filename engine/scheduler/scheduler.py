@@ -295,16 +295,24 @@ class Scheduler:
         while self.waiting and len(self.running) < self.config.max_decode_seqs:
             if len(chunks) == self.config.max_prefill_seqs or budget == 0:
                 break
-            request = self.waiting[0]
-            if request.num_output_tokens < request.num_decode_steps:
+            request = self._next_to_admit()
+            if request is None or request.num_output_tokens < request.num_decode_steps:
                 break  # preempted with its last token in flight: it resumes once that token is read
             if not self._may_admit(request, plan):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             self._admit(request, new_requests)
             if request.is_prefilling:
                 budget = self._add_chunk(request, budget, chunks, plan)
         return chunks
+
+    def _next_to_admit(self) -> Request | None:
+        """The queue's first request, passing over those whose images' tower (run ahead) should still be running
+        while rows decode: their prefill would queue every decode row behind the tower on the device."""
+        if not self._decoding:
+            return self.waiting[0]
+        now = self._clock()
+        return next((request for request in self.waiting if request.vision_ready_at <= now), None)
 
     def _admit(self, request: Request, new_requests: list[NewRequest]) -> None:
         """Into the running set; a preempted request's prefill recomputes what it generated so far."""

@@ -77,7 +77,8 @@ class VisionLanguageModel:
         self.tower_stats = VisionTowerStats()  # what a mix of text and image requests pays for the images
         # Orchard's forward of the tower over a step's images at once (qwen_tower.py), checked on first use.
         tower = getattr(model, "vision_tower", None)
-        self.batched_tower: WindowedTower | None = WindowedTower(tower) if WindowedTower.fits(tower) else None
+        self.batched_tower: WindowedTower | None = WindowedTower(
+            tower, compiled=mx.default_device().type == mx.DeviceType.gpu) if WindowedTower.fits(tower) else None
         self._tower_checked = False
         # mlx-lm's text model of the family on these weights (vision/text_twin.py): decode rows run through it.
         self.text_twin: nn.Module | None = None
@@ -140,7 +141,9 @@ class VisionLanguageModel:
             return [self.embed_prompt(p.token_ids, p.vision, features, p.held_features) for p in prompts]
         kept = [p.held_features or (features.lookup(p.vision.image_digests) if features is not None else None)
                 for p in prompts]
-        pixels = [_pixels(prompt.vision) for prompt in prompts]
+        # Held features merge beside zeros of the pixels' shape where the family reads none (no host copy of them).
+        pixels = [_stand_in(_pixel_shape(p.vision)) if p.held_features is not None and self.merges_without_pixels
+                  else _pixels(p.vision) for p in prompts]
         to_run = [(prompt.vision, p) for prompt, p, k in zip(prompts, pixels, kept) if k is None]
         fresh = iter(self._tower_features(to_run, features))
         embedded = []
@@ -153,6 +156,27 @@ class VisionLanguageModel:
                 cached_image_features=mx.concatenate(images) if len(images) > 1 else images[0])
             embedded.append(self._embedded(tokens, merged, arrays))
         return embedded
+
+    def run_towers_ahead(
+        self, visions: list[VisionInputs], features: FeatureCache | None
+    ) -> tuple[list[list[mx.array] | None], list[int], float]:
+        """These prompts' images' features now: kept ones looked up (a hit or miss counted here, not again at their
+        embedding), the others through the batched tower, queued and not waited for (the caller's stream). Each
+        prompt's features (None: not images the batched tower takes), the prompts whose tower ran, and the seconds
+        it should take (0 while its cost is being learnt: those runs are waited for)."""
+        tower = self._checked_tower()
+        takes = [i for i, vision in enumerate(visions) if tower is not None and _images_only(vision)]
+        held: list[list[mx.array] | None] = [None] * len(visions)
+        for i in takes:
+            held[i] = features.lookup(visions[i].image_digests) if features is not None else None
+        ran = [i for i in takes if held[i] is None]
+        timed_before = self.tower_stats.timed_runs
+        for i, images in zip(ran, self._tower_features([(visions[i], _pixels(visions[i])) for i in ran], features)):
+            held[i] = images
+        mx.async_eval([image for i in ran for image in held[i]])
+        tokens = sum(int(image.shape[0]) for i in ran for image in held[i])
+        waited = self.tower_stats.timed_runs > timed_before
+        return held, ran, 0.0 if waited or self.tower_s_per_token is None else tokens * self.tower_s_per_token
 
     def held_features(self, vision: VisionInputs, features: FeatureCache | None) -> list[mx.array]:
         """The kept features of a prompt sent without its pixels, each image's; ImagePixelsNeededError when some
@@ -322,6 +346,10 @@ def _pixels(vision: VisionInputs) -> mx.array | None:
     if vision.pixels_left_out:
         return _stand_in(vision.pixel_shape)
     return None if vision.pixel_values is None else mx.array(vision.pixel_values)
+
+
+def _pixel_shape(vision: VisionInputs) -> tuple[int, ...]:
+    return vision.pixel_shape if vision.pixels_left_out else tuple(vision.pixel_values.shape)
 
 
 def _stand_in(shape: tuple[int, ...]) -> mx.array:

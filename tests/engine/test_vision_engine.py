@@ -176,6 +176,22 @@ def test_another_question_on_a_cached_image_reuses_its_kv_through_the_images_las
     core.scheduler.kv.prefix_cache.check_integrity()
 
 
+def test_a_cached_images_next_question_runs_no_tower_even_where_its_features_are_not_kept(family):
+    """Its KV through the image's last token is in the prefix cache, its features are not: the tower, run ahead of
+    admission for requests with images (EngineCore), is not run for it; it answers as alone."""
+    model = family.loaded.model
+    if model.batched_tower is None:
+        pytest.skip("the family's tower runs in its prompt's embedding, never ahead")
+    core = EngineCore(family.loaded, EngineConfig(prefix_block_size=BLOCK, vision_feature_cache_bytes=0))
+    image = png_bytes(112, 84, seed=8)
+    run_core(core, [Arrival(0, family.request("first", [image], " ".join(f"t{30 + i}" for i in range(24))))])
+    towers = model.tower_stats.images
+    other = " ".join(f"t{60 + i}" for i in range(24))
+    second = run_core(core, [Arrival(0, family.request("second", [image], other))])["second"]
+    assert model.tower_stats.images == towers and second.finish.usage.cached_tokens > 0
+    assert_same_stream(alone(family, family.request("second-alone", [image], other)), second)
+
+
 def _lookups(core: EngineCore) -> tuple[int, int]:
     stats = core.stats().vision_features
     return stats.hits, stats.misses

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from engine import EngineConfig, EngineCore
+from engine.request import RequestStatus
 from engine.vision.model import TIMED_TOWER_RUNS
 from engine.vision.qwen_positions import rotary_table, tower_index
-from engine.vision.qwen_tower import PROBE_GRIDS, WindowedTower, attention_groups
+from engine.vision.qwen_tower import COMPILED_GRID_SETS, PROBE_GRIDS, WindowedTower, attention_groups
 from tests.engine.test_batching import assert_same_stream
 from tests.engine.test_vision_engine import Family
-from tests.support.drive import Arrival, run_core
+from tests.support.drive import Arrival, collect, run_core
 from tests.support.random_vlm import build_random_vlm, vlm_config
 from tests.support.tiny_vlms import write_qwen25_vl
 from tests.support.vlm_images import png_bytes
@@ -50,6 +51,27 @@ def test_batched_tower_equals_mlx_vlm_and_each_image_alone(dtype):
     # The same arithmetic; only the matmuls' row blocking differs with the rows in one call.
     alone = mx.concatenate(alone).astype(mx.float32)
     assert mx.allclose(alone, together.astype(mx.float32), rtol=1e-5, atol=1e-5).item()
+
+
+def test_a_grid_sets_second_forward_is_compiled_and_equals_the_uncompiled_one():
+    """The compiled forward (a GPU's: qwen_tower.py) from a grid set's second forward on: the same features; a grid
+    set seen once stays uncompiled, and only the most recent COMPILED_GRID_SETS stay compiled."""
+    model = build_random_vlm(vlm_config("tiny-vl", "bfloat16"), "bfloat16", seed=1, vision_dtype="float32")
+    plain, compiled = WindowedTower(model.vision_tower), WindowedTower(model.vision_tower, compiled=True)
+    pixels = mx.random.normal((sum(t * h * w for t, h, w in GRIDS), 1176), key=mx.random.key(3))
+    expected = plain(pixels, GRIDS)
+    key = tuple(map(tuple, GRIDS))
+    first = compiled(pixels, GRIDS)
+    assert not compiled._forwards
+    outputs = [compiled(pixels, GRIDS) for _ in range(2)]
+    assert list(compiled._forwards) == [key]
+    for output in (first, *outputs):
+        assert mx.allclose(output, expected, rtol=1e-5, atol=1e-5).item()
+    widths = range(2, 2 * (COMPILED_GRID_SETS + 1), 2)  # single images of other sizes, twice each
+    for width in widths:
+        for _ in range(2):
+            compiled(pixels[: 4 * width], [(1, 4, width)])
+    assert list(compiled._forwards) == [((1, 4, width),) for width in widths][-COMPILED_GRID_SETS:]  # LRU first
 
 
 @pytest.mark.parametrize("grids", [GRIDS, [(1, 48, 48)], [(1, 50, 36), (3, 4, 4)], [PROBE_GRIDS[0]]])
@@ -124,3 +146,50 @@ def test_after_its_timed_runs_the_tower_is_left_lazy_and_answers_as_when_waited_
     assert model.tower_stats.seconds > seconds_after_first  # counted at the learnt rate
     for request_id, stream in first.items():
         assert_same_stream(stream, again[request_id])
+
+
+def test_an_image_prompt_arriving_beside_decode_rows_has_its_tower_run_ahead_and_waits_for_it(tmp_path):
+    """A request with images that arrives while a row decodes has its tower queued at the next step (its features
+    held before it is admitted) and is admitted only once the tower should be done, here not before the decoding
+    row's last step (the learnt cost says an hour); then it answers as it does alone."""
+    family = Family(write_qwen25_vl(tmp_path / "qwen"))
+    model = family.loaded.model
+    image = png_bytes(84, 56, seed=5)
+    alone = run_core(EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False)),
+                     [Arrival(0, family.request("image", [image]))])["image"]
+    model.tower_stats.timed_runs, model.tower_s_per_token = TIMED_TOWER_RUNS, 3600.0  # learnt: lazy, and slow
+    core = EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False))
+    core.add_request(core.limits.validate(family.request("text", [], max_tokens=6)))
+    results: dict = {}
+    for _ in range(2):
+        collect(core.step(), results)
+    request = core.limits.validate(family.request("image", [image]))
+    core.add_request(request)
+    collect(core.step(), results)
+    assert request.held_image_features is not None and request.status == RequestStatus.WAITING
+    while results["text"].finish is None:
+        assert "image" not in results  # not admitted while the text row decodes (its first token: a step later)
+        collect(core.step(), results)
+    while core.has_unfinished_requests():
+        collect(core.step(), results)
+    assert model.tower_stats.images == 2  # alone's and this one's: none at admission
+    assert_same_stream(alone, results["image"])
+
+
+def test_features_are_held_ahead_for_at_most_max_prefill_seqs_waiting_requests(tmp_path):
+    """A queue of image requests behind a full decode batch: towers run ahead for max_prefill_seqs of them (the
+    device memory their features hold stays bounded), the others' as the queue moves; each image's tower runs once."""
+    family = Family(write_qwen25_vl(tmp_path / "qwen"))
+    core = EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False, max_decode_seqs=1, max_prefill_seqs=2))
+    core.add_request(core.limits.validate(family.request("text", [], max_tokens=4)))
+    results: dict = {}
+    collect(core.step(), results)
+    requests = [core.limits.validate(family.request(f"image{i}", [png_bytes(56, 56, seed=20 + i)])) for i in range(4)]
+    for request in requests:
+        core.add_request(request)
+    collect(core.step(), results)
+    assert [r.held_image_features is not None for r in requests] == [True, True, False, False]
+    while core.has_unfinished_requests():
+        collect(core.step(), results)
+    assert all(results[r.request_id].finish.reason == "length" for r in requests)
+    assert family.loaded.model.tower_stats.images == len(requests)

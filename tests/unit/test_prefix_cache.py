@@ -30,6 +30,19 @@ def test_match_returns_the_longest_cached_block_prefix():
     cache.check_integrity()
 
 
+def test_holds_looks_through_blocks_and_a_media_tail_counting_and_touching_nothing():
+    cache = PrefixCache(BLOCK, capacity_bytes=1000)
+    image = [-7] * 5
+    first = [1, 2, *image, 10, 11, 12, 13, 14]  # the image ends inside the second block
+    cache.insert(first, payload(first))
+    order = list(cache._blocks)
+    second = [1, 2, *image, 20, 21]
+    assert cache.holds(second, 7) and cache.holds(second, 4) and cache.holds(first, 12)
+    assert not cache.holds([1, 2, -8, -8, -8, -8, -8, 20], 7)  # another image
+    assert not cache.holds(second + [30] * 8, 16)  # past what is cached
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.hit_tokens) == (0, 0, 0) and list(cache._blocks) == order
+
+
 def test_another_question_on_a_cached_image_reuses_the_block_it_ends_in_through_its_last_token():
     cache = PrefixCache(BLOCK, capacity_bytes=50)
     image = [-7] * 5  # an image's tokens (negative keys), ending inside the second block
