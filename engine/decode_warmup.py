@@ -16,9 +16,8 @@ import logging
 import time
 from dataclasses import replace
 
-import mlx.core as mx
-
 from engine.core import EngineCore
+from engine.device_memory import on_gpu
 from engine.request import Request
 from engine.sampling.params import SamplingParams
 
@@ -39,8 +38,7 @@ def warm_decode_batch(core: EngineCore, time_budget_s: float | None = None) -> i
     prefill_warmup_seconds."""
     budget = time_budget_s
     if budget is None:
-        gpu = mx.default_device().type == mx.DeviceType.gpu
-        budget = min(DECODE_WARMUP_S, core.config.prefill_warmup_seconds) if gpu else 0.0
+        budget = min(DECODE_WARMUP_S, core.config.prefill_warmup_seconds) if on_gpu() else 0.0
     if budget <= 0:
         return 0
     started = time.monotonic()

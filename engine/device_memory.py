@@ -1,5 +1,6 @@
-"""How much memory MLX's device has: the one reading every memory-sized default uses (the KV budget, the prefix
-cache, the prefill step, quantize auto, `orchard doctor`)."""
+"""MLX's device: whether it is a GPU (the one test every device-dependent default uses) and how much memory it has
+(the one reading every memory-sized default uses: the KV budget, the prefix cache, the prefill step, quantize auto,
+`orchard doctor`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ import mlx.core as mx
 # mx.device_info() names it by backend: Metal's recommended working set (a share of unified memory), a CUDA
 # card's own memory (there the machine's RAM is not the GPU's), Metal's whole unified memory.
 ACCELERATOR_MEMORY_KEYS = ("max_recommended_working_set_size", "total_memory", "memory_size")
+
+
+def on_gpu() -> bool:
+    """Whether MLX computes on a GPU (Metal or CUDA) rather than the CPU."""
+    return mx.default_device().type == mx.DeviceType.gpu
 
 
 def accelerator_memory_bytes() -> int:

@@ -18,8 +18,6 @@ import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-import mlx.core as mx
-
 from engine.client.interface import EngineClientBase, ServedModel
 from engine.client.messages import (
     AbortRequest,
@@ -35,6 +33,7 @@ from engine.client.messages import (
 )
 from engine.client.process_settings import engine_thread_env
 from engine.client.spec import EngineSpec, load_serving_processor
+from engine.device_memory import on_gpu
 from engine.errors import EngineDeadError
 from engine.mlx_settings import MLX_SETTINGS
 from engine.models.loader import load_tokenizer_only
@@ -168,7 +167,7 @@ def _child_env() -> dict[str, str]:
     with the engine's MLX settings in its environment (MLX reads them once, whenever its backend first needs them)
     and thread counts chosen for its device, not Ray's OMP_NUM_THREADS=1 (BLAS runtimes read them at load)."""
     env = {**MLX_SETTINGS, **os.environ}
-    env.update(engine_thread_env(runs_on_cpu=mx.default_device().type == mx.DeviceType.cpu, environ=os.environ))
+    env.update(engine_thread_env(runs_on_cpu=not on_gpu(), environ=os.environ))
     paths = [p for p in sys.path if p]
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env

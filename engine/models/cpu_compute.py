@@ -19,7 +19,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import dequantize_model
 
 from engine.cpu_blas import choose_blas
-from engine.device_memory import device_memory_bytes
+from engine.device_memory import device_memory_bytes, on_gpu
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ FLOAT32 = StoredForm("float32", mx.float32)
 def choose_cpu_compute(model: nn.Module, config: dict[str, Any]) -> CpuCompute | None:
     """Cast (or dequantize) `model` to float32 where that is clearly faster on this CPU and fits memory; None on a
     GPU backend (nothing to choose there)."""
-    if mx.default_device().type != mx.DeviceType.cpu:
+    if on_gpu():
         return None
     choice = _measure(model, config)
     if choice.changed:

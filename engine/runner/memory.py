@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine.config import EngineConfig
-from engine.device_memory import device_memory_bytes
+from engine.device_memory import device_memory_bytes, on_gpu
 from engine.process_memory import process_rss_bytes
 
 
@@ -28,7 +28,7 @@ def read_engine_memory() -> EngineMemory:
         mlx_cache_bytes=mx.get_cache_memory(),
         mlx_peak_bytes=mx.get_peak_memory(),
         rss_bytes=process_rss_bytes(),
-        buffers_in_rss=mx.default_device().type == mx.DeviceType.cpu,
+        buffers_in_rss=not on_gpu(),
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.device_memory import on_gpu
 from engine.kv import quantized_kv
 from engine.kv.batch_cache import LayerCaches, cache_arrays, eval_caches, extract_request_cache, merge_request_caches
 from engine.kv.block_store import prefix_cache_mode
@@ -279,4 +280,4 @@ def resolve_pad_shapes(setting: bool | None, model, quantized_kv: bool = False) 
     """Padding needs caches that take right padding and cut it off exactly: plain KV caches (not quantized)."""
     if quantized_kv or prefix_cache_mode(model) != "blocks":
         return False
-    return setting if setting is not None else mx.default_device().type == mx.gpu
+    return setting if setting is not None else on_gpu()

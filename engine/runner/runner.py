@@ -18,6 +18,7 @@ import mlx.core as mx
 
 from engine.adapters.served import ServedAdapters
 from engine.config import EngineConfig
+from engine.device_memory import on_gpu
 from engine.kv.batch_cache import LayerCaches, cache_nbytes, new_request_cache
 from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes
 from engine.kv.cache_manager import PrefixCache
@@ -66,8 +67,7 @@ class ModelRunner:
         self._next_inputs: dict[str, int] = {}
         self._pending: PendingStep | None = None
         self.read_wait_seconds = 0.0  # summed over steps: time blocked reading sampled tokens back from the device
-        # Freed buffers of sizes that will not recur (prefill shapes, batch resizes) would
-        # otherwise pile up in MLX's buffer cache until device memory runs out.
+        # Freed buffers of sizes that will not recur (prefill shapes, batch resizes) would pile up in MLX's buffer cache.
         self._previous_cache_limit = mx.set_cache_limit(buffer_cache_limit_bytes())
         self.prefix_cache = prefix_cache
         self._blocks = KVBlockStore(self.model, prefix_cache, self.kv_quantization) if prefix_cache is not None else None
@@ -85,7 +85,7 @@ class ModelRunner:
             self.vision, self.features, self.head_split, loaded.vocab_size, self._rope_deltas)
         # Speculative decoding (verify_step.py): models of plain KV caches only, not vision models.
         self.speculation = speculation if speculation is not None and self.vision is None else None
-        self.batch.defer_leaves = self.speculation is None and mx.default_device().type == mx.DeviceType.gpu
+        self.batch.defer_leaves = self.speculation is None and on_gpu()
 
     # ---- one engine step -------------------------------------------------
     def execute(self, scheduled: SchedulerOutput, before_device_work: Callable[[], None] | None = None) -> RunnerOutput:

@@ -13,6 +13,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from engine.device_memory import on_gpu
 from engine.kv.batch_cache import LayerCaches, cache_arrays
 from engine.models.head_split import HeadSplit
 from engine.request import Request
@@ -37,7 +38,7 @@ GPU_ONE_FORWARD_TOKENS = SHORT_FORWARD_LOGITS_TOKENS
 
 
 def one_forward_tokens() -> int:
-    return GPU_ONE_FORWARD_TOKENS if mx.default_device().type == mx.DeviceType.gpu else 0
+    return GPU_ONE_FORWARD_TOKENS if on_gpu() else 0
 
 
 def run_vision_prefill(

@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from engine.device_memory import on_gpu
 from engine.errors import ImagePixelsNeededError, ModelLoadError
 from engine.models.head_split import HeadSplit, agrees
 from engine.vision.feature_cache import FeatureCache, VisionTowerStats
@@ -77,8 +78,7 @@ class VisionLanguageModel:
         self.tower_stats = VisionTowerStats()  # what a mix of text and image requests pays for the images
         # Orchard's forward of the tower over a step's images at once (qwen_tower.py), checked on first use.
         tower = getattr(model, "vision_tower", None)
-        self.batched_tower: WindowedTower | None = WindowedTower(
-            tower, compiled=mx.default_device().type == mx.DeviceType.gpu) if WindowedTower.fits(tower) else None
+        self.batched_tower = WindowedTower(tower, compiled=on_gpu()) if WindowedTower.fits(tower) else None
         self._tower_checked = False
         # mlx-lm's text model of the family on these weights (vision/text_twin.py): decode rows run through it.
         self.text_twin: nn.Module | None = None
