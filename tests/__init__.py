@@ -5,18 +5,23 @@ from pathlib import Path
 
 def _pin_batch_invariant_blas() -> None:
     """The exactness tests (batched == alone, cached == uncached) compare a row's arithmetic inside batches of
-    different sizes. OpenBLAS's FMA kernels, which engine/cpu_blas.py picks on an x86 CPU without AVX-512 (HASWELL),
-    round a row differently as the batch grows (up to 5e-5 on a 64x576 @ 576x1536 matmul on an AMD EPYC: enough to
-    move a 4-bit KV value to the next level); its AVX kernels (SANDYBRIDGE) gave every row the same bits at every
-    batch size, at ~3/4 of the speed. The suite (and the engine processes it starts) runs on those; servers keep
-    the fastest. An OPENBLAS_CORETYPE already set wins."""
-    if platform.machine() != "x86_64" or "OPENBLAS_CORETYPE" in os.environ:
+    different sizes. OpenBLAS's FMA kernels, which engine/cpu_blas.py picks on an x86 CPU (HASWELL without AVX-512,
+    SKYLAKEX with it), round a row differently as the batch grows (up to 5e-5 on a 64x576 @ 576x1536 matmul on an
+    AMD EPYC: enough to move a 4-bit KV value to the next level; on an AVX-512 EPYC from 5 rows on, even at the tiny
+    models' 64 wide, under either kernel); its AVX kernels (SANDYBRIDGE) gave every row the same bits at every
+    batch size on both, at ~3/4 of the speed. The suite (and the engine processes it starts) runs on those, over an
+    OPENBLAS_CORETYPE the machine sets (one CI machine set Haswell for every process); servers keep the fastest.
+    ORCHARD_TEST_OPENBLAS_CORETYPE runs the suite on other kernels."""
+    if os.environ.get("ORCHARD_TEST_OPENBLAS_CORETYPE"):
+        os.environ["OPENBLAS_CORETYPE"] = os.environ["ORCHARD_TEST_OPENBLAS_CORETYPE"]
+        return
+    if platform.machine() != "x86_64":
         return
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         return
-    if "avx512f" not in flags.split() and "avx" in flags.split():
+    if "avx" in flags.split():
         os.environ["OPENBLAS_CORETYPE"] = "SANDYBRIDGE"
 
 
