@@ -8,8 +8,10 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -69,6 +71,25 @@ def chat(http: httpx.Client, stream: bool = False, max_tokens: int = 24) -> http
         "temperature": 0, "ignore_eos": True, "stream": stream})
 
 
+@dataclass
+class StreamAnswer:
+    status_code: int
+    text: str
+
+
+def long_stream(http: httpx.Client, started: threading.Semaphore, max_tokens: int = 3000) -> StreamAnswer:
+    """A streamed chat read to its end; `started` is released at its first chunk (it is then in an engine)."""
+    body = {"model": TWO, "messages": [{"role": "user", "content": "t1 t2 t3"}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    chunks: list[str] = []
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        for chunk in response.iter_text():
+            if not chunks:
+                started.release()
+            chunks.append(chunk)
+    return StreamAnswer(response.status_code, "".join(chunks))
+
+
 def conversation(http: httpx.Client, index: int) -> int:
     """Two turns of one conversation; the second turn's cached prompt tokens (its replica holds the first's)."""
     messages = [{"role": "user", "content": " ".join(f"t{(index * 37 + j) % 230}" for j in range(64))}]
@@ -125,8 +146,11 @@ def test_two_replicas_share_the_streams_and_a_killed_one_leaves_the_other_servin
         assert min(used.values()) >= 0.25 * max(used.values()), used  # both served a share (CPU ticks)
 
         victim = min(pids)
-        running = [pool.submit(chat, http, True, 400) for _ in range(8)]
-        time.sleep(1.0)
+        # Killed once all eight streams run (a fast CPU finished 400-token streams within a fixed second's wait).
+        started = threading.Semaphore(0)
+        running = [pool.submit(long_stream, http, started) for _ in range(8)]
+        for _ in running:
+            assert started.acquire(timeout=60), "a stream never started"
         os.kill(victim, signal.SIGKILL)
         after_kill = [chat(http) for _ in range(6)]  # the survivor answers at once, not the replacement
         assert [a.status_code for a in after_kill] == [200] * 6, [a.text for a in after_kill]
