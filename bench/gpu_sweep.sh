@@ -6,10 +6,12 @@
 #   bash bench/gpu_sweep.sh vision [SHAPE]              # Orchard vs mlx_vlm.server, image requests (issue 27)
 #
 # serving SHAPE [BITS]: bench.serving.compare, levels LEVELS (default 1,4,8,16,32,64,128), servers orchard and
-#   mlx_lm, the in-process engine baseline and EFFICIENCY_ROUNDS (default 5; 0: none) alternating HTTP /
-#   in-process rounds at 64 streams. Writes $OUT/serving_<shape>_<bf16|Nbit>.{json,txt} and server logs under
+#   mlx_lm, the in-process engine baseline (ENGINE_BASELINE=0: none) and EFFICIENCY_ROUNDS (default 5; 0: none)
+#   alternating HTTP / in-process rounds at 64 streams. Writes $OUT/serving_<shape>_<bf16|Nbit>.{json,txt} and server logs under
 #   $OUT/logs_<tag>/. BUDGET: seconds for the whole compare run, model build included (default 540 of the
-#   call's 600). EXTRA: more compare flags (e.g. "--workloads mixed,uniform,burst,long").
+#   call's 600). EXTRA: more compare flags (e.g. "--workloads mixed,uniform,burst,long"). SERVERS (default
+#   orchard,mlx_lm): the servers in run order; rapid_mlx (Rapid-MLX, issue 57) needs .gpu-rapid carried too
+#   (bench/README.md builds it), unpacked here into /tmp/rapid-site.
 # engine: bench.engine_throughput (Orchard vs mlx-lm generate_step / BatchGenerator / mlx_forward, mlx-lm's bare
 #   forward loop; random bf16 Qwen3-0.6B shape, 128-token prompts, 128 new tokens, REPEAT runs per level (default
 #   5), engines alternating; medians and paired ratios) at LEVELS (default 1,8,32,64,128); then bench.kv_cache ttft
@@ -42,9 +44,14 @@ case "$MODE" in
     SHAPE="${2:-qwen3-0.6b}"
     BITS="${3:-}"
     if [ -n "$BITS" ]; then TAG="${SHAPE}_${BITS}bit"; else TAG="${SHAPE}_bf16"; fi
+    if [ -f .gpu-rapid/rapid-site.tar.xz ]; then
+      mkdir -p /tmp/rapid-site && tar -xJf .gpu-rapid/rapid-site.tar.xz -C /tmp/rapid-site
+      export RAPID_MLX_SITE=/tmp/rapid-site
+    fi
     # shellcheck disable=SC2086
     python3 -m bench.serving.compare --random-shape "$SHAPE" ${BITS:+--bits "$BITS"} \
-      --levels "${LEVELS:-1,4,8,16,32,64,128}" --servers orchard,mlx_lm --engine-baseline \
+      --levels "${LEVELS:-1,4,8,16,32,64,128}" --servers "${SERVERS:-orchard,mlx_lm}" \
+      $([ "${ENGINE_BASELINE:-1}" = 1 ] && echo --engine-baseline) \
       --efficiency-rounds "${EFFICIENCY_ROUNDS:-5}" \
       --json "$OUT/serving_${TAG}.json" --log-dir "$OUT/logs_${TAG}" \
       --time-budget-s "${BUDGET:-540}" ${EXTRA:-} 2>&1 | tee "$OUT/serving_${TAG}.txt"

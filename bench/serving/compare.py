@@ -42,12 +42,14 @@ from deployments.cli.loadgen.tables import show
 from deployments.cli.loadgen.workloads import LoadSettings
 
 REPO = Path(__file__).resolve().parents[2]
-SERVERS = ("orchard", "mlx_lm")  # and orchard_rN: ours with N replicas (issue 56's pairing: orchard_r2,orchard_r1)
+# and orchard_rN: ours with N replicas (issue 56's pairing: orchard_r2,orchard_r1). rapid_mlx: Rapid-MLX (issue 57's
+# report), from the site folder RAPID_MLX_SITE names (its own mlx-lm, older than ours: bench/README.md builds it).
+SERVERS = ("orchard", "mlx_lm", "rapid_mlx")
 REPLICA_PHASE = re.compile(r"orchard_r([1-9][0-9]*)(?:#[0-9]+)?$")
 # Time-budget shares. Our server's phase holds its start: 95-115 s of prefill-shape warm-up on the H100 against
 # mlx_lm.server's ~22 s (at 1.0 / 1.3 the 2026-11-25 sweeps lost our burst and long phases while mlx_lm.server
 # and the engine used a third of theirs: commit 4ccf0ac). The engine run is short.
-PHASE_WEIGHTS = {"orchard": 1.8, "mlx_lm": 1.0, "engine": 0.4}
+PHASE_WEIGHTS = {"orchard": 1.8, "mlx_lm": 1.0, "rapid_mlx": 1.2, "engine": 0.4}
 STOP_RESERVE_S = 20.0  # stopping a server (Ray shutdown) within its phase
 EFFICIENCY_LEVEL = 64  # the acceptance point's concurrency
 END_RESERVE_S = 10.0  # tables and the final JSON
@@ -144,6 +146,20 @@ def mlx_lm_spec(model_path: str, port: int, decode_concurrency: int, prompt_conc
     # mlx_lm.server has no ignore_eos (it ignores unknown fields); random models rarely emit EOS.
     # The same MLX backend settings as our engine applies to itself, so the servers differ only in themselves.
     return ServerSpec("mlx_lm", argv, Target(f"http://127.0.0.1:{port}", "default_model", "mlx_lm"), env=mlx_backend_env())
+
+
+def rapid_mlx_spec(model_path: str, port: int, decode_concurrency: int) -> ServerSpec:
+    """Rapid-MLX 0.16 serving the folder as bench-model: its decode batch (--completion-batch-size, default 32) as
+    wide as mlx_lm.server's, its prefix cache on (its default, as ours), nothing written to disk or downloaded."""
+    argv = [sys.executable, "-c", "from rapid_mlx.cli import cli_entrypoint; cli_entrypoint()", "serve", model_path,
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "bench-model", "--yes", "--no-preflight",
+            "--disable-disk-caches", "--disable-model-downloads", "--completion-batch-size", str(decode_concurrency),
+            "--max-num-seqs", str(max(256, 2 * decode_concurrency)),
+            "--max-concurrent-requests", str(max(256, 4 * decode_concurrency))]
+    site = os.environ.get("RAPID_MLX_SITE", "")
+    path = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH", "")) if p)
+    target = Target(f"http://127.0.0.1:{port}", "bench-model", "rapid_mlx", extra_body={"ignore_eos": True})
+    return ServerSpec("rapid_mlx", argv, target, env={**mlx_backend_env(), **({"PYTHONPATH": path} if path else {})})
 
 
 class ServerProcess:
@@ -352,7 +368,8 @@ def run_server_phase(run: Run, name: str, model_path: str, settings: LoadSetting
         spec.replicas = int(match.group(1)) if match else 1
     else:
         decode = max(settings.levels + [settings.burst_size, settings.long_background + 1])
-        spec = mlx_lm_spec(model_path, port, decode, args.mlx_prompt_concurrency)
+        spec = (rapid_mlx_spec(model_path, port, decode) if name == "rapid_mlx"
+                else mlx_lm_spec(model_path, port, decode, args.mlx_prompt_concurrency))
     phase_end = time.perf_counter() + budget_s
     server = ServerProcess(spec, run.log_dir / f"{name}.log", REPO)
     info: dict[str, Any] = {"argv": spec.argv[1:], "log": str(server.log_path), "target": to_jsonable(spec.target)}

@@ -52,6 +52,7 @@ HTTP_EFFICIENCY_BOUND = 0.85  # HTTP / in-process engine at 64 streams (the issu
 LONE_STREAM_ENGINE_BOUND = 0.9
 LONE_STREAM_REFERENCE_BOUND = 1.5
 VISION_REFERENCE = "mlx_vlm"
+RAPID_MLX = "rapid_mlx"  # compare's third server (issue 57)
 MIX_BOUND = 0.90
 FAILURES = ("server_error", "hung", "stream_error", "invalid", "client_error", "connection_error")
 KEPT_FAILURES = 200  # failed answers kept whole in the JSON (all are counted)
@@ -139,6 +140,11 @@ def acceptance_checks(report: dict, throughput_workload: str = "mixed") -> list[
             a, b = number(ours[c].get("system_tok_s")), number(ref[c].get("system_tok_s"))
             value = a / b if b else float("nan")
             checks.append(_check(f"orchard / mlx_lm system tok/s, {throughput_workload}, c={c}", value, ">= 1.0", value >= 1.0))
+    rapid = workload_levels(report, RAPID_MLX, throughput_workload)
+    for c in sorted(set(ours) & set(rapid)):  # issue 57 asks for the figures beside Rapid-MLX, no bound
+        a, b = number(ours[c].get("system_tok_s")), number(rapid[c].get("system_tok_s"))
+        checks.append(_check(f"orchard / {RAPID_MLX} system tok/s, {throughput_workload}, c={c}",
+                             a / b if b else float("nan"), "report", None))
     bursts = _scenario(report, "burst", BurstResult)
     for server, b in bursts.items():
         checks.append(_check(f"{server} burst {b.burst_size} TTFT P95 / lone TTFT", b.p95_over_lone, "<= 3",
