@@ -110,7 +110,8 @@ def test_malformed_lines_go_to_the_error_file_and_a_cancel_keeps_what_finished(t
             assert unknown["response"]["status_code"] == 404 and unknown["error"] is None
             assert len(await entries(api, batch.output_file_id)) == 4
 
-            slow = await submit(api, [line(i, max_tokens=300) for i in range(48)])
+            # Long lines: on a fast CPU 48 lines of 300 tokens all finished between the first's end and the cancel.
+            slow = await submit(api, [line(i, max_tokens=3000) for i in range(48)])
             await until(api, slow, lambda b: b.request_counts.completed >= 1)
             cancelling = await api.batches.cancel(slow)
             assert cancelling.status in ("cancelling", "cancelled")
