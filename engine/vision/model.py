@@ -21,7 +21,6 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from engine.device_memory import on_gpu
 from engine.errors import ImagePixelsNeededError, ModelLoadError
 from engine.models.head_split import HeadSplit, agrees
 from engine.vision.feature_cache import FeatureCache, VisionTowerStats
@@ -72,13 +71,14 @@ class VisionLanguageModel:
         # Whether it merges kept features the same with its pixels left out (stood in for by zeros): a prompt may
         # then come without them (VisionInputs.pixels_left_out). Checked with reuses_features.
         self.merges_without_pixels: bool | None = None
-        # Seconds of the batched tower per image token it made (a running mean; None: not run yet): the scheduler
-        # charges a prompt's images to the step's prefill budget by it (runner/vision_prefill.py).
+        # Seconds of the batched tower per image token it made (the median of its timed runs; None: not run yet):
+        # the scheduler charges a prompt's images to the step's prefill budget by it (runner/vision_prefill.py).
         self.tower_s_per_token: float | None = None
+        self._timed_s_per_token: list[float] = []
         self.tower_stats = VisionTowerStats()  # what a mix of text and image requests pays for the images
         # Orchard's forward of the tower over a step's images at once (qwen_tower.py), checked on first use.
         tower = getattr(model, "vision_tower", None)
-        self.batched_tower = WindowedTower(tower, compiled=on_gpu()) if WindowedTower.fits(tower) else None
+        self.batched_tower = WindowedTower(tower) if WindowedTower.fits(tower) else None
         self._tower_checked = False
         # mlx-lm's text model of the family on these weights (vision/text_twin.py): decode rows run through it.
         self.text_twin: nn.Module | None = None
@@ -229,8 +229,10 @@ class VisionLanguageModel:
         self.tower_stats.seconds += seconds
 
     def _note_tower_time(self, seconds_per_token: float) -> None:
-        last = self.tower_s_per_token
-        self.tower_s_per_token = seconds_per_token if last is None else 0.7 * last + 0.3 * seconds_per_token
+        """The median, not a mean: a run that built kernels for a new shape takes seconds, and a rate it inflated
+        would hold image requests back from admission (vision_ready_at) long after their towers are done."""
+        self._timed_s_per_token.append(seconds_per_token)
+        self.tower_s_per_token = float(np.median(self._timed_s_per_token))
 
     def _checked_tower(self) -> WindowedTower | None:
         """The batched tower once it agrees with mlx-vlm's and the family merges its features as its own tower's

@@ -14,10 +14,8 @@ kept features); a model that differs in either keeps mlx-vlm's path.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -31,12 +29,6 @@ log = logging.getLogger(__name__)
 PROBE_GRIDS = ((1, 10, 12), (1, 6, 6))
 # Largest relative difference from mlx-vlm's forward accepted: the same arithmetic in another call order.
 AGREEMENT = {mx.float32: 1e-3, mx.bfloat16: 5e-2, mx.float16: 2e-2}
-# A forward of one 672x672 image is ~3,800 operations, each a kernel the engine thread launches in a host-bound step
-# on a GPU (~25 ms of engine-thread time per image on an H200); compiled (mx.compile: elementwise chains fused, the
-# graph traced once) 2,150, with a quarter of the Python. Compiled at a grid set's second forward (a grid set seen
-# once never pays the compile), kept for the most recent grid sets.
-COMPILED_GRID_SETS = 8
-SEEN_GRID_SETS = 64
 
 
 @dataclass(frozen=True)
@@ -68,12 +60,9 @@ class WindowedTower:
     """Forward of an mlx-vlm Qwen2.5-VL `VisionModel` over several images (their patches end to end, as mlx-vlm
     takes them); its output rows are the images' merged tokens, in image order."""
 
-    def __init__(self, tower: Any, compiled: bool = False) -> None:
+    def __init__(self, tower: Any) -> None:
         self.tower = tower
         self.dtype = tower.patch_embed.proj.weight.dtype
-        self.compiled = compiled
-        self._forwards: OrderedDict[tuple, Callable[[mx.array], mx.array]] = OrderedDict()  # by grid set
-        self._seen: OrderedDict[tuple, None] = OrderedDict()  # grid sets forwarded once, uncompiled
 
     @staticmethod
     def fits(tower: Any) -> bool:
@@ -83,25 +72,10 @@ class WindowedTower:
         return type(tower).__module__.endswith("qwen2_5_vl.vision") and all(hasattr(tower, n) for n in names)
 
     def __call__(self, pixel_values: mx.array, grids: Sequence[Sequence[int]]) -> mx.array:
-        """Queued without reading anything back: the index arrays come from the host (qwen_positions.py)."""
-        key = tuple(tuple(int(n) for n in grid) for grid in grids)
-        forward = self._compiled_forward(key) if self.compiled else None
-        return forward(pixel_values) if forward is not None else self._forward(pixel_values, key)
-
-    def _compiled_forward(self, key: tuple) -> Callable[[mx.array], mx.array] | None:
-        """The compiled forward of this grid set from its second forward on (None before)."""
-        if key in self._forwards:
-            self._forwards.move_to_end(key)
-            return self._forwards[key]
-        if key not in self._seen:
-            self._seen[key] = None
-            if len(self._seen) > SEEN_GRID_SETS:
-                self._seen.popitem(last=False)
-            return None
-        forward = self._forwards[key] = mx.compile(partial(self._forward, grids=key))
-        if len(self._forwards) > COMPILED_GRID_SETS:
-            self._forwards.popitem(last=False)
-        return forward
+        """Queued without reading anything back: the index arrays come from the host (qwen_positions.py). Not
+        mx.compile'd: on an H200 a compile of this graph took ~25 s per grid set (each count of images in a
+        forward is one), a stall no per-image saving repays (docs/decisions.md)."""
+        return self._forward(pixel_values, grids)
 
     def _forward(self, pixel_values: mx.array, grids: Sequence[Sequence[int]]) -> mx.array:
         tower = self.tower
