@@ -73,11 +73,9 @@ class WindowedTower:
 
     def __call__(self, pixel_values: mx.array, grids: Sequence[Sequence[int]]) -> mx.array:
         """Queued without reading anything back: the index arrays come from the host (qwen_positions.py). Not
-        mx.compile'd: on an H200 a compile of this graph took ~25 s per grid set (each count of images in a
-        forward is one), a stall no per-image saving repays (docs/decisions.md)."""
-        return self._forward(pixel_values, grids)
-
-    def _forward(self, pixel_values: mx.array, grids: Sequence[Sequence[int]]) -> mx.array:
+        mx.compile'd: on an H200 a compile of this graph took ~23 s per grid set (each count of images in a
+        forward is one), a stall no per-image saving repays (docs/architecture.md)."""
+        grids = [tuple(int(n) for n in grid) for grid in grids]
         tower = self.tower
         layout = tower_index(grids, tower)
         x = tower.patch_embed(pixel_values.astype(self.dtype))
