@@ -1,9 +1,7 @@
-"""A vision-language model's warm-up at load: three short requests per warm-up image size, through the serving
+"""A vision-language model's warm-up at load: two short requests per warm-up image size, through the serving
 path (chat template, processor, vision tower, image prefill, decode with the image's positions; then the same image
-with another question; then another image of that size, whose tower forward is the compiled one on a GPU:
-engine/vision/qwen_tower.py), so that neither a user's first image, nor the first repeated one, nor the second
-new one pays kernel builds (on a GPU they took seconds; a repeated image's first requests ran 3x slower than later
-ones, issue 54).
+with another question), so that neither a user's first image nor the first repeated one pays kernel builds (on a
+GPU they took seconds; a repeated image's first requests ran 3x slower than later ones, issue 54).
 
 The images are synthetic (chat/synthetic_images.py, PNG); their answers are dropped. Sizes are `WxH` strings.
 """
@@ -41,14 +39,13 @@ async def warm_vision(
     sizes: tuple[str, ...], encode: Callable[[ChatPrompt], Awaitable[EncodedPrompt]],
     submit: Callable[[Request], RequestStream],
 ) -> float:
-    """Run three requests of 2 tokens per size: one image with two questions (the second takes the path of an image
-    seen before: its features kept, its blocks cached, the question prefilled after them), then a second image with
-    the first question (the tower's second forward of that size); returns the seconds."""
+    """Run two requests of 2 tokens per size: one image with two questions (the second takes the path of an image
+    seen before: its features kept, its blocks cached, the question prefilled after them); returns the seconds."""
     started = time.monotonic()
     for size in sizes:
         width, height = parse_size(size)
-        for seed, question in ((0, WARMUP_QUESTIONS[0]), (0, WARMUP_QUESTIONS[1]), (1, WARMUP_QUESTIONS[0])):
-            png = encode_image(synthetic_image(width, height, seed=seed), "png")
+        png = encode_image(synthetic_image(width, height, seed=0), "png")
+        for question in WARMUP_QUESTIONS:
             image = ImageInput(png, "vision_warmup_sizes", "image/png")
             content = [{"type": "image"}, {"type": "text", "text": question}]
             prompt = await encode(ChatPrompt([{"role": "user", "content": content}], images=[image]))
