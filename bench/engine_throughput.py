@@ -440,7 +440,8 @@ def build_runners(names: list[str], model_path: str, args) -> list[Runner]:
             runners.append(MlxForwardRunner(model))
     if "orchard" in names and orchard_importable():
         try:
-            runners.append(OrchardRunner(model_path, args.prefill_batch_size, args.prefill_chunk_tokens, args.prefix_cache == "on"))
+            rows = args.prefill_batch_size if args.orchard_prefill_batch_size is None else args.orchard_prefill_batch_size
+            runners.append(OrchardRunner(model_path, rows or None, args.prefill_chunk_tokens, args.prefix_cache == "on"))
         except Exception:
             traceback.print_exc()
             print("[orchard] load_model failed, skipping its column")
@@ -651,6 +652,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="request i joins at the engine's step i*K (0: all at once); mlx_forward does not run")
     p.add_argument("--mixed-lengths", action="store_true", help="prompts of 1/4 to 7/4 of --prompt-tokens")
     p.add_argument("--prefill-batch-size", type=int, default=8, help="both batch engines (mlx-lm's default is 8)")
+    p.add_argument("--orchard-prefill-batch-size", type=int, default=None,
+                   help="ours alone, instead of --prefill-batch-size (0: the engine's own default, 32)")
     p.add_argument("--prefill-chunk-tokens", type=int, default=2048)
     # Off by default: mlx-lm's BatchGenerator has no prefix cache, and these prompts never share a prefix,
     # so "on" measures the cache's bookkeeping cost alone.
