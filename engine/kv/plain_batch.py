@@ -62,17 +62,18 @@ def merged_blocks(blocks: Sequence[RowBlock]) -> list[RowBlock]:
 
 
 def append_rows(
-    batch: LayerCaches, padding: list[int], joiners: Sequence[RowBlock]
+    batch: LayerCaches, padding: list[int], joiners: Sequence[RowBlock], room: int = 1
 ) -> tuple[LayerCaches, list[int]]:
     """`batch` (BatchKVCaches with rows' left `padding`; may be empty) with the joiners' rows
-    appended, in order; returns the caches and the new padding (one entry per row)."""
+    appended, in order; returns the caches and the new padding (one entry per row). `room`: the
+    positions the batch's rows will still write (their most tokens left), reserved up to one step."""
     old_index, old_width = _index(batch), (batch[0].state[0].shape[2] if batch else 0)
     lengths = [block.length for block in joiners]
     index = max([old_index, *lengths])
-    # Keep the batch's spare room when it has some; else make room for the next token, so that
-    # its update does not grow (copy) the whole batch again.
-    keep_width = index == old_index and old_width > index
-    width = old_width if keep_width else -(-(index + 1) // BatchKVCache.step) * BatchKVCache.step
+    # Keep the batch's buffers when they hold the room; else lay them out anew with it (the joiners' rows are
+    # copied in either way).
+    keep_width = index == old_index and old_width >= index + reserved(room)
+    width = old_width if keep_width else batch_width(index, room)
     new_padding = [p + index - old_index for p in padding] + [index - b.length for b in joiners for _ in range(b.num_rows)]
     offsets, lefts = row_arrays(new_padding, index)
     caches = batch or [BatchKVCache([]) for _ in joiners[0].caches]
@@ -88,6 +89,20 @@ def append_rows(
             parts.append(concat_rows(rows))
         cache.state = (parts[0], parts[1], offsets, lefts, index)
     return caches, new_padding
+
+
+def batch_width(index: int, room: int) -> int:
+    """Positions to allocate for a batch at `index` whose rows will write `room` more: the next step boundary, or
+    further, up to one step past the index (what the KV budget counts, kv/budget.py). Room reserved here is room
+    mlx-lm's update need not grow later: its growth copies every layer's whole KV (on an H200, 36-79 ms for the
+    steps of 128 rows that crossed 256 positions, against ~15 ms for a step), while this join copies it anyway."""
+    boundary = -(-(index + 1) // BatchKVCache.step) * BatchKVCache.step
+    return max(boundary, index + reserved(room))
+
+
+def reserved(room: int) -> int:
+    """Positions reserved past the index: at least the next token's, at most one allocation step."""
+    return min(max(room, 1), BatchKVCache.step)
 
 
 def filter_rows(batch: LayerCaches, padding: list[int], keep_rows: list[int]) -> tuple[LayerCaches, list[int]]:

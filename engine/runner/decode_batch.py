@@ -82,10 +82,12 @@ class DecodeBatch:
     def update_membership(
         self, request_ids: list[str], joiner_caches: dict[str, LayerCaches], all_rows: dict[str, RowSampling],
         joiner_blocks: dict[str, plain_batch.RowBlock] | None = None, position_shifts: dict[str, int] | None = None,
+        room: int = 1,
     ) -> list[int]:
         """Make the batch exactly `request_ids` (kept rows keep their order, joiners go last).
         `joiner_blocks` says where a joiner's KV sits in a batched prefill cache (plain caches only),
         so that adjacent rows join together. `position_shifts`: rows whose positions to fold into the offsets.
+        `room`: the most tokens a row may still write, reserved in a plain batch's buffers when rows join.
 
         Returns the previous row index of each kept row, to gather their next inputs.
         """
@@ -104,7 +106,7 @@ class DecodeBatch:
         shifts = position_shifts or {}
         if joiners:
             lone = not self.request_ids and len(joiners) == 1 and not shifts.get(joiners[0])
-            self._add_joiners(joiners, [joiner_caches[rid] for rid in joiners], all_rows, joiner_blocks or {}, lone)
+            self._add_joiners(joiners, [joiner_caches[rid] for rid in joiners], all_rows, joiner_blocks or {}, lone, room)
         self._fold_shifts(shifts)
         rows = [self.rows[rid] for rid in self.request_ids]
         self.sampler = BatchSampler(rows, self.vocab_size) if rows else None
@@ -150,7 +152,7 @@ class DecodeBatch:
 
     def _add_joiners(
         self, joiners: list[str], caches: list[LayerCaches], all_rows: dict[str, RowSampling],
-        blocks: dict[str, plain_batch.RowBlock], lone: bool,
+        blocks: dict[str, plain_batch.RowBlock], lone: bool, room: int,
     ) -> None:
         if lone:
             # A lone sequence decodes on its own cache: no padding mask, as fast as mlx-lm's generate_step.
@@ -165,7 +167,8 @@ class DecodeBatch:
                 self.caches, self.padding = quantized_kv.append_rows(self.caches, self.padding, caches)
             elif self.padding is not None and all(plain_batch.is_plain_request_cache(c) for c in caches):
                 rows = [b or plain_batch.RowBlock.of_request(c) for b, c in zip(placed, caches)]
-                self.caches, self.padding = plain_batch.append_rows(self.caches, self.padding, plain_batch.merged_blocks(rows))
+                self.caches, self.padding = plain_batch.append_rows(
+                    self.caches, self.padding, plain_batch.merged_blocks(rows), room)
             else:
                 self._extend_through_mlx_lm(caches)
             self.is_batched = True

@@ -223,7 +223,9 @@ class ModelRunner:
         blocks = {rid: self._joiner_blocks.pop(rid) for rid in joiner_caches if rid in self._joiner_blocks}
         self._cache_leaving_rows(rows_to_cache)
         shifts = self._rope_deltas if self.text_twin is not None else None  # folded into offsets for the twin
-        return self.batch.update_membership(request_ids, joiner_caches, self._rows, blocks, shifts)
+        # Joins reserve the KV positions the rows may still write (one a sample; max_tokens is resolved by now).
+        room = max(((self._rows[row.request_id].params.max_tokens or 1) - row.sample_index for row in rows), default=1)
+        return self.batch.update_membership(request_ids, joiner_caches, self._rows, blocks, shifts, room)
 
     def _dispatch_forward(self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]]) -> mx.array | None:
         previous_ids = list(self.batch.request_ids)

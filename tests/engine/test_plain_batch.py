@@ -95,6 +95,32 @@ def test_a_join_keeps_spare_room_so_the_next_token_does_not_regrow_the_batch():
     assert ours[0].state[0].shape[2] == width and padding == [0, 4, 4]
 
 
+def test_a_join_reserves_the_rows_room_so_decoding_them_never_regrows_the_batch():
+    # Rows at index 250 that will write 40 more positions: mlx-lm's step boundary (256) would make the batch
+    # grow (copy every layer) 6 tokens in; the join lays the buffers out with the room instead.
+    first = [request_cache(250, 1), request_cache(240, 2)]
+    ours, padding = plain_batch.append_rows([], [], blocks(first), room=40)
+    ref = reference_batch(first)
+    assert ours[0].state[0].shape[2] == 290
+    buffers = [id(layer.keys) for layer in ours]
+    for step in range(40):
+        decode_step([ours, ref], seed=20 + step)
+    assert [id(layer.keys) for layer in ours] == buffers  # written in place: no growth
+    assert_same_rows(ours, padding, ref)
+
+    # A joiner while rows are left to write: kept when the buffers hold the room, laid out anew when not; never
+    # more than one allocation step past the index (what kv/budget.py counts), however much room is asked.
+    ours, padding = plain_batch.append_rows([], [], blocks(first), room=40)
+    ours, padding = plain_batch.append_rows(ours, padding, blocks([request_cache(30, 3)]), room=30)
+    assert ours[0].state[0].shape[2] == 290
+    ours, padding = plain_batch.append_rows(ours, padding, blocks([request_cache(30, 4)]), room=100)
+    assert ours[0].state[0].shape[2] == 350
+    ours, padding = plain_batch.append_rows([], [], blocks(first), room=10_000)
+    assert ours[0].state[0].shape[2] == 250 + BatchKVCache.step
+    ours, padding = plain_batch.append_rows([], [], blocks([request_cache(6, 1)]), room=0)
+    assert ours[0].state[0].shape[2] == BatchKVCache.step  # at least the next step boundary, as before
+
+
 def stacked(requests: list[list[KVCache]], spare: int) -> list[KVCache]:
     """The requests' KV as rows of one plain batched cache per layer, `spare` padded positions beyond
     (as a padded prefill forward leaves them)."""
