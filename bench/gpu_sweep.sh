@@ -14,7 +14,9 @@
 #   (bench/README.md builds it), unpacked here into /tmp/rapid-site.
 # engine: bench.engine_throughput (Orchard vs mlx-lm generate_step / BatchGenerator / mlx_forward, mlx-lm's bare
 #   forward loop; random bf16 Qwen3-0.6B shape, 128-token prompts, 128 new tokens, REPEAT runs per level (default
-#   5), engines alternating; medians and paired ratios) at LEVELS (default 1,8,32,64,128); then bench.kv_cache ttft
+#   5), engines alternating; medians and paired ratios) at LEVELS (default 1,8,32,64,128), ENGINES (default
+#   mlx_step,mlx_batch,mlx_forward,orchard), ours at ORCHARD_PREFILL_BATCH rows a step (default 0: the engine's own
+#   default, 32; BatchGenerator at mlx-lm's 8); then bench.kv_cache ttft
 #   ttft (2,048-token shared prefix + 16-token suffix, hit vs miss) on the Qwen3-0.6B shape and, unless SKIP_8B=1,
 #   the Llama-3.1-8B shape. Writes $OUT/engine_throughput.{json,txt}, $OUT/prefix_ttft_<shape>.json and
 #   $OUT/prefix_ttft.txt.
@@ -59,12 +61,13 @@ case "$MODE" in
   engine)
     set +e  # the prefix-cache runs still go if engine_throughput fails
     python3 -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency "${LEVELS:-1,8,32,64,128}" \
-      --engines mlx_step,mlx_batch,mlx_forward,orchard --repeat "${REPEAT:-5}" --step-trace --json "$OUT/engine_throughput.json" \
-      2>&1 | tail -n 40 > "$OUT/engine_throughput.txt"
+      --engines "${ENGINES:-mlx_step,mlx_batch,mlx_forward,orchard}" --repeat "${REPEAT:-5}" --step-trace \
+      --orchard-prefill-batch-size "${ORCHARD_PREFILL_BATCH:-0}" --json "$OUT/engine_throughput.json" \
+      2>&1 | tail -n 70 > "$OUT/engine_throughput.txt"
     # Staggered arrivals of mixed lengths (issue 57): a row joins every 2 steps, prompts 32..224 tokens.
     python3 -m bench.engine_throughput --random-shape qwen3-0.6b --concurrency "${STAGGER_LEVELS:-128}" \
       --engines mlx_batch,orchard --join-every-steps 2 --mixed-lengths --repeat "${REPEAT:-5}" \
-      --json "$OUT/engine_throughput_staggered.json" 2>&1 | tail -n 20 >> "$OUT/engine_throughput.txt"
+      --orchard-prefill-batch-size "${ORCHARD_PREFILL_BATCH:-0}" --json "$OUT/engine_throughput_staggered.json" 2>&1 | tail -n 20 >> "$OUT/engine_throughput.txt"
     shapes="qwen3-0.6b"
     [ -z "${SKIP_8B:-}" ] && shapes="$shapes llama-3.1-8b"
     for shape in $shapes; do
