@@ -165,7 +165,7 @@ def append_rows(batch: LayerCaches, padding: list[int], joiners: Sequence[LayerC
     old_width = batch[0].keys[0].shape[2] if batch else 0
     lengths = [cache[0].offset for cache in joiners]
     index = max([old_index, *lengths])
-    # As plain_batch.append_rows: keep spare room, else make room for the next token.
+    # As plain_batch.append_rows with no room reserved (room=1): keep spare room, else make room for the next token.
     keep_width = index == old_index and old_width > index
     width = old_width if keep_width else -(-(index + 1) // BatchQuantizedKVCache.step) * BatchQuantizedKVCache.step
     new_padding = [p + index - old_index for p in padding] + [index - n for n in lengths]

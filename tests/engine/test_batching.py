@@ -185,28 +185,25 @@ def test_rows_that_leave_stay_in_the_kv_as_dead_rows_until_half_the_batch_is_dea
     assert_same_stream(run_alone(tiny_llama, "late", prompts[8], params(8, max_tokens=5)), results["late"])
 
 
-
 def test_rows_joining_near_a_step_boundary_decode_past_it_without_regrowing_the_batch(tiny_llama):
     # Prompts of ~250 tokens with 30 to generate cross mlx-lm's 256-position boundary: the joins reserve the rows'
     # room (kv/plain_batch.py), so the decode steps write into the same buffers, and the streams stay exact.
     prompts = [[7 + seed] * (246 + seed) for seed in range(4)]
     sampling = [params(i, max_tokens=30) for i in range(4)]
+    requests = [Request(f"r{i}", prompts[i], sampling[i]) for i in range(4)]
     core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=2, prefill_chunk_tokens=512, max_decode_seqs=4))
-    arrivals = [Arrival(2 * (i // 2), Request(f"r{i}", prompts[i], sampling[i])) for i in range(4)]
     results: dict[str, Collected] = {}
     buffers = []  # the first layer's key buffer after each step where all four rows decode
-    for arrival in arrivals[:2]:
-        core.add_request(arrival.request)
-    step = 0
-    while core.has_unfinished_requests() or step < 2:
-        if step == 2:
-            for arrival in arrivals[2:]:
-                core.add_request(arrival.request)
+    for step in range(10_000):
+        if step in (0, 2):  # two rows, then two more joining them two steps later
+            core.add_request(requests[step])
+            core.add_request(requests[step + 1])
+        elif not core.has_unfinished_requests():
+            break
         collect(core.step(), results)
         batch = core.runner.batch
         if len(batch) == 4 and batch.num_live_rows == 4:
             buffers.append(batch.caches[0].keys)
-        step += 1
     width = buffers[0].shape[2]
     assert len(buffers) >= 25 and all(b is buffers[0] for b in buffers)  # written in place, never regrown
     assert width >= batch_index_after(prompts, 30) and width > 256
