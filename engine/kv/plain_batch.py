@@ -62,11 +62,12 @@ def merged_blocks(blocks: Sequence[RowBlock]) -> list[RowBlock]:
 
 
 def append_rows(
-    batch: LayerCaches, padding: list[int], joiners: Sequence[RowBlock], room: int = 1
+    batch: LayerCaches, padding: list[int], joiners: Sequence[RowBlock], room: int = 1, vacant: int = 0
 ) -> tuple[LayerCaches, list[int]]:
     """`batch` (BatchKVCaches with rows' left `padding`; may be empty) with the joiners' rows
-    appended, in order; returns the caches and the new padding (one entry per row). `room`: the
-    positions the batch's rows will still write (their most tokens left), reserved up to one step."""
+    appended, in order, then `vacant` rows for joiners to come (fill_rows); returns the caches and the new
+    padding (one entry per row). `room`: the positions the batch's rows will still write (their most tokens
+    left), reserved up to one step."""
     old_index, old_width = _index(batch), (batch[0].state[0].shape[2] if batch else 0)
     lengths = [block.length for block in joiners]
     index = max([old_index, *lengths])
@@ -74,7 +75,9 @@ def append_rows(
     # copied in either way).
     keep_width = index == old_index and old_width >= index + reserved(room)
     width = old_width if keep_width else batch_width(index, room)
-    new_padding = [p + index - old_index for p in padding] + [index - b.length for b in joiners for _ in range(b.num_rows)]
+    # A vacant row shows one position of zero KV: a row with none would take a softmax over nothing (NaN).
+    new_padding = ([p + index - old_index for p in padding] + [index - b.length for b in joiners for _ in range(b.num_rows)]
+                   + [index - 1] * vacant)
     offsets, lefts = row_arrays(new_padding, index)
     caches = batch or [BatchKVCache([]) for _ in joiners[0].caches]
     for layer, cache in enumerate(caches):
@@ -86,9 +89,38 @@ def append_rows(
                 rows.append(old if keep_width else placed(old[..., :old_index, :], index - old_index, width - index))
             for run, n in _equal_length_runs(joiners, layer, which):
                 rows.append(placed(run, index - n, width - index))
+            if vacant:
+                rows.append(mx.zeros((vacant, *rows[-1].shape[1:]), rows[-1].dtype))
             parts.append(concat_rows(rows))
         cache.state = (parts[0], parts[1], offsets, lefts, index)
     return caches, new_padding
+
+
+def fits_in_place(batch: LayerCaches, joiners: Sequence[RowBlock], room: int) -> bool:
+    """Whether joiners can be written into rows of the batch as it is laid out: no prompt longer than its index,
+    and its buffers hold the room its rows will write."""
+    index = _index(batch)
+    return bool(batch) and all(b.length <= index for b in joiners) and batch[0].state[0].shape[2] >= index + reserved(room)
+
+
+def fill_rows(batch: LayerCaches, padding: list[int], slots: list[int], joiners: Sequence[RowBlock]) -> list[int]:
+    """The joiners' rows written over rows `slots` (rows no request holds), in order, in place: one scatter per
+    layer's keys and values instead of copying the whole KV to a larger batch (fits_in_place holds). Returns the
+    new padding; a slot's old KV left of its joiner's prompt is masked as padding."""
+    index, width = _index(batch), batch[0].state[0].shape[2]
+    new_padding = list(padding)
+    for slot, length in zip(slots, [b.length for b in joiners for _ in range(b.num_rows)]):
+        new_padding[slot] = index - length
+    offsets, lefts = row_arrays(new_padding, index)
+    contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+    where = slice(slots[0], slots[0] + len(slots)) if contiguous else mx.array(slots, mx.int32)
+    for layer, cache in enumerate(batch):
+        keys, values = cache.state[:2]
+        for which, buffer in ((0, keys), (1, values)):
+            buffer[where] = concat_rows([placed(run, index - n, width - index)
+                                         for run, n in _equal_length_runs(joiners, layer, which)])
+        cache.state = (keys, values, offsets, lefts, index)
+    return new_padding
 
 
 def batch_width(index: int, room: int) -> int:

@@ -26,6 +26,9 @@ from engine.scheduler_output import NewRequest
 # request id does: the engine's ids are printable) and their tokens are never read out.
 DEAD_ROW_PREFIX = "\0dead-row-"
 _DEAD_ROW_PARAMS = SamplingParams(temperature=0.0)
+# Rows leaving stay dead past half the batch while the live rows end within this many steps: removing rows costs a
+# few steps (on an H200 at 128 rows, 13-59 ms against ~10 ms a step), and rows of one burst end steps apart.
+FINISHING_STEPS = 4
 
 
 def is_dead_row(request_id: str) -> bool:
@@ -41,6 +44,15 @@ def new_row_sampling(request: NewRequest, guides: HeldGuides, rng: random.Random
     guide = guides.resolve(request.guide_key)
     state = GuideState(guide) if guide is not None else None
     return RowSampling(params=params, seed=seed_to_uint32(seed), prompt_token_set=prompt_set, guide=state)
+
+
+@dataclass(frozen=True)
+class Membership:
+    """How a step's rows come from the previous step's: row i of the kept ones was row keep_rows[i]; joiner i (in
+    the order asked) sits at row joiner_rows[i], after the kept rows or over rows no request held (fill)."""
+
+    keep_rows: list[int]
+    joiner_rows: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -64,7 +76,8 @@ class DecodeBatch:
     # steps that dropped 8 rows took 15-65 ms against ~8 ms for a full step, where a dead row costs a row of a step.
     # On a GPU only (the runner's choice: on the CPU a step's cost grows with its rows; there two paired runs of 8
     # staggered rows of the Qwen3-0.6B shape gave 0.92 and 1.03, on / off), and not where rows' inputs come from the
-    # host (speculative decoding's verify steps).
+    # host (speculative decoding's verify steps). There, joiners are written over dead rows in place where they fit,
+    # and a batch built or grown for joiners keeps vacant (dead) rows for the prompts completing beside them.
     defer_leaves: bool = False
     _dead_rows_made: int = 0
 
@@ -82,22 +95,25 @@ class DecodeBatch:
     def update_membership(
         self, request_ids: list[str], joiner_caches: dict[str, LayerCaches], all_rows: dict[str, RowSampling],
         joiner_blocks: dict[str, plain_batch.RowBlock] | None = None, position_shifts: dict[str, int] | None = None,
-        room: int = 1,
-    ) -> list[int]:
-        """Make the batch exactly `request_ids` (kept rows keep their order, joiners go last).
+        room: int = 1, upcoming: int = 0,
+    ) -> Membership:
+        """Make the batch exactly `request_ids` (kept rows keep their order; joiners go last, or over dead rows).
         `joiner_blocks` says where a joiner's KV sits in a batched prefill cache (plain caches only),
         so that adjacent rows join together. `position_shifts`: rows whose positions to fold into the offsets.
         `room`: the most tokens a row may still write, reserved in a plain batch's buffers when rows join.
-
-        Returns the previous row index of each kept row, to gather their next inputs.
+        `upcoming`: rows expected to join next step, kept vacant where the batch is rebuilt (defer_leaves).
         """
         wanted = set(request_ids)
         current = set(self.request_ids)
         joiners = [rid for rid in request_ids if rid not in current]
         leaving = [i for i, rid in enumerate(self.request_ids) if rid not in wanted and not is_dead_row(rid)]
-        if not joiners and (not leaving or self._keeps_as_dead(len(leaving))):
+        if not joiners and (not (leaving or self.num_dead_rows) or self._keeps_as_dead(len(leaving), 0, room)):
             self._make_dead(leaving)
-            return list(range(len(self.request_ids)))
+            return Membership(list(range(len(self.request_ids))))
+        filled = self._fill_dead_rows(joiners, leaving, joiner_caches, all_rows, joiner_blocks or {},
+                                      position_shifts or {}, room) if joiners else None
+        if filled is not None:
+            return Membership(list(range(len(self.request_ids))), filled)
         keep_rows = [i for i, rid in enumerate(self.request_ids) if rid in wanted]
         if len(keep_rows) != len(self.request_ids):
             self._filter(keep_rows)
@@ -106,29 +122,63 @@ class DecodeBatch:
         shifts = position_shifts or {}
         if joiners:
             lone = not self.request_ids and len(joiners) == 1 and not shifts.get(joiners[0])
-            self._add_joiners(joiners, [joiner_caches[rid] for rid in joiners], all_rows, joiner_blocks or {}, lone, room)
+            vacant = min(upcoming, len(self.request_ids) + len(joiners)) if self.defer_leaves and not lone else 0
+            self._add_joiners(joiners, [joiner_caches[rid] for rid in joiners], all_rows, joiner_blocks or {}, lone,
+                              room, vacant)
         self._fold_shifts(shifts)
         rows = [self.rows[rid] for rid in self.request_ids]
         self.sampler = BatchSampler(rows, self.vocab_size) if rows else None
-        return keep_rows
+        return Membership(keep_rows, list(range(len(keep_rows), len(keep_rows) + len(joiners))))
 
-    def _keeps_as_dead(self, num_leaving: int) -> bool:
-        """Whether rows leaving (none joining) can stay as dead rows: a batch of plain or quantized KV in which
-        at least one row lives on and at most half the rows are then dead."""
-        dead = self.num_dead_rows + num_leaving
-        return self.defer_leaves and self.is_batched and self.padding is not None and dead * 2 <= len(self.request_ids)
+    def _keeps_as_dead(self, num_leaving: int, num_joining: int, room: int) -> bool:
+        """Whether rows leaving can stay as dead rows (joiners taking dead rows' places): a batch of plain or
+        quantized KV in which at least one row lives on and at most half the rows are then dead, or whose live
+        rows all end within FINISHING_STEPS."""
+        dead = self.num_dead_rows + num_leaving - num_joining
+        if not (self.defer_leaves and self.is_batched and self.padding is not None and dead < len(self.request_ids)):
+            return False
+        return dead * 2 <= len(self.request_ids) or room <= FINISHING_STEPS
 
-    def _make_dead(self, rows: list[int]) -> None:
-        """These rows' requests leave; their KV rows stay, decoded greedily, under ids no request has."""
-        if not rows:
-            return
-        for row in rows:
+    def _fill_dead_rows(
+        self, joiners: list[str], leaving: list[int], caches: dict[str, LayerCaches], all_rows: dict[str, RowSampling],
+        blocks: dict[str, plain_batch.RowBlock], shifts: dict[str, int], room: int,
+    ) -> list[int] | None:
+        """Joiners written in place over dead rows and rows leaving now, in row order, where the batch is plain
+        KV that holds them all (their prompts within its index, its buffers the room); their rows, else None."""
+        if not self.defer_leaves or self.padding is None or not self.is_batched or any(shifts.get(r) for r in joiners):
+            return None
+        free = sorted([i for i, rid in enumerate(self.request_ids) if is_dead_row(rid)] + leaving)
+        if len(free) < len(joiners) or quantized_kv.is_quantized_batch(self.caches):
+            return None
+        if not all(plain_batch.is_plain_request_cache(caches[rid]) for rid in joiners):
+            return None
+        placed = [blocks.get(rid) or plain_batch.RowBlock.of_request(caches[rid]) for rid in joiners]
+        if not plain_batch.fits_in_place(self.caches, placed, room) or not self._keeps_as_dead(
+                len(leaving), len(joiners), room):
+            return None
+        slots = free[: len(joiners)]
+        self.padding = plain_batch.fill_rows(self.caches, self.padding, slots, plain_batch.merged_blocks(placed))
+        for row in leaving:
             self.rows.pop(self.request_ids[row])
+        for slot, request_id in zip(slots, joiners):
+            self.rows.pop(self.request_ids[slot], None)
+            self.request_ids[slot] = request_id
+            self.rows[request_id] = all_rows[request_id]
+        self._make_dead([row for row in leaving if row not in slots], forgotten=True)
+        return slots
+
+    def _make_dead(self, rows: list[int], forgotten: bool = False) -> None:
+        """These rows' requests leave (`forgotten`: their sampling rows are gone already); their KV rows stay,
+        decoded greedily, under ids no request has. The sampler is rebuilt."""
+        for row in rows:
+            if not forgotten:
+                self.rows.pop(self.request_ids[row])
             self._dead_rows_made += 1
             dead_id = f"{DEAD_ROW_PREFIX}{self._dead_rows_made}"
             self.request_ids[row] = dead_id
             self.rows[dead_id] = RowSampling(params=_DEAD_ROW_PARAMS, seed=0)
-        self.sampler = BatchSampler([self.rows[rid] for rid in self.request_ids], self.vocab_size)
+        if rows or forgotten:
+            self.sampler = BatchSampler([self.rows[rid] for rid in self.request_ids], self.vocab_size)
 
     def row_cache(self, row: int) -> LayerCaches:
         """One row's KV as a single-request cache (lazy slices: take it before the batch changes)."""
@@ -152,7 +202,7 @@ class DecodeBatch:
 
     def _add_joiners(
         self, joiners: list[str], caches: list[LayerCaches], all_rows: dict[str, RowSampling],
-        blocks: dict[str, plain_batch.RowBlock], lone: bool, room: int,
+        blocks: dict[str, plain_batch.RowBlock], lone: bool, room: int, vacant: int = 0,
     ) -> None:
         if lone:
             # A lone sequence decodes on its own cache: no padding mask, as fast as mlx-lm's generate_step.
@@ -168,13 +218,23 @@ class DecodeBatch:
             elif self.padding is not None and all(plain_batch.is_plain_request_cache(c) for c in caches):
                 rows = [b or plain_batch.RowBlock.of_request(c) for b, c in zip(placed, caches)]
                 self.caches, self.padding = plain_batch.append_rows(
-                    self.caches, self.padding, plain_batch.merged_blocks(rows), room)
+                    self.caches, self.padding, plain_batch.merged_blocks(rows), room, vacant)
             else:
                 self._extend_through_mlx_lm(caches)
             self.is_batched = True
         for request_id in joiners:
             self.rows[request_id] = all_rows[request_id]
             self.request_ids.append(request_id)
+        if vacant and self.padding is not None and len(self.padding) > len(self.request_ids):
+            self._add_vacant_ids(len(self.padding) - len(self.request_ids))
+
+    def _add_vacant_ids(self, count: int) -> None:
+        """Ids for the vacant rows append_rows laid out (dead rows from the start)."""
+        for _ in range(count):
+            self._dead_rows_made += 1
+            dead_id = f"{DEAD_ROW_PREFIX}{self._dead_rows_made}"
+            self.request_ids.append(dead_id)
+            self.rows[dead_id] = RowSampling(params=_DEAD_ROW_PARAMS, seed=0)
 
     def _fold_shifts(self, shifts: dict[str, int]) -> None:
         """The rows' shifts added to the offsets the batch was just (re)built with, on every layer (one array)."""
@@ -205,4 +265,20 @@ class DecodeBatch:
         return [self.rows[rid].params.top_logprobs for rid in self.request_ids]
 
 
-__all__ = ["DecodeBatch", "is_dead_row", "new_row_sampling"]
+def step_inputs(previous_tokens: mx.array, membership: Membership, firsts: list[int]) -> mx.array:
+    """A decode step's inputs: kept rows' tokens sampled last step (lazy), joiners' first tokens at their rows."""
+    keep_rows, joiner_rows = membership.keep_rows, membership.joiner_rows
+    if not keep_rows:
+        return mx.array(firsts, mx.uint32)
+    kept = previous_tokens if len(keep_rows) == previous_tokens.shape[0] else previous_tokens[mx.array(keep_rows)]
+    if joiner_rows and joiner_rows[0] < len(keep_rows):  # joiners over dead rows: every row was kept
+        is_joiner, values = [False] * len(keep_rows), [0] * len(keep_rows)
+        for row, token in zip(joiner_rows, firsts):
+            is_joiner[row], values[row] = True, token
+        return mx.where(mx.array(is_joiner), mx.array(values, kept.dtype), kept)
+    if not firsts:
+        return kept
+    return mx.concatenate([kept, mx.array(firsts, kept.dtype)])
+
+
+__all__ = ["DecodeBatch", "Membership", "is_dead_row", "new_row_sampling", "step_inputs"]

@@ -26,7 +26,7 @@ from engine.kv.plain_batch import RowBlock
 from engine.models.head_split import head_split
 from engine.models.loader import LoadedModel
 from engine.runner.adapter_rows import AdapterRows
-from engine.runner.decode_batch import DecodeBatch, is_dead_row, new_row_sampling
+from engine.runner.decode_batch import DecodeBatch, Membership, is_dead_row, new_row_sampling, step_inputs
 from engine.runner.memory import vision_features_budget
 from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
@@ -107,7 +107,9 @@ class ModelRunner:
             started, pipelined = time.perf_counter(), self._pending is not None
             needs_history = any(self._rows[row.request_id].params.needs_token_history for row in rows)
             first = self._dispatch_prompts(scheduled.prefill_chunks)
-            logits = self._dispatch_forward(rows, scheduled.rows_to_cache)
+            upcoming = min(sum(c.completes_prefill for c in scheduled.prefill_chunks),  # rows joining next step
+                           self.config.max_decode_seqs - len(rows))
+            logits = self._dispatch_forward(rows, scheduled.rows_to_cache, upcoming)
             if before_device_work is not None:
                 before_device_work()
             sampled = []
@@ -215,9 +217,11 @@ class ModelRunner:
         self.read_wait_seconds += time.perf_counter() - started  # the device time a step did not hide
         return [token for token in tokens if not is_dead_row(token.request_id)]
 
-    def _update_batch(self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]]) -> list[int]:
-        """The decode batch made exactly this step's rows (leaving rows' KV cached first); returns the previous
-        index of each kept row."""
+    def _update_batch(
+        self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]], upcoming: int = 0
+    ) -> Membership:
+        """The decode batch made exactly this step's rows (leaving rows' KV cached first), rows kept vacant for
+        `upcoming` joiners where it is rebuilt; where its rows come from."""
         request_ids = [row.request_id for row in rows]
         joiner_caches = {rid: self._prefill_caches.pop(rid) for rid in request_ids if rid not in self.batch.rows}
         blocks = {rid: self._joiner_blocks.pop(rid) for rid in joiner_caches if rid in self._joiner_blocks}
@@ -225,14 +229,16 @@ class ModelRunner:
         shifts = self._rope_deltas if self.text_twin is not None else None  # folded into offsets for the twin
         # Joins reserve the KV positions the rows may still write (one a sample; max_tokens is resolved by now).
         room = max(((self._rows[row.request_id].params.max_tokens or 1) - row.sample_index for row in rows), default=1)
-        return self.batch.update_membership(request_ids, joiner_caches, self._rows, blocks, shifts, room)
+        return self.batch.update_membership(request_ids, joiner_caches, self._rows, blocks, shifts, room, upcoming)
 
-    def _dispatch_forward(self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]]) -> mx.array | None:
+    def _dispatch_forward(
+        self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]], upcoming: int
+    ) -> mx.array | None:
         previous_ids = list(self.batch.request_ids)
-        keep_rows = self._update_batch(rows, rows_to_cache)
+        membership = self._update_batch(rows, rows_to_cache, upcoming)
         if not self.batch.request_ids:
             return None
-        inputs = self._decode_inputs(previous_ids, keep_rows)
+        inputs = self._decode_inputs(previous_ids, membership)
         if self.text_twin is not None and self.batch.shifts_folded:  # a VLM's rows decode as text (mx.fast.rope)
             return self.text_twin(inputs[:, None], cache=self.batch.caches)[:, -1, :]
         if self._rope_deltas:
@@ -250,23 +256,15 @@ class ModelRunner:
         mx.async_eval(sampled.arrays())
         return PendingStep(list(self.batch.request_ids), sampled, self.batch.top_logprob_counts())
 
-    def _decode_inputs(self, previous_ids: list[str], keep_rows: list[int]) -> mx.array:
+    def _decode_inputs(self, previous_ids: list[str], membership: Membership) -> mx.array:
         """Kept rows feed their pending sampled token (still lazy); joiners their first token. After a verifying
         step (nothing pending) every row's input is on the host."""
         if self._pending is None:
-            return mx.array([self._next_inputs.pop(rid) for rid in self.batch.request_ids], mx.uint32)
-        parts = []
-        if keep_rows:
-            assert self._pending is not None and self._pending.request_ids == previous_ids
-            previous_tokens = self._pending.sampled.token_ids
-            if len(keep_rows) == len(previous_ids):
-                parts.append(previous_tokens)
-            else:
-                parts.append(previous_tokens[mx.array(keep_rows)])
-        joiner_ids = self.batch.request_ids[len(keep_rows) :]
-        if joiner_ids:
-            parts.append(mx.array([self._next_inputs.pop(rid) for rid in joiner_ids], mx.uint32))
-        return parts[0] if len(parts) == 1 else mx.concatenate(parts)
+            return mx.array([0 if is_dead_row(rid) else self._next_inputs.pop(rid) for rid in self.batch.request_ids],
+                            mx.uint32)
+        assert not membership.keep_rows or self._pending.request_ids == previous_ids
+        firsts = [self._next_inputs.pop(self.batch.request_ids[row]) for row in membership.joiner_rows]
+        return step_inputs(self._pending.sampled.token_ids, membership, firsts)
 
     def _cache_leaving_rows(self, rows_to_cache: dict[str, tuple[int, ...]]) -> None:
         """Feed the KV of rows leaving the batch (prompt and generated tokens) to the prefix cache."""

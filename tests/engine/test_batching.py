@@ -8,6 +8,7 @@ import pytest
 
 from engine import EngineConfig, EngineCore, Request, SamplingParams
 from engine.decode_warmup import warm_decode_batch
+from engine.runner.decode_batch import FINISHING_STEPS
 from tests.support.drive import Arrival, Collected, collect, run_core
 
 LOGPROB_TOLERANCE = 1e-4
@@ -159,30 +160,79 @@ def test_rows_that_leave_stay_in_the_kv_as_dead_rows_until_half_the_batch_is_dea
     # Removing a row copies every layer's whole KV; a dead row only costs a row of each step (decode_batch.py).
     prompts = random_prompts(9, seed=3)
     sampling = [params(i, max_tokens=4 + i) for i in range(8)]  # one row leaves each step
-    core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=8, prefill_chunk_tokens=512, max_decode_seqs=8))
-    assert not core.runner.batch.defer_leaves  # the CPU's choice (runner.py); the GPU's, run here:
-    core.runner.batch.defer_leaves = True
+    core = gpu_batching_core(tiny_llama, max_prefill_seqs=8, max_decode_seqs=8)
     for i in range(8):
         core.add_request(Request(f"r{i}", prompts[i], sampling[i]))
     results: dict[str, Collected] = {}
     shapes = []  # (rows in the batch's KV, dead rows among them) after each step
     decoding = []  # what the engine's stats report decoding: the live rows
-    late = Request("late", prompts[8], params(8, max_tokens=5))
+    late = Request("late", prompts[8], params(8, max_tokens=12))
     while core.has_unfinished_requests() or late is not None:
         if late is not None and core.runner.batch.num_dead_rows == 2:
-            core.add_request(late)  # a joiner: the batch is rebuilt, its dead rows dropped
+            core.add_request(late)  # a joiner: written over a dead row
             late = None
         collect(core.step(), results)
         shapes.append((len(core.runner.batch), core.runner.batch.num_dead_rows))
         decoding.append(core.stats().num_decoding)
     # Rows leave one a step from the 4th and stay as dead rows (8, 3); the late request (prefilled the step after it
-    # came) joins as a 4th leaves: the batch is rebuilt of its 5 live rows; two more stay dead; a third would make 3
-    # of 5 dead, so the batch is rebuilt of its 2 live rows; they end together.
-    assert shapes == [(0, 0), (8, 0), (8, 0), (8, 0), (8, 1), (8, 2), (8, 3), (5, 0), (5, 1), (5, 2), (2, 0), (0, 0)]
+    # came) joins over a dead row as a 4th leaves (8, 3); one more stays dead (8, 4); a 5th would make 5 of 8 dead with
+    # the late row's answer far from its end: the batch is rebuilt of its 3 live rows; one more stays dead; another
+    # would make 2 of 3: the batch is rebuilt of the late row, which ends alone.
+    assert shapes == [(0, 0), (8, 0), (8, 0), (8, 0), (8, 1), (8, 2), (8, 3), (8, 3), (8, 4), (3, 0), (3, 1)] + [
+        (1, 0)] * 7 + [(0, 0)]
     assert decoding == [rows - dead for rows, dead in shapes]
     for i in range(8):
         assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
-    assert_same_stream(run_alone(tiny_llama, "late", prompts[8], params(8, max_tokens=5)), results["late"])
+    assert_same_stream(run_alone(tiny_llama, "late", prompts[8], params(8, max_tokens=12)), results["late"])
+
+
+def test_rows_ending_within_a_few_steps_stay_dead_past_half_the_batch(tiny_llama):
+    # Rows of one burst end steps apart: once the live rows end within FINISHING_STEPS, no rebuild is worth its copy.
+    prompts = random_prompts(6, seed=5)
+    sampling = [params(i, max_tokens=6 + i) for i in range(6)]
+    core = gpu_batching_core(tiny_llama, max_prefill_seqs=6, max_decode_seqs=6)
+    for i in range(6):
+        core.add_request(Request(f"r{i}", prompts[i], sampling[i]))
+    results: dict[str, Collected] = {}
+    shapes = []
+    while core.has_unfinished_requests():
+        collect(core.step(), results)
+        shapes.append((len(core.runner.batch), core.runner.batch.num_dead_rows))
+    # The 4th row to leave makes 4 of 6 dead while the last two rows have 1 and 2 tokens to go.
+    assert FINISHING_STEPS >= 2
+    assert shapes[-6:] == [(6, 1), (6, 2), (6, 3), (6, 4), (6, 5), (0, 0)]
+    for i in range(6):
+        assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
+
+
+def test_prompts_completing_beside_a_new_batch_join_it_in_place_over_vacant_rows(tiny_llama):
+    # Two rows start the batch while two more complete their prompts: the batch keeps two vacant rows for them,
+    # and they are written into those rows the next step (one scatter, no copy of the batch's KV).
+    prompts = random_prompts(4, seed=7)
+    sampling = [params(i, max_tokens=10) for i in range(4)]
+    core = gpu_batching_core(tiny_llama, max_prefill_seqs=2, max_decode_seqs=4)
+    for i in range(4):
+        core.add_request(Request(f"r{i}", prompts[i], sampling[i]))
+    results: dict[str, Collected] = {}
+    shapes, buffers = [], []
+    while core.has_unfinished_requests():
+        collect(core.step(), results)
+        batch = core.runner.batch
+        shapes.append((len(batch), batch.num_dead_rows))
+        buffers.append(batch.caches[0].keys if batch.is_batched else None)
+    assert shapes[:3] == [(0, 0), (4, 2), (4, 0)]
+    assert buffers[2] is buffers[1]  # filled in place (a rebuilt batch has new arrays)
+    assert core.runner.batch.request_ids == [] and results.keys() == {f"r{i}" for i in range(4)}
+    for i in range(4):
+        assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
+
+
+def gpu_batching_core(loaded, **config) -> EngineCore:
+    """A core whose decode batch keeps leaving rows as dead rows, as on a GPU (the CPU's choice is not to)."""
+    core = EngineCore(loaded, EngineConfig(prefill_chunk_tokens=512, **config))
+    assert not core.runner.batch.defer_leaves  # the CPU's choice (runner.py); the GPU's, run here:
+    core.runner.batch.defer_leaves = True
+    return core
 
 
 def test_rows_joining_near_a_step_boundary_decode_past_it_without_regrowing_the_batch(tiny_llama):

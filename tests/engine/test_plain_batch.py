@@ -173,3 +173,40 @@ def test_dropping_row_tails_keeps_each_rows_accepted_kv_right_aligned():
     index = caches[0].state[4]
     assert caches[0].offset.tolist() == [index - p for p in padding] and caches[0].left_padding.tolist() == padding
     assert caches[0].keys.shape[2] >= index + 1
+
+
+def test_joiners_written_over_free_rows_hold_what_a_rebuilt_batch_holds():
+    # Rows 1 and 3 of four are free (their requests left); two joiners of other lengths take them in place.
+    first = [request_cache(n, seed) for seed, n in enumerate((6, 4, 9, 5))]
+    ours, padding = plain_batch.append_rows([], [], blocks(first), room=4)
+    joiners = [request_cache(n, 10 + seed) for seed, n in enumerate((7, 2))]
+    assert plain_batch.fits_in_place(ours, blocks(joiners), room=4)
+    assert not plain_batch.fits_in_place(ours, blocks([request_cache(10, 20)]), room=4)  # longer than the index
+    buffer = ours[0].state[0]
+    padding = plain_batch.fill_rows(ours, padding, [1, 3], blocks(joiners))
+    assert ours[0].state[0] is buffer  # the same array: written, not rebuilt
+    ref = reference_batch([first[0], joiners[0], first[2], joiners[1]])
+    assert_same_rows(ours, padding, ref)
+    decode_step([ours, ref], seed=1)
+    assert_same_rows(ours, padding, ref)
+
+
+def test_vacant_rows_show_one_position_of_zero_kv_until_a_joiner_takes_one():
+    first = [request_cache(n, seed) for seed, n in enumerate((3, 5))]
+    ours, padding = plain_batch.append_rows([], [], blocks(first), room=2, vacant=2)
+    assert padding == [2, 0, 4, 4] and ours[0].offset.tolist() == [3, 5, 1, 1]
+    for layer in ours:
+        for which in (0, 1):
+            np.testing.assert_array_equal(np.array(layer.state[which][2:]), 0)
+    joiner = request_cache(4, 30)
+    padding = plain_batch.fill_rows(ours, padding, [2], blocks([joiner]))
+    assert padding == [2, 0, 1, 4] and ours[0].offset.tolist() == [3, 5, 4, 1]
+    for row, request in enumerate([*first, joiner]):
+        assert_row_holds(ours, padding, row, request)
+
+
+def assert_row_holds(batch: list[BatchKVCache], padding: list[int], row: int, request: list[KVCache]) -> None:
+    for mine, theirs in zip(batch, request):
+        for which in (0, 1):
+            a = np.array(mine.state[which][row, :, padding[row] : mine.state[4]])
+            np.testing.assert_array_equal(a, np.array(theirs.state[which][0, :, : theirs.offset]))
