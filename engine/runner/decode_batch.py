@@ -265,20 +265,22 @@ class DecodeBatch:
         return [self.rows[rid].params.top_logprobs for rid in self.request_ids]
 
 
-def step_inputs(previous_tokens: mx.array, membership: Membership, firsts: list[int]) -> mx.array:
-    """A decode step's inputs: kept rows' tokens sampled last step (lazy), joiners' first tokens at their rows."""
+def step_inputs(previous_tokens: mx.array, membership: Membership, firsts: list[int], num_rows: int) -> mx.array:
+    """A decode step's `num_rows` inputs: kept rows' tokens sampled last step (lazy), joiners' first tokens at their
+    rows, 0 for vacant rows after them."""
     keep_rows, joiner_rows = membership.keep_rows, membership.joiner_rows
-    if not keep_rows:
-        return mx.array(firsts, mx.uint32)
-    kept = previous_tokens if len(keep_rows) == previous_tokens.shape[0] else previous_tokens[mx.array(keep_rows)]
     if joiner_rows and joiner_rows[0] < len(keep_rows):  # joiners over dead rows: every row was kept
-        is_joiner, values = [False] * len(keep_rows), [0] * len(keep_rows)
+        is_joiner, values = [False] * num_rows, [0] * num_rows
         for row, token in zip(joiner_rows, firsts):
             is_joiner[row], values[row] = True, token
-        return mx.where(mx.array(is_joiner), mx.array(values, kept.dtype), kept)
-    if not firsts:
-        return kept
-    return mx.concatenate([kept, mx.array(firsts, kept.dtype)])
+        return mx.where(mx.array(is_joiner), mx.array(values, previous_tokens.dtype), previous_tokens)
+    parts = []
+    if keep_rows:
+        whole = len(keep_rows) == previous_tokens.shape[0]
+        parts.append(previous_tokens if whole else previous_tokens[mx.array(keep_rows)])
+    if num_rows > len(keep_rows):
+        parts.append(mx.array(firsts + [0] * (num_rows - len(keep_rows) - len(firsts)), previous_tokens.dtype))
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts)
 
 
 __all__ = ["DecodeBatch", "Membership", "is_dead_row", "new_row_sampling", "step_inputs"]

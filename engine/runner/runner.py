@@ -107,8 +107,8 @@ class ModelRunner:
             started, pipelined = time.perf_counter(), self._pending is not None
             needs_history = any(self._rows[row.request_id].params.needs_token_history for row in rows)
             first = self._dispatch_prompts(scheduled.prefill_chunks)
-            upcoming = min(sum(c.completes_prefill for c in scheduled.prefill_chunks),  # rows joining next step
-                           self.config.max_decode_seqs - len(rows))
+            # Rows that may join next step: prompts prefilling now (a chunk that does not complete joins later).
+            upcoming = min(len(scheduled.prefill_chunks), self.config.max_decode_seqs - len(rows))
             logits = self._dispatch_forward(rows, scheduled.rows_to_cache, upcoming)
             if before_device_work is not None:
                 before_device_work()
@@ -264,7 +264,7 @@ class ModelRunner:
                             mx.uint32)
         assert not membership.keep_rows or self._pending.request_ids == previous_ids
         firsts = [self._next_inputs.pop(self.batch.request_ids[row]) for row in membership.joiner_rows]
-        return step_inputs(self._pending.sampled.token_ids, membership, firsts)
+        return step_inputs(self._pending.sampled.token_ids, membership, firsts, len(self.batch.request_ids))
 
     def _cache_leaving_rows(self, rows_to_cache: dict[str, tuple[int, ...]]) -> None:
         """Feed the KV of rows leaving the batch (prompt and generated tokens) to the prefix cache."""
