@@ -205,13 +205,14 @@ def test_rows_ending_within_a_few_steps_stay_dead_past_half_the_batch(tiny_llama
         assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
 
 
-def test_prompts_completing_beside_a_new_batch_join_it_in_place_over_vacant_rows(tiny_llama):
-    # Two rows start the batch while two more complete their prompts: the batch keeps two vacant rows for them,
-    # and they are written into those rows the next step (one scatter, no copy of the batch's KV).
-    prompts = random_prompts(4, seed=7)
-    sampling = [params(i, max_tokens=10) for i in range(4)]
-    core = gpu_batching_core(tiny_llama, max_prefill_seqs=2, max_decode_seqs=4)
-    for i in range(4):
+def test_prompts_completing_beside_a_rebuilt_batch_join_it_in_place_over_vacant_rows(tiny_llama):
+    # Waves of two prompts: the batch is built for the first wave with two vacant rows for the second, prefilling
+    # beside it, which is written into them the next step (one scatter, no copy of the batch's KV); the third wave
+    # rebuilds it (no free rows) while rows decode, again with two vacant rows, which the fourth takes.
+    prompts = random_prompts(8, seed=7)
+    sampling = [params(i, max_tokens=12) for i in range(8)]
+    core = gpu_batching_core(tiny_llama, max_prefill_seqs=2, max_decode_seqs=8)
+    for i in range(8):
         core.add_request(Request(f"r{i}", prompts[i], sampling[i]))
     results: dict[str, Collected] = {}
     shapes, buffers = [], []
@@ -220,10 +221,10 @@ def test_prompts_completing_beside_a_new_batch_join_it_in_place_over_vacant_rows
         batch = core.runner.batch
         shapes.append((len(batch), batch.num_dead_rows))
         buffers.append(batch.caches[0].keys if batch.is_batched else None)
-    assert shapes[:3] == [(0, 0), (4, 2), (4, 0)]
-    assert buffers[2] is buffers[1]  # filled in place (a rebuilt batch has new arrays)
-    assert core.runner.batch.request_ids == [] and results.keys() == {f"r{i}" for i in range(4)}
-    for i in range(4):
+    assert shapes[:5] == [(0, 0), (4, 2), (4, 0), (8, 2), (8, 0)]
+    assert buffers[2] is buffers[1] and buffers[4] is buffers[3]  # filled in place (a rebuilt batch has new arrays)
+    assert buffers[3] is not buffers[2]
+    for i in range(8):
         assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
 
 
