@@ -125,11 +125,23 @@ def fill_rows(batch: LayerCaches, padding: list[int], slots: list[int], joiners:
 
 def batch_width(index: int, room: int) -> int:
     """Positions to allocate for a batch at `index` whose rows will write `room` more: the next step boundary, or
-    further, up to one step past the index (what the KV budget counts, kv/budget.py). Room reserved here is room
-    mlx-lm's update need not grow later: its growth copies every layer's whole KV (on an H200, 36-79 ms for the
-    steps of 128 rows that crossed 256 positions, against ~15 ms for a step), while this join copies it anyway."""
-    boundary = -(-(index + 1) // BatchKVCache.step) * BatchKVCache.step
-    return max(boundary, index + reserved(room))
+    further, in multiples of WIDTH_QUANTUM up to one step past the index (what the KV budget counts, kv/budget.py).
+    Room reserved here is room mlx-lm's update need not grow later: its growth copies every layer's whole KV (on an
+    H200, 36-79 ms for the steps of 128 rows that crossed 256 positions, against ~15 ms for a step), while this join
+    copies it anyway."""
+    boundary = _round_up(index + 1, BatchKVCache.step)
+    wanted = _round_up(index + reserved(room), WIDTH_QUANTUM)
+    return max(boundary, min(wanted, (index + BatchKVCache.step) // WIDTH_QUANTUM * WIDTH_QUANTUM))
+
+
+# Widths past the step boundary come in multiples of this: a few buffer shapes, not one per index and room. At
+# 007bcdc each wave of bench.engine_throughput's 128-row burst was laid out one position wider (257 to 261); on the
+# H200 the first run of those widths held a step of 2.6 s, the runs after it none.
+WIDTH_QUANTUM = 32
+
+
+def _round_up(n: int, quantum: int) -> int:
+    return -(-n // quantum) * quantum
 
 
 def reserved(room: int) -> int:

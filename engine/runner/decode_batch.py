@@ -55,6 +55,21 @@ class Membership:
     joiner_rows: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Upcoming:
+    """Prompts completing beside the batch, which join it next step: how many, and the most positions one of them
+    may write once it has (its max_tokens, a step on): a batch rebuilt now keeps rows and room for them."""
+
+    rows: int = 0
+    room: int = 0
+
+    @classmethod
+    def of(cls, max_tokens: list[int | None], limit: int) -> "Upcoming":
+        """The joiners of these max_tokens, no more than `limit` (the rows free to decode)."""
+        joining = max_tokens[: max(0, limit)]
+        return cls(len(joining), max(((n or 1) + 1 for n in joining), default=0))
+
+
 @dataclass
 class DecodeBatch:
     vocab_size: int
@@ -95,13 +110,14 @@ class DecodeBatch:
     def update_membership(
         self, request_ids: list[str], joiner_caches: dict[str, LayerCaches], all_rows: dict[str, RowSampling],
         joiner_blocks: dict[str, plain_batch.RowBlock] | None = None, position_shifts: dict[str, int] | None = None,
-        room: int = 1, upcoming: int = 0,
+        room: int = 1, upcoming: Upcoming = Upcoming(),
     ) -> Membership:
         """Make the batch exactly `request_ids` (kept rows keep their order; joiners go last, or over dead rows).
         `joiner_blocks` says where a joiner's KV sits in a batched prefill cache (plain caches only),
         so that adjacent rows join together. `position_shifts`: rows whose positions to fold into the offsets.
         `room`: the most tokens a row may still write, reserved in a plain batch's buffers when rows join.
-        `upcoming`: rows expected to join next step, kept vacant where the batch is rebuilt (defer_leaves).
+        `upcoming`: rows joining next step, kept vacant, with their room, where the batch is rebuilt
+        (defer_leaves).
         """
         wanted = set(request_ids)
         current = set(self.request_ids)
@@ -110,9 +126,10 @@ class DecodeBatch:
         if not joiners and (not (leaving or self.num_dead_rows) or self._keeps_as_dead(len(leaving), 0, room)):
             self._make_dead(leaving)
             return Membership(list(range(len(self.request_ids))))
-        filled = self._fill_dead_rows(joiners, leaving, joiner_caches, all_rows, joiner_blocks or {},
-                                      position_shifts or {}, room) if joiners else None
+        filled = self._fill_dead_rows(joiners, leaving, joiner_caches, all_rows, joiner_blocks or {}, room) \
+            if joiners else None
         if filled is not None:
+            self._fold_shifts(position_shifts or {})  # the fill laid the offsets out anew
             return Membership(list(range(len(self.request_ids))), filled)
         keep_rows = [i for i, rid in enumerate(self.request_ids) if rid in wanted]
         if len(keep_rows) != len(self.request_ids):
@@ -122,9 +139,9 @@ class DecodeBatch:
         shifts = position_shifts or {}
         if joiners:
             lone = not self.request_ids and len(joiners) == 1 and not shifts.get(joiners[0])
-            vacant = min(upcoming, len(self.request_ids) + len(joiners)) if self.defer_leaves and not lone else 0
+            vacant = upcoming.rows if self.defer_leaves and not lone else 0
             self._add_joiners(joiners, [joiner_caches[rid] for rid in joiners], all_rows, joiner_blocks or {}, lone,
-                              room, vacant)
+                              max(room, upcoming.room) if vacant else room, vacant)
         self._fold_shifts(shifts)
         rows = [self.rows[rid] for rid in self.request_ids]
         self.sampler = BatchSampler(rows, self.vocab_size) if rows else None
@@ -141,11 +158,11 @@ class DecodeBatch:
 
     def _fill_dead_rows(
         self, joiners: list[str], leaving: list[int], caches: dict[str, LayerCaches], all_rows: dict[str, RowSampling],
-        blocks: dict[str, plain_batch.RowBlock], shifts: dict[str, int], room: int,
+        blocks: dict[str, plain_batch.RowBlock], room: int,
     ) -> list[int] | None:
         """Joiners written in place over dead rows and rows leaving now, in row order, where the batch is plain
         KV that holds them all (their prompts within its index, its buffers the room); their rows, else None."""
-        if not self.defer_leaves or self.padding is None or not self.is_batched or any(shifts.get(r) for r in joiners):
+        if not self.defer_leaves or self.padding is None or not self.is_batched:
             return None
         free = sorted([i for i, rid in enumerate(self.request_ids) if is_dead_row(rid)] + leaving)
         if len(free) < len(joiners) or quantized_kv.is_quantized_batch(self.caches):
@@ -283,4 +300,4 @@ def step_inputs(previous_tokens: mx.array, membership: Membership, firsts: list[
     return parts[0] if len(parts) == 1 else mx.concatenate(parts)
 
 
-__all__ = ["DecodeBatch", "Membership", "is_dead_row", "new_row_sampling", "step_inputs"]
+__all__ = ["DecodeBatch", "Membership", "Upcoming", "is_dead_row", "new_row_sampling", "step_inputs"]

@@ -26,7 +26,7 @@ from engine.kv.plain_batch import RowBlock
 from engine.models.head_split import head_split
 from engine.models.loader import LoadedModel
 from engine.runner.adapter_rows import AdapterRows
-from engine.runner.decode_batch import DecodeBatch, Membership, is_dead_row, new_row_sampling, step_inputs
+from engine.runner.decode_batch import DecodeBatch, Membership, Upcoming, is_dead_row, new_row_sampling, step_inputs
 from engine.runner.memory import vision_features_budget
 from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
@@ -107,8 +107,8 @@ class ModelRunner:
             started, pipelined = time.perf_counter(), self._pending is not None
             needs_history = any(self._rows[row.request_id].params.needs_token_history for row in rows)
             first = self._dispatch_prompts(scheduled.prefill_chunks)
-            # Rows that may join next step: prompts prefilling now (a chunk that does not complete joins later).
-            upcoming = min(len(scheduled.prefill_chunks), self.config.max_decode_seqs - len(rows))
+            # The rows joining next step: the prompts completing now.
+            upcoming = [c.request_id for c in scheduled.prefill_chunks if c.completes_prefill]
             logits = self._dispatch_forward(rows, scheduled.rows_to_cache, upcoming)
             if before_device_work is not None:
                 before_device_work()
@@ -218,7 +218,7 @@ class ModelRunner:
         return [token for token in tokens if not is_dead_row(token.request_id)]
 
     def _update_batch(
-        self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]], upcoming: int = 0
+        self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]], upcoming: list[str] | None = None
     ) -> Membership:
         """The decode batch made exactly this step's rows (leaving rows' KV cached first), rows kept vacant for
         `upcoming` joiners where it is rebuilt; where its rows come from."""
@@ -229,10 +229,12 @@ class ModelRunner:
         shifts = self._rope_deltas if self.text_twin is not None else None  # folded into offsets for the twin
         # Joins reserve the KV positions the rows may still write (one a sample; max_tokens is resolved by now).
         room = max(((self._rows[row.request_id].params.max_tokens or 1) - row.sample_index for row in rows), default=1)
-        return self.batch.update_membership(request_ids, joiner_caches, self._rows, blocks, shifts, room, upcoming)
+        later = Upcoming.of([self._requests[rid].sampling.max_tokens for rid in upcoming or ()],
+                            self.config.max_decode_seqs - len(rows))
+        return self.batch.update_membership(request_ids, joiner_caches, self._rows, blocks, shifts, room, later)
 
     def _dispatch_forward(
-        self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]], upcoming: int
+        self, rows: list[DecodeRow], rows_to_cache: dict[str, tuple[int, ...]], upcoming: list[str]
     ) -> mx.array | None:
         previous_ids = list(self.batch.request_ids)
         membership = self._update_batch(rows, rows_to_cache, upcoming)

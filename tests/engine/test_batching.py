@@ -228,6 +228,29 @@ def test_prompts_completing_beside_a_rebuilt_batch_join_it_in_place_over_vacant_
         assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
 
 
+def test_a_batch_built_beside_longer_answers_keeps_their_room_so_they_join_in_place(tiny_llama):
+    # Two short answers start the batch near mlx-lm's 256-position boundary while two long ones complete beside it:
+    # its buffers take the long answers' room too (not the 256 boundary the short ones need), so they fill the
+    # vacant rows in place and decode past 256 positions without a rebuild or growth.
+    prompts = random_prompts(4, seed=9, max_len=2)
+    prompts = [p * 240 for p in prompts]
+    sampling = [params(i, max_tokens=3 if i < 2 else 40) for i in range(4)]
+    core = gpu_batching_core(tiny_llama, max_prefill_seqs=2, max_decode_seqs=4)
+    for i in range(4):
+        core.add_request(Request(f"r{i}", prompts[i], sampling[i]))
+    results: dict[str, Collected] = {}
+    buffers = []
+    while core.has_unfinished_requests():
+        collect(core.step(), results)
+        batch = core.runner.batch
+        buffers.append((batch.caches[0].keys, len(batch), batch.num_dead_rows) if batch.is_batched else None)
+    assert buffers[0] is None and buffers[1][1:] == (4, 2) and buffers[2][1:] == (4, 0)
+    assert all(b[0] is buffers[1][0] for b in buffers[1:8])  # the same buffers from the build on
+    assert buffers[1][0].shape[2] == 288  # 240 + 41 positions, in whole WIDTH_QUANTUMs
+    for i in range(4):
+        assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
+
+
 def gpu_batching_core(loaded, **config) -> EngineCore:
     """A core whose decode batch keeps leaving rows as dead rows, as on a GPU (the CPU's choice is not to)."""
     core = EngineCore(loaded, EngineConfig(prefill_chunk_tokens=512, **config))

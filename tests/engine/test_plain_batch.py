@@ -97,11 +97,12 @@ def test_a_join_keeps_spare_room_so_the_next_token_does_not_regrow_the_batch():
 
 def test_a_join_reserves_the_rows_room_so_decoding_them_never_regrows_the_batch():
     # Rows at index 250 that will write 40 more positions: mlx-lm's step boundary (256) would make the batch
-    # grow (copy every layer) 6 tokens in; the join lays the buffers out with the room instead.
+    # grow (copy every layer) 6 tokens in; the join lays the buffers out with the room instead, in a whole number
+    # of WIDTH_QUANTUM positions (290 -> 320).
     first = [request_cache(250, 1), request_cache(240, 2)]
     ours, padding = plain_batch.append_rows([], [], blocks(first), room=40)
     ref = reference_batch(first)
-    assert ours[0].state[0].shape[2] == 290
+    assert ours[0].state[0].shape[2] == 320 and plain_batch.WIDTH_QUANTUM == 32
     buffers = [id(layer.keys) for layer in ours]
     for step in range(40):
         decode_step([ours, ref], seed=20 + step)
@@ -111,12 +112,12 @@ def test_a_join_reserves_the_rows_room_so_decoding_them_never_regrows_the_batch(
     # A joiner while rows are left to write: kept when the buffers hold the room, laid out anew when not; never
     # more than one allocation step past the index (what kv/budget.py counts), however much room is asked.
     ours, padding = plain_batch.append_rows([], [], blocks(first), room=40)
-    ours, padding = plain_batch.append_rows(ours, padding, blocks([request_cache(30, 3)]), room=30)
-    assert ours[0].state[0].shape[2] == 290
+    ours, padding = plain_batch.append_rows(ours, padding, blocks([request_cache(30, 3)]), room=70)
+    assert ours[0].state[0].shape[2] == 320
     ours, padding = plain_batch.append_rows(ours, padding, blocks([request_cache(30, 4)]), room=100)
-    assert ours[0].state[0].shape[2] == 350
+    assert ours[0].state[0].shape[2] == 352
     ours, padding = plain_batch.append_rows([], [], blocks(first), room=10_000)
-    assert ours[0].state[0].shape[2] == 250 + BatchKVCache.step
+    assert ours[0].state[0].shape[2] == 480  # the last whole quantum within 250 + BatchKVCache.step
     ours, padding = plain_batch.append_rows([], [], blocks([request_cache(6, 1)]), room=0)
     assert ours[0].state[0].shape[2] == BatchKVCache.step  # at least the next step boundary, as before
 
