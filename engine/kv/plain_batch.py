@@ -76,8 +76,8 @@ def append_rows(
     keep_width = index == old_index and old_width >= index + reserved(room)
     width = old_width if keep_width else batch_width(index, room)
     # A vacant row shows one position of zero KV: a row with none would take a softmax over nothing (NaN).
-    new_padding = ([p + index - old_index for p in padding] + [index - b.length for b in joiners for _ in range(b.num_rows)]
-                   + [index - 1] * vacant)
+    new_padding = ([p + index - old_index for p in padding]
+                   + [index - b.length for b in joiners for _ in range(b.num_rows)] + [index - 1] * vacant)
     offsets, lefts = row_arrays(new_padding, index)
     caches = batch or [BatchKVCache([]) for _ in joiners[0].caches]
     for layer, cache in enumerate(caches):
@@ -100,7 +100,8 @@ def fits_in_place(batch: LayerCaches, joiners: Sequence[RowBlock], room: int) ->
     """Whether joiners can be written into rows of the batch as it is laid out: no prompt longer than its index,
     and its buffers hold the room its rows will write."""
     index = _index(batch)
-    return bool(batch) and all(b.length <= index for b in joiners) and batch[0].state[0].shape[2] >= index + reserved(room)
+    width = batch[0].state[0].shape[2] if batch else 0
+    return bool(batch) and all(b.length <= index for b in joiners) and width >= index + reserved(room)
 
 
 def fill_rows(batch: LayerCaches, padding: list[int], slots: list[int], joiners: Sequence[RowBlock]) -> list[int]:

@@ -127,3 +127,20 @@ def test_incremental_text_equals_full_decode_one_token_at_a_time(tiny_bpe_llama,
     assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
     assert "".join(pieces) == UNICODE_TEXT.replace("<|im_end|>", "")
     assert not any("\ufffd" in p for p in pieces)
+
+
+def test_the_window_source_decodes_through_the_rust_backend_only_where_that_is_the_same_text(tiny_llama):
+    from types import SimpleNamespace
+
+    from engine.output.detokenizer import WindowSource, _decoder
+
+    tokenizer = tiny_llama.tokenizer  # word-level (the benchmarks' kind): a window source
+    assert tokenizer.clean_up_tokenization_spaces is False and _decoder(tokenizer) == tokenizer.backend_tokenizer.decode
+    ids = tokenizer.encode("t5 t17 t200 t3 t42")
+    source = WindowSource(tokenizer)
+    streamed = "".join([source.add_token(t) for t in ids] + [source.finalize()])
+    assert streamed == tokenizer.decode(ids, skip_special_tokens=True)
+    # With the clean-up on, the tokenizer's own decode (which applies it) stays.
+    cleaning = SimpleNamespace(backend_tokenizer=tokenizer.backend_tokenizer, clean_up_tokenization_spaces=True,
+                               decode=tokenizer.decode)
+    assert _decoder(cleaning) == tokenizer.decode

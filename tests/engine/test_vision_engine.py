@@ -117,8 +117,8 @@ def test_requests_with_images_written_over_rows_that_left_equal_each_alone(famil
     sizes = [(56, 56), None, (112, 84), (84, 140), (56, 112), None]
 
     def requests() -> list[Request]:
-        return [family.request(f"r{i}", [] if size is None else [png_bytes(*size, seed=i)], text=f"t{20 + i} " + QUESTION,
-                               max_tokens=3 + 3 * i) for i, size in enumerate(sizes)]
+        return [family.request(f"r{i}", [] if size is None else [png_bytes(*size, seed=i)],
+                               text=f"t{20 + i} " + QUESTION, max_tokens=3 + 3 * i) for i, size in enumerate(sizes)]
 
     expected = {r.request_id: alone(family, r) for r in requests()}
     core = EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False, max_prefill_seqs=4))
@@ -134,7 +134,8 @@ def test_requests_with_images_written_over_rows_that_left_equal_each_alone(famil
         collect(core.step(), results)
         after = core.runner.batch.request_ids
         joined = [rid for rid in after if rid not in before and rid.startswith("r")]
-        if joined and len(after) == len(before) and all(rid == before[i] for i, rid in enumerate(after) if rid in before):
+        kept_in_place = all(rid == before[i] for i, rid in enumerate(after) if rid in before)
+        if joined and len(after) == len(before) and kept_in_place:
             filled += len(joined)  # written over dead rows: every other row where it was
     assert filled == 2
     for request_id, stream in expected.items():
