@@ -190,10 +190,7 @@ class DecodeBatch:
         for row in rows:
             if not forgotten:
                 self.rows.pop(self.request_ids[row])
-            self._dead_rows_made += 1
-            dead_id = f"{DEAD_ROW_PREFIX}{self._dead_rows_made}"
-            self.request_ids[row] = dead_id
-            self.rows[dead_id] = RowSampling(params=_DEAD_ROW_PARAMS, seed=0)
+            self.request_ids[row] = self._new_dead_row()
         if rows or forgotten:
             self.sampler = BatchSampler([self.rows[rid] for rid in self.request_ids], self.vocab_size)
 
@@ -242,16 +239,15 @@ class DecodeBatch:
         for request_id in joiners:
             self.rows[request_id] = all_rows[request_id]
             self.request_ids.append(request_id)
-        if vacant and self.padding is not None and len(self.padding) > len(self.request_ids):
-            self._add_vacant_ids(len(self.padding) - len(self.request_ids))
+        if vacant and self.padding is not None:  # the vacant rows append_rows laid out: dead from the start
+            self.request_ids += [self._new_dead_row() for _ in range(len(self.padding) - len(self.request_ids))]
 
-    def _add_vacant_ids(self, count: int) -> None:
-        """Ids for the vacant rows append_rows laid out (dead rows from the start)."""
-        for _ in range(count):
-            self._dead_rows_made += 1
-            dead_id = f"{DEAD_ROW_PREFIX}{self._dead_rows_made}"
-            self.request_ids.append(dead_id)
-            self.rows[dead_id] = RowSampling(params=_DEAD_ROW_PARAMS, seed=0)
+    def _new_dead_row(self) -> str:
+        """An id no request has, with its greedy sampling row."""
+        self._dead_rows_made += 1
+        dead_id = f"{DEAD_ROW_PREFIX}{self._dead_rows_made}"
+        self.rows[dead_id] = RowSampling(params=_DEAD_ROW_PARAMS, seed=0)
+        return dead_id
 
     def _fold_shifts(self, shifts: dict[str, int]) -> None:
         """The rows' shifts added to the offsets the batch was just (re)built with, on every layer (one array)."""
