@@ -87,8 +87,7 @@ def append_rows(
             if batch:
                 old = cache.state[which]
                 rows.append(old if keep_width else placed(old[..., :old_index, :], index - old_index, width - index))
-            for run, n in _equal_length_runs(joiners, layer, which):
-                rows.append(placed(run, index - n, width - index))
+            rows += _placed_runs(joiners, layer, which, index, width)
             if vacant:
                 rows.append(mx.zeros((vacant, *rows[-1].shape[1:]), rows[-1].dtype))
             parts.append(concat_rows(rows))
@@ -118,8 +117,7 @@ def fill_rows(batch: LayerCaches, padding: list[int], slots: list[int], joiners:
     for layer, cache in enumerate(batch):
         keys, values = cache.state[:2]
         for which, buffer in ((0, keys), (1, values)):
-            buffer[where] = concat_rows([placed(run, index - n, width - index)
-                                         for run, n in _equal_length_runs(joiners, layer, which)])
+            buffer[where] = concat_rows(_placed_runs(joiners, layer, which, index, width))
         cache.state = (keys, values, offsets, lefts, index)
     return new_padding
 
@@ -192,6 +190,11 @@ def placed(x: mx.array, left: int, right: int) -> mx.array:
 def concat_rows(arrays: list[mx.array]) -> mx.array:
     """Arrays joined along the batch axis (a lone one as it is: no copy)."""
     return arrays[0] if len(arrays) == 1 else mx.concatenate(arrays, axis=0)
+
+
+def _placed_runs(joiners: Sequence[RowBlock], layer: int, which: int, index: int, width: int) -> list[mx.array]:
+    """The joiners' keys or values at `layer`, right-aligned at `index` in rows `width` positions wide."""
+    return [placed(run, index - n, width - index) for run, n in _equal_length_runs(joiners, layer, which)]
 
 
 def _equal_length_runs(blocks: Sequence[RowBlock], layer: int, which: int):

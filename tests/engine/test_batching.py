@@ -191,18 +191,11 @@ def test_rows_ending_within_a_few_steps_stay_dead_past_half_the_batch(tiny_llama
     prompts = random_prompts(6, seed=5)
     sampling = [params(i, max_tokens=6 + i) for i in range(6)]
     core = gpu_batching_core(tiny_llama, max_prefill_seqs=6, max_decode_seqs=6)
-    for i in range(6):
-        core.add_request(Request(f"r{i}", prompts[i], sampling[i]))
-    results: dict[str, Collected] = {}
-    shapes = []
-    while core.has_unfinished_requests():
-        collect(core.step(), results)
-        shapes.append((len(core.runner.batch), core.runner.batch.num_dead_rows))
+    results, shapes = run_observing(core, prompts, sampling, lambda batch: (len(batch), batch.num_dead_rows))
     # The 4th row to leave makes 4 of 6 dead while the last two rows have 1 and 2 tokens to go.
     assert FINISHING_STEPS >= 2
     assert shapes[-6:] == [(6, 1), (6, 2), (6, 3), (6, 4), (6, 5), (0, 0)]
-    for i in range(6):
-        assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
+    assert_each_as_alone(tiny_llama, prompts, sampling, results)
 
 
 def test_prompts_completing_beside_a_rebuilt_batch_join_it_in_place_over_vacant_rows(tiny_llama):
@@ -212,20 +205,13 @@ def test_prompts_completing_beside_a_rebuilt_batch_join_it_in_place_over_vacant_
     prompts = random_prompts(8, seed=7)
     sampling = [params(i, max_tokens=12) for i in range(8)]
     core = gpu_batching_core(tiny_llama, max_prefill_seqs=2, max_decode_seqs=8)
-    for i in range(8):
-        core.add_request(Request(f"r{i}", prompts[i], sampling[i]))
-    results: dict[str, Collected] = {}
-    shapes, buffers = [], []
-    while core.has_unfinished_requests():
-        collect(core.step(), results)
-        batch = core.runner.batch
-        shapes.append((len(batch), batch.num_dead_rows))
-        buffers.append(batch.caches[0].keys if batch.is_batched else None)
+    results, seen = run_observing(core, prompts, sampling, lambda batch: (
+        (len(batch), batch.num_dead_rows), batch.caches[0].keys if batch.is_batched else None))
+    shapes, buffers = [shape for shape, _ in seen], [keys for _, keys in seen]
     assert shapes[:5] == [(0, 0), (4, 2), (4, 0), (8, 2), (8, 0)]
     assert buffers[2] is buffers[1] and buffers[4] is buffers[3]  # filled in place (a rebuilt batch has new arrays)
     assert buffers[3] is not buffers[2]
-    for i in range(8):
-        assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
+    assert_each_as_alone(tiny_llama, prompts, sampling, results)
 
 
 def test_a_batch_built_beside_longer_answers_keeps_their_room_so_they_join_in_place(tiny_llama):
@@ -236,19 +222,30 @@ def test_a_batch_built_beside_longer_answers_keeps_their_room_so_they_join_in_pl
     prompts = [p * 240 for p in prompts]
     sampling = [params(i, max_tokens=3 if i < 2 else 40) for i in range(4)]
     core = gpu_batching_core(tiny_llama, max_prefill_seqs=2, max_decode_seqs=4)
-    for i in range(4):
-        core.add_request(Request(f"r{i}", prompts[i], sampling[i]))
-    results: dict[str, Collected] = {}
-    buffers = []
-    while core.has_unfinished_requests():
-        collect(core.step(), results)
-        batch = core.runner.batch
-        buffers.append((batch.caches[0].keys, len(batch), batch.num_dead_rows) if batch.is_batched else None)
+    results, buffers = run_observing(core, prompts, sampling, lambda batch: (
+        (batch.caches[0].keys, len(batch), batch.num_dead_rows) if batch.is_batched else None))
     assert buffers[0] is None and buffers[1][1:] == (4, 2) and buffers[2][1:] == (4, 0)
     assert all(b[0] is buffers[1][0] for b in buffers[1:8])  # the same buffers from the build on
     assert buffers[1][0].shape[2] == 288  # 240 + 41 positions, in whole WIDTH_QUANTUMs
-    for i in range(4):
-        assert_same_stream(run_alone(tiny_llama, f"r{i}", prompts[i], sampling[i]), results[f"r{i}"])
+    assert_each_as_alone(tiny_llama, prompts, sampling, results)
+
+
+def run_observing(core: EngineCore, prompts: list[list[int]], sampling: list[SamplingParams], observe):
+    """Requests r0, r1, ... added at once and run to the end: their streams, and observe(decode batch) after each
+    step."""
+    for i, (prompt, params_i) in enumerate(zip(prompts, sampling)):
+        core.add_request(Request(f"r{i}", prompt, params_i))
+    results: dict[str, Collected] = {}
+    seen = []
+    while core.has_unfinished_requests():
+        collect(core.step(), results)
+        seen.append(observe(core.runner.batch))
+    return results, seen
+
+
+def assert_each_as_alone(loaded, prompts: list[list[int]], sampling: list[SamplingParams], results) -> None:
+    for i, (prompt, params_i) in enumerate(zip(prompts, sampling)):
+        assert_same_stream(run_alone(loaded, f"r{i}", prompt, params_i), results[f"r{i}"])
 
 
 def gpu_batching_core(loaded, **config) -> EngineCore:
