@@ -186,7 +186,8 @@ class ModelService:
             yield StreamChunk(error=exc)
             return
         num_prompt = len(prompt.token_ids)
-        logger.info("request %s (%s) started: %d prompt tokens", job.request_id, job.log_id, num_prompt)
+        logger.info("request %s (%s) started: %d prompt tokens, ready in %.1f ms", job.request_id, job.log_id,
+                    num_prompt, (time.monotonic() - timing.received_at) * 1e3)
         self._active_streams += 1
         last: StreamChunk | None = None
         try:
@@ -199,7 +200,7 @@ class ModelService:
         finally:
             self._active_streams -= 1
             self.metrics.closed(timing, num_prompt, failed=last is not None and last.error is not None)
-            self._log_end(job, last)
+            self._log_end(job, last, timing)
 
     async def _chunks(
         self, stream: AsyncIterator[StreamEvent], parser: OutputParser | None, num_prompt: int, timing: RequestTiming,
@@ -271,12 +272,16 @@ class ModelService:
     def _window_s(self) -> float:
         return min(MAX_WINDOW_S, max(MIN_WINDOW_S, self._active_streams / self.config.advanced.stream_chunks_per_s))
 
-    def _log_end(self, job: GenerateJob, last: StreamChunk | None) -> None:
+    def _log_end(self, job: GenerateJob, last: StreamChunk | None, timing: RequestTiming) -> None:
         if last is not None and last.finish is not None:
             usage = last.finish.usage
+            # From the job's arrival here: a client's TTFT less this is the ingress's and the transport's share.
+            first = f", first token after {(timing.first_token_at - timing.received_at) * 1e3:.1f} ms" \
+                if timing.first_token_at is not None else ""
             logger.info(
-                "request %s (%s) finished: %s, %d prompt + %d completion tokens",
+                "request %s (%s) finished: %s, %d prompt + %d completion tokens%s",
                 job.request_id, job.log_id, last.finish.reason.value, usage.prompt_tokens, usage.completion_tokens,
+                first,
             )
         elif last is not None and last.error is not None:
             logger.info("request %s (%s) failed: %s", job.request_id, job.log_id, last.error.message)

@@ -4,7 +4,8 @@ no embedding of the prompt (no tower, no kept features, no mlx-vlm `get_input_em
 it runs as the language model's text at offset + the prompt's M-RoPE delta, as its decode rows do, in one forward
 with logits at its last position.
 
-The delta comes from mlx-vlm's own position index over the prompt's ids and grids, checked once against the delta
+The delta is summed on the host over the images' grids (Qwen2/2.5-VL: qwen_positions.image_rope_delta), else taken
+from mlx-vlm's own position index over the prompt's ids and grids; either is checked once against the delta
 of a prompt embedded the usual way (`AfterImages.note_embedded`); until then, and for a family where they differ,
 every chunk of a prompt with images keeps the embedding path.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
+import numpy as np
 
 from engine.kv.batch_cache import LayerCaches
 from engine.kv.cache_manager import media_end
@@ -22,6 +24,7 @@ from engine.models.head_split import HeadSplit
 from engine.runner.prefill import PrefillResult, run_prefill
 from engine.scheduler_output import NewRequest, PrefillChunk
 from engine.vision.model import EmbeddedPrompt, VisionLanguageModel
+from engine.vision.qwen_positions import image_rope_delta
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,18 @@ class ShiftedText:
     split: HeadSplit | None
 
 
+# Families whose position index places an image as image_rope_delta counts it (mlx-vlm's qwen2_vl and qwen2_5_vl).
+HOST_DELTA_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+
+
 def rope_delta(model: VisionLanguageModel, token_ids: Sequence[int], arrays: dict[str, Any]) -> int | None:
-    """The prompt's M-RoPE delta from mlx-vlm's position index (0 for families without one); None where it fails."""
+    """The prompt's M-RoPE delta (0 for families without one): summed on the host over its images' grids where the
+    family's index allows, else from mlx-vlm's position index; None where neither gives one."""
     if not model.uses_rope_deltas:
         return 0
+    host = _host_rope_delta(model, token_ids, arrays)
+    if host is not None:
+        return host
     index = getattr(model.language_model, "get_rope_index", None)
     if index is None:
         return None
@@ -46,6 +57,16 @@ def rope_delta(model: VisionLanguageModel, token_ids: Sequence[int], arrays: dic
     except Exception:  # noqa: BLE001 — a family whose index takes other arguments: the embedding path stays
         return None
     return int(deltas.reshape(-1)[0].item())
+
+
+def _host_rope_delta(model: VisionLanguageModel, token_ids: Sequence[int], arrays: dict[str, Any]) -> int | None:
+    config = getattr(model.language_model, "config", None)
+    grids = arrays.get("image_grid_thw")
+    if getattr(config, "model_type", None) not in HOST_DELTA_FAMILIES or grids is None or "video_grid_thw" in arrays:
+        return None
+    rows = [[int(n) for n in row] for row in np.asarray(grids).reshape(-1, 3)]
+    return image_rope_delta(token_ids, rows, config.vision_config.spatial_merge_size, config.image_token_id,
+                            config.vision_start_token_id)
 
 
 def shifted_text(model: VisionLanguageModel, delta: int, split: HeadSplit | None) -> ShiftedText:

@@ -11,7 +11,7 @@ import pytest
 from engine import EngineConfig, EngineCore
 from engine.request import RequestStatus
 from engine.vision.model import TIMED_TOWER_RUNS
-from engine.vision.qwen_positions import rotary_table, tower_index
+from engine.vision.qwen_positions import image_rope_delta, rotary_table, tower_index
 from engine.vision.qwen_tower import PROBE_GRIDS, WindowedTower, attention_groups
 from tests.engine.test_batching import assert_same_stream
 from tests.engine.test_vision_engine import Family
@@ -74,6 +74,24 @@ def test_host_index_arrays_equal_mlx_vlms_own(grids):
     assert ours.window_index.tolist() == their_index.tolist()
     assert ours.window_bounds == their_bounds.tolist()
     assert mx.array_equal(rotary_table(tower, ours), tower.rot_pos_emb(grid)).item()
+
+
+@pytest.mark.parametrize("grids", [[(1, 48, 48)], [(1, 16, 64)], [(1, 64, 16)], [(1, 8, 8), (1, 48, 20)],
+                                   [(2, 16, 16)], [(1, 2, 2)]])
+def test_host_rope_delta_equals_mlx_vlms_position_index(grids):
+    """A prompt's M-RoPE delta summed over its grids (image_rope_delta) is mlx-vlm's get_rope_index's: wide, tall,
+    two images, two frames, one merged patch; a grid its image runs do not match gives None."""
+    model = build_random_vlm(vlm_config("tiny-vl", "bfloat16"), "bfloat16", seed=1, vision_dtype="float32")
+    config = model.language_model.config
+    image, start, end = config.image_token_id, config.vision_start_token_id, config.vision_end_token_id
+    ids = list(range(100, 105))
+    for t, h, w in grids:
+        ids += [start] + [image] * (t * (h // 2) * (w // 2)) + [end] + list(range(200, 203))
+    ids += list(range(300, 307))
+    _, theirs = model.language_model.get_rope_index(mx.array(ids)[None], mx.array(grids), None,
+                                                    mx.ones((1, len(ids)), mx.int32))
+    assert image_rope_delta(ids, grids, 2, image, start) == int(theirs.reshape(-1)[0].item())
+    assert image_rope_delta(ids, [(1, 4, 4), *grids], 2, image, start) is None
 
 
 def test_a_forward_that_differs_from_mlx_vlms_is_not_used():
