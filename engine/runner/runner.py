@@ -41,6 +41,7 @@ from engine.scheduler_output import DecodeRow, NewRequest, PrefillChunk, Schedul
 from engine.spec_decode.speculator import SpeculationStats
 from engine.vision.feature_cache import FeatureCache
 from engine.vision.model import VisionLanguageModel
+from engine.vision.text_twin import twin_prefill
 
 
 class ModelRunner:
@@ -80,9 +81,10 @@ class ModelRunner:
         self.head_split = self.vision.head_split() if self.vision is not None else head_split(self.model)
         self._rope_deltas: dict[str, int] = {}
         self.text_twin = self.vision.text_twin if self.vision is not None else None
+        self._twin_prefill = twin_prefill(self.text_twin)  # a VLM's text prefill, as its decode, through the twin
         self.features = FeatureCache(vision_features_budget(config)) if self.vision is not None else None
         self.vision_prompts = None if self.vision is None else VisionPrompts(
-            self.vision, self.features, self.head_split, loaded.vocab_size, self._rope_deltas)
+            self.vision, self.features, self.head_split, loaded.vocab_size, self._rope_deltas, self._twin_prefill)
         # Speculative decoding (verify_step.py): models of plain KV caches only, not vision models.
         self.speculation = speculation if speculation is not None and self.vision is None else None
         self.batch.defer_leaves = self.speculation is None and on_gpu()
@@ -311,8 +313,11 @@ class ModelRunner:
     def _run_prefill(self, chunks: list[PrefillChunk], caches: list[LayerCaches]) -> PrefillResult:
         """Text chunks batched (prefill.py); a vision model's others as vision_prefill.py runs them."""
         rows_limit = self.config.max_prefill_seqs if self.pad_prefill_shapes else None
+        twin = self._twin_prefill
+        model, split = (twin.model, twin.split) if twin is not None else (self.model, self.head_split)
+
         def run_text(text_chunks: list[PrefillChunk], text_caches: list[LayerCaches]) -> PrefillResult:
-            return run_prefill(self.model, text_chunks, text_caches, rows_limit, self.batch.vocab_size, self.head_split)
+            return run_prefill(model, text_chunks, text_caches, rows_limit, self.batch.vocab_size, split)
 
         if self.vision_prompts is not None:
             return self.vision_prompts.run(chunks, caches, self._requests, run_text)

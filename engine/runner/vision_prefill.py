@@ -23,6 +23,7 @@ from engine.runner.text_after_images import AfterImages
 from engine.scheduler_output import NewRequest, PrefillChunk
 from engine.vision.feature_cache import FeatureCache
 from engine.vision.model import EmbeddedPrompt, MediaPrompt, VisionLanguageModel
+from engine.vision.text_twin import TextTwin
 
 TEXT, TEXT_AFTER_IMAGES, WITH_IMAGES = 0, 1, 2  # a vision model's prefill chunks, in the order they run
 RunText = Callable[[list[PrefillChunk], list[LayerCaches]], PrefillResult]
@@ -87,9 +88,9 @@ class VisionPrompts:
     chunk, kept to its last), and running them. `rope_deltas` is the runner's (its decode rows read them)."""
 
     def __init__(self, model: VisionLanguageModel, features: FeatureCache, split: HeadSplit | None, vocab_size: int,
-                 rope_deltas: dict[str, int]) -> None:
+                 rope_deltas: dict[str, int], twin: TextTwin | None = None) -> None:
         self.model, self.features, self.rope_deltas = model, features, rope_deltas
-        self.after_images = AfterImages(model, split, vocab_size)
+        self.after_images = AfterImages(model, split, vocab_size, twin)
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._kinds: dict[str, int] = {}  # this step's chunks'
         self._one_forward = one_forward_tokens()

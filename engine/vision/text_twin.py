@@ -14,12 +14,15 @@ second copy. It serves only where every parameter matches by name and shape, and
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
+
+from engine.models.head_split import HeadSplit, head_split
 
 log = logging.getLogger(__name__)
 PROBE_TOKENS = tuple(range(3, 19))
@@ -53,6 +56,22 @@ def load_text_twin(folder: Path, vlm: Any) -> nn.Module | None:
     return twin
 
 
+@dataclass(frozen=True)
+class TextTwin:
+    """The twin as the runner's text prefill calls it: the model, and its backbone + head split where that holds."""
+
+    model: nn.Module
+    split: HeadSplit | None
+
+
+def twin_prefill(twin: nn.Module | None) -> TextTwin | None:
+    """A VLM's text prefill through its twin (text prompts; text after cached images): mx.fast.rope instead of
+    mlx-vlm's M-RoPE kernels, as its decode rows. The split of the twin's text model (qwen2_vl wraps qwen2's)."""
+    if twin is None:
+        return None
+    return TextTwin(twin, head_split(getattr(twin, "language_model", twin)))
+
+
 def _agrees(vlm: Any, twin: nn.Module) -> bool:
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -67,4 +86,4 @@ def _agrees(vlm: Any, twin: nn.Module) -> bool:
     return bool((mx.abs(ours - theirs).max() <= AGREEMENT * mx.abs(theirs).max()).item())
 
 
-__all__ = ["load_text_twin"]
+__all__ = ["TextTwin", "load_text_twin", "twin_prefill"]

@@ -11,9 +11,11 @@ from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
 from deployments.model_calls import ImageInput, VideoInput
 from engine import EngineConfig, EngineCore, Request, SamplingParams
 from engine.kv.batch_cache import new_request_cache
+from engine.runner.text_after_images import shifted_text, shifted_twin
 from engine.runner.vision_prefill import run_vision_prefill
 from engine.scheduler_output import PrefillChunk
 from engine.vision.loader import load_vision_model, load_vision_processor, read_media_token_ids
+from engine.vision.text_twin import twin_prefill
 from tests.engine.test_batching import assert_same_stream
 from tests.support.drive import Arrival, collect, run_core
 from tests.support.tiny_vlms import write_gemma3, write_qwen25_vl
@@ -223,6 +225,26 @@ def test_a_cached_images_next_question_runs_no_tower_even_where_its_features_are
     second = run_core(core, [Arrival(0, family.request("second", [image], other))])["second"]
     assert model.tower_stats.images == towers and second.finish.usage.cached_tokens > 0
     assert_same_stream(alone(family, family.request("second-alone", [image], other)), second)
+
+
+@pytest.mark.parametrize("delta", [0, -17, 9])
+def test_text_after_images_through_the_text_twin_equals_mlx_vlms_m_rope(family, delta):
+    """Qwen2.5-VL's text after its images runs through mlx-lm's text twin, its rotary offset shifted by the prompt's
+    delta (ShiftedPositions): the same logits and the same KV as mlx-vlm's M-RoPE language model at that delta."""
+    model = family.loaded.model
+    if model.text_twin is None or not model.uses_rope_deltas:
+        pytest.skip("the family has no M-RoPE twin: its text after images keeps mlx-vlm's path")
+    twin = twin_prefill(model.text_twin)
+    assert twin is not None and twin.split is not None
+    prefix, chunk = mx.array([list(range(10, 40))]), mx.array([list(range(50, 57))])
+    caches = [new_request_cache(model), new_request_cache(model)]
+    for cache in caches:
+        model(prefix, cache=cache)
+    ours = shifted_twin(twin.model, delta, twin.split).model(chunk, cache=caches[0])
+    theirs = shifted_text(model, delta, None).model(chunk, cache=caches[1])
+    assert mx.allclose(ours, theirs, atol=1e-4).item()
+    assert caches[0][0].offset == caches[1][0].offset == 37
+    assert mx.allclose(caches[0][0].state[0], caches[1][0].state[0], atol=1e-4).item()
 
 
 def _lookups(core: EngineCore) -> tuple[int, int]:
