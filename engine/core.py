@@ -1,4 +1,5 @@
-"""EngineCore: schedule ▸ run ▸ sample ▸ update ▸ emit, one step at a time (no threads)."""
+"""EngineCore: schedule ▸ run ▸ sample ▸ update ▸ emit, one step at a time on the caller's thread (the previous
+step's update runs on the runner's worker thread while this step launches, and is done before step() returns)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from engine.runner.runner import ModelRunner
 from engine.runner.step_budget import STEP_TARGET_S, measure_prefill_budget
 from engine.runner.vision_prefill import vision_cost_tokens
 from engine.runner.verify_step import new_speculative_decoder
-from engine.runner_output import RunnerOutput
+from engine.runner_output import RunnerOutput, SampledToken
 from engine.sampling.held_guides import HeldGuides
 from engine.sampling.structured import GuideCompileStats, GuideCompiler
 from engine.scheduler.scheduler import Scheduler
@@ -48,9 +49,11 @@ class StepPhaseSeconds:
     """Where the engine thread's step time goes, summed over steps (bench/engine_throughput.py shows it per step)."""
 
     schedule: float = 0.0  # the scheduler, admissions and prefix-cache copies, before the runner
-    build: float = 0.0  # the runner's Python: building the step's forward and sampling, handing them to the device
+    # the runner's Python: building the step's forward and sampling, handing them to the device (with the previous
+    # step's outputs made on a worker thread beside that launch)
+    build: float = 0.0
     wait: float = 0.0  # blocked on the device for sampled tokens: device time the pipelining did not hide
-    output: float = 0.0  # after the runner: detokenizing, stop checks, the step's outputs
+    output: float = 0.0  # after the runner: detokenizing, stop checks, outputs of what the runner returned
 
 
 @dataclass
@@ -203,13 +206,16 @@ class EngineCore:
         scheduled = self.scheduler.schedule()
         if on_admitted is not None and any(not new.resumed for new in scheduled.new_requests):
             on_admitted(self._admissions(scheduled))
+        outputs = self._expired_outputs(scheduled)
         scheduled_at, waited_before = time.perf_counter(), self.runner.read_wait_seconds
-        sampled = self.runner.execute(scheduled, before_device_work)
+        # The previous step's tokens are taken in on the runner's worker thread while this step's work launches
+        # (runner/overlapped_launch.py); the output holds the rest (first tokens, a verifying step's tokens).
+        sampled = self.runner.execute(
+            scheduled, before_device_work, on_tokens=lambda tokens: outputs.extend(self._update(tokens)))
         ran_at = time.perf_counter()
         self.last_step_first_tokens = sampled.num_first_tokens
-        outputs = self._expired_outputs(scheduled)
         self._note_drafts(sampled)
-        outputs += self._update(sampled)
+        outputs += self._update(sampled.sampled)
         self._count(scheduled, outputs)
         self._time_phases(started, scheduled_at, ran_at, self.runner.read_wait_seconds - waited_before)
         self._step_cpu_seconds_total += time.thread_time() - started_cpu
@@ -256,9 +262,11 @@ class EngineCore:
         phases.output += ended - ran_at
         self._step_seconds_total += ended - started
 
-    def _update(self, result: RunnerOutput) -> list[RequestOutput]:
+    def _update(self, tokens: list[SampledToken]) -> list[RequestOutput]:
+        """Each token's output, in order; a request that finishes leaves the scheduler (pure Python: this runs on the
+        runner's worker thread during a launch, while the engine thread is inside MLX)."""
         outputs = []
-        for token in result.sampled:
+        for token in tokens:
             state = self._states.get(token.request_id)
             if state is None:  # finished or aborted after this token was dispatched
                 continue

@@ -5,13 +5,15 @@ in the same step). Decode is pipelined like mlx-lm's own loop: step N's forward 
 on the device before step N-1's tokens are read back, so Python bookkeeping overlaps
 device work. Rows whose penalties need the previous token force a read first. A step where
 rows verify drafts (speculative decoding, verify_step.py) reads the previous step first and
-its own tokens before it ends.
+its own tokens before it ends. Given somewhere to hand them (on_tokens), a plain step reads the previous step's
+tokens before launching its own work, and hands them over on a worker thread during the launch (overlapped_launch.py).
 """
 
 from __future__ import annotations
 
 import random
 import time
+from functools import partial
 from typing import Callable
 
 import mlx.core as mx
@@ -28,9 +30,10 @@ from engine.models.loader import LoadedModel
 from engine.runner.adapter_rows import AdapterRows
 from engine.runner.decode_batch import DecodeBatch, Membership, Upcoming, is_dead_row, new_row_sampling, step_inputs
 from engine.runner.memory import vision_features_budget
+from engine.runner.overlapped_launch import OverlappedLaunch
 from engine.runner.prefill import PrefillResult, resolve_pad_shapes, run_prefill
 from engine.runner.prompt_copies import PrefilledPrompts, PromptCopies
-from engine.runner.verify_step import SpeculativeDecoder
+from engine.runner.verify_step import SpeculativeDecoder, execute_verifying
 from engine.runner.vision_prefill import VisionPrompts
 from engine.runner.warmup import warm_up_model
 from engine.runner_output import RunnerOutput, SampledToken
@@ -67,6 +70,7 @@ class ModelRunner:
         self._rows: dict[str, RowSampling] = {}
         self._next_inputs: dict[str, int] = {}
         self._pending: PendingStep | None = None
+        self._launch = OverlappedLaunch()
         self.read_wait_seconds = 0.0  # summed over steps: time blocked reading sampled tokens back from the device
         # Freed buffers of sizes that will not recur (prefill shapes, batch resizes) would pile up in MLX's buffer cache.
         self._previous_cache_limit = mx.set_cache_limit(buffer_cache_limit_bytes())
@@ -90,9 +94,14 @@ class ModelRunner:
         self.batch.defer_leaves = self.speculation is None and on_gpu()
 
     # ---- one engine step -------------------------------------------------
-    def execute(self, scheduled: SchedulerOutput, before_device_work: Callable[[], None] | None = None) -> RunnerOutput:
+    def execute(
+        self, scheduled: SchedulerOutput, before_device_work: Callable[[], None] | None = None,
+        on_tokens: Callable[[list[SampledToken]], None] | None = None,
+    ) -> RunnerOutput:
         """Run one step. before_device_work, if given, is called once, when the decode forward's graph is
-        built and the device (and the GIL-free launch of its work) comes next."""
+        built and the device (and the GIL-free launch of its work) comes next. on_tokens, if given, gets a plain
+        step's tokens of the previous step on a worker thread while this step's work is launched, and they are left
+        out of the output (which then holds the first tokens of completed prompts); a verifying step returns all."""
         with mx.stream(self.stream):
             for request_id in scheduled.freed_request_ids:
                 self._forget(request_id)
@@ -105,7 +114,7 @@ class ModelRunner:
             rows = scheduled.decode_rows
             lengths = self.speculation.plan(rows, self._rows) if self.speculation is not None and rows else None
             if lengths is not None:
-                return self._execute_verifying(scheduled, lengths, before_device_work)
+                return execute_verifying(self, scheduled, lengths, before_device_work)
             started, pipelined = time.perf_counter(), self._pending is not None
             needs_history = any(self._rows[row.request_id].params.needs_token_history for row in rows)
             first = self._dispatch_prompts(scheduled.prefill_chunks)
@@ -114,18 +123,25 @@ class ModelRunner:
             logits = self._dispatch_forward(rows, scheduled.rows_to_cache, upcoming)
             if before_device_work is not None:
                 before_device_work()
-            sampled = []
-            if needs_history:
+            sampled, beside = [], None
+            if on_tokens is not None:
+                # Read before this step's launch (and its sampling: penalties and guides need them), handed over
+                # during it: where launching bounds the step, the device finished the previous one while this one
+                # was scheduled and built.
+                handed = self._read_pending()
+                beside = partial(on_tokens, handed) if handed else None
+            elif needs_history:
                 # Penalties and guides need the previous step's tokens before sampling, not before
                 # the forward: the device runs this step's forward while they are read back.
                 if logits is not None:
                     mx.async_eval(logits)
                 sampled = self._read_pending()
-            dispatched = self._dispatch_sampling(logits, rows)
+            dispatched = self._sampling_graph(logits, rows)
+            self._launch.launch(dispatched.sampled.arrays() if dispatched is not None else [], beside)
             if self._blocks is not None:
                 self._blocks.flush()
             first_tokens = self._collect_first_tokens(first)
-            if not needs_history:
+            if not needs_history and on_tokens is None:
                 sampled = self._read_pending()
             self._pending = dispatched
             if self.speculation is not None and rows and not scheduled.prefill_chunks:
@@ -144,38 +160,6 @@ class ModelRunner:
         if self._copies:
             with mx.stream(self.stream):
                 self._copies.copy(self._copies.take())
-
-    def _execute_verifying(
-        self, scheduled: SchedulerOutput, lengths: dict[str, int], before_device_work: Callable[[], None] | None
-    ) -> RunnerOutput:
-        """A step whose rows verify drafts (verify_step.py): synchronous, its tokens read back before it ends."""
-        started = time.perf_counter()
-        first = self._dispatch_prompts(scheduled.prefill_chunks)
-        sampled = self._read_pending()
-        for token in sampled:  # the drafts continue these: they are the rows' inputs now
-            self._next_inputs[token.request_id] = token.token_id
-        rows = scheduled.decode_rows
-        self._update_batch(rows, scheduled.rows_to_cache)
-        inputs = [self._next_inputs.pop(rid) for rid in self.batch.request_ids]
-        with self._adapter_rows.rows(self.batch.request_ids):
-            step = self.speculation.dispatch(self.batch, inputs, lengths, rows)
-        if before_device_work is not None:
-            before_device_work()
-        if self._blocks is not None:
-            self._blocks.flush()
-        first_tokens = self._collect_first_tokens(first)
-        verified = self.speculation.finish(self.batch, step)
-        if not scheduled.prefill_chunks:
-            self.speculation.observe_step(len(rows), step.width, time.perf_counter() - started)
-        tokens = [token for row in verified for token in row.tokens]
-        self.batch.record_tokens(tokens, self._rows)
-        for row in verified:
-            self._next_inputs[row.request_id] = row.tokens[-1].token_id
-        accepted = {row.request_id: row.num_accepted for row in verified if row.num_accepted}
-        drafted = {row.request_id: row.num_drafts for row in verified if row.num_drafts}
-        return RunnerOutput(
-            sampled + tokens + first_tokens, num_first_tokens=len(first_tokens), accepted_drafts=accepted, drafted=drafted
-        )
 
     def _dispatch_prompts(self, chunks: list[PrefillChunk]) -> PendingStep | None:
         """The prompts go to the device first, so their first tokens do not wait for the decode forward, nor for
@@ -251,13 +235,13 @@ class ModelRunner:
         with self._adapter_rows.rows(self.batch.request_ids):
             return self.model(inputs[:, None], cache=self.batch.caches)[:, -1, :]
 
-    def _dispatch_sampling(self, logits: mx.array | None, rows: list[DecodeRow]) -> PendingStep | None:
+    def _sampling_graph(self, logits: mx.array | None, rows: list[DecodeRow]) -> PendingStep | None:
+        """The step's sampling, built on its forward (launched by execute)."""
         if logits is None:
             return None
         sample_index = {row.request_id: row.sample_index for row in rows}
         steps = [sample_index.get(rid, 0) for rid in self.batch.request_ids]  # dead rows: none
         sampled = self.batch.sampler.sample(logits, steps)
-        mx.async_eval(sampled.arrays())
         return PendingStep(list(self.batch.request_ids), sampled, self.batch.top_logprob_counts())
 
     def _decode_inputs(self, previous_ids: list[str], membership: Membership) -> mx.array:
@@ -393,6 +377,7 @@ class ModelRunner:
 
     def close(self) -> None:
         self._pending = None
+        self._launch.close()
         if self.speculation is not None:
             self.speculation.close()
         self._prefill_caches.clear()

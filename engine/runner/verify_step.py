@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from typing import Callable
 
 import mlx.core as mx
 
@@ -20,9 +21,9 @@ from engine.kv.batch_cache import new_request_cache
 from engine.kv.plain_batch import drop_row_tails
 from engine.kv.whole_buffer import builds_attention_per_shape, forward_caches
 from engine.runner.decode_batch import DecodeBatch
-from engine.runner_output import SampledToken
+from engine.runner_output import RunnerOutput, SampledToken
 from engine.sampling.sampler import RowSampling
-from engine.scheduler_output import DecodeRow, NewRequest
+from engine.scheduler_output import DecodeRow, NewRequest, SchedulerOutput
 from engine.spec_decode.adaptive import default_max_verify_tokens, fit_lengths
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.draft_model import DraftModel
@@ -175,6 +176,40 @@ class SpeculativeDecoder:
     def close(self) -> None:
         if self.draft is not None:
             self.draft.close()
+
+
+def execute_verifying(
+    runner, scheduled: SchedulerOutput, lengths: dict[str, int], before_device_work: Callable[[], None] | None
+) -> RunnerOutput:
+    """ModelRunner.execute's step whose rows verify drafts, through the runner's parts (runner.py, which imports
+    this module): synchronous, its tokens read back before it ends."""
+    started = time.perf_counter()
+    first = runner._dispatch_prompts(scheduled.prefill_chunks)
+    sampled = runner._read_pending()
+    for token in sampled:  # the drafts continue these: they are the rows' inputs now
+        runner._next_inputs[token.request_id] = token.token_id
+    rows, batch, speculation = scheduled.decode_rows, runner.batch, runner.speculation
+    runner._update_batch(rows, scheduled.rows_to_cache)
+    inputs = [runner._next_inputs.pop(rid) for rid in batch.request_ids]
+    with runner._adapter_rows.rows(batch.request_ids):
+        step = speculation.dispatch(batch, inputs, lengths, rows)
+    if before_device_work is not None:
+        before_device_work()
+    if runner._blocks is not None:
+        runner._blocks.flush()
+    first_tokens = runner._collect_first_tokens(first)
+    verified = speculation.finish(batch, step)
+    if not scheduled.prefill_chunks:
+        speculation.observe_step(len(rows), step.width, time.perf_counter() - started)
+    tokens = [token for row in verified for token in row.tokens]
+    batch.record_tokens(tokens, runner._rows)
+    for row in verified:
+        runner._next_inputs[row.request_id] = row.tokens[-1].token_id
+    accepted = {row.request_id: row.num_accepted for row in verified if row.num_accepted}
+    drafted = {row.request_id: row.num_drafts for row in verified if row.num_drafts}
+    return RunnerOutput(
+        sampled + tokens + first_tokens, num_first_tokens=len(first_tokens), accepted_drafts=accepted, drafted=drafted
+    )
 
 
 def new_speculative_decoder(loaded, config: SpeculativeConfig | None, draft_loaded=None) -> SpeculativeDecoder | None:
