@@ -5,8 +5,8 @@ in the same step). Decode is pipelined like mlx-lm's own loop: step N's forward 
 on the device before step N-1's tokens are read back, so Python bookkeeping overlaps
 device work. Rows whose penalties need the previous token force a read first. A step where
 rows verify drafts (speculative decoding, verify_step.py) reads the previous step first and
-its own tokens before it ends. Given somewhere to hand them (on_tokens), a plain step reads the previous step's
-tokens before launching its own work, and hands them over on a worker thread during the launch (overlapped_launch.py).
+its own tokens before it ends. Given on_tokens, a plain step hands the previous step's tokens over on a worker
+thread during its own launch (overlapped_launch.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import time
 from functools import partial
-from typing import Callable
+from typing import Any, Callable
 
 import mlx.core as mx
 
@@ -25,7 +25,7 @@ from engine.kv.batch_cache import LayerCaches, cache_nbytes, new_request_cache
 from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes
 from engine.kv.cache_manager import PrefixCache
 from engine.kv.plain_batch import RowBlock
-from engine.models.head_split import head_split
+from engine.models.head_split import HeadSplit, head_split
 from engine.models.loader import LoadedModel
 from engine.runner.adapter_rows import AdapterRows
 from engine.runner.decode_batch import DecodeBatch, Membership, Upcoming, is_dead_row, new_row_sampling, step_inputs
@@ -123,40 +123,49 @@ class ModelRunner:
             logits = self._dispatch_forward(rows, scheduled.rows_to_cache, upcoming)
             if before_device_work is not None:
                 before_device_work()
-            sampled, beside = [], None
-            if on_tokens is not None:
-                # Read before this step's launch (and its sampling: penalties and guides need them), handed over
-                # during it: where launching bounds the step, the device finished the previous one while this one
-                # was scheduled and built.
-                handed = self._read_pending()
-                beside = partial(on_tokens, handed) if handed else None
-            elif needs_history:
-                # Penalties and guides need the previous step's tokens before sampling, not before
-                # the forward: the device runs this step's forward while they are read back.
-                if logits is not None:
-                    mx.async_eval(logits)
-                sampled = self._read_pending()
-            dispatched = self._sampling_graph(logits, rows)
-            self._launch.launch(dispatched.sampled.arrays() if dispatched is not None else [], beside)
+            dispatched, sampled = self._launch_step(logits, rows, needs_history, on_tokens)
             if self._blocks is not None:
                 self._blocks.flush()
             first_tokens = self._collect_first_tokens(first)
-            if not needs_history and on_tokens is None:
+            if sampled is None:  # pipelined: the previous step's tokens, read once this step is on the device
                 sampled = self._read_pending()
             self._pending = dispatched
             if self.speculation is not None and rows and not scheduled.prefill_chunks:
                 self.speculation.observe_step(len(rows), 1, time.perf_counter() - started, pipelined)
         return RunnerOutput(sampled + first_tokens, num_first_tokens=len(first_tokens))
 
+    def _launch_step(
+        self, logits: mx.array | None, rows: list[DecodeRow], needs_history: bool,
+        on_tokens: Callable[[list[SampledToken]], None] | None,
+    ) -> tuple[PendingStep | None, list[SampledToken] | None]:
+        """This step's sampling, launched; and the previous step's tokens where read already (None: not yet; [] where
+        on_tokens took them, on the worker during the launch)."""
+        handed = None
+        if needs_history:
+            # Penalties and guides need the previous step's tokens before sampling, not before
+            # the forward: the device runs this step's forward while they are read back.
+            if logits is not None:
+                mx.async_eval(logits)
+            handed = self._read_pending()
+        dispatched = self._sampling_graph(logits, rows)
+        arrays = dispatched.sampled.arrays() if dispatched is not None else []
+        if on_tokens is None:
+            self._launch.launch(arrays)
+            return dispatched, handed
+        if handed is None:
+            # Read with this step built, before its launch: where launching bounds the step, the device finished the
+            # previous one while this one was scheduled and built.
+            handed = self._read_pending()
+        self._launch.launch(arrays, partial(on_tokens, handed) if handed else None)
+        return dispatched, []
+
     def run_towers_ahead(self, requests: list[Request]) -> tuple[list[Request], float]:
-        """A vision model's features for requests not admitted yet (vision_prefill.py): those whose tower ran, and
-        the seconds it should take."""
+        """A VLM's features for requests not admitted yet (vision_prefill.py): those whose tower ran, its seconds."""
         return self.vision_prompts.run_towers_ahead(requests) if self.vision_prompts is not None else ([], 0.0)
 
     def cache_prefilled_prompts(self) -> None:
-        """Copy the last step's completed prompts into the prefix cache now, before the next step is
-        scheduled (the scheduler asks for it when a waiting request may hit them); else execute() copies
-        them once that step's own prompts are on the device."""
+        """Copy the last step's completed prompts into the prefix cache now, before the next step is scheduled (a
+        waiting request may hit them); else execute() copies them once that step's own prompts are on the device."""
         if self._copies:
             with mx.stream(self.stream):
                 self._copies.copy(self._copies.take())
@@ -178,14 +187,11 @@ class ModelRunner:
     def _drop_kv(self, request_id: str) -> None:
         """A preempted request's KV and progress (its decode row leaves the batch with this step's rows); its
         sampling row (seed, token history, guide state) stays for its resumption."""
-        self._prefill_caches.pop(request_id, None)
-        self._joiner_blocks.pop(request_id, None)
-        self._next_inputs.pop(request_id, None)
-        if self.vision_prompts is not None:
-            self.vision_prompts.forget(request_id)
-        self._rope_deltas.pop(request_id, None)
-        if self.speculation is not None:
-            self.speculation.forget(request_id)
+        for held in (self._prefill_caches, self._joiner_blocks, self._next_inputs, self._rope_deltas):
+            held.pop(request_id, None)
+        for part in (self.vision_prompts, self.speculation):
+            if part is not None:
+                part.forget(request_id)
 
     def _read_pending(self) -> list[SampledToken]:
         """The pending step's tokens, read once (None pending after it)."""
@@ -297,8 +303,7 @@ class ModelRunner:
     def _run_prefill(self, chunks: list[PrefillChunk], caches: list[LayerCaches]) -> PrefillResult:
         """Text chunks batched (prefill.py); a vision model's others as vision_prefill.py runs them."""
         rows_limit = self.config.max_prefill_seqs if self.pad_prefill_shapes else None
-        twin = self._twin_prefill
-        model, split = (twin.model, twin.split) if twin is not None else (self.model, self.head_split)
+        model, split = self._text_model()
 
         def run_text(text_chunks: list[PrefillChunk], text_caches: list[LayerCaches]) -> PrefillResult:
             return run_prefill(model, text_chunks, text_caches, rows_limit, self.batch.vocab_size, split)
@@ -306,6 +311,11 @@ class ModelRunner:
         if self.vision_prompts is not None:
             return self.vision_prompts.run(chunks, caches, self._requests, run_text)
         return self._adapter_rows.prefill(chunks, caches, run_text) if chunks else PrefillResult([], [], None)
+
+    def _text_model(self) -> tuple[Any, HeadSplit | None]:
+        """What text prefill runs (a VLM's: its text twin, as its decode) and its head split."""
+        twin = self._twin_prefill
+        return (twin.model, twin.split) if twin is not None else (self.model, self.head_split)
 
     def _collect_first_tokens(self, step: PendingStep | None) -> list[SampledToken]:
         if step is None:
@@ -347,11 +357,8 @@ class ModelRunner:
 
     # ---- housekeeping ----------------------------------------------------
     def release_buffers(self) -> None:
-        """Hand MLX's cache of freed buffers back to the device; under load its cap (set at start) bounds it.
-
-        Only with nothing in flight: freeing holds the GIL and can wait for the device (run every 256 steps,
-        py-spy saw it hold the GIL ~36 ms per 8 s of bursts on the H100, while the replica's event loop waited).
-        """
+        """Hand MLX's cache of freed buffers back to the device (under load its cap bounds it), with nothing in flight:
+        freeing holds the GIL and can wait for the device (py-spy: ~36 ms per 8 s of bursts on the H100)."""
         if not self.holds_state():
             mx.clear_cache()
 
@@ -369,8 +376,8 @@ class ModelRunner:
     def warmup(self) -> None:
         """Build kernels before the first request: one tiny forward, and every padded prefill shape."""
         with mx.stream(self.stream):
-            warm_up_model(self.model, self.config, self.kv_quantization, self.pad_prefill_shapes,
-                          self.batch.vocab_size, self.head_split)
+            model, split = self._text_model()
+            warm_up_model(model, self.config, self.kv_quantization, self.pad_prefill_shapes, self.batch.vocab_size, split)
             if self.speculation is not None:
                 self.speculation.calibrate()
             mx.clear_cache()
@@ -380,14 +387,11 @@ class ModelRunner:
         self._launch.close()
         if self.speculation is not None:
             self.speculation.close()
-        self._prefill_caches.clear()
-        self._joiner_blocks.clear()
+        for held in (self._prefill_caches, self._joiner_blocks, self._requests, self._rows, self._next_inputs,
+                     self._rope_deltas):
+            held.clear()
         if self._copies is not None:
             self._copies.clear()
-        self._requests.clear()
-        self._rows.clear()
-        self._next_inputs.clear()
-        self._rope_deltas.clear()
         if self.vision_prompts is not None:
             self.vision_prompts.clear()
         if self.prefix_cache is not None:
