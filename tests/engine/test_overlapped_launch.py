@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import replace
@@ -92,6 +93,7 @@ def noting_hand_overs(core: EngineCore, monkeypatch) -> list[tuple[str, list[str
 def test_a_batch_takes_its_previous_tokens_in_on_the_worker_and_each_stream_is_as_alone(tiny_llama, monkeypatch):
     prompts, sampling = mixed_batch(tiny_llama)
     core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=2, prefill_chunk_tokens=16, max_decode_seqs=6))
+    core.runner.overlap_max_read_wait_s = math.inf  # the CPU computes while reads wait: overlap every step anyway
     handed = noting_hand_overs(core, monkeypatch)
     results, _ = run_observing(core, prompts, sampling, lambda batch: None)
     assert handed and all(name.startswith(WORKER) for name, _ in handed)
@@ -124,3 +126,18 @@ def test_each_steps_outputs_are_those_of_the_synchronous_path(tiny_llama, monkey
     overlapped, synchronous = run(False), run(True)
     assert overlapped == synchronous
     assert sum(len(step) for step in overlapped) > 40
+
+
+def test_where_reads_wait_for_the_device_a_step_launches_first_and_returns_the_tokens(tiny_llama, monkeypatch):
+    """A read that waited (the device bounds the step) turns the overlap off: the next plain steps launch, then read,
+    and return their tokens (no hand-over); every stream is still as alone. (Rows with penalties read before their
+    sampling whatever the device does, and hand over what they read: none here.)"""
+    prompts, sampling = mixed_batch(tiny_llama)
+    sampling = [replace(params_i, frequency_penalty=0.0) for params_i in sampling]
+    core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=2, prefill_chunk_tokens=16, max_decode_seqs=6))
+    core.runner.overlap_max_read_wait_s = 0.0  # any wait at all
+    handed = noting_hand_overs(core, monkeypatch)
+    results, _ = run_observing(core, prompts, sampling, lambda batch: None)
+    generated = sum(len(result.token_ids) for result in results.values())
+    assert sum(len(ids) for _, ids in handed) <= 6 < generated  # the first read's tokens at most
+    assert_each_as_alone(tiny_llama, prompts, sampling, results)
