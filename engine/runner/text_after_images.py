@@ -87,8 +87,9 @@ class ShiftedPositions:
 
 
 def shifted_twin(twin: Any, delta: int, split: HeadSplit | None) -> ShiftedText:
-    """mlx-lm's text model of the family (text_twin.py: mx.fast.rope, ~7 ms less host time a forward than mlx-vlm's
-    M-RoPE on an H200) on text whose positions start at the cache offset + delta."""
+    """mlx-lm's text model of the family (text_twin.py: mx.fast.rope; a one-row decode step of Qwen2.5-VL-3B took
+    14.3 ms through it and 21.2 ms through mlx-vlm's M-RoPE on an H200) on text whose positions start at the cache
+    offset + delta."""
 
     def shifted(cache: Any) -> Any:
         return [ShiftedPositions(layer, delta) for layer in cache] if delta and cache else cache
