@@ -67,8 +67,7 @@ def _host_rope_delta(model: VisionLanguageModel, token_ids: Sequence[int], array
     if getattr(config, "model_type", None) not in HOST_DELTA_FAMILIES or grids is None or "video_grid_thw" in arrays:
         return None
     rows = [[int(n) for n in row] for row in np.asarray(grids).reshape(-1, 3)]
-    return image_rope_delta(token_ids, rows, config.vision_config.spatial_merge_size, config.image_token_id,
-                            config.vision_start_token_id)
+    return image_rope_delta(token_ids, rows, config.vision_config.spatial_merge_size, config.image_token_id)
 
 
 class ShiftedPositions:

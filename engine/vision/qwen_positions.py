@@ -19,6 +19,8 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
+from engine.vision.inputs import media_token_runs
+
 PAD = -100  # mlx-vlm's mark for a padded window cell
 
 
@@ -53,19 +55,17 @@ def tower_index(grids: Sequence[Sequence[int]], tower: Any) -> TowerIndex:
     return TowerIndex(np.concatenate(indices), bounds, np.concatenate(positions), largest)
 
 
-def image_rope_delta(
-    token_ids: Sequence[int], grids: Sequence[Sequence[int]], merge: int, image_token: int, vision_start: int,
-) -> int | None:
+def image_rope_delta(token_ids: Sequence[int], grids: Sequence[Sequence[int]], merge: int, image_token: int) -> int | None:
     """Qwen2/2.5-VL's M-RoPE delta of a prompt whose media are images (grids: image_grid_thw, in prompt order): an
     image of t x h x w patches takes t*(h/merge)*(w/merge) tokens but max(t, h/merge, w/merge) positions, and text
-    goes on after its last position. None where the prompt's image runs do not match the grids."""
-    runs = [i for i in range(len(token_ids) - 1) if token_ids[i] == vision_start and token_ids[i + 1] == image_token]
+    goes on after its last position. None where the prompt's image token runs do not match the grids."""
+    runs = media_token_runs(token_ids, image_token)
     if len(runs) != len(grids):
         return None
     delta = 0
-    for start, (t, h, w) in zip(runs, grids):
+    for (start, end), (t, h, w) in zip(runs, grids):
         tokens, span = t * (h // merge) * (w // merge), max(t, h // merge, w // merge)
-        if any(token != image_token for token in token_ids[start + 1 : start + 1 + tokens]):
+        if end - start != tokens:
             return None
         delta += span - tokens
     return delta

@@ -90,8 +90,8 @@ def test_host_rope_delta_equals_mlx_vlms_position_index(grids):
     ids += list(range(300, 307))
     _, theirs = model.language_model.get_rope_index(mx.array(ids)[None], mx.array(grids), None,
                                                     mx.ones((1, len(ids)), mx.int32))
-    assert image_rope_delta(ids, grids, 2, image, start) == int(theirs.reshape(-1)[0].item())
-    assert image_rope_delta(ids, [(1, 4, 4), *grids], 2, image, start) is None
+    assert image_rope_delta(ids, grids, 2, image) == int(theirs.reshape(-1)[0].item())
+    assert image_rope_delta(ids, [(1, 4, 4), *grids], 2, image) is None
 
 
 def test_a_forward_that_differs_from_mlx_vlms_is_not_used():
