@@ -64,7 +64,9 @@ class EngineConfig:
     """
 
     max_num_seqs: int = knob(256, "most requests waiting or running at once", ge=1)
-    max_prefill_seqs: int = knob(32, "most requests prefilling in one step", ge=1)
+    max_prefill_seqs: int = knob(
+        32, "most requests prefilling in one step beside decode rows (with none decoding, a burst of up to "
+        "max_decode_seqs starts within the step's token budget, in forwards of this many rows)", ge=1)
     max_decode_seqs: int = knob(32, "most requests decoding in one step", ge=1)
     prefill_chunk_tokens: int = knob(
         2048, "most prompt tokens one request prefills per step (0: its whole prompt at once)", ge=0)

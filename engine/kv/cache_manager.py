@@ -325,6 +325,13 @@ class KVCacheManager:
         if not request.num_preemptions:  # usage reports the prompt's hit at its first admission
             request.num_cached_tokens = request.num_computed_tokens
 
+    def first_block(self, request: Request) -> tuple[int, ...] | None:
+        """The prompt's first block of cache keys, None without block caching: prompts sharing it hit each other's
+        KV once one of them is cached."""
+        if not self.cuts_blocks:
+            return None
+        return tuple(request.cache_keys[: self.prefix_cache.block_size])
+
     def holds_media(self, request: Request) -> bool:
         """Whether the prefix cache holds the prompt's KV through its last image or video token (then its media
         need no vision tower), as reuse_cached_prefix would find it now."""

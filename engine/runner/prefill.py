@@ -110,7 +110,7 @@ def _padded_forwards(
     for group in _padded_groups(chunks, caches, vocab_size, split):
         width = bucket_length(max(chunks[i].num_tokens for i in group))
         start = 0
-        for part in split_rows(len(group), width, max(max_rows, len(group))):
+        for part in split_rows(len(group), width, max_rows):
             forwards.append((group[start : start + part.rows], part.padded_rows))
             start += part.rows
     return forwards

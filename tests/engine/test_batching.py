@@ -249,8 +249,9 @@ def assert_each_as_alone(loaded, prompts: list[list[int]], sampling: list[Sampli
 
 
 def gpu_batching_core(loaded, **config) -> EngineCore:
-    """A core whose decode batch keeps leaving rows as dead rows, as on a GPU (the CPU's choice is not to)."""
-    core = EngineCore(loaded, EngineConfig(prefill_chunk_tokens=512, **config))
+    """A core whose decode batch keeps leaving rows as dead rows, as on a GPU (the CPU's choice is not to). No step
+    token budget: prompts start max_prefill_seqs a step, in waves, also with nothing decoding (no burst)."""
+    core = EngineCore(loaded, EngineConfig(prefill_chunk_tokens=512, prefill_step_tokens=0, **config))
     assert not core.runner.batch.defer_leaves  # the CPU's choice (runner.py); the GPU's, run here:
     core.runner.batch.defer_leaves = True
     return core

@@ -16,7 +16,7 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 def test_every_step_calls_before_device_work_once(tiny_llama):
     # EngineLoop posts the previous step's outputs from this hook: a step that skipped it would hold
     # them back a step, one that called it twice would post nothing the second time (harmless but wrong).
-    core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=1, prefill_chunk_tokens=4))
+    core = EngineCore(tiny_llama, EngineConfig(max_prefill_seqs=1, prefill_chunk_tokens=4, prefill_step_tokens=0))
     core.add_request(Request("a", list(range(1, 11)), SamplingParams(max_tokens=3, **GREEDY)))
     core.add_request(Request("b", [1, 2], SamplingParams(max_tokens=3, **GREEDY)))
     calls_per_step, rows_at_call = [], []

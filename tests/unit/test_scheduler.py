@@ -102,6 +102,29 @@ def test_max_prefill_seqs_limits_requests_starting_per_step():
     assert not scheduler.has_unfinished_requests()
 
 
+def test_with_nothing_decoding_a_burst_up_to_max_decode_seqs_starts_within_the_step_token_budget():
+    # Its rows then decode at one length (issue 57); beside decode rows max_prefill_seqs applies again.
+    scheduler = Scheduler(EngineConfig(max_prefill_seqs=2, max_decode_seqs=8, prefill_step_tokens=20))
+    for i in range(6):
+        scheduler.add_request(make_request(f"r{i}", prompt_len=4, max_tokens=3))
+    assert step_counts(scheduler) == ({f"r{i}": 4 for i in range(5)}, {})  # 20 tokens: the budget, not 2 seqs
+    for i in range(6, 9):
+        scheduler.add_request(make_request(f"r{i}", prompt_len=4, max_tokens=3))
+    assert step_counts(scheduler) == ({"r5": 4, "r6": 4}, {f"r{i}": 1 for i in range(5)})
+    assert step_counts(scheduler) == ({"r7": 4}, {f"r{i}": 1 for i in range(7)})  # 8 running: the decode limit
+
+
+def test_a_burst_leaves_prompts_sharing_a_first_block_with_its_own_to_a_later_step_to_hit_the_cache():
+    kv = KVCacheManager(PrefixCache(block_size=4, capacity_bytes=100))
+    scheduler = Scheduler(EngineConfig(max_prefill_seqs=2, max_decode_seqs=8, prefill_step_tokens=64), kv=kv)
+    prompts = {"a": [1, 2, 3, 4, 5], "b": [1, 2, 3, 4, 6], "c": [9, 9, 9, 9], "d": [1, 2, 3, 4, 7], "e": [8, 8]}
+    for rid, prompt in prompts.items():
+        scheduler.add_request(Request(rid, prompt, SamplingParams(max_tokens=3)))
+    # a and b are within max_prefill_seqs, as before; d (like a) ends the burst where it queues.
+    assert step_counts(scheduler) == ({"a": 5, "b": 5, "c": 4}, {})
+    assert [r.request_id for r in scheduler.waiting] == ["d", "e"]
+
+
 def test_max_decode_seqs_bounds_running_requests():
     scheduler = Scheduler(EngineConfig(max_decode_seqs=2, max_prefill_seqs=8))
     for i, max_tokens in enumerate((1, 3, 3)):
