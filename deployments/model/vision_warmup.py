@@ -1,8 +1,7 @@
-"""A vision-language model's warm-up at load: short requests per warm-up image size, through the serving path (chat
-template, processor, vision tower, image prefill, decode with the image's positions; then the same image with other
-questions, one per prefill length bucket up to 256 tokens), so that neither a user's first image nor a repeated one
-pays kernel builds (on a GPU they took seconds; a repeated image's first question of a new length took 117-124 ms
-against 36-52 for later ones: MLX's CUDA attention builds a cuDNN graph per pair of query and key lengths, issue 54).
+"""A vision-language model's warm-up at load: two short requests per warm-up image size, through the serving
+path (chat template, processor, vision tower, image prefill, decode with the image's positions; then the same image
+with another question), so that neither a user's first image nor the first repeated one pays kernel builds (on a
+GPU they took seconds; a repeated image's first requests ran 3x slower than later ones, issue 54).
 
 The images are synthetic (chat/synthetic_images.py, PNG); their answers are dropped. Sizes are `WxH` strings.
 """
@@ -24,10 +23,6 @@ from engine.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 WARMUP_QUESTIONS = ("What is in this picture?", "Which colours does it have, and where are they?")
-# Questions on the image seen before, of about 13, 29, 61, 125 and 253 tokens with the template's tail: each pads to
-# its length bucket (runner/prefill_shapes.py) and meets the image's KV where a user's question without a system
-# prompt does.
-FOLLOW_UP_WORDS = (8, 24, 56, 120, 248)
 GPU_SIZES = ("448x448", "896x672")  # vision_warmup_sizes left out on a GPU; on the CPU none (no kernels to build)
 
 
@@ -44,13 +39,13 @@ async def warm_vision(
     sizes: tuple[str, ...], encode: Callable[[ChatPrompt], Awaitable[EncodedPrompt]],
     submit: Callable[[Request], RequestStream],
 ) -> float:
-    """Run requests of 2 tokens per size: one image with a question, then with others (the path of an image seen
-    before: its features kept, its blocks cached, the question prefilled after them); returns the seconds."""
+    """Run two requests of 2 tokens per size: one image with two questions (the second takes the path of an image
+    seen before: its features kept, its blocks cached, the question prefilled after them); returns the seconds."""
     started = time.monotonic()
     for size in sizes:
         width, height = parse_size(size)
         png = encode_image(synthetic_image(width, height, seed=0), "png")
-        for question in (*WARMUP_QUESTIONS, *(" ".join(["colour"] * n) for n in FOLLOW_UP_WORDS)):
+        for question in WARMUP_QUESTIONS:
             image = ImageInput(png, "vision_warmup_sizes", "image/png")
             content = [{"type": "image"}, {"type": "text", "text": question}]
             prompt = await encode(ChatPrompt([{"role": "user", "content": content}], images=[image]))

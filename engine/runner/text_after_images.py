@@ -121,11 +121,8 @@ class AfterImages:
     """Which chunks of prompts with images run as text after their images, and running them."""
 
     def __init__(self, model: VisionLanguageModel, split: HeadSplit | None, vocab_size: int,
-                 twin: TextTwin | None = None, padded: bool = False) -> None:
+                 twin: TextTwin | None = None) -> None:
         self.model, self.split, self.vocab_size, self.twin = model, split, vocab_size, twin
-        # The runner's padded prefill shapes (a GPU's): a chunk pads to a length bucket, as text prompts do, so a
-        # question of a new length builds no kernels (MLX's CUDA attention builds a cuDNN graph per length pair).
-        self._rows_limit = 1 if padded else None
         # Our delta == the embedding's (checked once). Families without M-RoPE keep the embedding path: Gemma 3's
         # text after an image, run as text, wrote other KV than from its embeddings.
         self.agrees: bool | None = None if model.uses_rope_deltas else False
@@ -145,14 +142,12 @@ class AfterImages:
         return rope_delta(self.model, request.prompt_token_ids, request.vision.model_arrays)
 
     def run(self, chunks: list[PrefillChunk], caches: list[LayerCaches], deltas: list[int]) -> PrefillResult:
-        """Each chunk alone (their deltas differ), one forward (padded where the runner pads) with logits at its last
-        position."""
+        """Each chunk alone (their deltas differ), one forward with logits at its last position."""
         result = PrefillResult([], [], None)
         for chunk, cache, delta in zip(chunks, caches, deltas):
             twin = self.twin
             text = shifted_twin(twin.model, delta, twin.split) if twin else shifted_text(self.model, delta, self.split)
-            result = result.followed_by(
-                run_prefill(text.model, [chunk], [cache], self._rows_limit, self.vocab_size, text.split))
+            result = result.followed_by(run_prefill(text.model, [chunk], [cache], None, self.vocab_size, text.split))
         return result
 
 

@@ -211,22 +211,6 @@ def test_another_question_on_a_cached_image_reuses_its_kv_through_the_images_las
     core.scheduler.kv.prefix_cache.check_integrity()
 
 
-def test_a_cached_images_next_question_padded_to_a_length_bucket_answers_as_alone(family):
-    """With padded prefill shapes (a GPU's default), the question after a cached image runs as text padded to a
-    length bucket (24 words and the template's tail: 32), as text prompts do; its stream equals the prompt's alone."""
-    if not family.loaded.model.uses_rope_deltas:
-        pytest.skip("the family's text after images keeps the embedding path")
-    core = EngineCore(family.loaded, EngineConfig(prefix_block_size=BLOCK, pad_prefill_shapes=True))
-    assert core.runner.pad_prefill_shapes
-    image = png_bytes(112, 84, seed=9)
-    run_core(core, [Arrival(0, family.request("first", [image], " ".join(f"t{30 + i}" for i in range(24))))])
-    other = " ".join(f"t{60 + i}" for i in range(24))
-    lookups = _lookups(core)
-    second = run_core(core, [Arrival(0, family.request("second", [image], other))])["second"]
-    assert second.finish.usage.cached_tokens > 0 and _lookups(core) == lookups  # as text, after the cached image
-    assert_same_stream(alone(family, family.request("second-alone", [image], other)), second)
-
-
 def test_a_cached_images_next_question_runs_no_tower_even_where_its_features_are_not_kept(family):
     """Its KV through the image's last token is in the prefix cache, its features are not: the tower, run ahead of
     admission for requests with images (EngineCore), is not run for it; it answers as alone."""
