@@ -330,7 +330,7 @@ class KVCacheManager:
         KV once one of them is cached."""
         if not self.cuts_blocks:
             return None
-        return tuple(request.cache_keys[: self.prefix_cache.block_size])
+        return request.cache_keys[: self.prefix_cache.block_size]
 
     def holds_media(self, request: Request) -> bool:
         """Whether the prefix cache holds the prompt's KV through its last image or video token (then its media
@@ -364,7 +364,7 @@ class KVCacheManager:
         full_blocks = len(request.prefix_blocks) - (1 if request.prefix_tail_tokens else 0)
         if full_blocks >= request.num_prefill_tokens // size:
             return False
-        self._uncached_first_blocks.add(request.cache_keys[:size])
+        self._uncached_first_blocks.add(self.first_block(request))
         return True
 
     def should_snapshot(self, request: Request, chunk_end: int) -> bool:
@@ -380,10 +380,7 @@ class KVCacheManager:
         they are copied before this step admits anyone (~15 ms of CPU for 32 prompts of 517 tokens on an
         H100, which new prompts' first tokens would otherwise not wait for)."""
         firsts = self._uncached_first_blocks
-        if not firsts:
-            return False
-        size = self.prefix_cache.block_size
-        return any(r.cache_keys[:size] in firsts for r in waiting if not r.num_computed_tokens)
+        return bool(firsts) and any(self.first_block(r) in firsts for r in waiting if not r.num_computed_tokens)
 
     def begin_step(self) -> None:
         """The last step's completed prompts are cached from now on (before or during this step)."""
