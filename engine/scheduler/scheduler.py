@@ -18,15 +18,25 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 from engine.config import EngineConfig
 from engine.errors import QueueFullError, QueueTimeoutError
-from engine.kv.budget import ADMISSION_HEADROOM_TOKENS, KVBudget, KVPlan
+from engine.kv.budget import ADMISSION_HEADROOM_TOKENS, AdmissionHeadroom, KVBudget, KVPlan
 from engine.kv.cache_manager import KVCacheManager
 from engine.request import Priority, Request, RequestStatus
 from engine.sampling.held_guides import HeldGuides
 from engine.scheduler_output import DecodeRow, ExpiredRequest, NewRequest, PrefillChunk, SchedulerOutput
+
+
+@dataclass
+class RunningSplit:
+    """The running requests at the start of a step, in admission order: those prefilling, and those that decode this
+    step (at most max_decode_seqs)."""
+
+    prefilling: list[Request]
+    decodable: list[Request]
 
 
 class Scheduler:
@@ -110,8 +120,11 @@ class Scheduler:
         output = SchedulerOutput(freed_request_ids=self._freed_request_ids)
         self._freed_request_ids = []
         output.expired = self._expire_waiting()
-        preempted = self._preempt_to_fit() + self._preempt_for_interactive()
-        decoding = self._schedule_decodes()
+        split = self._split_running()
+        preempted = self._preempt_to_fit(split) + self._preempt_for_interactive()
+        if preempted:
+            split = self._split_running()
+        decoding = self._schedule_decodes(split.decodable)
         output.decode_rows = [
             DecodeRow(r.request_id, r.num_decode_steps - 1, self._draft_allowance(r)) for r in decoding.values()
         ]
@@ -119,12 +132,25 @@ class Scheduler:
         for request in preempted:
             request.num_computed_tokens = 0
         output.preempted_request_ids = [r.request_id for r in preempted]
-        plan = self._plan(decoding) if self.kv_budget is not None else None
-        output.prefill_chunks = self._schedule_prefills(output.new_requests, plan)
+        plan = self._plan(decoding, split.prefilling) if self.kv_budget is not None else None
+        output.prefill_chunks = self._schedule_prefills(output.new_requests, plan, split.prefilling)
         if plan is not None:
             self.kv_planned_bytes = plan.bytes
             self.kv_peak_planned_bytes = max(self.kv_peak_planned_bytes, plan.bytes)
         return output
+
+    def _split_running(self) -> RunningSplit:
+        """One pass over the running requests (each schedule used to take one per phase: 0.6 ms a step at 128 rows,
+        against ~9 ms for the H200's whole step)."""
+        prefilling: list[Request] = []
+        decodable: list[Request] = []
+        cap = self.config.max_decode_seqs
+        for request in self.running:
+            if request.is_prefilling:
+                prefilling.append(request)
+            elif request.wants_more_decode_steps and len(decodable) < cap:
+                decodable.append(request)
+        return RunningSplit(prefilling, decodable)
 
     def _draft_allowance(self, request: Request, decode_steps: int | None = None) -> int:
         """Drafts a row may verify this step: none past max_tokens (the scheduled token counts one); decode_steps:
@@ -136,34 +162,32 @@ class Scheduler:
         return max(0, min(spec.num_draft_tokens, request.max_tokens - steps))
 
     # ---- the KV budget -----------------------------------------------------
-    def _plan(self, decoding: dict[str, Request]) -> KVPlan:
+    def _plan(self, decoding: dict[str, Request], prefilling: list[Request]) -> KVPlan:
         """This step's KV before any prefill chunk: decode rows after their token (and drafts), prefills so far."""
         plan = KVPlan(self.kv_budget)
-        for request in self.running:
-            if request.request_id in decoding:
-                plan.rows[request.request_id] = request.num_computed_tokens + self._draft_allowance(request)
-            elif request.is_prefilling:
-                plan.prefills[request.request_id] = request.num_computed_tokens
+        for request_id, request in decoding.items():
+            plan.rows[request_id] = request.num_computed_tokens + self._draft_allowance(request)
+        for request in prefilling:
+            plan.prefills[request.request_id] = request.num_computed_tokens
         return plan
 
-    def _growth_plan(self) -> KVPlan:
-        """The KV the running requests would hold after this step if all decode rows ran and no prefill did."""
-        plan = KVPlan(self.kv_budget)
-        for request in self.running:
-            if request.is_prefilling:
-                plan.prefills[request.request_id] = request.num_computed_tokens
-            elif request.wants_more_decode_steps and len(plan.rows) < self.config.max_decode_seqs:
-                grown = request.num_computed_tokens + 1 + self._draft_allowance(request, request.num_decode_steps + 1)
-                plan.rows[request.request_id] = grown
-        return plan
+    def _growth_lengths(self, split: RunningSplit) -> tuple[list[int], list[int]]:
+        """The KV lengths the running requests would hold after this step if all decode rows ran and no prefill
+        did: (decode rows', prefills'), in split order."""
+        rows = [r.num_computed_tokens + 1 + self._draft_allowance(r, r.num_decode_steps + 1) for r in split.decodable]
+        return rows, [r.num_computed_tokens for r in split.prefilling]
 
-    def _preempt_to_fit(self) -> list[Request]:
+    def _preempt_to_fit(self, split: RunningSplit) -> list[Request]:
         """Preempt the newest requests holding KV until the next step fits (one alone always fits: checked at
         submit)."""
         if self.kv_budget is None:
             return []
+        rows, prefills = self._growth_lengths(split)
+        if self.kv_budget.bytes_of(rows, prefills) <= self.kv_budget.budget_bytes:
+            return []  # the common case, told without building the plan
+        plan = KVPlan(self.kv_budget, dict(zip((r.request_id for r in split.decodable), rows)),
+                      dict(zip((r.request_id for r in split.prefilling), prefills)))
         preempted: list[Request] = []
-        plan = self._growth_plan()
         while not plan.fits():
             holders = [r for r in self.running if plan.rows.get(r.request_id) or plan.prefills.get(r.request_id)]
             if len(holders) <= 1:
@@ -197,17 +221,21 @@ class Scheduler:
         self.num_preemptions += 1
         self._enqueue(request, front=True)
 
-    def _may_admit(self, request: Request, plan: KVPlan | None) -> bool:
+    def _admission_headroom(self) -> AdmissionHeadroom:
+        """The running requests that will still hold KV, as _may_admit weighs them."""
+        headroom = AdmissionHeadroom(self.kv_budget)
+        for request in self.running:
+            self._count_headroom(headroom, request)
+        return headroom
+
+    def _count_headroom(self, headroom: AdmissionHeadroom, request: Request) -> None:
+        if request.is_prefilling or request.wants_more_decode_steps:
+            headroom.add(self._headroom_length(request, max(request.num_computed_tokens, request.num_prefill_tokens)))
+
+    def _may_admit(self, request: Request, headroom: AdmissionHeadroom | None) -> bool:
         """Whether the admitted requests and this one could all run ADMISSION_HEADROOM_TOKENS more tokens in one
         batch (each capped at its final length). A lone request always may (it fits alone: checked at submit)."""
-        if plan is None or not self.running:
-            return True
-        lengths = [
-            self._headroom_length(r, max(r.num_computed_tokens, r.num_prefill_tokens))
-            for r in self.running if r.is_prefilling or r.wants_more_decode_steps
-        ]
-        lengths.append(self._headroom_length(request, request.num_prefill_tokens))
-        return plan.budget.bytes_of(lengths, []) <= plan.budget.budget_bytes
+        return headroom is None or headroom.admits(self._headroom_length(request, request.num_prefill_tokens))
 
     @staticmethod
     def _headroom_length(request: Request, length: int) -> int:
@@ -216,17 +244,17 @@ class Scheduler:
     def _chunk_that_fits(self, request: Request, start: int, size: int, plan: KVPlan) -> int:
         """The longest chunk of at most `size` tokens from `start` whose KV fits the plan; a completing chunk must
         also fit as a decode row next step (else it would be preempted as soon as it joined)."""
-        rid = request.request_id
+        sizing = plan.sizing(request.request_id)
         low, high = 0, size
         while low < high:  # bytes grow with the chunk: the longest that fits
             mid = (low + high + 1) // 2
-            if plan.fits_with(rid, start + mid, as_row=False):
+            if sizing.fits_with(start + mid, as_row=False):
                 low = mid
             else:
                 high = mid - 1
         if start + low == request.num_prefill_tokens:  # its first decode step: sample 2 (after a resumption, more)
             drafts = self._draft_allowance(request, request.num_recomputed_outputs + 2)
-            if not plan.fits_with(rid, start + low + 1 + drafts, as_row=True):
+            if not sizing.fits_with(start + low + 1 + drafts, as_row=True):
                 low -= 1
         return max(0, low)
 
@@ -257,13 +285,9 @@ class Scheduler:
             self.finish_request(request, RequestStatus.FINISHED_ERROR)
         return [ExpiredRequest(r.request_id, r.error) for r in expired]
 
-    def _schedule_decodes(self) -> dict[str, Request]:
+    def _schedule_decodes(self, decodable: list[Request]) -> dict[str, Request]:
         decodes: dict[str, Request] = {}
-        for request in self.running:
-            if request.is_prefilling or not request.wants_more_decode_steps:
-                continue
-            if len(decodes) == self.config.max_decode_seqs:
-                break
+        for request in decodable:
             request.num_decode_steps += 1
             request.num_computed_tokens += 1
             decodes[request.request_id] = request
@@ -281,12 +305,13 @@ class Scheduler:
                 to_cache[request.request_id] = tokens
         return to_cache
 
-    def _schedule_prefills(self, new_requests: list[NewRequest], plan: KVPlan | None) -> list[PrefillChunk]:
+    def _schedule_prefills(
+        self, new_requests: list[NewRequest], plan: KVPlan | None, prefilling: list[Request]
+    ) -> list[PrefillChunk]:
         budget, limit = self.config.prefill_token_budget, self._prefill_seqs_limit()
         chunks: list[PrefillChunk] = []
         firsts: set[tuple[int, ...] | None] = set()  # the first prefix blocks of the prompts this step prefills
-        candidates = sorted((r for r in self.running if r.is_prefilling), key=lambda r: r.priority)  # stable
-        for request in candidates:
+        for request in sorted(prefilling, key=lambda r: r.priority):  # stable: admission order within a class
             if len(chunks) == limit or budget == 0:
                 return chunks
             scheduled = len(chunks)
@@ -294,19 +319,22 @@ class Scheduler:
             if len(chunks) == scheduled:
                 return chunks  # out of KV: no newer request may take it first
             firsts.add(self.kv.first_block(request))
+        headroom = self._admission_headroom() if plan is not None and self.waiting else None
         while self.waiting and len(self.running) < self.config.max_decode_seqs:
             if len(chunks) == limit or budget == 0:
                 break
             request = self._next_to_admit()
             if request is None or request.num_output_tokens < request.num_decode_steps:
                 break  # preempted with its last token in flight: it resumes once that token is read
-            if not self._may_admit(request, plan) or not self._may_join_burst(request, len(chunks), firsts):
+            if not self._may_admit(request, headroom) or not self._may_join_burst(request, len(chunks), firsts):
                 break
             self.waiting.remove(request)
             self._admit(request, new_requests)
             if request.is_prefilling:
                 budget = self._add_chunk(request, budget, chunks, plan)
                 firsts.add(self.kv.first_block(request))
+            if headroom is not None:
+                self._count_headroom(headroom, request)
         return chunks
 
     def _may_join_burst(self, request: Request, num_chunks: int, firsts: set[tuple[int, ...] | None]) -> bool:

@@ -3,11 +3,13 @@ resumed request prefills and samples, admission that waits for KV, and a chunked
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from engine.config import EngineConfig
 from engine.errors import KVBudgetExceededError
-from engine.kv.budget import KVBudget
+from engine.kv.budget import AdmissionHeadroom, KVBudget, KVPlan
 from engine.request import Request, RequestStatus
 from engine.sampling.params import SamplingParams
 from engine.scheduler import Scheduler
@@ -56,6 +58,27 @@ def test_bytes_count_a_batch_at_its_longest_row_and_each_prefill_on_its_own():
     assert budget.bytes_of([], []) == 0
     assert budget.max_request_tokens == 0  # 100 positions: less than one allocation step
     assert KVBudget(100_000, 100, extra_positions=256).max_request_tokens == 1000 - 256
+
+
+def test_plan_sizing_and_admission_headroom_count_what_bytes_of_counts():
+    """The scheduler's O(1) checks (a chunk search's lengths, a burst's admissions) against the plain count, over
+    random plans: a chunk that sizing lets fit would fit by bytes_of, and so would an admitted request."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        budget = KVBudget(rng.randrange(1, 4000), rng.randrange(1, 4), extra_positions=rng.choice([0, 3, 16]))
+        ids = [f"r{i}" for i in range(rng.randrange(0, 8))]
+        plan = KVPlan(budget)
+        for rid in ids:
+            (plan.rows if rng.random() < 0.6 else plan.prefills)[rid] = rng.randrange(0, 300)
+        rid, length, as_row = rng.choice([*ids, "new"]), rng.randrange(0, 400), rng.random() < 0.5
+        rows, prefills = {k: v for k, v in plan.rows.items() if k != rid}, {k: v for k, v in plan.prefills.items() if k != rid}
+        (rows if as_row else prefills)[rid] = length
+        assert plan.sizing(rid).fits_with(length, as_row) == (
+            budget.bytes_of(rows.values(), prefills.values()) <= budget.budget_bytes)
+        headroom, lengths = AdmissionHeadroom(budget), [rng.randrange(1, 300) for _ in ids]
+        for n in lengths:
+            headroom.add(n)
+        assert headroom.admits(length + 1) == (not lengths or budget.bytes_of([*lengths, length + 1], []) <= budget.budget_bytes)
 
 
 def test_a_request_that_cannot_fit_alone_is_refused_naming_the_numbers():
