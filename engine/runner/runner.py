@@ -73,6 +73,8 @@ class ModelRunner:
         self._joiner_blocks: dict[str, RowBlock] = {}
         # Sampling rows of requests past their first token, and each joiner's first decode input.
         self._rows: dict[str, RowSampling] = {}
+        # Those of them whose penalties or guides read their tokens: with none, a step skips the per-row checks.
+        self._history_rows: set[str] = set()
         self._next_inputs: dict[str, int] = {}
         self._pending: PendingStep | None = None
         self._launch = OverlappedLaunch()
@@ -121,7 +123,8 @@ class ModelRunner:
             if lengths is not None:
                 return execute_verifying(self, scheduled, lengths, before_device_work)
             started, pipelined = time.perf_counter(), self._pending is not None
-            needs_history = any(self._rows[row.request_id].params.needs_token_history for row in rows)
+            needs_history = bool(self._history_rows) and any(
+                self._rows[row.request_id].params.needs_token_history for row in rows)
             first = self._dispatch_prompts(scheduled.prefill_chunks)
             # The rows joining next step: the prompts completing now.
             upcoming = [c.request_id for c in scheduled.prefill_chunks if c.completes_prefill]
@@ -186,6 +189,7 @@ class ModelRunner:
         self._drop_kv(request_id)
         self._requests.pop(request_id, None)
         self._rows.pop(request_id, None)
+        self._history_rows.discard(request_id)
 
     def _drop_kv(self, request_id: str) -> None:
         """A preempted request's KV and progress (its decode row leaves the batch with this step's rows); its
@@ -203,7 +207,8 @@ class ModelRunner:
         waited = self.read_wait_seconds
         sampled, self._pending = self._read(self._pending), None
         self._last_read_wait_s = self.read_wait_seconds - waited
-        self.batch.record_tokens(sampled, self._rows)
+        if self._history_rows:
+            self.batch.record_tokens(sampled, self._rows)
         if self.speculation is not None:
             self.speculation.record(sampled)
         return sampled
@@ -328,7 +333,8 @@ class ModelRunner:
         tokens = self._read(step)
         for token in tokens:
             self._next_inputs[token.request_id] = token.token_id
-        self.batch.record_tokens(tokens, self._rows)
+        if self._history_rows:
+            self.batch.record_tokens(tokens, self._rows)
         if self.speculation is not None:
             self.speculation.record(tokens)
         return tokens
@@ -343,6 +349,8 @@ class ModelRunner:
         row = self._rows.get(request_id)
         if row is None:
             row = self._rows[request_id] = new_row_sampling(self._requests[request_id], self._guides, self._rng)
+            if row.params.needs_token_history:
+                self._history_rows.add(request_id)
         return row
 
     def _maybe_snapshot(self, chunk: PrefillChunk, cache: LayerCaches) -> None:
