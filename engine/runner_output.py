@@ -11,7 +11,7 @@ class TopLogprob:
     logprob: float
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen init costs ~0.9 us against 0.26, made for every row of every step
 class SampledToken:
     request_id: str
     token_id: int

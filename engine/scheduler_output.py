@@ -77,7 +77,7 @@ class PrefillChunk:
         return self.start + len(self.token_ids)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen init costs ~0.9 us against 0.26, made for every row of every step
 class DecodeRow:
     """A request that computes its last sampled token and samples the next one; `sample_index` counts its
     samples (0 is the prefill's first token) and keys its seeded noise."""
