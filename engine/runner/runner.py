@@ -255,10 +255,13 @@ class ModelRunner:
         """The step's sampling, built on its forward (launched by execute)."""
         if logits is None:
             return None
-        sample_index = {row.request_id: row.sample_index for row in rows}
-        steps = [sample_index.get(rid, 0) for rid in self.batch.request_ids]  # dead rows: none
-        sampled = self.batch.sampler.sample(logits, steps)
-        return PendingStep(list(self.batch.request_ids), sampled, self.batch.top_logprob_counts())
+        sampler, steps, tops = self.batch.sampler, [], []
+        if not sampler.all_greedy:  # the steps key seeded noise, which greedy rows never draw
+            sample_index = {row.request_id: row.sample_index for row in rows}
+            steps = [sample_index.get(rid, 0) for rid in self.batch.request_ids]  # dead rows: none
+        if sampler.max_top_logprobs:
+            tops = self.batch.top_logprob_counts()
+        return PendingStep(list(self.batch.request_ids), sampler.sample(logits, steps), tops)
 
     def _decode_inputs(self, previous_ids: list[str], membership: Membership) -> mx.array:
         """Kept rows feed their pending sampled token (still lazy); joiners their first token. After a verifying
