@@ -225,6 +225,8 @@ class ModelRunner:
         """The decode batch made exactly this step's rows (leaving rows' KV cached first), rows kept vacant for
         `upcoming` joiners where it is rebuilt; where its rows come from."""
         request_ids = [row.request_id for row in rows]
+        if request_ids == self.batch.request_ids and not rows_to_cache:  # the last step's rows, as they were
+            return Membership(list(range(len(request_ids))))
         joiner_caches = {rid: self._prefill_caches.pop(rid) for rid in request_ids if rid not in self.batch.rows}
         blocks = {rid: self._joiner_blocks.pop(rid) for rid in joiner_caches if rid in self._joiner_blocks}
         self._cache_leaving_rows(rows_to_cache)

@@ -124,10 +124,7 @@ class Scheduler:
         preempted = self._preempt_to_fit(split) + self._preempt_for_interactive()
         if preempted:
             split = self._split_running()
-        decoding = self._schedule_decodes(split.decodable)
-        output.decode_rows = [
-            DecodeRow(r.request_id, r.num_decode_steps - 1, self._draft_allowance(r)) for r in decoding.values()
-        ]
+        decoding, output.decode_rows = self._schedule_decodes(split.decodable)
         output.rows_to_cache = self._leaving_rows_to_cache(decoding)  # a preempted row's KV too, at its length
         for request in preempted:
             request.num_computed_tokens = 0
@@ -285,13 +282,17 @@ class Scheduler:
             self.finish_request(request, RequestStatus.FINISHED_ERROR)
         return [ExpiredRequest(r.request_id, r.error) for r in expired]
 
-    def _schedule_decodes(self, decodable: list[Request]) -> dict[str, Request]:
+    def _schedule_decodes(self, decodable: list[Request]) -> tuple[dict[str, Request], list[DecodeRow]]:
         decodes: dict[str, Request] = {}
+        rows: list[DecodeRow] = []
+        drafting = self.config.speculative is not None
         for request in decodable:
             request.num_decode_steps += 1
             request.num_computed_tokens += 1
             decodes[request.request_id] = request
-        return decodes
+            drafts = self._draft_allowance(request) if drafting else 0
+            rows.append(DecodeRow(request.request_id, request.num_decode_steps - 1, drafts))
+        return decodes, rows
 
     def _leaving_rows_to_cache(self, decoding: dict[str, Request]) -> dict[str, tuple[int, ...]]:
         """Rows leaving the decode batch (finished, or at max_tokens with their last token in flight)
