@@ -80,10 +80,6 @@ class KVPlan:
     def fits(self) -> bool:
         return self.bytes <= self.budget.budget_bytes
 
-    def fits_with(self, request_id: str, length: int, as_row: bool) -> bool:
-        """Whether the plan fits with this request holding `length` tokens (as a decode row or a prefill)."""
-        return self.sizing(request_id).fits_with(length, as_row)
-
     def sizing(self, request_id: str) -> "PlanSizing":
         """The plan's totals without this request: each length a chunk search tries is then one sum, not a pass
         over every request (a burst of 128 prompts took 24 ms to schedule on a 2-core CPU)."""

@@ -133,7 +133,7 @@ class Scheduler:
         output.prefill_chunks = self._schedule_prefills(output.new_requests, plan, split.prefilling)
         if plan is not None:
             self.kv_planned_bytes = plan.bytes
-            self.kv_peak_planned_bytes = max(self.kv_peak_planned_bytes, plan.bytes)
+            self.kv_peak_planned_bytes = max(self.kv_peak_planned_bytes, self.kv_planned_bytes)
         return output
 
     def _split_running(self) -> RunningSplit:
