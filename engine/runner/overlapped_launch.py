@@ -27,7 +27,12 @@ class OverlappedLaunch:
             if arrays:
                 mx.async_eval(arrays)
             return
-        done = self._worker.submit(beside)
+        try:
+            done = self._worker.submit(beside)
+        except RuntimeError:  # the interpreter is exiting: concurrent.futures refuses new work before atexit stops
+            self.launch(arrays)  # an engine left running (client/thread_client.py), so its steps go on without a worker
+            beside()
+            return
         try:
             if arrays:
                 mx.async_eval(arrays)

@@ -35,6 +35,20 @@ def test_work_beside_a_launch_runs_on_the_worker_and_is_done_when_the_launch_ret
     launch.close()
 
 
+def test_at_interpreter_exit_the_work_beside_runs_after_the_launch_on_its_thread(monkeypatch):
+    """concurrent.futures refuses new work once the interpreter exits, before atexit stops an engine left running
+    (client/thread_client.py): its steps go on, the work done on the launching thread."""
+    import concurrent.futures.thread
+
+    launch, ran_on = OverlappedLaunch(), []
+    monkeypatch.setattr(concurrent.futures.thread, "_shutdown", True)
+    x = mx.arange(4) * 3
+    launch.launch([x], beside=lambda: ran_on.append(threading.current_thread().name))
+    assert ran_on == [threading.current_thread().name] and x.tolist() == [0, 3, 6, 9]
+    monkeypatch.undo()
+    launch.close()
+
+
 def test_the_workers_error_is_raised_by_the_launch():
     launch = OverlappedLaunch()
 
