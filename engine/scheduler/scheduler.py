@@ -23,9 +23,13 @@ from typing import Callable
 
 from engine.config import EngineConfig
 from engine.errors import QueueFullError, QueueTimeoutError
-from engine.kv.budget import ADMISSION_HEADROOM_TOKENS, AdmissionHeadroom, KVBudget, KVPlan
+from engine.kv.budget import KVBudget, KVPlan
 from engine.kv.cache_manager import KVCacheManager
 from engine.request import Priority, Request, RequestStatus
+from engine.scheduler.kv_fit import (
+    admission_headroom, chunk_that_fits, count_headroom, draft_allowance, growth_lengths, may_admit,
+    newest_of_lowest_class, step_plan,
+)
 from engine.sampling.held_guides import HeldGuides
 from engine.scheduler_output import DecodeRow, ExpiredRequest, NewRequest, PrefillChunk, SchedulerOutput
 
@@ -129,7 +133,8 @@ class Scheduler:
         for request in preempted:
             request.num_computed_tokens = 0
         output.preempted_request_ids = [r.request_id for r in preempted]
-        plan = self._plan(decoding, split.prefilling) if self.kv_budget is not None else None
+        spec = self.config.speculative
+        plan = step_plan(self.kv_budget, decoding, split.prefilling, spec) if self.kv_budget is not None else None
         output.prefill_chunks = self._schedule_prefills(output.new_requests, plan, split.prefilling)
         if plan is not None:
             self.kv_planned_bytes = plan.bytes
@@ -149,37 +154,13 @@ class Scheduler:
                 decodable.append(request)
         return RunningSplit(prefilling, decodable)
 
-    def _draft_allowance(self, request: Request, decode_steps: int | None = None) -> int:
-        """Drafts a row may verify this step: none past max_tokens (the scheduled token counts one); decode_steps:
-        the row's count with this step's token (the KV plan asks before it is counted)."""
-        spec = self.config.speculative
-        if spec is None or not request.speculative or request.guide is not None:
-            return 0
-        steps = request.num_decode_steps if decode_steps is None else decode_steps
-        return max(0, min(spec.num_draft_tokens, request.max_tokens - steps))
-
     # ---- the KV budget -----------------------------------------------------
-    def _plan(self, decoding: dict[str, Request], prefilling: list[Request]) -> KVPlan:
-        """This step's KV before any prefill chunk: decode rows after their token (and drafts), prefills so far."""
-        plan = KVPlan(self.kv_budget)
-        for request_id, request in decoding.items():
-            plan.rows[request_id] = request.num_computed_tokens + self._draft_allowance(request)
-        for request in prefilling:
-            plan.prefills[request.request_id] = request.num_computed_tokens
-        return plan
-
-    def _growth_lengths(self, split: RunningSplit) -> tuple[list[int], list[int]]:
-        """The KV lengths the running requests would hold after this step if all decode rows ran and no prefill
-        did: (decode rows', prefills'), in split order."""
-        rows = [r.num_computed_tokens + 1 + self._draft_allowance(r, r.num_decode_steps + 1) for r in split.decodable]
-        return rows, [r.num_computed_tokens for r in split.prefilling]
-
     def _preempt_to_fit(self, split: RunningSplit) -> list[Request]:
         """Preempt the newest requests holding KV until the next step fits (one alone always fits: checked at
         submit)."""
         if self.kv_budget is None:
             return []
-        rows, prefills = self._growth_lengths(split)
+        rows, prefills = growth_lengths(split.decodable, split.prefilling, self.config.speculative)
         if self.kv_budget.bytes_of(rows, prefills) <= self.kv_budget.budget_bytes:
             return []  # the common case, told without building the plan
         plan = KVPlan(self.kv_budget, dict(zip((r.request_id for r in split.decodable), rows)),
@@ -189,7 +170,7 @@ class Scheduler:
             holders = [r for r in self.running if plan.rows.get(r.request_id) or plan.prefills.get(r.request_id)]
             if len(holders) <= 1:
                 break
-            victim = _newest_of_lowest_class(holders)
+            victim = newest_of_lowest_class(holders)
             self._preempt(victim)
             plan.drop(victim.request_id)
             preempted.append(victim)
@@ -217,43 +198,6 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self._enqueue(request, front=True)
-
-    def _admission_headroom(self) -> AdmissionHeadroom:
-        """The running requests that will still hold KV, as _may_admit weighs them."""
-        headroom = AdmissionHeadroom(self.kv_budget)
-        for request in self.running:
-            self._count_headroom(headroom, request)
-        return headroom
-
-    def _count_headroom(self, headroom: AdmissionHeadroom, request: Request) -> None:
-        if request.is_prefilling or request.wants_more_decode_steps:
-            headroom.add(self._headroom_length(request, max(request.num_computed_tokens, request.num_prefill_tokens)))
-
-    def _may_admit(self, request: Request, headroom: AdmissionHeadroom | None) -> bool:
-        """Whether the admitted requests and this one could all run ADMISSION_HEADROOM_TOKENS more tokens in one
-        batch (each capped at its final length). A lone request always may (it fits alone: checked at submit)."""
-        return headroom is None or headroom.admits(self._headroom_length(request, request.num_prefill_tokens))
-
-    @staticmethod
-    def _headroom_length(request: Request, length: int) -> int:
-        return min(length + ADMISSION_HEADROOM_TOKENS, request.num_prompt_tokens + request.max_tokens)
-
-    def _chunk_that_fits(self, request: Request, start: int, size: int, plan: KVPlan) -> int:
-        """The longest chunk of at most `size` tokens from `start` whose KV fits the plan; a completing chunk must
-        also fit as a decode row next step (else it would be preempted as soon as it joined)."""
-        sizing = plan.sizing(request.request_id)
-        low, high = 0, size
-        while low < high:  # bytes grow with the chunk: the longest that fits
-            mid = (low + high + 1) // 2
-            if sizing.fits_with(start + mid, as_row=False):
-                low = mid
-            else:
-                high = mid - 1
-        if start + low == request.num_prefill_tokens:  # its first decode step: sample 2 (after a resumption, more)
-            drafts = self._draft_allowance(request, request.num_recomputed_outputs + 2)
-            if not sizing.fits_with(start + low + 1 + drafts, as_row=True):
-                low -= 1
-        return max(0, low)
 
     def accept_drafts(self, accepted: dict[str, int]) -> None:
         """Rows of the last step that accepted drafts: those tokens are computed (in their KV) and sampled."""
@@ -290,7 +234,7 @@ class Scheduler:
             request.num_decode_steps += 1
             request.num_computed_tokens += 1
             decodes[request.request_id] = request
-            drafts = self._draft_allowance(request) if drafting else 0
+            drafts = draft_allowance(self.config.speculative, request) if drafting else 0
             rows.append(DecodeRow(request.request_id, request.num_decode_steps - 1, drafts))
         return decodes, rows
 
@@ -320,14 +264,14 @@ class Scheduler:
             if len(chunks) == scheduled:
                 return chunks  # out of KV: no newer request may take it first
             firsts.add(self.kv.first_block(request))
-        headroom = self._admission_headroom() if plan is not None and self.waiting else None
+        headroom = admission_headroom(self.kv_budget, self.running) if plan is not None and self.waiting else None
         while self.waiting and len(self.running) < self.config.max_decode_seqs:
             if len(chunks) == limit or budget == 0:
                 break
             request = self._next_to_admit()
             if request is None or request.num_output_tokens < request.num_decode_steps:
                 break  # preempted with its last token in flight: it resumes once that token is read
-            if not self._may_admit(request, headroom) or not self._may_join_burst(request, len(chunks), firsts):
+            if not may_admit(request, headroom) or not self._may_join_burst(request, len(chunks), firsts):
                 break
             self.waiting.remove(request)
             self._admit(request, new_requests)
@@ -335,7 +279,7 @@ class Scheduler:
                 budget = self._add_chunk(request, budget, chunks, plan)
                 firsts.add(self.kv.first_block(request))
             if headroom is not None:
-                self._count_headroom(headroom, request)
+                count_headroom(headroom, request)
         return chunks
 
     def _may_join_burst(self, request: Request, num_chunks: int, firsts: set[tuple[int, ...] | None]) -> bool:
@@ -389,7 +333,7 @@ class Scheduler:
         limits = [n for n in (budget, self.config.prefill_chunk_limit) if n is not None]
         size = min([remaining, *limits])
         if plan is not None:
-            size = self._chunk_that_fits(request, start, size, plan)
+            size = chunk_that_fits(request, start, size, plan, self.config.speculative)
             if size == 0:
                 return budget
             plan.prefills[request.request_id] = start + size
@@ -424,8 +368,3 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
-
-def _newest_of_lowest_class(requests: list[Request]) -> Request:
-    """The last admitted of the lowest-priority class present (requests in admission order)."""
-    lowest = max(r.priority for r in requests)
-    return next(r for r in reversed(requests) if r.priority == lowest)
