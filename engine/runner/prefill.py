@@ -216,7 +216,7 @@ def _forward_with_logits(
     if len(chunks) == 1 and lengths[0] == width:
         tokens = mx.array(chunks[0].token_ids, mx.uint32)[None]
         return caches, logits_at(model, split, tokens, caches[0], [0], last)
-    merged, tokens, padded = _merge_right_padded(caches, [list(c.token_ids) for c in chunks], width)
+    merged, tokens, padded = merge_right_padded(caches, [list(c.token_ids) for c in chunks], width)
     logits = logits_at(model, split, tokens, merged, list(range(len(chunks))), last)
     if padded:
         for layer in merged:
@@ -232,7 +232,7 @@ def _forward_bodies(model: Any, bodies: list[list[int]], caches: list[LayerCache
     if len(bodies) == 1 and len(bodies[0]) == width:
         _forward_windows(model, mx.array(bodies[0], mx.uint32)[None], caches[0])
         return caches
-    merged, tokens, padded = _merge_right_padded(caches, bodies, width)
+    merged, tokens, padded = merge_right_padded(caches, bodies, width)
     _forward_windows(model, tokens, merged)
     if padded:
         for layer in merged:
@@ -259,7 +259,7 @@ def _forward_tail(
     return [extract_request_cache(merged, row) for row in range(len(tokens))], logits
 
 
-def _merge_right_padded(
+def merge_right_padded(
     caches: list[LayerCaches], token_rows: list[list[int]], width: int
 ) -> tuple[LayerCaches, mx.array, bool]:
     """Batch per-request caches for rows of different lengths, padding each row on the right to `width`."""
@@ -273,7 +273,7 @@ def _merge_right_padded(
     return merged, tokens, any(padding)
 
 
-__all__ = ["MAX_FORWARD_TOKENS", "PrefillResult", "SharedBatch", "run_prefill"]
+__all__ = ["MAX_FORWARD_TOKENS", "PrefillResult", "SharedBatch", "merge_right_padded", "run_prefill"]
 
 
 def resolve_pad_shapes(setting: bool | None, model, quantized_kv: bool = False) -> bool:

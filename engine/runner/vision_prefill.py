@@ -1,31 +1,37 @@
-"""Prefill of prompts with images: each request on its own, from the embeddings its images were merged into.
+"""Prefill of prompts with images, from the embeddings their images were merged into.
 
 Text prompts of a vision-language model take the batched path (prefill.py); a prompt with images needs its
-embeddings in place of the image tokens' (VisionLanguageModel.embed_prompts, once per request), so its chunks run
-one request at a time, in windows, with a one-token tail forward for the completing position's logits (a short
-completing chunk: one forward). A prompt's text after its images, once their KV is cached, runs as text instead
+embeddings in place of the image tokens' (VisionLanguageModel.embed_prompts, once per request). Where the model
+splits into backbone + head on embedded prompts (vision/embedded_split.py), a step's completing chunks of one window
+run together, right-padded, with logits at their last positions only; other chunks run one request at a time through
+the model's call, in windows, with a one-token tail forward for the completing position's logits (a short completing
+chunk: one forward). A prompt's text after its images, once their KV is cached, runs as text instead
 (text_after_images.py).
 """
-
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import mlx.core as mx
 
 from engine.device_memory import on_gpu
-from engine.kv.batch_cache import LayerCaches, cache_arrays
+from engine.kv.batch_cache import LayerCaches, cache_arrays, extract_request_cache, new_request_cache
+from engine.kv.quantized_kv import is_quantized_request_cache
 from engine.models.head_split import HeadSplit
 from engine.request import Request
-from engine.runner.prefill import MAX_FORWARD_TOKENS, PrefillResult
-from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS
+from engine.runner.plain_prefill import cache_offset
+from engine.runner.prefill import MAX_FORWARD_TOKENS, PrefillResult, merge_right_padded
+from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, group_rows
 from engine.runner.text_after_images import AfterImages
 from engine.scheduler_output import NewRequest, PrefillChunk
 from engine.vision.feature_cache import FeatureCache
+from engine.vision.embedded_split import POSITIONS, EmbeddedSplit, embedded_split, padded_rows
 from engine.vision.model import EmbeddedPrompt, MediaPrompt, VisionLanguageModel
 from engine.vision.text_twin import TextTwin
 
 TEXT, TEXT_AFTER_IMAGES, WITH_IMAGES = 0, 1, 2  # a vision model's prefill chunks, in the order they run
+log = logging.getLogger(__name__)
 RunText = Callable[[list[PrefillChunk], list[LayerCaches]], PrefillResult]
 
 # On a GPU a completing chunk of up to this many tokens runs in one forward whose logits cover every position (152k-
@@ -44,27 +50,81 @@ def one_forward_tokens() -> int:
 
 def run_vision_prefill(
     model: VisionLanguageModel, chunks: list[PrefillChunk], caches: list[LayerCaches],
-    prompts: dict[str, EmbeddedPrompt], one_forward: int = 0,
+    prompts: dict[str, EmbeddedPrompt], one_forward: int = 0, split: EmbeddedSplit | None = None,
 ) -> PrefillResult:
-    completing: list[PrefillChunk] = []
-    last_logits: list[mx.array] = []
-    for chunk, cache in zip(chunks, caches):
-        prompt = prompts[chunk.request_id]
-        if chunk.completes_prefill and chunk.num_tokens <= one_forward:
-            completing.append(chunk)
-            last_logits.append(model.prefill_embedded(prompt, chunk.start, chunk.end, cache)[:, -1, :])
-            continue
-        body_end = chunk.end - 1 if chunk.completes_prefill else chunk.end
-        for start in range(chunk.start, body_end, MAX_FORWARD_TOKENS):
-            model.prefill_embedded(prompt, start, min(start + MAX_FORWARD_TOKENS, body_end), cache)
-            # Queued, not waited for (the engine thread goes on building the step), and the unused logits are
-            # never computed.
-            mx.async_eval(cache_arrays(cache))
-        if chunk.completes_prefill:
-            completing.append(chunk)
-            last_logits.append(model.prefill_embedded(prompt, body_end, chunk.end, cache)[:, -1, :])
-    logits = None if not last_logits else last_logits[0] if len(last_logits) == 1 else mx.concatenate(last_logits)
-    return PrefillResult(list(caches), completing, logits)
+    """Each chunk through the model's call, but completing chunks of one window that the split takes: those run
+    together (split_rows), their caches and first-token logits put back in chunk order."""
+    caches = list(caches)
+    logits_at: dict[int, mx.array] = {}
+    together = _split_rows(chunks, caches, prompts) if split is not None else []
+    for group in together:
+        written, logits = _prefill_split(split, [chunks[i] for i in group], [caches[i] for i in group], prompts)
+        for row, i in enumerate(group):
+            caches[i], logits_at[i] = written[row], logits[row : row + 1]
+    done = {i for group in together for i in group}
+    for i, (chunk, cache) in enumerate(zip(chunks, caches)):
+        if i not in done:
+            last = _prefill_alone(model, chunk, cache, prompts[chunk.request_id], one_forward)
+            if last is not None:
+                logits_at[i] = last
+    order = sorted(logits_at)
+    logits = None if not order else mx.concatenate([logits_at[i] for i in order]) if len(order) > 1 else logits_at[order[0]]
+    return PrefillResult(caches, [chunks[i] for i in order], logits)
+
+
+def _prefill_alone(
+    model: VisionLanguageModel, chunk: PrefillChunk, cache: LayerCaches, prompt: EmbeddedPrompt, one_forward: int
+) -> mx.array | None:
+    """One chunk through the model's call; a completing chunk's last-position logits [1, vocab]."""
+    if chunk.completes_prefill and chunk.num_tokens <= one_forward:
+        return model.prefill_embedded(prompt, chunk.start, chunk.end, cache)[:, -1, :]
+    body_end = chunk.end - 1 if chunk.completes_prefill else chunk.end
+    for start in range(chunk.start, body_end, MAX_FORWARD_TOKENS):
+        model.prefill_embedded(prompt, start, min(start + MAX_FORWARD_TOKENS, body_end), cache)
+        # Queued, not waited for (the engine thread goes on building the step), and the unused logits are
+        # never computed.
+        mx.async_eval(cache_arrays(cache))
+    if not chunk.completes_prefill:
+        return None
+    return model.prefill_embedded(prompt, body_end, chunk.end, cache)[:, -1, :]
+
+
+def _split_rows(chunks: list[PrefillChunk], caches: list[LayerCaches], prompts: dict[str, EmbeddedPrompt]) -> list[list[int]]:
+    """The chunks the split runs, as forwards: completing ones of one window, on caches of one offset and type that
+    batch, grouped within the padding bound (group_rows)."""
+    by_offset: dict[int, list[int]] = {}
+    for i, (chunk, cache) in enumerate(zip(chunks, caches)):
+        if (chunk.completes_prefill and chunk.num_tokens <= MAX_FORWARD_TOKENS and not is_quantized_request_cache(cache)
+                and EmbeddedSplit.takes(prompts[chunk.request_id])):
+            by_offset.setdefault(cache_offset(cache), []).append(i)
+    forwards = []
+    for rows in by_offset.values():
+        forwards += [[rows[j] for j in group] for group in group_rows([chunks[i].num_tokens for i in rows])]
+    return forwards
+
+
+def _prefill_split(
+    split: EmbeddedSplit, chunks: list[PrefillChunk], caches: list[LayerCaches], prompts: dict[str, EmbeddedPrompt]
+) -> tuple[list[LayerCaches], mx.array]:
+    """These completing chunks in one right-padded forward: their caches, and their last positions' logits."""
+    embedded = [prompts[chunk.request_id] for chunk in chunks]
+    lengths = [chunk.num_tokens for chunk in chunks]
+    width = max(lengths)
+    if len(chunks) == 1:
+        tokens, batch, padded = embedded[0].token_ids[:, chunks[0].start : chunks[0].end], caches[0], False
+    else:
+        batch, tokens, padded = merge_right_padded(caches, [list(chunk.token_ids) for chunk in chunks], width)
+    embeds = padded_rows([e.inputs_embeds[:, c.start : c.end] for e, c in zip(embedded, chunks)], 1, width)
+    positions = padded_rows([e.language_kwargs[POSITIONS][..., c.start : c.end] for e, c in zip(embedded, chunks)], 2,
+                            width)
+    hidden = split.hidden(tokens, embeds, batch, positions)
+    logits = split.head(hidden[mx.arange(len(chunks)), mx.array([n - 1 for n in lengths])])
+    if len(chunks) == 1:
+        return caches, logits
+    if padded:
+        for layer in batch:
+            layer.finalize()
+    return [extract_request_cache(batch, row) for row in range(len(chunks))], logits
 
 
 def vision_cost_tokens(
@@ -94,6 +154,8 @@ class VisionPrompts:
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._kinds: dict[str, int] = {}  # this step's chunks'
         self._one_forward = one_forward_tokens()
+        self._split: EmbeddedSplit | None = None  # prompts with images batched (embedded_split.py), once checked
+        self._split_checked = False
         # The embedding (the tower's graph, mlx-vlm's merge and positions) is built on a stream of its own: the reads
         # back mlx-vlm makes there (token counts, the M-RoPE index, the rope delta) then wait for their own small
         # work, not for the decode step queued on the runner's stream; the tower and merge are computed, lazily,
@@ -129,11 +191,25 @@ class VisionPrompts:
         if images_from == len(chunks):
             return result
         prompts = self._embedded_prompts([chunk.request_id for chunk in chunks[images_from:]], requests)
-        images = run_vision_prefill(self.model, chunks[images_from:], caches[images_from:], prompts, self._one_forward)
+        images = run_vision_prefill(self.model, chunks[images_from:], caches[images_from:], prompts, self._one_forward,
+                                    self._split_after(prompts))
         for chunk in chunks[images_from:]:
             if chunk.completes_prefill:
                 self._embedded.pop(chunk.request_id)
         return result.followed_by(images)
+
+    def _split_after(self, prompts: dict[str, EmbeddedPrompt]) -> EmbeddedSplit | None:
+        """The model's embedded split, checked once on the first prompt that carries positions (embedded_split.py)."""
+        if self._split_checked:
+            return self._split
+        probe = next((prompt for prompt in prompts.values() if EmbeddedSplit.takes(prompt)), None)
+        if probe is None:
+            return None
+        self._split_checked = True
+        self._split = embedded_split(self.model, probe, lambda: new_request_cache(self.model))
+        log.info("vision prefill: prompts with images %s", "batched through the backbone and head (checked)"
+                 if self._split is not None else "each through the model's call")
+        return self._split
 
     def _embedded_prompts(self, request_ids: list[str], requests: dict[str, NewRequest]) -> dict[str, EmbeddedPrompt]:
         """The prompts' embeddings (their images through the vision tower), made at their first chunk: the
