@@ -161,7 +161,13 @@ class GuidedIntake:
             return
         with self._lock:
             self._compiling[request.request_id] = request
-        future = self._compiler.submit(self._guides.compile, guided)
+        try:
+            future = self._compiler.submit(self._guides.compile, guided)
+        except RuntimeError:  # the pool is shut down, or the interpreter is exiting: it takes no new work
+            with self._lock:
+                self._compiling.pop(request.request_id, None)
+            self._post_outputs([RequestOutput(request.request_id, error=EngineDeadError("The engine is shutting down"))])
+            return
         future.add_done_callback(lambda done: self._compiled(request, done))
 
     def cancel(self, request_id: str) -> bool:

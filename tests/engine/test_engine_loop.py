@@ -6,8 +6,13 @@ import queue
 import threading
 
 from engine import EngineConfig, EngineCore, Request, SamplingParams
-from engine.client.loop import EngineLoop
+import concurrent.futures.thread as futures_thread
+
+from engine.client.loop import EngineLoop, GuidedIntake
 from engine.client.messages import AddRequest, Shutdown
+from engine.errors import EngineDeadError
+from engine.sampling.guided import GuidedDecoding
+from engine.sampling.structured import GuideCompiler
 from tests.engine.test_batching import run_alone
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -58,3 +63,24 @@ def test_first_tokens_are_posted_before_the_next_step_copies_their_prompts(tiny_
     assert built[0].runner.prefix_cache.stats.num_blocks == 5  # the copies still happen, a step later
     tokens = [t for tokens, _ in posts for t in tokens.get("a", [])]
     assert tokens == run_alone(tiny_llama, "a", prompt, SamplingParams(max_tokens=4, **GREEDY)).token_ids
+
+
+def test_a_guided_request_arriving_as_the_engine_stops_ends_with_an_error_not_a_traceback(tiny_bpe_llama, monkeypatch):
+    """Once its pool is shut down, or the interpreter exits (concurrent.futures then refuses new work before atexit
+    stops an engine left running), GuidedIntake cannot compile a new schema: the request ends with EngineDeadError
+    on its stream and nothing stays compiling."""
+    guides = GuideCompiler(tiny_bpe_llama.tokenizer, tiny_bpe_llama.vocab_size, tiny_bpe_llama.eos_token_ids)
+    enqueued, posted = [], []
+    intake = GuidedIntake(guides, enqueued.append, posted.extend)
+
+    def guided(request_id: str, pattern: str) -> Request:
+        return Request(request_id, [1, 2, 3], SamplingParams(max_tokens=4, guided=GuidedDecoding("regex", pattern)))
+
+    monkeypatch.setattr(futures_thread, "_shutdown", True)  # as at interpreter exit
+    intake.admit(guided("at-exit", "[ab]+"))
+    monkeypatch.setattr(futures_thread, "_shutdown", False)
+    intake.shutdown()
+    intake.admit(guided("after-shutdown", "[cd]+"))
+    assert enqueued == [] and not intake.cancel("at-exit") and not intake.cancel("after-shutdown")
+    assert [o.request_id for o in posted] == ["at-exit", "after-shutdown"]
+    assert all(isinstance(o.error, EngineDeadError) for o in posted)
