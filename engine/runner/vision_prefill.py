@@ -8,6 +8,7 @@ the model's call, in windows, with a one-token tail forward for the completing p
 chunk: one forward). A prompt's text after its images, once their KV is cached, runs as text instead
 (text_after_images.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,8 +53,8 @@ def run_vision_prefill(
     model: VisionLanguageModel, chunks: list[PrefillChunk], caches: list[LayerCaches],
     prompts: dict[str, EmbeddedPrompt], one_forward: int = 0, split: EmbeddedSplit | None = None,
 ) -> PrefillResult:
-    """Each chunk through the model's call, but completing chunks of one window that the split takes: those run
-    together (split_rows), their caches and first-token logits put back in chunk order."""
+    """Each chunk through the model's call, but the completing chunks of one window that the split takes: those run
+    together (_split_rows, _prefill_split), their caches and first-token logits put back in chunk order."""
     caches = list(caches)
     logits_at: dict[int, mx.array] = {}
     together = _split_rows(chunks, caches, prompts) if split is not None else []

@@ -78,3 +78,19 @@ def test_a_model_whose_prompts_carry_no_positions_keeps_its_own_call(tmp_path):
     _, embedded = _prompts(family, SIZES[:1])
     assert not EmbeddedSplit.takes(embedded["r0"])
     assert embedded_split(model, embedded["r0"], lambda: new_request_cache(model)) is None
+
+
+def test_the_check_runs_on_a_prompts_first_tokens_and_fails_on_a_head_that_differs(tmp_path, monkeypatch):
+    """The probe forward covers the prompt's first PROBE_TOKENS only (the model's call computes logits at every
+    position); a split whose head is not the model's is refused."""
+    import engine.vision.embedded_split as embedded_split_module
+
+    family = Family(write_qwen25_vl(tmp_path / "qwen"))
+    model = family.loaded.model
+    _, embedded = _prompts(family, SIZES[:1])
+    assert embedded["r0"].token_ids.shape[1] > 40
+    monkeypatch.setattr(embedded_split_module, "PROBE_TOKENS", 40)
+    split = embedded_split(model, embedded["r0"], lambda: new_request_cache(model))
+    assert split is not None
+    scaled = EmbeddedSplit(split.backbone, lambda hidden: 2 * split.head(hidden))
+    assert not embedded_split_module.agrees(model, scaled, embedded["r0"], lambda: new_request_cache(model))
