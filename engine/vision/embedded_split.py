@@ -66,15 +66,10 @@ def agrees(model: VisionLanguageModel, split: EmbeddedSplit, prompt: EmbeddedPro
 def padded_rows(parts: list[mx.array], axis: int, width: int) -> mx.array:
     """Arrays of one row each, right-padded with zeros to `width` along `axis`, stacked along the row axis (the axis
     before it): pads only feed positions after a row's own, which its causal attention never reads."""
-    rows = []
-    for part in parts:
-        missing = width - part.shape[axis]
-        if missing:
-            shape = list(part.shape)
-            shape[axis] = missing
-            part = mx.concatenate([part, mx.zeros(shape, part.dtype)], axis=axis)
-        rows.append(part)
-    return mx.concatenate(rows, axis=axis - 1)
+    def widths(part: mx.array) -> list[tuple[int, int]]:
+        return [(0, width - part.shape[axis]) if i == axis else (0, 0) for i in range(part.ndim)]
+
+    return mx.concatenate([mx.pad(part, widths(part)) for part in parts], axis=axis - 1)
 
 
 __all__ = ["EmbeddedSplit", "embedded_split", "padded_rows"]
