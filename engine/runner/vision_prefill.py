@@ -162,6 +162,9 @@ class VisionPrompts:
         # work, not for the decode step queued on the runner's stream; the tower and merge are computed, lazily,
         # with the prompt's prefill.
         self._stream = mx.new_stream(mx.default_device())
+        # Towers run ahead of admission on a third stream: queued there, they would sit in front of every read back
+        # on the embedding's stream (an admitted prompt's merge would wait for the towers of requests behind it).
+        self._tower_stream = mx.new_stream(mx.default_device())
 
     def order(self, chunks: list[PrefillChunk], requests: dict[str, NewRequest]) -> list[PrefillChunk]:
         self._kinds = {chunk.request_id: self._kind(chunk, requests[chunk.request_id]) for chunk in chunks}
@@ -228,10 +231,10 @@ class VisionPrompts:
         return {rid: self._embedded[rid] for rid in request_ids}
 
     def run_towers_ahead(self, requests: list[Request]) -> tuple[list[Request], float]:
-        """These requests' images' features now, on the embedding's stream: kept ones, else through the batched
+        """These requests' images' features now, on the towers' stream: kept ones, else through the batched
         tower, not waited for. Each request holds its features (its prefill merges them and runs no tower). The
         requests whose tower ran, and the seconds it should take."""
-        with mx.stream(self._stream):
+        with mx.stream(self._tower_stream):
             held, ran, seconds = self.model.run_towers_ahead([r.vision for r in requests], self.features)
         for request, features in zip(requests, held):
             if features is not None:
