@@ -223,23 +223,23 @@ class EngineCore:
         return outputs
 
     def _run_towers_ahead(self) -> None:
-        """The vision tower of requests that came with images, queued before their admission on a stream of its own:
-        while rows decode, the scheduler admits them once it should be done (Request.vision_ready_at), so that it
-        runs beside the decode steps rather than in front of them. At most a step's prefill budget of image tokens,
+        """The vision tower of requests that came with images, run before their admission on a stream of its own and
+        waited for, so they can be admitted in this very step: MLX's launch of a graph the tower's size returns only
+        with at most 10 command buffers of it left in flight (~85% done), so it ran in front of the decode steps
+        anyway, and an admission held for its predicted end came ~0.5 s late for a batch of 16 images on an H200
+        (docs/architecture.md). At most a step's prefill budget of image tokens,
         and features held ahead for at most max_prefill_seqs waiting requests (a step admits no more): a long queue
         of images holds no more device memory than that."""
         self._towers_ahead = [r for r in self._towers_ahead if r.status == RequestStatus.WAITING]  # not admitted
         budget, taken = self.config.prefill_token_budget, []
-        room = self.config.max_prefill_seqs - sum(1 for r in self.scheduler.waiting if r.vision_ready_at)
+        room = self.config.max_prefill_seqs - sum(1 for r in self.scheduler.waiting if r.held_image_features)
         while self._towers_ahead and len(taken) < room and (
                 not taken or budget is None or budget >= self._towers_ahead[0].num_media_tokens):
             request = self._towers_ahead.pop(0)
             if not self.scheduler.kv.holds_media(request):  # else its images' KV is cached: it needs no tower
                 budget = None if budget is None else budget - request.num_media_tokens
                 taken.append(request)
-        ran, seconds = self.runner.run_towers_ahead(taken)
-        for request in ran:
-            request.vision_ready_at = time.monotonic() + seconds  # the scheduler's clock
+        self.runner.run_towers_ahead(taken)
 
     def _log_if_slow(self, scheduled: SchedulerOutput, started: float, scheduled_at: float, ran_at: float) -> None:
         """A step past SLOW_STEP_S (and several expected steps) goes to the log with what it held: a stall's trace

@@ -94,9 +94,6 @@ class Request:
     # first chunk after each admission (unpaid until then).
     vision_cost_tokens: int = 0
     unpaid_vision_tokens: int = 0
-    # When its images' tower, run ahead of its admission (EngineCore), should be done (time.monotonic): while rows
-    # decode, the scheduler admits it no earlier, so its prefill does not queue the decode rows behind the tower.
-    vision_ready_at: float = 0.0
     # False: never speculate for this request (it decodes plainly, in the same batch).
     speculative: bool = True
     # A per-request LoRA adapter, by its name on this model (None: the base model), and the bank slot the engine

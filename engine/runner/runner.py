@@ -165,9 +165,9 @@ class ModelRunner:
         self._launch.launch(arrays, partial(on_tokens, handed) if handed else None)
         return dispatched, []
 
-    def run_towers_ahead(self, requests: list[Request]) -> tuple[list[Request], float]:
-        """A VLM's features for requests not admitted yet (vision_prefill.py): those whose tower ran, its seconds."""
-        return self.vision_prompts.run_towers_ahead(requests) if self.vision_prompts is not None else ([], 0.0)
+    def run_towers_ahead(self, requests: list[Request]) -> list[Request]:
+        """A VLM's features for requests not admitted yet (vision_prefill.py): those whose tower ran."""
+        return self.vision_prompts.run_towers_ahead(requests) if self.vision_prompts is not None else []
 
     def cache_prefilled_prompts(self) -> None:
         """Copy the last step's completed prompts into the prefix cache now, before the next step is scheduled (a

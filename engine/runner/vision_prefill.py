@@ -162,8 +162,8 @@ class VisionPrompts:
         # work, not for the decode step queued on the runner's stream; the tower and merge are computed, lazily,
         # with the prompt's prefill.
         self._stream = mx.new_stream(mx.default_device())
-        # Towers run ahead of admission on a third stream: queued there, they would sit in front of every read back
-        # on the embedding's stream (an admitted prompt's merge would wait for the towers of requests behind it).
+        # Towers run ahead of admission on a third stream: waited for there, they wait for themselves alone, not for
+        # the embeddings of admitted prompts queued on the embedding's stream.
         self._tower_stream = mx.new_stream(mx.default_device())
 
     def order(self, chunks: list[PrefillChunk], requests: dict[str, NewRequest]) -> list[PrefillChunk]:
@@ -230,16 +230,16 @@ class VisionPrompts:
                     self.rope_deltas[request.request_id] = embedded.rope_delta
         return {rid: self._embedded[rid] for rid in request_ids}
 
-    def run_towers_ahead(self, requests: list[Request]) -> tuple[list[Request], float]:
+    def run_towers_ahead(self, requests: list[Request]) -> list[Request]:
         """These requests' images' features now, on the towers' stream: kept ones, else through the batched
-        tower, not waited for. Each request holds its features (its prefill merges them and runs no tower). The
-        requests whose tower ran, and the seconds it should take."""
+        tower, waited for. Each request holds its features (its prefill merges them and runs no tower). The
+        requests whose tower ran."""
         with mx.stream(self._tower_stream):
-            held, ran, seconds = self.model.run_towers_ahead([r.vision for r in requests], self.features)
+            held, ran = self.model.run_towers_ahead([r.vision for r in requests], self.features)
         for request, features in zip(requests, held):
             if features is not None:
                 request.held_image_features, request.vision_cost_tokens = features, 0
-        return [requests[i] for i in ran], seconds
+        return [requests[i] for i in ran]
 
     def forget(self, request_id: str) -> None:
         self._embedded.pop(request_id, None)

@@ -268,8 +268,8 @@ class Scheduler:
         while self.waiting and len(self.running) < self.config.max_decode_seqs:
             if len(chunks) == limit or budget == 0:
                 break
-            request = self._next_to_admit()
-            if request is None or request.num_output_tokens < request.num_decode_steps:
+            request = self.waiting[0]
+            if request.num_output_tokens < request.num_decode_steps:
                 break  # preempted with its last token in flight: it resumes once that token is read
             if not may_admit(request, headroom) or not self._may_join_burst(request, len(chunks), firsts):
                 break
@@ -299,14 +299,6 @@ class Scheduler:
         if self._decoding or config.prefill_token_budget is None:
             return config.max_prefill_seqs
         return max(config.max_prefill_seqs, config.max_decode_seqs)
-
-    def _next_to_admit(self) -> Request | None:
-        """The queue's first request, passing over those whose images' tower (run ahead) should still be running
-        while rows decode: their prefill would queue every decode row behind the tower on the device."""
-        if not self._decoding:
-            return self.waiting[0]
-        now = self._clock()
-        return next((request for request in self.waiting if request.vision_ready_at <= now), None)
 
     def _admit(self, request: Request, new_requests: list[NewRequest]) -> None:
         """Into the running set; a preempted request's prefill recomputes what it generated so far."""

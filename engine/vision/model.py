@@ -30,8 +30,8 @@ from engine.vision.qwen_tower import WindowedTower
 log = logging.getLogger(__name__)
 PROBE_TOKENS = (1, 2, 3, 4, 5)
 # The batched tower's first runs are waited for and timed (its cost per image token, which the scheduler charges to
-# the step's prefill budget); later runs stay lazy, computed with their prompt's prefill, so that the engine thread
-# never waits for a tower while decode rows run (each wait held ~40-50 ms of host time per image on an H200).
+# the step's prefill budget); later runs made inside a prompt's prefill stay lazy, computed with it. Towers run
+# ahead of admission (EngineCore) are always waited for and timed.
 TIMED_TOWER_RUNS = 8
 
 
@@ -159,24 +159,22 @@ class VisionLanguageModel:
 
     def run_towers_ahead(
         self, visions: list[VisionInputs], features: FeatureCache | None
-    ) -> tuple[list[list[mx.array] | None], list[int], float]:
+    ) -> tuple[list[list[mx.array] | None], list[int]]:
         """These prompts' images' features now: kept ones looked up (a hit or miss counted here, not again at their
-        embedding), the others through the batched tower, queued and not waited for (the caller's stream). Each
-        prompt's features (None: not images the batched tower takes), the prompts whose tower ran, and the seconds
-        it should take (0 while its cost is being learnt: those runs are waited for)."""
+        embedding), the others through the batched tower, waited for (the caller's stream): MLX's launch of a
+        graph this size waits for most of it anyway (at most 10 command buffers in flight), and a request whose
+        features are done can be admitted at once. Each prompt's features (None: not images the batched tower
+        takes), and the prompts whose tower ran."""
         tower = self._checked_tower()
         takes = [i for i, vision in enumerate(visions) if tower is not None and _images_only(vision)]
         held: list[list[mx.array] | None] = [None] * len(visions)
         for i in takes:
             held[i] = features.lookup(visions[i].image_digests) if features is not None else None
         ran = [i for i in takes if held[i] is None]
-        timed_before = self.tower_stats.timed_runs
-        for i, images in zip(ran, self._tower_features([(visions[i], _pixels(visions[i])) for i in ran], features)):
+        runs = self._tower_features([(visions[i], _pixels(visions[i])) for i in ran], features, wait=True)
+        for i, images in zip(ran, runs):
             held[i] = images
-        mx.async_eval([image for i in ran for image in held[i]])
-        tokens = sum(int(image.shape[0]) for i in ran for image in held[i])
-        waited = self.tower_stats.timed_runs > timed_before
-        return held, ran, 0.0 if waited or self.tower_s_per_token is None else tokens * self.tower_s_per_token
+        return held, ran
 
     def held_features(self, vision: VisionInputs, features: FeatureCache | None) -> list[mx.array]:
         """The kept features of a prompt sent without its pixels, each image's; ImagePixelsNeededError when some
@@ -189,10 +187,10 @@ class VisionLanguageModel:
         return kept
 
     def _tower_features(
-        self, prompts: list[tuple[VisionInputs, mx.array]], features: FeatureCache | None
+        self, prompts: list[tuple[VisionInputs, mx.array]], features: FeatureCache | None, wait: bool = False
     ) -> list[list[mx.array]]:
         """Every image of these prompts (and their pixels) through the batched tower in one forward: each prompt's
-        images' rows (kept by digest where the prompt names one per image)."""
+        images' rows (kept by digest where the prompt names one per image); `wait`: computed and timed here."""
         if not prompts:
             return []
         assert self.batched_tower is not None
@@ -204,7 +202,7 @@ class VisionLanguageModel:
         unit = self.batched_tower.tower.spatial_merge_unit
         bounds = np.cumsum([0] + [t * h * w // unit for prompt in grids for t, h, w in prompt]).tolist()
         rows = [out[start:end] * 1 for start, end in zip(bounds, bounds[1:])]  # own buffers, kept apart
-        self._count_tower_run(rows, bounds[-1], started, sum(len(prompt) for prompt in grids))
+        self._count_tower_run(rows, bounds[-1], started, sum(len(prompt) for prompt in grids), wait)
         per_prompt, taken = [], 0
         for vision, prompt in zip(visions, grids):
             images = rows[taken:taken + len(prompt)]
@@ -215,10 +213,10 @@ class VisionLanguageModel:
             per_prompt.append(images)
         return per_prompt
 
-    def _count_tower_run(self, rows: list[mx.array], tokens: int, started: float, images: int) -> None:
-        """Time the run (waiting for it) while the tower's cost is being learnt; after that count it at the learnt
-        cost and leave it lazy (TIMED_TOWER_RUNS)."""
-        if self.tower_stats.timed_runs < TIMED_TOWER_RUNS or self.tower_s_per_token is None:
+    def _count_tower_run(self, rows: list[mx.array], tokens: int, started: float, images: int, wait: bool) -> None:
+        """Time the run (waiting for it) where asked to or while the tower's cost is being learnt; else count it at
+        the learnt cost and leave it lazy (TIMED_TOWER_RUNS)."""
+        if wait or self.tower_stats.timed_runs < TIMED_TOWER_RUNS or self.tower_s_per_token is None:
             mx.eval(rows)
             seconds = time.perf_counter() - started
             self._note_tower_time(seconds / max(1, tokens))
@@ -230,7 +228,7 @@ class VisionLanguageModel:
 
     def _note_tower_time(self, seconds_per_token: float) -> None:
         """The median, not a mean: a run that built kernels for a new shape takes seconds, and a rate it inflated
-        would hold image requests back from admission (vision_ready_at) long after their towers are done."""
+        would charge image prompts' prefill budget (vision_cost_tokens) for far more than their towers take."""
         self._timed_s_per_token.append(seconds_per_token)
         self.tower_s_per_token = float(np.median(self._timed_s_per_token))
 

@@ -139,7 +139,7 @@ def test_requests_with_images_written_over_rows_that_left_equal_each_alone(famil
         kept_in_place = all(rid == before[i] for i, rid in enumerate(after) if rid in before)
         if joined and len(after) == len(before) and kept_in_place:
             filled += len(joined)  # written over dead rows: every other row where it was
-    assert filled == 2
+    assert filled == 3  # r3 over the row kept vacant for it (its prompt completes a step late), r4 and r5
     for request_id, stream in expected.items():
         assert_same_stream(stream, results[request_id])
 

@@ -277,24 +277,3 @@ def test_an_image_prompts_tower_time_is_charged_to_the_step_of_its_first_chunk()
     assert step_counts(scheduler) == ({"long": 64}, {})  # 64 + 50 over the budget: the text prompt waits
     assert step_counts(scheduler) == ({"long": 16, "text": 30}, {})  # its later chunk pays no tower
     assert not scheduler.has_unfinished_requests()
-
-
-def test_while_rows_decode_a_request_is_admitted_no_earlier_than_its_images_tower_should_end():
-    """vision_ready_at (its tower run ahead, EngineCore) holds a request back while rows decode, not the text
-    behind it; with no decode row it is admitted at once (nothing waits behind the tower)."""
-    now = [0.0]
-    scheduler = Scheduler(EngineConfig(prefill_chunk_tokens=64), clock=lambda: now[0])
-    first = make_request("first", prompt_len=8, max_tokens=1)
-    first.vision_ready_at = 5.0
-    scheduler.add_request(first)
-    assert step_counts(scheduler) == ({"first": 8}, {})
-    scheduler.add_request(make_request("d", prompt_len=1, max_tokens=10))
-    assert step_counts(scheduler) == ({"d": 1}, {})
-    image = make_request("image", prompt_len=8, max_tokens=2)
-    image.vision_ready_at = 2.0
-    scheduler.add_request(image)
-    scheduler.add_request(make_request("text", prompt_len=8, max_tokens=2))
-    assert step_counts(scheduler) == ({"text": 8}, {"d": 1})
-    assert step_counts(scheduler) == ({}, {"d": 1, "text": 1})
-    now[0] = 2.0
-    assert step_counts(scheduler) == ({"image": 8}, {"d": 1})
