@@ -34,9 +34,10 @@ AGREEMENT = {mx.float32: 1e-3, mx.bfloat16: 5e-2, mx.float16: 2e-2}
 @dataclass(frozen=True)
 class AttentionGroups:
     """One layer kind's attention segments in a forward, grouped by length: each group's rows (a gather index of
-    count x length), and where the groups' outputs, concatenated, go back in sequence order (None: already)."""
+    count x length; its first row where they are one run of rows in order, else None), and where the groups'
+    outputs, concatenated, go back in sequence order (None: already)."""
 
-    groups: tuple[tuple[mx.array, int, int], ...]  # (rows, count, length)
+    groups: tuple[tuple[mx.array, int, int, int | None], ...]  # (rows, count, length, first row of a run)
     restore: mx.array | None
 
 
@@ -49,7 +50,8 @@ def attention_groups(boundaries: Sequence[int]) -> AttentionGroups:
     groups, order = [], []
     for length, starts in starts_by_length.items():
         rows = (np.asarray(starts)[:, None] + np.arange(length)[None]).reshape(-1)
-        groups.append((mx.array(rows, mx.int32), len(starts), length))
+        run = int(rows[0]) if np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows))) else None
+        groups.append((mx.array(rows, mx.int32), len(starts), length, run))
         order.append(rows)
     flat = np.concatenate(order)
     restore = None if np.array_equal(flat, np.arange(len(flat))) else mx.array(np.argsort(flat), mx.int32)
@@ -84,7 +86,7 @@ class WindowedTower:
         unit = tower.spatial_merge_unit
         rows = x.shape[0]
         x = x.reshape(rows // unit, unit, -1)[window_index].reshape(rows, -1)
-        rotary = rotary.reshape(rows // unit, unit, -1)[window_index].reshape(rows, -1)
+        rotary = _RotaryTable.of(rotary.reshape(rows // unit, unit, -1)[window_index].reshape(rows, -1))
         windowed = attention_groups(layout.window_bounds)
         frames = [h * w for t, h, w in grids for _ in range(t)]
         full = attention_groups(np.concatenate([[0], np.cumsum(frames)]).tolist())
@@ -131,19 +133,39 @@ class WindowedTower:
         return (*ids, 13), {"image_grid_thw": mx.array(PROBE_GRIDS)}
 
 
-def _attention(attn: Any, x: mx.array, groups: AttentionGroups, rotary: mx.array) -> mx.array:
-    """mlx-vlm's vision `Attention` over each group of equal-length segments in one call."""
-    from mlx_vlm.models.qwen2_5_vl.vision import apply_rotary_pos_emb_vision
+@dataclass(frozen=True)
+class _RotaryTable:
+    """mlx-vlm's `apply_rotary_pos_emb_vision` operands (cos, sin of the angles, tiled to the head width) made once
+    per forward, not per layer and tensor: [rows, 1, 1, head_dim] each."""
 
+    cos: mx.array
+    sin: mx.array
+
+    @classmethod
+    def of(cls, angles: mx.array) -> "_RotaryTable":
+        def tiled(values: mx.array) -> mx.array:
+            return mx.tile(values[:, None, None, :], (1, 1, 1, 2))
+
+        return cls(tiled(mx.cos(angles)), tiled(mx.sin(angles)))
+
+    def rotate(self, qk: mx.array) -> mx.array:
+        """q and k ([rows, 2, heads, head_dim]) rotated together: mlx-vlm's arithmetic, element by element."""
+        from mlx_vlm.models.rope_utils import rotate_half
+
+        return ((qk * self.cos) + (rotate_half(qk) * self.sin)).astype(qk.dtype)
+
+
+def _attention(attn: Any, x: mx.array, groups: AttentionGroups, rotary: _RotaryTable) -> mx.array:
+    """mlx-vlm's vision `Attention` over each group of equal-length segments in one call."""
     rows = x.shape[0]
     qkv = attn.qkv(x).reshape(rows, 3, attn.num_heads, -1)
-    q = apply_rotary_pos_emb_vision(qkv[None, :, 0], rotary)[0]
-    k = apply_rotary_pos_emb_vision(qkv[None, :, 1], rotary)[0]
-    v = qkv[:, 2]
+    qk = rotary.rotate(qkv[:, :2])
+    q, k, v = qk[:, 0], qk[:, 1], qkv[:, 2]
     outputs = []
-    for index, count, length in groups.groups:
+    for index, count, length, run in groups.groups:
         def segments(t: mx.array) -> mx.array:
-            return t[index].reshape(count, length, attn.num_heads, -1).transpose(0, 2, 1, 3)
+            picked = t[run:run + count * length] if run is not None else t[index]  # a run needs no gather
+            return picked.reshape(count, length, attn.num_heads, -1).transpose(0, 2, 1, 3)
 
         out = mx.fast.scaled_dot_product_attention(segments(q), segments(k), segments(v), scale=attn.scale)
         outputs.append(out.transpose(0, 2, 1, 3).reshape(count * length, -1))

@@ -27,11 +27,13 @@ GRIDS = [(1, 16, 16), (1, 8, 12), (1, 10, 10), (2, 6, 8)]
 
 def test_attention_groups_batch_segments_by_length_and_drop_empty_ones():
     groups = attention_groups([0, 64, 64, 80, 144, 148, 148])
-    assert [(count, length) for _, count, length in groups.groups] == [(2, 64), (1, 16), (1, 4)]
-    gathered = [row for rows, _, _ in groups.groups for row in rows.tolist()]
+    runs = [(count, length, run) for _, count, length, run in groups.groups]
+    assert runs == [(2, 64, None), (1, 16, 64), (1, 4, 144)]
+    gathered = [row for rows, _, _, _ in groups.groups for row in rows.tolist()]
     assert sorted(gathered) == list(range(148)) and gathered != sorted(gathered)
     assert mx.array(gathered)[groups.restore].tolist() == list(range(148))
-    assert attention_groups([0, 10, 20]).restore is None  # one group, already in order
+    in_order = attention_groups([0, 10, 20])  # one group, already in order: one run of rows from 0, no gather
+    assert in_order.restore is None and [(count, length, run) for _, count, length, run in in_order.groups] == [(2, 10, 0)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
