@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from engine.config import EngineConfig, knobs
 
 # Internal knobs with measured defaults: under a model's `advanced:`, to measure with, not to tune.
-ADVANCED_KNOBS = ("pad_prefill_shapes", "prefill_warmup_seconds")
+ADVANCED_KNOBS = ("pad_prefill_shapes", "prefill_warmup_seconds", "slow_step_log_seconds")
 # Knobs a served model keeps at the engine's default.
 FIXED_KNOBS = ("prefix_block_size", "seed")
 # Every other knob is a top-level field of a model.

@@ -80,6 +80,9 @@ class EngineConfig:
     prefill_warmup_seconds: float = knob(
         120.0, "the most seconds the padded shapes' warm-up may take at load (the decode warm-up, on a GPU, at most "
         "30 more)", ge=0)
+    slow_step_log_seconds: float = knob(
+        0.5, "a step longer than this and than 8 expected steps is logged with what it held (0: every step, a "
+        "trace of the engine's steps)", ge=0)
     context_length: int | None = knob(
         None, "the most tokens a request's prompt and output may hold (null: the model's own)", ge=2)
     queue_size: int | None = knob(None, "most requests waiting for a slot (null: only max_num_seqs applies)", ge=0)

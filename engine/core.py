@@ -38,8 +38,6 @@ from engine.vision.feature_cache import FeatureCacheStats, VisionTowerStats
 from engine.vision.model import VisionLanguageModel
 
 THROUGHPUT_WINDOW_S = 10.0
-# A step this long is logged (with what it held): decode steps take milliseconds, prefill steps tens of them.
-SLOW_STEP_S = 0.5
 
 logger = logging.getLogger(__name__)
 
@@ -242,16 +240,18 @@ class EngineCore:
         self.runner.run_towers_ahead(taken)
 
     def _log_if_slow(self, scheduled: SchedulerOutput, started: float, scheduled_at: float, ran_at: float) -> None:
-        """A step past SLOW_STEP_S (and several expected steps) goes to the log with what it held: a stall's trace
-        (a kernel built for a new shape, a prefix-cache copy, memory pressure) without a profiler."""
-        seconds = time.perf_counter() - started
-        if seconds < max(SLOW_STEP_S, 8 * (self.expected_step_s or 0.0)):
+        """A step past slow_step_log_seconds (and several expected steps; 0: every step) goes to the log with what it
+        held: a stall's trace (a kernel built for a new shape, a prefix-cache copy, memory pressure) without a
+        profiler. Its schedule phase holds the towers run ahead."""
+        seconds, bound = time.perf_counter() - started, self.config.slow_step_log_seconds
+        if bound and seconds < max(bound, 8 * (self.expected_step_s or 0.0)):
             return
         logger.warning(
-            "slow step %d: %.3f s (schedule %.3f, run %.3f, output %.3f): %d decode rows, %d new requests, "
-            "%d prefill chunks of %d tokens", self._num_steps, seconds, scheduled_at - started, ran_at - scheduled_at,
-            started + seconds - ran_at, len(scheduled.decode_rows), len(scheduled.new_requests),
-            len(scheduled.prefill_chunks), scheduled.num_prefill_tokens)
+            "slow step %d: %.3f s (schedule %.3f, run %.3f, output %.3f): %d decode rows, %d new requests (%d with "
+            "images), %d prefill chunks of %d tokens", self._num_steps, seconds, scheduled_at - started,
+            ran_at - scheduled_at, started + seconds - ran_at, len(scheduled.decode_rows), len(scheduled.new_requests),
+            sum(1 for new in scheduled.new_requests if new.vision is not None), len(scheduled.prefill_chunks),
+            scheduled.num_prefill_tokens)
 
     def _time_phases(self, started: float, scheduled_at: float, ran_at: float, waited: float) -> None:
         ended = time.perf_counter()

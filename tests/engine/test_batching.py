@@ -75,17 +75,23 @@ def test_requests_join_and_leave_without_waiting_for_the_batch_to_drain(tiny_lla
     assert min(phases.schedule, phases.build, phases.wait, phases.output) > 0
 
 
-def test_a_step_past_the_slow_bound_is_logged_with_what_it_held(tiny_llama, monkeypatch, caplog):
-    core = EngineCore(tiny_llama, EngineConfig(max_decode_seqs=8))
-    core.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)))
-    with caplog.at_level("WARNING", logger="engine.core"):
-        core.step()  # the prompt's prefill: fast on the tiny model, nothing logged
-        monkeypatch.setattr("engine.core.SLOW_STEP_S", 0.0)
-        core.expected_step_s = None  # no device-measured step time either: every step is past the bound
-        core.step()  # a decode step of one row
-    slow = [r.getMessage() for r in caplog.records if r.name == "engine.core"]
-    assert len(slow) == 1 and slow[0].startswith("slow step 2: ")
-    assert slow[0].endswith(": 1 decode rows, 0 new requests, 0 prefill chunks of 0 tokens"), slow[0]
+def test_a_step_past_the_slow_bound_is_logged_with_what_it_held(tiny_llama, caplog):
+    """At the default bound a fast step is not logged; at 0 every step is, whatever the expected step time."""
+    def two_steps(**config) -> list[str]:
+        core = EngineCore(tiny_llama, EngineConfig(max_decode_seqs=8, **config))
+        core.expected_step_s = 1.0  # 8 expected steps: 8 s
+        core.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)))
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="engine.core"):
+            core.step()  # the prompt's prefill
+            core.step()  # a decode step of one row
+        return [r.getMessage() for r in caplog.records if r.name == "engine.core"]
+
+    assert two_steps() == []  # fast on the tiny model
+    first, second = two_steps(slow_step_log_seconds=0.0)
+    assert first.startswith("slow step 1: ") and second.startswith("slow step 2: ")
+    assert first.endswith(": 0 decode rows, 1 new requests (0 with images), 1 prefill chunks of 3 tokens"), first
+    assert second.endswith(": 1 decode rows, 0 new requests (0 with images), 0 prefill chunks of 0 tokens"), second
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 16])
