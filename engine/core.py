@@ -223,9 +223,9 @@ class EngineCore:
     def _run_towers_ahead(self) -> None:
         """The vision tower of requests that came with images, run before their admission on a stream of its own and
         waited for, so they can be admitted in this very step: MLX's launch of a graph the tower's size returns only
-        with at most 10 command buffers of it left in flight (~85% done), so it ran in front of the decode steps
-        anyway, and an admission held for its predicted end came ~0.5 s late for a batch of 16 images on an H200
-        (docs/architecture.md). At most a step's prefill budget of image tokens,
+        with at most 10 command buffers of it left in flight (most of it done), so it ran in front of the decode
+        steps anyway, and an admission held for its predicted end came by our reckoning ~0.5 s late for a batch of 16
+        images on an H200 (docs/architecture.md). At most a step's prefill budget of image tokens,
         and features held ahead for at most max_prefill_seqs waiting requests (a step admits no more): a long queue
         of images holds no more device memory than that."""
         self._towers_ahead = [r for r in self._towers_ahead if r.status == RequestStatus.WAITING]  # not admitted
