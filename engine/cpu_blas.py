@@ -16,8 +16,10 @@ import ctypes.util
 import os
 import platform
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 BLAS_VARIABLE = "ORCHARD_BLAS"
 # Debian/Ubuntu's threaded build first (apt: libopenblas0-pthread), then what ldconfig and other layouts hold.
@@ -56,6 +58,25 @@ def choose_blas() -> BlasChoice:
     if _chosen is None:
         _chosen = _choose(os.environ.get(BLAS_VARIABLE, "auto").strip() or "auto")
     return _chosen
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """OpenBLAS on one thread inside (else nothing changes): a measurement that compares it with MLX's own
+    one-thread loops then holds on a busy CPU, where a multi-threaded call waits for every thread's time slice."""
+    choice = choose_blas()
+    library = ctypes.CDLL(choice.path) if choice.name == "OpenBLAS" and choice.path else None
+    get = getattr(library, "openblas_get_num_threads", None)
+    put = getattr(library, "openblas_set_num_threads", None)
+    if get is None or put is None:
+        yield
+        return
+    threads = int(get())
+    put(1)
+    try:
+        yield
+    finally:
+        put(threads)
 
 
 def _choose(setting: str) -> BlasChoice:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import dequantize_model
 
-from engine.cpu_blas import choose_blas
+from engine.cpu_blas import choose_blas, one_blas_thread
 from engine.device_memory import device_memory_bytes, on_gpu
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,10 @@ FLOAT32_MARGIN = 1.3
 FLOAT32_MEMORY_SHARE = 0.5
 # The rows of the measured matmuls: one decode row and one prefill chunk.
 MEASURED_ROWS = (1, 128)
-REPEATS = 3
+# Runs of each form, the forms taking turns, OpenBLAS on one thread like MLX's own loops: on a busy CPU a
+# multi-threaded BLAS call waits for every thread's time slice (2-core box, 3 busy processes beside: float32's best
+# of 3 took 3.8-16 ms against 0.4 alone, and 2 loads of 3 kept bf16), so only a one-thread comparison holds there.
+REPEATS = 5
 
 
 @dataclass(frozen=True)
@@ -78,18 +81,34 @@ def choose_cpu_compute(model: nn.Module, config: dict[str, Any]) -> CpuCompute |
 
 def matmul_ms(rows: int, inner: int, outer: int, form: StoredForm) -> float:
     """The fastest of REPEATS runs of a [rows, inner] input through an inner -> outer linear layer in `form`, in ms."""
+    return fastest_ms([_timed_matmul(rows, inner, outer, form)])[0]
+
+
+def fastest_ms(runs: list[Callable[[], float]]) -> list[float]:
+    """Each run's fastest of REPEATS, the runs taking turns (so that a busy spell slows them all alike), in ms."""
+    best = [float("inf")] * len(runs)
+    for _ in range(REPEATS):
+        for i, run in enumerate(runs):
+            best[i] = min(best[i], run())
+    return [seconds * 1000 for seconds in best]
+
+
+def _timed_matmul(rows: int, inner: int, outer: int, form: StoredForm) -> Callable[[], float]:
+    """One run's seconds of a [rows, inner] input through an inner -> outer linear layer in `form` (built and run
+    once here: the first call builds what later ones reuse)."""
     layer: nn.Module = nn.Linear(inner, outer, bias=False)
     if form.bits:
         layer = nn.QuantizedLinear.from_linear(layer, form.group_size, form.bits, mode=form.mode)
     layer.set_dtype(form.dtype)
     x = mx.random.normal((rows, inner)).astype(form.dtype)
-    mx.eval(layer.parameters(), x, layer(x))  # the first call builds what later ones reuse
-    best = float("inf")
-    for _ in range(REPEATS):
+    mx.eval(layer.parameters(), x, layer(x))
+
+    def run() -> float:
         started = time.perf_counter()
         mx.eval(layer(x))
-        best = min(best, time.perf_counter() - started)
-    return best * 1000
+        return time.perf_counter() - started
+
+    return run
 
 
 def _measure(model: nn.Module, config: dict[str, Any]) -> CpuCompute:
@@ -97,8 +116,10 @@ def _measure(model: nn.Module, config: dict[str, Any]) -> CpuCompute:
     if stored.label == "float32":
         return CpuCompute(stored.label, stored.label, 0.0, 0.0, "float32 as stored")
     inner, outer = _projection_shape(config)
-    stored_ms = sum(matmul_ms(rows, inner, outer, stored) for rows in MEASURED_ROWS)
-    float32_ms = sum(matmul_ms(rows, inner, outer, FLOAT32) for rows in MEASURED_ROWS)
+    runs = [_timed_matmul(rows, inner, outer, form) for form in (stored, FLOAT32) for rows in MEASURED_ROWS]
+    with one_blas_thread():
+        times = fastest_ms(runs)
+    stored_ms, float32_ms = sum(times[:len(MEASURED_ROWS)]), sum(times[len(MEASURED_ROWS):])
     figures = (f"{inner}x{outer} matmuls at {'/'.join(map(str, MEASURED_ROWS))} rows: {stored.label} "
                f"{stored_ms:.1f} ms, float32 {float32_ms:.1f} ms")
     label = stored.label

@@ -58,3 +58,20 @@ def test_the_kv_budget_counts_float32_kv(folders):
     assert f32.stats().kv_bytes_per_token == 2 * bf16.stats().kv_bytes_per_token
     bf16.close()
     f32.close()
+
+
+def test_the_choice_measures_openblas_on_one_thread_and_gives_its_threads_back():
+    """Beside other busy processes a multi-threaded BLAS call waits for every thread's time slice: float32 measured on
+    2 threads lost to bf16 in 2 loads of 3 with 3 busy processes on this 2-core box; on one thread it held."""
+    import ctypes
+
+    from engine.cpu_blas import one_blas_thread
+
+    blas = choose_blas()
+    if blas.name != "OpenBLAS":
+        pytest.skip(f"not OpenBLAS: {blas.describe()}")
+    library = ctypes.CDLL(blas.path)
+    before = library.openblas_get_num_threads()
+    with one_blas_thread():
+        assert library.openblas_get_num_threads() == 1
+    assert library.openblas_get_num_threads() == before
