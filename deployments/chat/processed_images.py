@@ -33,6 +33,7 @@ class ProcessedImages:
     image_arrays: dict[str, np.ndarray]  # the processor's other arrays of the images (Qwen's image_grid_thw)
     image_digests: tuple[str, ...]  # of the decoded pixels (engine/vision/inputs.py)
     token_runs: tuple[int, ...] = ()  # how many image tokens each image became
+    pixel_frames: int = 1  # VisionInputs.pixel_frames: the pixels' repeated frames sent once
 
     @property
     def nbytes(self) -> int:

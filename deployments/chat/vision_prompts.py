@@ -16,7 +16,7 @@ from deployments.chat.processed_images import ImageReuse, ProcessedImages, image
 from deployments.chat.videos import decode_video, video_digest
 from deployments.model_calls import ImageInput, VideoInput
 from engine.errors import InvalidRequestError
-from engine.vision.inputs import VisionInputs, cache_key_ids, image_digest
+from engine.vision.inputs import VisionInputs, cache_key_ids, fold_repeated_frames, image_digest
 
 # What the engine gets apart: the token ids (the request's prompt) and the pixels; the mask is all ones.
 _NOT_MODEL_ARRAYS = frozenset({"input_ids", "attention_mask", "pixel_values"})
@@ -40,12 +40,33 @@ class VisionPrompt:
     images_repeated: bool = False
 
 
+@dataclass(frozen=True)
+class RepeatedFrames:
+    """The image processor's temporal patch (Qwen2-VL's: a still image's frame twice in every patch row), folded to
+    one frame before the pixels go to the engine (engine/vision/inputs.fold_repeated_frames)."""
+
+    frames: int = 1
+    frame_pixels: int = 0
+
+    @classmethod
+    def of(cls, processor: Any) -> "RepeatedFrames":
+        images = getattr(processor, "image_processor", None)
+        frames, patch = getattr(images, "temporal_patch_size", None), getattr(images, "patch_size", None)
+        if not isinstance(frames, int) or not isinstance(patch, int) or frames < 2:
+            return cls()
+        return cls(frames, patch * patch)
+
+    def fold(self, pixels: np.ndarray) -> np.ndarray | None:
+        return fold_repeated_frames(pixels, self.frames, self.frame_pixels) if self.frames > 1 else None
+
+
 class VisionPromptEncoder:
     def __init__(self, processor: Any, tokens: MediaTokens, max_image_pixels: int, reuse_bytes: int = 0) -> None:
         self._processor = processor
         self._tokens = tokens
         self._max_image_pixels = max_image_pixels
         self._reuse = ImageReuse(reuse_bytes, tokens.image, self._text_alone)
+        self._frames = RepeatedFrames.of(processor)
 
     def encode(self, text: str, images: list[ImageInput], videos: list[VideoInput] | None = None) -> VisionPrompt:
         """`text`: the rendered chat prompt with the template's placeholders, one per image and video, in order."""
@@ -55,7 +76,8 @@ class VisionPromptEncoder:
         reused = self._reuse.processed(text, key) if key is not None else None
         if reused is not None:
             kept = reused.images
-            vision = VisionInputs(kept.pixel_values, kept.image_arrays, kept.image_digests)
+            vision = VisionInputs(kept.pixel_values, kept.image_arrays, kept.image_digests,
+                                  pixel_frames=kept.pixel_frames)
             keys = cache_key_ids(reused.token_ids, [(self._tokens.image, kept.image_digests)])
             return VisionPrompt(reused.token_ids, vision, keys, images_repeated=True)
         decoded = [decode_image(image, self._max_image_pixels).image for image in images]
@@ -70,12 +92,16 @@ class VisionPromptEncoder:
             if name not in _NOT_MODEL_ARRAYS and value is not None and not isinstance(value, (str, list))
         }
         pixels = np.asarray(inputs["pixel_values"]) if inputs.get("pixel_values") is not None else None
-        vision = VisionInputs(pixels, arrays, image_digests, video_digests)
+        folded = self._frames.fold(pixels) if pixels is not None and images else None
+        pixel_frames = 1 if folded is None else self._frames.frames
+        pixels = pixels if folded is None else folded
+        vision = VisionInputs(pixels, arrays, image_digests, video_digests, pixel_frames=pixel_frames)
         media = [(self._tokens.image, image_digests)]
         if self._tokens.video is not None:
             media.append((self._tokens.video, video_digests))
         if key is not None and pixels is not None:
-            self._reuse.remember(text, key, token_ids, ProcessedImages(pixels, arrays, image_digests))
+            kept = ProcessedImages(pixels, arrays, image_digests, pixel_frames=pixel_frames)
+            self._reuse.remember(text, key, token_ids, kept)
         return VisionPrompt(token_ids, vision, cache_key_ids(token_ids, media))
 
     def _text_alone(self, text: str) -> dict[str, Any]:

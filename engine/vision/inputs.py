@@ -27,12 +27,40 @@ class VisionInputs:
     # Sent without its pixels (pixel_values None): the engine merges its images' kept features; their shape stands in.
     pixels_left_out: bool = False
     pixel_shape: tuple[int, ...] = ()
+    # The processor's frames sent once (fold_repeated_frames): pixel_values is then [patches, channels, frame
+    # pixels], and the engine repeats each frame this many times on the device.
+    pixel_frames: int = 1
+
+    def model_pixel_shape(self) -> tuple[int, ...]:
+        """The pixels' shape as the model takes them (frames repeated), whether sent, folded or left out."""
+        if self.pixels_left_out:
+            return self.pixel_shape
+        assert self.pixel_values is not None
+        if self.pixel_frames == 1:
+            return tuple(self.pixel_values.shape)
+        patches, channels, frame = self.pixel_values.shape
+        return patches, channels * self.pixel_frames * frame
 
     def without_pixels(self) -> "VisionInputs":
         """The same images for an engine that keeps their features: the pixels (10.8 MB for one 672x672 image in
         float32) are not sent."""
         assert self.pixel_values is not None and self.image_digests and not self.video_digests
-        return replace(self, pixel_values=None, pixels_left_out=True, pixel_shape=tuple(self.pixel_values.shape))
+        return replace(self, pixel_values=None, pixels_left_out=True, pixel_shape=self.model_pixel_shape(),
+                       pixel_frames=1)
+
+
+def fold_repeated_frames(pixels: np.ndarray, frames: int, frame_pixels: int) -> np.ndarray | None:
+    """Pixels whose rows hold, per channel, `frames` frames of `frame_pixels` values each, all equal bit for bit
+    (Qwen2-VL's processor repeats a still image along its temporal patch: [patches, channels*frames*frame_pixels]),
+    as one frame per channel: [patches, channels, frame_pixels], half the bytes to pickle and upload at 2 frames.
+    None where the rows do not split so or some frame differs (a video's)."""
+    if frames < 2 or frame_pixels < 1 or pixels.ndim != 2 or pixels.shape[1] % (frames * frame_pixels):
+        return None
+    bits = np.ascontiguousarray(pixels).view(np.dtype(f"u{pixels.dtype.itemsize}"))
+    bits = bits.reshape(pixels.shape[0], -1, frames, frame_pixels)
+    if any(not np.array_equal(bits[:, :, 0], bits[:, :, t]) for t in range(1, frames)):
+        return None
+    return np.ascontiguousarray(pixels.reshape(bits.shape)[:, :, 0])
 
 
 def image_digest(mode: str, size: tuple[int, int], pixels: bytes) -> str:

@@ -142,7 +142,7 @@ class VisionLanguageModel:
         kept = [p.held_features or (features.lookup(p.vision.image_digests) if features is not None else None)
                 for p in prompts]
         # Held features merge beside zeros of the pixels' shape where the family reads none (no host copy of them).
-        pixels = [_stand_in(_pixel_shape(p.vision)) if p.held_features is not None and self.merges_without_pixels
+        pixels = [_stand_in(p.vision.model_pixel_shape()) if p.held_features is not None and self.merges_without_pixels
                   else _pixels(p.vision) for p in prompts]
         to_run = [(prompt.vision, p) for prompt, p, k in zip(prompts, pixels, kept) if k is None]
         fresh = iter(self._tower_features(to_run, features))
@@ -345,11 +345,16 @@ def _pixels(vision: VisionInputs) -> mx.array | None:
     features reads no pixel: merges_without_pixels)."""
     if vision.pixels_left_out:
         return _stand_in(vision.pixel_shape)
-    return None if vision.pixel_values is None else mx.array(vision.pixel_values)
-
-
-def _pixel_shape(vision: VisionInputs) -> tuple[int, ...]:
-    return vision.pixel_shape if vision.pixels_left_out else tuple(vision.pixel_values.shape)
+    if vision.pixel_values is None:
+        return None
+    pixels = mx.array(vision.pixel_values)
+    if vision.pixel_frames == 1:
+        return pixels
+    # Folded (inputs.fold_repeated_frames): each frame repeated here, on the device, is the processor's layout
+    # bit for bit; the host copied half the bytes.
+    patches, channels, frame = pixels.shape
+    repeated = mx.broadcast_to(pixels[:, :, None], (patches, channels, vision.pixel_frames, frame))
+    return repeated.reshape(patches, channels * vision.pixel_frames * frame)
 
 
 def _stand_in(shape: tuple[int, ...]) -> mx.array:

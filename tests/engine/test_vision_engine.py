@@ -4,7 +4,10 @@ image and never a changed one. Two families with different processors: Qwen2.5-V
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
@@ -83,6 +86,26 @@ def test_greedy_tokens_and_logprobs_equal_mlx_vlm_generate(family):
     assert max(abs(a - b) for a, b in zip(ours.logprobs, theirs.chosen_logprobs())) < 1e-4
     other = alone(family, family.request("other", [png_bytes(112, 84, seed=4)]))
     assert other.logprobs != ours.logprobs  # the image reaches the model
+
+
+def test_an_images_repeated_frames_sent_once_answer_as_the_processors_own_pixels(family):
+    """Qwen2.5-VL's processor repeats each still image's frame (its temporal patch of 2): the encoder sends the frame
+    once, half the bytes, and the engine repeats it on the device; the answer equals that of the processor's own
+    pixels bit for bit. Gemma 3's pixels hold no repeated frame and go as the processor made them."""
+    data = png_bytes(112, 84, seed=12)
+    request = family.request("folded", [data])
+    rendered = family.chat_text([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}])
+    theirs = np.asarray(family.processor(text=[rendered], images=[_pil(data)], add_special_tokens=False)["pixel_values"])
+    vision = request.vision
+    if "qwen" not in family.folder.name:
+        assert vision.pixel_frames == 1 and np.array_equal(vision.pixel_values, theirs)
+        return
+    assert vision.pixel_frames == 2 and vision.pixel_values.nbytes * 2 == theirs.nbytes
+    assert vision.model_pixel_shape() == theirs.shape
+    whole = replace(vision, pixel_values=theirs, pixel_frames=1)
+    unfolded = alone(family, Request("whole", request.prompt_token_ids, greedy(8), vision=whole))
+    folded = alone(family, request)
+    assert folded.token_ids == unfolded.token_ids and folded.logprobs == unfolded.logprobs
 
 
 def _pil(data: bytes):

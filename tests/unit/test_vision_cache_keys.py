@@ -1,10 +1,13 @@
 """Image tokens keyed by their image's content for the prefix cache (engine/vision/inputs.py): each run of a kind's
-placeholder tokens takes its item's key, every other token keeps its id, and hashing takes the negative keys."""
+placeholder tokens takes its item's key, every other token keeps its id, and hashing takes the negative keys. A
+still image's repeated frames go to the engine once (fold_repeated_frames)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from engine.kv.cache_manager import PrefixCache, chain_hash
-from engine.vision.inputs import cache_key_ids, image_digest
+from engine.vision.inputs import VisionInputs, cache_key_ids, fold_repeated_frames, image_digest
 
 IMAGE, VIDEO = 900, 901
 A, B, V = image_digest("RGB", (2, 2), b"a" * 12), image_digest("RGB", (2, 2), b"b" * 12), "f" * 64
@@ -40,3 +43,26 @@ def test_the_same_digest_of_other_pixels_differs_and_negative_keys_hash():
     cache = PrefixCache(2, capacity_bytes=1000)
     cache.insert(keys, lambda index: (index, 10))
     assert len(cache.match(keys)) == 2 and len(cache.match(other)) == 0  # [1, image] differs from the first block
+
+
+def test_repeated_frames_fold_to_one_and_anything_else_stays_whole():
+    """Qwen2-VL's processor repeats a still image's frame in every patch row ([patches, channels*frames*pixels]):
+    sent folded to one frame, the repeat rebuilds the rows bit for bit; rows whose frames differ are not folded."""
+    rng = np.random.default_rng(0)
+    frame = rng.standard_normal((6, 3, 1, 4)).astype(np.float32)  # 6 patches, 3 channels, 4 pixels a frame
+    rows = np.repeat(frame, 2, axis=2).reshape(6, 24)
+    folded = fold_repeated_frames(rows, 2, 4)
+    assert folded is not None and folded.shape == (6, 3, 4) and folded.nbytes * 2 == rows.nbytes
+    assert np.array_equal(np.repeat(folded[:, :, None], 2, axis=2).reshape(6, 24), rows)
+    vision = VisionInputs(folded, {}, (A,), pixel_frames=2)
+    assert vision.model_pixel_shape() == (6, 24)
+    left_out = vision.without_pixels()
+    assert left_out.pixel_shape == (6, 24) and left_out.model_pixel_shape() == (6, 24) and left_out.pixel_frames == 1
+    moved = rows.copy()
+    moved[5, 23] += 1.0  # the last patch's last channel: its second frame differs
+    assert fold_repeated_frames(moved, 2, 4) is None
+    signed = rows.copy()
+    signed[0, 0], signed[0, 4] = 0.0, -0.0  # equal values, other bits: not the same frame
+    assert fold_repeated_frames(signed, 2, 4) is None
+    assert fold_repeated_frames(rows, 2, 5) is None and fold_repeated_frames(rows, 1, 4) is None
+    assert fold_repeated_frames(rows.reshape(6, 3, 8), 2, 4) is None
