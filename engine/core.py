@@ -108,7 +108,7 @@ class EngineCore:
         self.kv_budget = _kv_budget(loaded, config, prefix_cache, draft)
         if config.prefill_step_tokens is None:  # from this device's speed and memory, before anything sizes by it
             allowance = prefill_memory_allowance_bytes(
-                self.kv_budget.budget_bytes, prefix_cache.capacity_bytes if prefix_cache else 0)
+                self.kv_budget.budget_bytes, _held_budgets_bytes(loaded, config, prefix_cache))
             budget = measure_prefill_budget(
                 loaded.model, self.context_length, config.kv_quantization, allowance, config.max_prefill_seqs,
                 config.prefill_chunk_limit,
@@ -361,8 +361,7 @@ def _kv_budget(loaded: LoadedModel, config: EngineConfig, prefix_cache: PrefixCa
         kv_bytes_per_token(draft.model) if draft is not None else 0)
     budget = config.kv_budget_bytes
     if budget is None:
-        kept = vision_features_budget(config) if isinstance(loaded.model, VisionLanguageModel) else 0
-        budget = default_kv_budget_bytes(config.kv_memory_fraction, (prefix_cache.capacity_bytes if prefix_cache else 0) + kept)
+        budget = default_kv_budget_bytes(config.kv_memory_fraction, _held_budgets_bytes(loaded, config, prefix_cache))
     drafts = config.speculative.num_draft_tokens if config.speculative is not None else 0
     kv_budget = KVBudget(budget, per_token, KV_ALLOCATION_STEP + drafts)
     logger.info(
@@ -370,3 +369,9 @@ def _kv_budget(loaded: LoadedModel, config: EngineConfig, prefix_cache: PrefixCa
         loaded.path.name, budget, per_token, kv_budget.max_request_tokens,
     )
     return kv_budget
+
+
+def _held_budgets_bytes(loaded: LoadedModel, config: EngineConfig, prefix_cache: PrefixCache | None) -> int:
+    """What the engine keeps beside the running requests' KV, at most: the prefix cache and a VLM's kept features."""
+    kept = vision_features_budget(config) if isinstance(loaded.model, VisionLanguageModel) else 0
+    return (prefix_cache.capacity_bytes if prefix_cache else 0) + kept

@@ -7,7 +7,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from engine.device_memory import device_memory_bytes
+from engine.device_memory import device_memory_bytes, engine_memory_limit_bytes
 from engine.kv.batch_cache import new_request_cache
 from engine.kv.quantized_kv import KVQuantization
 
@@ -33,7 +33,9 @@ def default_kv_budget_bytes(memory_fraction: float, prefix_cache_bytes: int) -> 
     return max(0, usable - mx.get_active_memory() - prefix_cache_bytes)
 
 
-def prefill_memory_allowance_bytes(kv_budget_bytes: int, prefix_cache_bytes: int) -> int:
-    """What a prefill forward may hold: the device's memory less what MLX holds now (the weights), the running
-    requests' KV budget and the prefix cache's budget; at least 0."""
-    return max(0, device_memory_bytes() - mx.get_active_memory() - kv_budget_bytes - prefix_cache_bytes)
+def prefill_memory_allowance_bytes(kv_budget_bytes: int, held_budgets_bytes: int) -> int:
+    """What a prefill forward may hold: the engine's MLX memory limit (the device's memory, less the CUDA runtime's
+    share) less what MLX holds now (the weights), the running requests' KV budget and the other budgets it holds
+    (prefix cache, kept vision features); at least 0."""
+    ceiling = min(device_memory_bytes(), engine_memory_limit_bytes())
+    return max(0, ceiling - mx.get_active_memory() - kv_budget_bytes - held_budgets_bytes)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
+
 from engine import EngineConfig, EngineCore
-from engine.device_memory import device_memory_bytes
+from engine.device_memory import device_memory_bytes, engine_memory_limit_bytes
 from engine.runner.step_budget import (
     MASKED_FORWARD_MARGIN, MAX_STEP_TOKENS, MIN_STEP_TOKENS, STEP_TARGET_S, measure_prefill_budget,
 )
@@ -50,3 +52,21 @@ def test_the_step_budget_is_cut_so_that_each_padded_forward_fits_the_memory_allo
 def test_a_kv_budget_that_takes_the_whole_device_leaves_prefill_the_smallest_step(tiny_llama):
     core = EngineCore(tiny_llama, EngineConfig(kv_budget_bytes=device_memory_bytes()))
     assert core.config.prefill_step_tokens == MIN_STEP_TOKENS
+
+
+def test_the_prefill_allowance_is_what_mlxs_memory_limit_leaves_not_the_whole_device(tiny_llama):
+    # Past its memory limit MLX waits for work in flight rather than allocate: a step sized by the whole device
+    # would be sized past the point where its forwards stall (and, on CUDA, past what the card holds).
+    kv = 64 * 2**20
+    config = EngineConfig(kv_budget_bytes=kv, prefix_cache_bytes=0)
+    roomy = EngineCore(tiny_llama, config)
+    assert roomy.config.prefill_step_tokens > MIN_STEP_TOKENS
+    roomy.close()
+    previous = mx.set_memory_limit(mx.get_active_memory() + kv + 2**20)  # 1 MiB beside the weights and the KV
+    try:
+        tight = EngineCore(tiny_llama, config)
+        assert tight.config.prefill_step_tokens == MIN_STEP_TOKENS
+        assert mx.get_memory_limit() == engine_memory_limit_bytes()  # the engine's own, while it serves
+        tight.close()
+    finally:
+        mx.set_memory_limit(previous)
