@@ -106,11 +106,13 @@ class EngineCore:
             loaded.model, config.enable_prefix_cache, config.prefix_block_size, config.prefix_cache_bytes
         )
         self.kv_budget = _kv_budget(loaded, config, prefix_cache, draft)
+        # What a forward may hold beside the weights and the budgets: a prefill step's, a batch of towers run ahead.
+        self.forward_allowance_bytes = prefill_memory_allowance_bytes(
+            self.kv_budget.budget_bytes, _held_budgets_bytes(loaded, config, prefix_cache))
         if config.prefill_step_tokens is None:  # from this device's speed and memory, before anything sizes by it
-            allowance = prefill_memory_allowance_bytes(
-                self.kv_budget.budget_bytes, _held_budgets_bytes(loaded, config, prefix_cache))
             budget = measure_prefill_budget(
-                loaded.model, self.context_length, config.kv_quantization, allowance, config.max_prefill_seqs,
+                loaded.model, self.context_length, config.kv_quantization, self.forward_allowance_bytes,
+                config.max_prefill_seqs,
                 config.prefill_chunk_limit,
             )
             config = replace(config, prefill_step_tokens=budget.step_tokens)
@@ -225,17 +227,23 @@ class EngineCore:
         waited for, so they can be admitted in this very step: MLX's launch of a graph the tower's size returns only
         with at most 10 command buffers of it left in flight (most of it done), so it ran in front of the decode
         steps anyway, and an admission held for its predicted end came by our reckoning ~0.5 s late for a batch of 16
-        images on an H200 (docs/architecture.md). At most a step's prefill budget of image tokens,
-        and features held ahead for at most max_prefill_seqs waiting requests (a step admits no more): a long queue
-        of images holds no more device memory than that."""
+        images on an H200 (docs/architecture.md). At most a step's prefill budget of image tokens, no more than
+        the forward allowance holds at what the tower's runs held per token (vision/tower_memory.py), and features
+        held ahead for at most max_prefill_seqs waiting requests (a step admits no more): a long queue of images
+        holds no more device memory than that."""
         self._towers_ahead = [r for r in self._towers_ahead if r.status == RequestStatus.WAITING]  # not admitted
-        budget, taken = self.config.prefill_token_budget, []
+        budget, taken, tokens = self.config.prefill_token_budget, [], 0
         room = self.config.max_prefill_seqs - sum(1 for r in self.scheduler.waiting if r.held_image_features)
-        while self._towers_ahead and len(taken) < room and (
-                not taken or budget is None or budget >= self._towers_ahead[0].num_media_tokens):
-            request = self._towers_ahead.pop(0)
+        memory = self.runner.vision.tower_memory if self.runner.vision is not None else None
+        while self._towers_ahead and len(taken) < room:
+            request = self._towers_ahead[0]
+            more = tokens + request.num_media_tokens
+            if taken and ((budget is not None and more > budget) or (
+                    memory is not None and not memory.fits(more, self.forward_allowance_bytes))):
+                break
+            self._towers_ahead.pop(0)
             if not self.scheduler.kv.holds_media(request):  # else its images' KV is cached: it needs no tower
-                budget = None if budget is None else budget - request.num_media_tokens
+                tokens = more
                 taken.append(request)
         self.runner.run_towers_ahead(taken)
 

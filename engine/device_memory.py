@@ -42,12 +42,33 @@ def device_memory_bytes() -> int:
 
 def engine_memory_limit_bytes() -> int:
     """The most an engine lets MLX hold before its evaluation waits for work in flight: on CUDA the card less
-    CUDA_RUNTIME_SHARE (and no more than MLX's own limit); elsewhere MLX's limit as it stands (Metal's and the
-    CPU's count what their runtimes hold)."""
+    CUDA_RUNTIME_SHARE (and no more than MLX's own limit); elsewhere MLX's limit as it stands."""
     limit = mx.get_memory_limit()
     if on_gpu() and mx.cuda.is_available():
         limit = min(limit, int(accelerator_memory_bytes() * (1 - CUDA_RUNTIME_SHARE)))
     return limit
+
+
+def usable_memory_bytes() -> int:
+    """What an engine sizes its weights, budgets and forwards within: the device's memory, up to that limit (on the
+    CPU MLX's limit is below the RAM; on Metal above the recommended working set)."""
+    return min(device_memory_bytes(), engine_memory_limit_bytes())
+
+
+# MLX's peak before the engine last reset it (to measure one forward's hold): the process's peak stays readable.
+_peak_before_resets = 0
+
+
+def reset_peak_memory() -> None:
+    """Reset MLX's peak to measure what comes next, keeping the lifetime peak for peak_memory_bytes."""
+    global _peak_before_resets
+    _peak_before_resets = max(_peak_before_resets, mx.get_peak_memory())
+    mx.reset_peak_memory()
+
+
+def peak_memory_bytes() -> int:
+    """The most MLX has held in this process, across the engine's resets."""
+    return max(_peak_before_resets, mx.get_peak_memory())
 
 
 def host_memory_bytes() -> int:

@@ -7,7 +7,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from engine.device_memory import device_memory_bytes, engine_memory_limit_bytes
+from engine.device_memory import usable_memory_bytes
 from engine.kv.batch_cache import new_request_cache
 from engine.kv.quantized_kv import KVQuantization
 
@@ -26,16 +26,15 @@ def kv_bytes_per_token(model: Any, quantization: KVQuantization | None = None) -
     return max(1, round(total))
 
 
-def default_kv_budget_bytes(memory_fraction: float, prefix_cache_bytes: int) -> int:
-    """`memory_fraction` of the device's memory, less what MLX holds now (call after the weights load: they and
-    other models of this process are in it) and the prefix cache's own budget; at least 0."""
-    usable = int(device_memory_bytes() * memory_fraction)
-    return max(0, usable - mx.get_active_memory() - prefix_cache_bytes)
+def default_kv_budget_bytes(memory_fraction: float, held_budgets_bytes: int) -> int:
+    """`memory_fraction` of the memory an engine may use (device_memory.usable_memory_bytes), less what MLX holds now
+    (call after the weights load: they and other models of this process are in it) and the other budgets it holds
+    (prefix cache, kept vision features); at least 0."""
+    usable = int(usable_memory_bytes() * memory_fraction)
+    return max(0, usable - mx.get_active_memory() - held_budgets_bytes)
 
 
 def prefill_memory_allowance_bytes(kv_budget_bytes: int, held_budgets_bytes: int) -> int:
-    """What a prefill forward may hold: the engine's MLX memory limit (the device's memory, less the CUDA runtime's
-    share) less what MLX holds now (the weights), the running requests' KV budget and the other budgets it holds
-    (prefix cache, kept vision features); at least 0."""
-    ceiling = min(device_memory_bytes(), engine_memory_limit_bytes())
-    return max(0, ceiling - mx.get_active_memory() - kv_budget_bytes - held_budgets_bytes)
+    """What a forward may hold: the memory an engine may use less what MLX holds now (the weights), the running
+    requests' KV budget and the other budgets it holds; at least 0."""
+    return max(0, usable_memory_bytes() - mx.get_active_memory() - kv_budget_bytes - held_budgets_bytes)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine.config import EngineConfig
-from engine.device_memory import device_memory_bytes, on_gpu
+from engine.device_memory import device_memory_bytes, on_gpu, peak_memory_bytes
 from engine.process_memory import process_rss_bytes
 
 
@@ -26,7 +26,7 @@ def read_engine_memory() -> EngineMemory:
     return EngineMemory(
         mlx_active_bytes=mx.get_active_memory(),
         mlx_cache_bytes=mx.get_cache_memory(),
-        mlx_peak_bytes=mx.get_peak_memory(),
+        mlx_peak_bytes=peak_memory_bytes(),
         rss_bytes=process_rss_bytes(),
         buffers_in_rss=not on_gpu(),
     )

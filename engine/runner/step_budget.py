@@ -13,6 +13,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.device_memory import reset_peak_memory
 from engine.kv.batch_cache import new_request_cache
 from engine.kv.quantized_kv import KVQuantization
 from engine.runner.prefill_shapes import largest_step_within
@@ -94,7 +95,7 @@ def _probe(model: Any, num_tokens: int, quantization: KVQuantization | None = No
 def _timed_forward(model: Any, num_tokens: int, quantization: KVQuantization | None) -> ProbeForward:
     cache = new_request_cache(model, quantization)
     held_before = mx.get_active_memory()
-    mx.reset_peak_memory()
+    reset_peak_memory()
     started = time.perf_counter()
     mx.eval(model(mx.zeros((1, num_tokens), mx.uint32), cache=cache))
     seconds = time.perf_counter() - started

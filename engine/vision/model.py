@@ -26,6 +26,7 @@ from engine.models.head_split import HeadSplit, agrees
 from engine.vision.feature_cache import FeatureCache, VisionTowerStats
 from engine.vision.inputs import VisionInputs, media_token_runs
 from engine.vision.qwen_tower import WindowedTower
+from engine.vision.tower_memory import TowerMemory
 
 log = logging.getLogger(__name__)
 PROBE_TOKENS = (1, 2, 3, 4, 5)
@@ -76,6 +77,7 @@ class VisionLanguageModel:
         self.tower_s_per_token: float | None = None
         self._timed_s_per_token: list[float] = []
         self.tower_stats = VisionTowerStats()  # what a mix of text and image requests pays for the images
+        self.tower_memory = TowerMemory()  # what its runs hold, per image token
         # Orchard's forward of the tower over a step's images at once (qwen_tower.py), checked on first use.
         tower = getattr(model, "vision_tower", None)
         self.batched_tower = WindowedTower(tower) if WindowedTower.fits(tower) else None
@@ -197,12 +199,16 @@ class VisionLanguageModel:
         visions = [vision for vision, _ in prompts]
         grids = [[tuple(int(n) for n in row) for row in vision.model_arrays["image_grid_thw"]] for vision in visions]
         pixels = mx.concatenate([p for _, p in prompts]) if len(prompts) > 1 else prompts[0][1]
+        timed = wait or self.tower_stats.timed_runs < TIMED_TOWER_RUNS or self.tower_s_per_token is None
+        held = self.tower_memory.before_run() if timed else 0
         started = time.perf_counter()
         out = self.batched_tower(pixels, [grid for prompt in grids for grid in prompt])
         unit = self.batched_tower.tower.spatial_merge_unit
         bounds = np.cumsum([0] + [t * h * w // unit for prompt in grids for t, h, w in prompt]).tolist()
         rows = [out[start:end] * 1 for start, end in zip(bounds, bounds[1:])]  # own buffers, kept apart
-        self._count_tower_run(rows, bounds[-1], started, sum(len(prompt) for prompt in grids), wait)
+        self._count_tower_run(rows, bounds[-1], started, sum(len(prompt) for prompt in grids), timed)
+        if timed:
+            self.tower_memory.note_run(held, bounds[-1])
         per_prompt, taken = [], 0
         for vision, prompt in zip(visions, grids):
             images = rows[taken:taken + len(prompt)]
@@ -213,10 +219,10 @@ class VisionLanguageModel:
             per_prompt.append(images)
         return per_prompt
 
-    def _count_tower_run(self, rows: list[mx.array], tokens: int, started: float, images: int, wait: bool) -> None:
-        """Time the run (waiting for it) where asked to or while the tower's cost is being learnt; else count it at
-        the learnt cost and leave it lazy (TIMED_TOWER_RUNS)."""
-        if wait or self.tower_stats.timed_runs < TIMED_TOWER_RUNS or self.tower_s_per_token is None:
+    def _count_tower_run(self, rows: list[mx.array], tokens: int, started: float, images: int, timed: bool) -> None:
+        """Time the run (waiting for it) where asked to or while the tower's cost is being learnt (`timed`); else
+        count it at the learnt cost and leave it lazy (TIMED_TOWER_RUNS)."""
+        if timed:
             mx.eval(rows)
             seconds = time.perf_counter() - started
             self._note_tower_time(seconds / max(1, tokens))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from engine import EngineConfig, EngineCore
-from engine.device_memory import device_memory_bytes, engine_memory_limit_bytes
+from engine.device_memory import device_memory_bytes, engine_memory_limit_bytes, peak_memory_bytes, reset_peak_memory
 from engine.runner.step_budget import (
     MASKED_FORWARD_MARGIN, MAX_STEP_TOKENS, MIN_STEP_TOKENS, STEP_TARGET_S, measure_prefill_budget,
 )
@@ -70,3 +70,13 @@ def test_the_prefill_allowance_is_what_mlxs_memory_limit_leaves_not_the_whole_de
         tight.close()
     finally:
         mx.set_memory_limit(previous)
+
+
+def test_the_engines_peak_memory_reading_outlives_its_resets():
+    # The engine resets MLX's peak to measure one forward (a probe, a tower run); the peak it reports stays the
+    # process's.
+    held = mx.zeros((1 << 20,), mx.float32)
+    mx.eval(held)
+    before = peak_memory_bytes()
+    reset_peak_memory()
+    assert peak_memory_bytes() >= before >= held.nbytes

@@ -206,3 +206,35 @@ def test_features_are_held_ahead_for_at_most_max_prefill_seqs_waiting_requests(t
         collect(core.step(), results)
     assert all(results[r.request_id].finish.reason == "length" for r in requests)
     assert family.loaded.model.tower_stats.images == len(requests)
+
+
+def test_a_batch_of_towers_run_ahead_is_cut_to_the_forward_allowance_at_what_its_runs_held(tmp_path):
+    """The tower's waited runs teach what it holds per image token; images run ahead of admission are then taken
+    only while they fit the memory the engine leaves its forwards, and answer as when taken together."""
+    family = Family(write_qwen25_vl(tmp_path / "qwen"))
+    model = family.loaded.model
+    config = EngineConfig(enable_prefix_cache=False, vision_feature_cache_bytes=0, max_prefill_seqs=4,
+                          prefill_step_tokens=100_000)
+
+    def first_step(allowance_images: int | None, seed: int):
+        core = EngineCore(family.loaded, config)
+        requests = [core.limits.validate(family.request(f"r{i}", [png_bytes(56, 56, seed=seed + i)]))
+                    for i in range(4)]
+        if allowance_images is not None:
+            per_image = requests[0].num_media_tokens * model.tower_memory.bytes_per_token
+            core.forward_allowance_bytes = int(allowance_images * per_image)
+        for request in requests:
+            core.add_request(request)
+        results: dict = {}
+        collect(core.step(), results)
+        held = sum(1 for request in requests if request.held_image_features is not None)
+        while core.has_unfinished_requests():
+            collect(core.step(), results)
+        return held, results
+
+    held, together = first_step(None, seed=40)
+    assert held == 4 and model.tower_memory.bytes_per_token > 0  # learnt from that run
+    held, cut = first_step(2.5, seed=40)
+    assert held == 2
+    for request_id, stream in together.items():
+        assert_same_stream(stream, cut[request_id])
