@@ -112,8 +112,7 @@ class EngineCore:
         if config.prefill_step_tokens is None:  # from this device's speed and memory, before anything sizes by it
             budget = measure_prefill_budget(
                 loaded.model, self.context_length, config.kv_quantization, self.forward_allowance_bytes,
-                config.max_prefill_seqs,
-                config.prefill_chunk_limit,
+                config.max_prefill_seqs, config.prefill_chunk_limit,
             )
             config = replace(config, prefill_step_tokens=budget.step_tokens)
             self.expected_step_s = budget.expected_step_s
@@ -234,12 +233,11 @@ class EngineCore:
         self._towers_ahead = [r for r in self._towers_ahead if r.status == RequestStatus.WAITING]  # not admitted
         budget, taken, tokens = self.config.prefill_token_budget, [], 0
         room = self.config.max_prefill_seqs - sum(1 for r in self.scheduler.waiting if r.held_image_features)
-        memory = self.runner.vision.tower_memory if self.runner.vision is not None else None
+        memory = self.runner.vision.tower_memory  # only a VLM takes requests with images (add_request)
         while self._towers_ahead and len(taken) < room:
             request = self._towers_ahead[0]
             more = tokens + request.num_media_tokens
-            if taken and ((budget is not None and more > budget) or (
-                    memory is not None and not memory.fits(more, self.forward_allowance_bytes))):
+            if taken and ((budget is not None and more > budget) or not memory.fits(more, self.forward_allowance_bytes)):
                 break
             self._towers_ahead.pop(0)
             if not self.scheduler.kv.holds_media(request):  # else its images' KV is cached: it needs no tower

@@ -34,12 +34,10 @@ class TowerMemory:
             per_token = max(0, mx.get_peak_memory() - held_before) / tokens
             self.bytes_per_token = max(self.bytes_per_token or 0.0, per_token)
 
-    def fits(self, tokens: int, allowance_bytes: int | None) -> bool:
-        """Whether a run making these image tokens fits the allowance, as far as the runs seen tell (unbounded
-        before any, or where no allowance was set)."""
-        if self.bytes_per_token is None or allowance_bytes is None:
-            return True
-        return tokens * self.bytes_per_token <= allowance_bytes
+    def fits(self, tokens: int, allowance_bytes: int) -> bool:
+        """Whether a run making these image tokens fits the allowance, as far as the runs seen tell (any does
+        before the first)."""
+        return self.bytes_per_token is None or tokens * self.bytes_per_token <= allowance_bytes
 
 
 __all__ = ["TowerMemory"]
