@@ -136,8 +136,9 @@ class ModelConfig(EngineKnobs):
         "request (null: never)")
     # The first images at a new shape built kernels for seconds on a GPU (TTFT 4.3 s mean, 8.0 s P95 on an H200).
     vision_warmup_sizes: list[str] | None = Field(
-        None, max_length=8, description="a multimodal model answers two images of each size (WxH, e.g. 672x672) at "
-        "load, so that the first user images build no kernels (null: 448x448 and 896x672 on a GPU, none on the CPU)")
+        None, max_length=8, description="a multimodal model answers an image of each size (WxH, e.g. 672x672) at "
+        "load, and follow-up questions on it, so that user images build no kernels (null: 448x448 and 896x672 on a "
+        "GPU, none on the CPU)")
     # One 672x672 image is 10.8 MB of float32 pixels and ~30 ms of CPU in Qwen2.5-VL's processor.
     processed_image_cache_bytes: int | None = Field(
         None, ge=0, description="a multimodal model keeps its processor's output per image sent (least recently used "

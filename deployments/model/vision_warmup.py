@@ -1,7 +1,9 @@
-"""A vision-language model's warm-up at load: two short requests per warm-up image size, through the serving
-path (chat template, processor, vision tower, image prefill, decode with the image's positions; then the same image
-with another question), so that neither a user's first image nor the first repeated one pays kernel builds (on a
-GPU they took seconds; a repeated image's first requests ran 3x slower than later ones, issue 54).
+"""A vision-language model's warm-up at load, per warm-up image size, through the serving path (chat template,
+processor, vision tower, image prefill, decode with the image's positions): a synthetic image asked one question,
+then the same image asked again at each follow-up length, so that neither a user's first image nor a later question
+on it pays kernel builds. On a GPU the first images took seconds; a question after a cached image runs padded to
+its length bucket (engine/runner/text_after_images.py), and each new (bucket, image offset) cost 37-58 ms the first
+time on an H100 against ~8 ms after (issue 54): one follow-up per bucket up to 256 tokens builds those.
 
 The images are synthetic (chat/synthetic_images.py, PNG); their answers are dropped. Sizes are `WxH` strings.
 """
@@ -22,7 +24,10 @@ from engine.request import Request
 from engine.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
-WARMUP_QUESTIONS = ("What is in this picture?", "Which colours does it have, and where are they?")
+FIRST_QUESTION = "What is in this picture?"
+# A follow-up's text after the image is its words, a "?" and the template's closing tokens: with Qwen2.5-VL's, 9, 25,
+# 49, 97 and 193 tokens, in the length buckets 16 to 256 (prefill_shapes.LENGTH_BUCKETS).
+FOLLOW_UP_WORDS = (4, 20, 44, 92, 188)
 GPU_SIZES = ("448x448", "896x672")  # vision_warmup_sizes left out on a GPU; on the CPU none (no kernels to build)
 
 
@@ -39,13 +44,15 @@ async def warm_vision(
     sizes: tuple[str, ...], encode: Callable[[ChatPrompt], Awaitable[EncodedPrompt]],
     submit: Callable[[Request], RequestStream],
 ) -> float:
-    """Run two requests of 2 tokens per size: one image with two questions (the second takes the path of an image
-    seen before: its features kept, its blocks cached, the question prefilled after them); returns the seconds."""
+    """Run requests of 2 tokens per size: one image asked FIRST_QUESTION, then the follow-ups (each takes the path
+    of an image seen before: its features kept, its blocks cached, the question prefilled after them); returns the
+    seconds."""
     started = time.monotonic()
+    questions = [FIRST_QUESTION, *(follow_up_question(words) for words in FOLLOW_UP_WORDS)]
     for size in sizes:
         width, height = parse_size(size)
         png = encode_image(synthetic_image(width, height, seed=0), "png")
-        for question in WARMUP_QUESTIONS:
+        for question in questions:
             image = ImageInput(png, "vision_warmup_sizes", "image/png")
             content = [{"type": "image"}, {"type": "text", "text": question}]
             prompt = await encode(ChatPrompt([{"role": "user", "content": content}], images=[image]))
@@ -58,6 +65,10 @@ async def warm_vision(
     if sizes:
         logger.info("vision warm-up: %s in %.1f s", ", ".join(sizes), seconds)
     return seconds
+
+
+def follow_up_question(words: int) -> str:
+    return " ".join(["picture"] * words) + "?"
 
 
 __all__ = ["GPU_SIZES", "vision_warmup_sizes", "warm_vision"]

@@ -3,7 +3,9 @@ earlier chunk wrote it): another question on a picture already asked about, a ch
 no embedding of the prompt (no tower, no kept features, no mlx-vlm `get_input_embeddings` over the whole prompt):
 it runs as the language model's text at offset + the prompt's M-RoPE delta, as its decode rows do, in one forward
 with logits at its last position: through mlx-lm's text model of the family where the model has one (text_twin.py),
-its rotary offset shifted by the delta (ShiftedPositions).
+its rotary offset shifted by the delta (ShiftedPositions). Where the runner pads prefill shapes, that forward is
+right-padded to a length bucket (prefill_shapes.py): on an H100 each new (length, cache offset) pair cost 37-58 ms
+the first time against ~8 ms after, so every question of a new length on a cached image paid that (issue 54).
 
 The delta is summed on the host over the images' grids (Qwen2/2.5-VL: qwen_positions.image_rope_delta), else taken
 from mlx-vlm's own position index over the prompt's ids and grids; either is checked once against the delta
@@ -121,8 +123,9 @@ class AfterImages:
     """Which chunks of prompts with images run as text after their images, and running them."""
 
     def __init__(self, model: VisionLanguageModel, split: HeadSplit | None, vocab_size: int,
-                 twin: TextTwin | None = None) -> None:
+                 twin: TextTwin | None = None, pad_shapes: bool = False) -> None:
         self.model, self.split, self.vocab_size, self.twin = model, split, vocab_size, twin
+        self._rows_limit = 1 if pad_shapes else None  # one row per forward (deltas differ), padded to its bucket
         # Our delta == the embedding's (checked once). Families without M-RoPE keep the embedding path: Gemma 3's
         # text after an image, run as text, wrote other KV than from its embeddings.
         self.agrees: bool | None = None if model.uses_rope_deltas else False
@@ -142,12 +145,14 @@ class AfterImages:
         return rope_delta(self.model, request.prompt_token_ids, request.vision.model_arrays)
 
     def run(self, chunks: list[PrefillChunk], caches: list[LayerCaches], deltas: list[int]) -> PrefillResult:
-        """Each chunk alone (their deltas differ), one forward with logits at its last position."""
+        """Each chunk alone (their deltas differ), one forward with logits at its last position (padded to a length
+        bucket where the runner pads)."""
         result = PrefillResult([], [], None)
         for chunk, cache, delta in zip(chunks, caches, deltas):
             twin = self.twin
             text = shifted_twin(twin.model, delta, twin.split) if twin else shifted_text(self.model, delta, self.split)
-            result = result.followed_by(run_prefill(text.model, [chunk], [cache], None, self.vocab_size, text.split))
+            result = result.followed_by(run_prefill(text.model, [chunk], [cache], self._rows_limit, self.vocab_size,
+                                                     text.split))
         return result
 
 

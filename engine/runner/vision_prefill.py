@@ -149,9 +149,9 @@ class VisionPrompts:
     chunk, kept to its last), and running them. `rope_deltas` is the runner's (its decode rows read them)."""
 
     def __init__(self, model: VisionLanguageModel, features: FeatureCache, split: HeadSplit | None, vocab_size: int,
-                 rope_deltas: dict[str, int], twin: TextTwin | None = None) -> None:
+                 rope_deltas: dict[str, int], twin: TextTwin | None = None, pad_shapes: bool = False) -> None:
         self.model, self.features, self.rope_deltas = model, features, rope_deltas
-        self.after_images = AfterImages(model, split, vocab_size, twin)
+        self.after_images = AfterImages(model, split, vocab_size, twin, pad_shapes)
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._kinds: dict[str, int] = {}  # this step's chunks'
         self._one_forward = one_forward_tokens()

@@ -221,8 +221,12 @@ def test_a_second_turn_about_the_same_image_reuses_its_kv(family):
     assert_same_stream(alone(family, Request("turn2-alone", prompt.token_ids, greedy(4), vision=prompt.vision)), second)
 
 
-def test_another_question_on_a_cached_image_reuses_its_kv_through_the_images_last_token(family):
-    core = EngineCore(family.loaded, EngineConfig(prefix_block_size=BLOCK))
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_another_question_on_a_cached_image_reuses_its_kv_through_the_images_last_token(family, padded):
+    """`padded`: prefill shapes padded (a GPU's default), so the question after the cached image runs right-padded
+    to its length bucket (109 tokens as 128 with the tiny Qwen2.5-VL), its cache cut back to its real length."""
+    config = EngineConfig(prefix_block_size=BLOCK, pad_prefill_shapes=padded, prefill_warmup_seconds=0)
+    core = EngineCore(family.loaded, config)
     image = png_bytes(112, 84, seed=7)
     run_core(core, [Arrival(0, family.request("first", [image], " ".join(f"t{30 + i}" for i in range(24))))])
     other = " ".join(f"t{60 + i}" for i in range(24))

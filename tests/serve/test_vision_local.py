@@ -109,9 +109,9 @@ def test_images_in_all_three_apis_streamed_equal_whole_and_counted(vl_config, tm
 
 
 def test_warm_up_images_run_at_load_and_leave_answers_unchanged(vl_config, tmp_path):
-    """vision_warmup_sizes: two requests per size before the model is ready, one image with two questions (the tower
-    ran once a size: two misses; the second questions found their image's blocks cached: no lookup); a user's image
-    then answers as on a model loaded without them."""
+    """vision_warmup_sizes: requests per size before the model is ready, one image with a question and its follow-ups
+    (the tower ran once a size: two misses; the follow-ups found their image's blocks cached: no lookup); a user's
+    image then answers as on a model loaded without them."""
     warm = vl_config.model_copy(update={"vision_warmup_sizes": ["64x48", "56x56"]})
     request = dict(model=VL, messages=openai_image_message(png_bytes(64, 48, seed=9)), max_tokens=6, temperature=0)
 
