@@ -409,7 +409,7 @@ def round_checks(report: dict) -> list[dict[str, str]]:
                                  statistics.median(repeats), 0.3, above=False))
     mix = (report.get("mix") or {}).get("orchard") or {}
     if rows and mix.get("rounds"):
-        each = ", ".join(f"{r['ratio']:.3f}" for r in mix["rounds"])
+        each = ", ".join("-" if r["ratio"] is None else f"{r['ratio']:.3f}" for r in mix["rounds"])  # a failed round
         floor = mix.get("median_tower_floor")
         # Issue 54: 0.75, or the floor where images' tower time alone keeps the mix below it.
         bound = MIX_BOUND if floor is None else min(MIX_BOUND, round(floor, 3))
