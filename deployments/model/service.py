@@ -25,7 +25,7 @@ from deployments.chat.vision_prompts import MediaTokens, VisionPromptEncoder
 from deployments.config import ModelConfig
 from deployments.metrics.model_metrics import ModelMemory, ModelMetrics, RequestTiming
 from deployments.model.adapters import ServiceAdapters
-from deployments.model.pixel_sends import PixelSends
+from deployments.model.pixel_sends import EventStream, PixelSends
 from deployments.model.vision_warmup import vision_warmup_sizes, warm_vision
 from deployments.model_calls import (
     ChatPrompt, EmbedJob, EmbedResult, GenerateJob, MemoryUsage, MetricsSnapshot, ModelInfo, QueueStats,
@@ -125,12 +125,17 @@ class ModelService:
         )
         self._token_texts = TokenTexts(tokenizer)
         if self._engine.served.processor is not None:
-            await warm_vision(vision_warmup_sizes(self.config), self._encode, self._engine.submit)
+            await warm_vision(vision_warmup_sizes(self.config), self._encode, self._submit_with_images)
         self.created_at = int(time.time())
         logger.info(
             "model %s ready in %.1f s (tool-call parser %s, reasoning parser %s)", self.model_id,
             time.monotonic() - started, self.parser_names.tool, self.parser_names.reasoning,
         )
+
+    def _submit_with_images(self, request: Request, prompt: EncodedPrompt) -> EventStream:
+        """`request` as a user's goes: a repeated image's pixels left out where the engine keeps its features."""
+        request.vision = self._pixel_sends.vision_to_send(prompt.vision, prompt.images_repeated)
+        return self._pixel_sends.submit(self._engine.submit, request, prompt.vision)
 
     def _vision_encoder(self) -> VisionPromptEncoder | None:
         """A multimodal model's image path: its processor (loaded with the tokenizer) and its image token."""

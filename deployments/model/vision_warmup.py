@@ -19,7 +19,7 @@ from deployments.chat.prompts import EncodedPrompt
 from deployments.chat.synthetic_images import encode_image, parse_size, synthetic_image
 from deployments.config import ModelConfig
 from deployments.model_calls import ChatPrompt, ImageInput
-from engine.client.interface import RequestStream
+from deployments.model.pixel_sends import EventStream
 from engine.request import Request
 from engine.sampling.params import SamplingParams
 
@@ -42,11 +42,11 @@ def vision_warmup_sizes(config: ModelConfig) -> tuple[str, ...]:
 
 async def warm_vision(
     sizes: tuple[str, ...], encode: Callable[[ChatPrompt], Awaitable[EncodedPrompt]],
-    submit: Callable[[Request], RequestStream],
+    submit: Callable[[Request, EncodedPrompt], EventStream],
 ) -> float:
     """Run requests of 2 tokens per size: one image asked FIRST_QUESTION, then the follow-ups (each takes the path
-    of an image seen before: its features kept, its blocks cached, the question prefilled after them); returns the
-    seconds."""
+    of an image seen before: sent without its pixels as a user's repeat is (`submit`), its features kept, its blocks
+    cached, the question prefilled after them); returns the seconds."""
     started = time.monotonic()
     questions = [FIRST_QUESTION, *(follow_up_question(words) for words in FOLLOW_UP_WORDS)]
     for size in sizes:
@@ -59,7 +59,7 @@ async def warm_vision(
             request = Request(f"warmup-{size}-{uuid.uuid4().hex[:8]}", prompt.token_ids,
                               SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), vision=prompt.vision,
                               prompt_cache_keys=prompt.cache_keys)
-            async for _ in submit(request):
+            async for _ in submit(request, prompt):
                 pass
     seconds = time.monotonic() - started
     if sizes:

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from deployments.config import ModelConfig
+from deployments.model.vision_warmup import FOLLOW_UP_WORDS
 from tests.serve.local_stack import local_stack, wait_for
 from tests.serve.test_metrics_local import Scrape
 from tests.support.tiny_vlms import write_qwen25_vl
@@ -110,8 +111,9 @@ def test_images_in_all_three_apis_streamed_equal_whole_and_counted(vl_config, tm
 
 def test_warm_up_images_run_at_load_and_leave_answers_unchanged(vl_config, tmp_path):
     """vision_warmup_sizes: requests per size before the model is ready, one image with a question and its follow-ups
-    (the tower ran once a size: two misses; the follow-ups found their image's blocks cached: no lookup); a user's
-    image then answers as on a model loaded without them."""
+    (the tower ran once a size: two misses; each follow-up went as a user's repeated image goes, without its pixels,
+    and took its image's kept features: a hit); a user's image then answers as on a model loaded without them."""
+
     warm = vl_config.model_copy(update={"vision_warmup_sizes": ["64x48", "56x56"]})
     request = dict(model=VL, messages=openai_image_message(png_bytes(64, 48, seed=9)), max_tokens=6, temperature=0)
 
@@ -125,7 +127,7 @@ def test_warm_up_images_run_at_load_and_leave_answers_unchanged(vl_config, tmp_p
 
     warm_answer, warmed = asyncio.run(answer(warm))
     cold_answer, cold = asyncio.run(answer(vl_config))
-    assert warmed == (2.0, 0.0) and cold in ((None, None), (0.0, 0.0))
+    assert warmed == (2.0, 2.0 * len(FOLLOW_UP_WORDS)) and cold in ((None, None), (0.0, 0.0))
     assert warm_answer == cold_answer != ""
 
 
