@@ -133,7 +133,8 @@ class ModelService:
         )
 
     def _submit_with_images(self, request: Request, prompt: EncodedPrompt) -> EventStream:
-        """`request` as a user's goes: a repeated image's pixels left out where the engine keeps its features."""
+        """`request` with the prompt's images: a repeated image's pixels left out where the engine keeps its features
+        (pixel_sends.py). Users' requests and the vision warm-up's go this one way."""
         request.vision = self._pixel_sends.vision_to_send(prompt.vision, prompt.images_repeated)
         return self._pixel_sends.submit(self._engine.submit, request, prompt.vision)
 
@@ -177,13 +178,12 @@ class ModelService:
             sampling = self._with_max_tokens(plan.sampling, len(prompt.token_ids), job.clamp_max_tokens)
             request = Request(
                 job.request_id, prompt.token_ids, sampling, prompt_cache_keys=prompt.cache_keys,
-                vision=self._pixel_sends.vision_to_send(prompt.vision, prompt.images_repeated),
                 speculative=job.speculative, adapter=job.adapter.name if job.adapter is not None else None,
                 priority=job.priority,
             )
             if job.adapter is None:
-                stream = self._pixel_sends.submit(self._engine.submit, request, prompt.vision)
-            else:
+                stream = self._submit_with_images(request, prompt)
+            else:  # adapters go on text models only (model_type lm): no images
                 async with self.adapters.held(job.adapter):
                     stream = self._engine.submit(request)
         except OrchardError as exc:

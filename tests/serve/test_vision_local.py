@@ -113,7 +113,6 @@ def test_warm_up_images_run_at_load_and_leave_answers_unchanged(vl_config, tmp_p
     """vision_warmup_sizes: requests per size before the model is ready, one image with a question and its follow-ups
     (the tower ran once a size: two misses; each follow-up went as a user's repeated image goes, without its pixels,
     and took its image's kept features: a hit); a user's image then answers as on a model loaded without them."""
-
     warm = vl_config.model_copy(update={"vision_warmup_sizes": ["64x48", "56x56"]})
     request = dict(model=VL, messages=openai_image_message(png_bytes(64, 48, seed=9)), max_tokens=6, temperature=0)
 
