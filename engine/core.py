@@ -12,6 +12,7 @@ from typing import Callable
 from engine.adapters.registry import LoadedAdapter
 from engine.adapters.served import ServedAdapters
 from engine.config import EngineConfig
+from engine.device_memory import headroom_bytes
 from engine.errors import InvalidRequestError
 from engine.kv.block_store import new_prefix_cache
 from engine.kv.budget import KV_ALLOCATION_STEP, KVBudget
@@ -234,10 +235,12 @@ class EngineCore:
         budget, taken, tokens = self.config.prefill_token_budget, [], 0
         room = self.config.max_prefill_seqs - sum(1 for r in self.scheduler.waiting if r.held_image_features)
         memory = self.runner.vision.tower_memory  # only a VLM takes requests with images (add_request)
+        # Less where MLX's limit has come down since load: another process took part of the card.
+        allowance = min(self.forward_allowance_bytes, headroom_bytes())
         while self._towers_ahead and len(taken) < room:
             request = self._towers_ahead[0]
             more = tokens + request.num_media_tokens
-            if taken and ((budget is not None and more > budget) or not memory.fits(more, self.forward_allowance_bytes)):
+            if taken and ((budget is not None and more > budget) or not memory.fits(more, allowance)):
                 break
             self._towers_ahead.pop(0)
             if not self.scheduler.kv.holds_media(request):  # else its images' KV is cached: it needs no tower

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -40,13 +42,71 @@ def device_memory_bytes() -> int:
     return accelerator_memory_bytes() or host_memory_bytes()
 
 
-def engine_memory_limit_bytes() -> int:
+def engine_memory_limit_bytes(mlx_limit_bytes: int | None = None) -> int:
     """The most an engine lets MLX hold before its evaluation waits for work in flight: on CUDA the card less
-    CUDA_RUNTIME_SHARE (and no more than MLX's own limit); elsewhere MLX's limit as it stands."""
-    limit = mx.get_memory_limit()
+    CUDA_RUNTIME_SHARE and less what other processes hold on it, no more than MLX's own limit (`mlx_limit_bytes`,
+    else the one set now); elsewhere MLX's limit."""
+    limit = mx.get_memory_limit() if mlx_limit_bytes is None else mlx_limit_bytes
     if on_gpu() and mx.cuda.is_available():
-        limit = min(limit, int(accelerator_memory_bytes() * (1 - CUDA_RUNTIME_SHARE)))
+        card = card_memory()
+        total = card.total_bytes if card else accelerator_memory_bytes()
+        limit = min(limit, int(total * (1 - CUDA_RUNTIME_SHARE)))
+        if card is not None:
+            limit = min(limit, shared_card_limit_bytes(card, mx.get_active_memory() + mx.get_cache_memory()))
     return limit
+
+
+@dataclass(frozen=True)
+class CardMemory:
+    """A CUDA card's memory as the driver reports it now: free counts every process's allocations, not only ours."""
+    total_bytes: int
+    free_bytes: int
+
+
+def card_memory() -> CardMemory | None:
+    """The CUDA card's total and free memory (MLX reads NVML, else cudaMemGetInfo); None elsewhere or where this MLX
+    reports no free memory."""
+    try:
+        info = mx.device_info()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    total, free = int(info.get("total_memory", 0) or 0), info.get("free_memory")
+    return CardMemory(total, int(free)) if total > 0 and free is not None else None
+
+
+def shared_card_limit_bytes(card: CardMemory, mlx_held_bytes: int) -> int:
+    """What this process's MLX may hold on a card others use too (another server, a training job): what it holds
+    now (`mlx_held_bytes`, active and cached) plus the card's free memory, less CUDA_RUNTIME_SHARE of the card for
+    the CUDA runtime. Our own runtime's allocations count as others' here: a little under, never over."""
+    return max(0, card.free_bytes + mlx_held_bytes - int(card.total_bytes * CUDA_RUNTIME_SHARE))
+
+
+class EngineMemoryLimit:
+    """MLX's memory limit while an engine serves: set at start, on CUDA set again at most every REFRESH_S as other
+    processes take or give back the card's memory (a second server loading beside ours), the limit before restored
+    at close."""
+
+    REFRESH_S = 1.0
+
+    def __init__(self) -> None:
+        self._previous = mx.get_memory_limit()
+        self._shared_card = on_gpu() and mx.cuda.is_available() and card_memory() is not None
+        self._set_at = 0.0
+        self.refresh(force=True)
+
+    def refresh(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or (self._shared_card and now - self._set_at >= self.REFRESH_S):
+            mx.set_memory_limit(engine_memory_limit_bytes(self._previous))
+            self._set_at = now
+
+    def restore(self) -> None:
+        mx.set_memory_limit(self._previous)
+
+
+def headroom_bytes() -> int:
+    """What MLX may still take before it reaches its limit (the engine's, while one serves)."""
+    return max(0, mx.get_memory_limit() - mx.get_active_memory())
 
 
 def usable_memory_bytes() -> int:

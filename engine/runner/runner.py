@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from engine.adapters.served import ServedAdapters
 from engine.config import EngineConfig
-from engine.device_memory import engine_memory_limit_bytes, on_gpu
+from engine.device_memory import EngineMemoryLimit, on_gpu
 from engine.kv.batch_cache import LayerCaches, cache_nbytes, new_request_cache
 from engine.kv.block_store import KVBlockStore, buffer_cache_limit_bytes
 from engine.kv.cache_manager import PrefixCache
@@ -83,7 +83,7 @@ class ModelRunner:
         # Freed buffers of sizes that will not recur (prefill shapes, batch resizes) would pile up in MLX's buffer cache.
         self._previous_cache_limit = mx.set_cache_limit(buffer_cache_limit_bytes())
         # Past it MLX waits for work in flight before launching more (device_memory.py).
-        self._previous_memory_limit = mx.set_memory_limit(engine_memory_limit_bytes())
+        self._memory_limit = EngineMemoryLimit()
         self.prefix_cache = prefix_cache
         self._blocks = KVBlockStore(self.model, prefix_cache, self.kv_quantization) if prefix_cache is not None else None
         self._copies = PromptCopies(self._blocks) if self._blocks is not None else None
@@ -112,6 +112,7 @@ class ModelRunner:
         """Run one step. before_device_work: called once the decode forward's graph is built, before its launch.
         on_tokens: may get the previous step's tokens on a worker thread during this step's launch (then left out of
         the output, which holds the first tokens of completed prompts); a verifying step returns all."""
+        self._memory_limit.refresh()
         with mx.stream(self.stream):
             for request_id in scheduled.freed_request_ids:
                 self._forget(request_id)
@@ -420,5 +421,5 @@ class ModelRunner:
         self.batch.caches = []
         mx.clear_cache()
         mx.set_cache_limit(self._previous_cache_limit)
-        mx.set_memory_limit(self._previous_memory_limit)
+        self._memory_limit.restore()
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import mlx.core as mx
 
 from engine import EngineConfig, EngineCore
-from engine.device_memory import device_memory_bytes, engine_memory_limit_bytes, peak_memory_bytes, reset_peak_memory
+from engine.device_memory import (
+    CUDA_RUNTIME_SHARE, CardMemory, EngineMemoryLimit, device_memory_bytes, engine_memory_limit_bytes, headroom_bytes,
+    peak_memory_bytes, reset_peak_memory, shared_card_limit_bytes,
+)
 from engine.runner.step_budget import (
     MASKED_FORWARD_MARGIN, MAX_STEP_TOKENS, MIN_STEP_TOKENS, STEP_TARGET_S, measure_prefill_budget,
 )
@@ -80,3 +83,25 @@ def test_the_engines_peak_memory_reading_outlives_its_resets():
     before = peak_memory_bytes()
     reset_peak_memory()
     assert peak_memory_bytes() >= before >= held.nbytes
+
+
+def test_on_a_shared_card_mlx_may_hold_what_it_holds_plus_the_free_memory_less_the_runtime_share():
+    gib = 2**30
+    card = CardMemory(total_bytes=80 * gib, free_bytes=30 * gib)
+    reserve = int(80 * gib * CUDA_RUNTIME_SHARE)
+    # Another process took 40 GiB of the 50 GiB not held by our MLX (10 GiB): our limit falls to 10 + 30 - 8 GiB.
+    assert shared_card_limit_bytes(card, mlx_held_bytes=10 * gib) == 40 * gib - reserve
+    # Alone on the card (free + held = total): the card less the runtime share, as without the reading.
+    assert shared_card_limit_bytes(CardMemory(80 * gib, 70 * gib), 10 * gib) == 80 * gib - reserve
+    # A card others filled: nothing, never a negative limit.
+    assert shared_card_limit_bytes(CardMemory(80 * gib, 0), gib) == 0
+
+
+def test_the_engines_memory_limit_is_restored_at_close_and_bounds_the_towers_headroom():
+    previous = mx.get_memory_limit()
+    limit = EngineMemoryLimit()
+    assert mx.get_memory_limit() == engine_memory_limit_bytes(previous)
+    assert headroom_bytes() == max(0, mx.get_memory_limit() - mx.get_active_memory())
+    limit.refresh()
+    limit.restore()
+    assert mx.get_memory_limit() == previous
