@@ -96,8 +96,8 @@ class EngineConfig:
     # MLX's holdings at load are this model's weights and other models of the process.
     kv_memory_fraction: float = knob(
         0.8, "the running requests' KV budget: this fraction of device memory (RAM on the CPU; at most MLX's "
-        "memory limit, 90% of a CUDA card) less what MLX holds at load and the prefix cache's and kept vision "
-        "features' budgets; past it the newest requests are preempted", gt=0, le=1)
+        "memory limit: 90% of a CUDA card, less what other processes hold on it) less what MLX holds at load and "
+        "the prefix cache's and kept vision features' budgets; past it the newest requests are preempted", gt=0, le=1)
     kv_budget_bytes: int | None = knob(None, "the running requests' KV budget itself (instead of kv_memory_fraction)",
                                        ge=1)
     seed: int = knob(0, "seeds the generator that draws the seeds of requests that name none")
