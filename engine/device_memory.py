@@ -49,10 +49,10 @@ def engine_memory_limit_bytes(mlx_limit_bytes: int | None = None) -> int:
     limit = mx.get_memory_limit() if mlx_limit_bytes is None else mlx_limit_bytes
     if on_gpu() and mx.cuda.is_available():
         card = card_memory()
-        total = card.total_bytes if card else accelerator_memory_bytes()
-        limit = min(limit, int(total * (1 - CUDA_RUNTIME_SHARE)))
-        if card is not None:
-            limit = min(limit, shared_card_limit_bytes(card, mx.get_active_memory() + mx.get_cache_memory()))
+        if card is None:
+            return min(limit, int(accelerator_memory_bytes() * (1 - CUDA_RUNTIME_SHARE)))
+        # Free + held is at most the card: this is also at most the card less CUDA_RUNTIME_SHARE.
+        return min(limit, shared_card_limit_bytes(card, mx.get_active_memory() + mx.get_cache_memory()))
     return limit
 
 
@@ -95,8 +95,11 @@ class EngineMemoryLimit:
         self.refresh(force=True)
 
     def refresh(self, force: bool = False) -> None:
+        """Called every step: off a shared CUDA card, nothing after the first."""
+        if not (force or self._shared_card):
+            return
         now = time.monotonic()
-        if force or (self._shared_card and now - self._set_at >= self.REFRESH_S):
+        if force or now - self._set_at >= self.REFRESH_S:
             mx.set_memory_limit(engine_memory_limit_bytes(self._previous))
             self._set_at = now
 

@@ -50,7 +50,9 @@ from bench.serving.compare import (
 )
 from bench.serving.orchard_server import mlx_backend_env
 from bench.serving.reports import vision_checks, vision_tables
-from deployments.cli.loadgen.client import RequestSpec, StreamClient, Target, make_spec, random_words
+from deployments.cli.loadgen.client import (
+    RequestRecord, RequestSpec, StreamClient, Target, make_spec, random_words,
+)
 from deployments.chat.synthetic_images import image_data_url, parse_size
 from deployments.cli.loadgen.load import (
     add_load_arguments,
@@ -241,7 +243,7 @@ async def repeated_image_ttfts(target: Target, settings: LoadSettings, pairs: in
             "median_cached_floor_ratio": statistics.median(cached_floors) if cached_floors else None}
 
 
-async def _cached_text_ttft(client: StreamClient, settings: LoadSettings, first: Any, text: Any,
+async def _cached_text_ttft(client: StreamClient, settings: LoadSettings, first: RequestRecord, text: RequestRecord,
                             seed: tuple[int, ...]) -> Optional[float]:
     """The image's tokens (the first's prompt less the text's) as words before a question, sent, then sent again
     under another question: the second's TTFT."""
