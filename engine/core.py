@@ -12,7 +12,7 @@ from typing import Callable
 from engine.adapters.registry import LoadedAdapter
 from engine.adapters.served import ServedAdapters
 from engine.config import EngineConfig
-from engine.device_memory import headroom_bytes
+from engine.device_memory import headroom_bytes, memory_reading
 from engine.errors import InvalidRequestError
 from engine.kv.block_store import new_prefix_cache
 from engine.kv.budget import KV_ALLOCATION_STEP, KVBudget
@@ -250,17 +250,17 @@ class EngineCore:
 
     def _log_if_slow(self, scheduled: SchedulerOutput, started: float, scheduled_at: float, ran_at: float) -> None:
         """A step past slow_step_log_seconds (and several expected steps; 0: every step) goes to the log with what it
-        held: a stall's trace (a kernel built for a new shape, a prefix-cache copy, memory pressure) without a
-        profiler. Its schedule phase holds the towers run ahead."""
+        held and what MLX holds against its limit: a stall's trace (a kernel built for a new shape, a prefix-cache
+        copy, memory pressure) without a profiler. Its schedule phase holds the towers run ahead."""
         seconds, bound = time.perf_counter() - started, self.config.slow_step_log_seconds
         if bound and seconds < max(bound, 8 * (self.expected_step_s or 0.0)):
             return
         logger.warning(
             "slow step %d: %.3f s (schedule %.3f, run %.3f, output %.3f): %d decode rows, %d new requests (%d with "
-            "images), %d prefill chunks of %d tokens", self._num_steps, seconds, scheduled_at - started,
+            "images), %d prefill chunks of %d tokens; %s", self._num_steps, seconds, scheduled_at - started,
             ran_at - scheduled_at, started + seconds - ran_at, len(scheduled.decode_rows), len(scheduled.new_requests),
             sum(1 for new in scheduled.new_requests if new.vision is not None), len(scheduled.prefill_chunks),
-            scheduled.num_prefill_tokens)
+            scheduled.num_prefill_tokens, memory_reading().describe())
 
     def _time_phases(self, started: float, scheduled_at: float, ran_at: float, waited: float) -> None:
         ended = time.perf_counter()

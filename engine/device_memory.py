@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -18,6 +19,11 @@ ACCELERATOR_MEMORY_KEYS = ("max_recommended_working_set_size", "total_memory", "
 # slack) took more than that 5%: a 32-stream image burst on an H100 failed cudaMallocAsync at 75.4 of 79.1 GiB
 # counted. On CUDA an engine leaves this share of the card outside MLX's limit.
 CUDA_RUNTIME_SHARE = 0.10
+# A refresh that moves MLX's limit by this much is logged: a step stalled by a lowered limit can be told from one
+# that built kernels.
+LIMIT_CHANGE_LOGGED_BYTES = 1 << 30
+
+log = logging.getLogger(__name__)
 
 
 def on_gpu() -> bool:
@@ -100,11 +106,34 @@ class EngineMemoryLimit:
             return
         now = time.monotonic()
         if force or now - self._set_at >= self.REFRESH_S:
-            mx.set_memory_limit(engine_memory_limit_bytes(self._previous))
+            limit = engine_memory_limit_bytes(self._previous)
+            if abs(limit - mx.get_memory_limit()) >= LIMIT_CHANGE_LOGGED_BYTES and not force:
+                log.info("MLX's memory limit %.1f -> %.1f GiB (the card's memory taken or given back outside this "
+                         "process's MLX; %s)", mx.get_memory_limit() / (1 << 30), limit / (1 << 30),
+                         memory_reading().describe())
+            mx.set_memory_limit(limit)
             self._set_at = now
 
     def restore(self) -> None:
         mx.set_memory_limit(self._previous)
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """What MLX holds now against its limit: a slow step's line carries it, so memory pressure (evaluation waiting
+    for work in flight to free buffers, a cache cleared to fit) shows beside the step it stalled."""
+    active_bytes: int
+    cache_bytes: int
+    limit_bytes: int
+
+    def describe(self) -> str:
+        gib = 1 << 30
+        return (f"MLX holds {self.active_bytes / gib:.1f} GiB active + {self.cache_bytes / gib:.1f} GiB cached of its "
+                f"{self.limit_bytes / gib:.1f} GiB limit")
+
+
+def memory_reading() -> MemoryReading:
+    return MemoryReading(mx.get_active_memory(), mx.get_cache_memory(), mx.get_memory_limit())
 
 
 def headroom_bytes() -> int:

@@ -6,8 +6,8 @@ import mlx.core as mx
 
 from engine import EngineConfig, EngineCore
 from engine.device_memory import (
-    CUDA_RUNTIME_SHARE, CardMemory, EngineMemoryLimit, device_memory_bytes, engine_memory_limit_bytes, headroom_bytes,
-    peak_memory_bytes, reset_peak_memory, shared_card_limit_bytes,
+    CUDA_RUNTIME_SHARE, CardMemory, EngineMemoryLimit, MemoryReading, device_memory_bytes, engine_memory_limit_bytes,
+    headroom_bytes, memory_reading, peak_memory_bytes, reset_peak_memory, shared_card_limit_bytes,
 )
 from engine.runner.step_budget import (
     MASKED_FORWARD_MARGIN, MAX_STEP_TOKENS, MIN_STEP_TOKENS, STEP_TARGET_S, measure_prefill_budget,
@@ -108,3 +108,16 @@ def test_the_engines_memory_limit_is_restored_at_close_and_bounds_the_towers_hea
     limit.refresh()
     limit.restore()
     assert mx.get_memory_limit() == previous
+
+
+def test_a_slow_steps_memory_reading_counts_what_mlx_holds_against_its_limit():
+    before = memory_reading()
+    held = mx.zeros((1 << 22,), mx.float32)  # 16 MiB
+    mx.eval(held)
+    now = memory_reading()
+    assert now.active_bytes - before.active_bytes >= held.nbytes
+    assert now.limit_bytes == mx.get_memory_limit() and now.cache_bytes == mx.get_cache_memory()
+    gib = 2**30
+    assert MemoryReading(3 * gib, gib // 2, 70 * gib).describe() == \
+        "MLX holds 3.0 GiB active + 0.5 GiB cached of its 70.0 GiB limit"
+
