@@ -88,7 +88,7 @@ def run_prefill(
         return _prefill_rows(model, chunks, caches, split)
     results = []
     out_caches: list[LayerCaches] = list(caches)
-    for group, padded_rows in _padded_forwards(chunks, caches, vocab_size, padded_rows_limit, split):
+    for group, padded_rows in padded_forwards(chunks, caches, vocab_size, padded_rows_limit, split):
         group_chunks, group_caches = [chunks[i] for i in group], [caches[i] for i in group]
         if group_chunks[0].num_tokens > MAX_FORWARD_TOKENS:  # a long row alone, unpadded, in windows
             result = _prefill_rows(model, group_chunks, group_caches, split)
@@ -102,7 +102,7 @@ def run_prefill(
     return _combined(out_caches, results)
 
 
-def _padded_forwards(
+def padded_forwards(
     chunks: list[PrefillChunk], caches: list[LayerCaches], vocab_size: int, max_rows: int, split: HeadSplit | None
 ) -> list[tuple[list[int], int]]:
     """Each forward's chunk indices and padded row count (split_rows)."""
@@ -273,7 +273,7 @@ def merge_right_padded(
     return merged, tokens, any(padding)
 
 
-__all__ = ["MAX_FORWARD_TOKENS", "PrefillResult", "SharedBatch", "merge_right_padded", "run_prefill"]
+__all__ = ["MAX_FORWARD_TOKENS", "PrefillResult", "SharedBatch", "merge_right_padded", "padded_forwards", "run_prefill"]
 
 
 def resolve_pad_shapes(setting: bool | None, model, quantized_kv: bool = False) -> bool:

@@ -99,7 +99,7 @@ class ModelRunner:
         self.features = FeatureCache(vision_features_budget(config)) if self.vision is not None else None
         self.vision_prompts = None if self.vision is None else VisionPrompts(
             self.vision, self.features, self.head_split, loaded.vocab_size, self._rope_deltas, self._twin_prefill,
-            self.pad_prefill_shapes)
+            self.pad_prefill_shapes, config.max_prefill_seqs)
         # Speculative decoding (verify_step.py): models of plain KV caches only, not vision models.
         self.speculation = speculation if speculation is not None and self.vision is None else None
         self.batch.defer_leaves = self.speculation is None and on_gpu()

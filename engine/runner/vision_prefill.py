@@ -2,8 +2,9 @@
 
 Text prompts of a vision-language model take the batched path (prefill.py); a prompt with images needs its
 embeddings in place of the image tokens' (VisionLanguageModel.embed_prompts, once per request). Where the model
-splits into backbone + head on embedded prompts (vision/embedded_split.py), a step's completing chunks of one window
-run together, right-padded, with logits at their last positions only; other chunks run one request at a time through
+splits into backbone + head on embedded prompts (vision/embedded_split.py), a step's chunks run together, with logits
+at their last positions only: with padded shapes (the GPU's default) every chunk of one window, in the text path's
+padded forwards; else its completing chunks of one window, right-padded. Other chunks run one request at a time through
 the model's call, in windows, with a one-token tail forward for the completing position's logits (a short completing
 chunk: one forward). A prompt's text after its images, once their KV is cached, runs as text instead
 (text_after_images.py).
@@ -12,7 +13,8 @@ chunk: one forward). A prompt's text after its images, once their KV is cached, 
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import mlx.core as mx
 
@@ -21,9 +23,11 @@ from engine.kv.batch_cache import LayerCaches, cache_arrays, extract_request_cac
 from engine.kv.quantized_kv import is_quantized_request_cache
 from engine.models.head_split import HeadSplit
 from engine.request import Request
-from engine.runner.plain_prefill import cache_offset
-from engine.runner.prefill import MAX_FORWARD_TOKENS, PrefillResult, merge_right_padded
-from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, group_rows
+from engine.runner.plain_prefill import cache_offset, plain_prefill
+from engine.runner.prefill import (
+    MAX_FORWARD_TOKENS, PrefillResult, SharedBatch, merge_right_padded, padded_forwards,
+)
+from engine.runner.prefill_shapes import SHORT_FORWARD_LOGITS_TOKENS, bucket_length, group_rows
 from engine.runner.text_after_images import AfterImages
 from engine.scheduler_output import NewRequest, PrefillChunk
 from engine.vision.feature_cache import FeatureCache
@@ -49,20 +53,40 @@ def one_forward_tokens() -> int:
     return GPU_ONE_FORWARD_TOKENS if on_gpu() else 0
 
 
+@dataclass
+class SplitForward:
+    """One forward of prompts with images through the split: the step's chunk indices it ran, their caches after
+    it, its completing chunks' last-position logits (in index order), and, padded, the plain batch those caches
+    are views of (for copying their KV: prefix cache, decode joins)."""
+
+    rows: list[int]
+    caches: list[LayerCaches]
+    logits: mx.array | None
+    batch: LayerCaches | None = None
+
+
 def run_vision_prefill(
     model: VisionLanguageModel, chunks: list[PrefillChunk], caches: list[LayerCaches],
     prompts: dict[str, EmbeddedPrompt], one_forward: int = 0, split: EmbeddedSplit | None = None,
+    rows_limit: int | None = None, vocab_size: int = 0,
 ) -> PrefillResult:
-    """Each chunk through the model's call, but the completing chunks of one window that the split takes: those run
-    together (_split_rows, _prefill_split), their caches and first-token logits put back in chunk order."""
+    """Each chunk through the model's call, but those the split takes: with a padded-rows limit (`rows_limit`,
+    padded shapes), every chunk of one window, as the text path pads them (_padded_split_forwards); else the
+    completing chunks of one window (_split_rows, _prefill_split). Caches and first-token logits in chunk order."""
     caches = list(caches)
     logits_at: dict[int, mx.array] = {}
-    together = _split_rows(chunks, caches, prompts) if split is not None else []
-    for group in together:
-        written, logits = _prefill_split(split, [chunks[i] for i in group], [caches[i] for i in group], prompts)
-        for row, i in enumerate(group):
-            caches[i], logits_at[i] = written[row], logits[row : row + 1]
-    done = {i for group in together for i in group}
+    forwards = []
+    if split is not None and rows_limit is not None:
+        forwards = _padded_split_forwards(split, chunks, caches, prompts, rows_limit, vocab_size)
+    elif split is not None:
+        forwards = [_prefill_split(split, group, chunks, caches, prompts) for group in _split_rows(chunks, caches, prompts)]
+    for forward in forwards:
+        completing = [i for i in forward.rows if chunks[i].completes_prefill]
+        for i, cache in zip(forward.rows, forward.caches):
+            caches[i] = cache
+        for row, i in enumerate(completing):
+            logits_at[i] = forward.logits[row : row + 1]
+    done = {i for forward in forwards for i in forward.rows}
     for i, (chunk, cache) in enumerate(zip(chunks, caches)):
         if i not in done:
             last = _prefill_alone(model, chunk, cache, prompts[chunk.request_id], one_forward)
@@ -70,7 +94,8 @@ def run_vision_prefill(
                 logits_at[i] = last
     order = sorted(logits_at)
     logits = None if not order else mx.concatenate([logits_at[i] for i in order]) if len(order) > 1 else logits_at[order[0]]
-    return PrefillResult(caches, [chunks[i] for i in order], logits)
+    shared = [SharedBatch(forward.batch, forward.rows) for forward in forwards if forward.batch is not None]
+    return PrefillResult(caches, [chunks[i] for i in order], logits, shared)
 
 
 def _prefill_alone(
@@ -90,9 +115,56 @@ def _prefill_alone(
     return model.prefill_embedded(prompt, body_end, chunk.end, cache)[:, -1, :]
 
 
+def _padded_split_forwards(
+    split: EmbeddedSplit, chunks: list[PrefillChunk], caches: list[LayerCaches], prompts: dict[str, EmbeddedPrompt],
+    rows_limit: int, vocab_size: int,
+) -> list[SplitForward]:
+    """The chunks of one window the split takes, in the text path's padded forwards (prefill.padded_forwards: by
+    cache offset, length bucket and row bucket): shapes the text prefill's warm-up built, and plain caches with no
+    array mask. Unpadded, a step's image prompts met a new (rows, length) nearly every step, each forward paying
+    for new kernels and attention plans (70-190 ms on an H100, prefill_shapes.py), and a masked batched cache."""
+    takes = [i for i, chunk in enumerate(chunks)
+             if chunk.num_tokens <= MAX_FORWARD_TOKENS and EmbeddedSplit.takes(prompts[chunk.request_id])]
+    if not takes:
+        return []
+    head = HeadSplit(split.backbone, split.head)
+    forwards = []
+    for group, rows in padded_forwards([chunks[i] for i in takes], [caches[i] for i in takes], vocab_size,
+                                       rows_limit, head):
+        indices = [takes[j] for j in group]
+        forwards.append(_padded_split_forward(split, indices, chunks, caches, prompts, rows, vocab_size))
+    return forwards
+
+
+def _padded_split_forward(
+    split: EmbeddedSplit, indices: list[int], chunks: list[PrefillChunk], caches: list[LayerCaches],
+    prompts: dict[str, EmbeddedPrompt], rows: int, vocab_size: int,
+) -> SplitForward:
+    """These chunks (one cache offset) as plain_prefill runs text, the backbone fed their embeddings and positions,
+    right-padded to the length bucket, with zero rows up to `rows` (its filler rows)."""
+    group = [chunks[i] for i in indices]
+    width = bucket_length(max(chunk.num_tokens for chunk in group))
+    embedded = [prompts[chunk.request_id] for chunk in group]
+    embeds = padded_rows([e.inputs_embeds[:, c.start : c.end] for e, c in zip(embedded, group)], 1, width)
+    positions = padded_rows([e.language_kwargs[POSITIONS][..., c.start : c.end] for e, c in zip(embedded, group)], 2,
+                            width)
+    fillers = rows - len(group)
+    if fillers > 0:
+        embeds = mx.concatenate([embeds, mx.zeros((fillers, *embeds.shape[1:]), embeds.dtype)])
+        filler_positions = mx.zeros((positions.shape[0], fillers, width), positions.dtype)
+        positions = mx.concatenate([positions, filler_positions], axis=1)
+
+    def backbone(tokens: mx.array, cache: Any = None) -> mx.array:
+        return split.hidden(tokens, embeds, cache, positions)
+
+    written, logits, batch = plain_prefill(backbone, group, [caches[i] for i in indices], vocab_size, rows,
+                                           HeadSplit(backbone, split.head))
+    return SplitForward(indices, written, logits, batch)
+
+
 def _split_rows(chunks: list[PrefillChunk], caches: list[LayerCaches], prompts: dict[str, EmbeddedPrompt]) -> list[list[int]]:
-    """The chunks the split runs, as forwards: completing ones of one window, on caches of one offset and type that
-    batch, grouped within the padding bound (group_rows)."""
+    """The chunks the split runs, unpadded, as forwards: completing ones of one window, on caches of one offset and
+    type that batch, grouped within the padding bound (group_rows)."""
     by_offset: dict[int, list[int]] = {}
     for i, (chunk, cache) in enumerate(zip(chunks, caches)):
         if (chunk.completes_prefill and chunk.num_tokens <= MAX_FORWARD_TOKENS and not is_quantized_request_cache(cache)
@@ -105,9 +177,12 @@ def _split_rows(chunks: list[PrefillChunk], caches: list[LayerCaches], prompts: 
 
 
 def _prefill_split(
-    split: EmbeddedSplit, chunks: list[PrefillChunk], caches: list[LayerCaches], prompts: dict[str, EmbeddedPrompt]
-) -> tuple[list[LayerCaches], mx.array]:
-    """These completing chunks in one right-padded forward: their caches, and their last positions' logits."""
+    split: EmbeddedSplit, indices: list[int], all_chunks: list[PrefillChunk], all_caches: list[LayerCaches],
+    prompts: dict[str, EmbeddedPrompt],
+) -> SplitForward:
+    """These completing chunks in one right-padded forward on a masked batched cache: their caches, and their last
+    positions' logits."""
+    chunks, caches = [all_chunks[i] for i in indices], [all_caches[i] for i in indices]
     embedded = [prompts[chunk.request_id] for chunk in chunks]
     lengths = [chunk.num_tokens for chunk in chunks]
     width = max(lengths)
@@ -121,11 +196,11 @@ def _prefill_split(
     hidden = split.hidden(tokens, embeds, batch, positions)
     logits = split.head(hidden[mx.arange(len(chunks)), mx.array([n - 1 for n in lengths])])
     if len(chunks) == 1:
-        return caches, logits
+        return SplitForward(indices, caches, logits)
     if padded:
         for layer in batch:
             layer.finalize()
-    return [extract_request_cache(batch, row) for row in range(len(chunks))], logits
+    return SplitForward(indices, [extract_request_cache(batch, row) for row in range(len(chunks))], logits)
 
 
 def vision_cost_tokens(
@@ -149,9 +224,12 @@ class VisionPrompts:
     chunk, kept to its last), and running them. `rope_deltas` is the runner's (its decode rows read them)."""
 
     def __init__(self, model: VisionLanguageModel, features: FeatureCache, split: HeadSplit | None, vocab_size: int,
-                 rope_deltas: dict[str, int], twin: TextTwin | None = None, pad_shapes: bool = False) -> None:
+                 rope_deltas: dict[str, int], twin: TextTwin | None = None, pad_shapes: bool = False,
+                 max_rows: int = 1) -> None:
         self.model, self.features, self.rope_deltas = model, features, rope_deltas
         self.after_images = AfterImages(model, split, vocab_size, twin, pad_shapes)
+        self._vocab_size = vocab_size
+        self._rows_limit = max_rows if pad_shapes else None  # prompts with images padded as text is (run_vision_prefill)
         self._embedded: dict[str, EmbeddedPrompt] = {}
         self._kinds: dict[str, int] = {}  # this step's chunks'
         self._one_forward = one_forward_tokens()
@@ -196,7 +274,7 @@ class VisionPrompts:
             return result
         prompts = self._embedded_prompts([chunk.request_id for chunk in chunks[images_from:]], requests)
         images = run_vision_prefill(self.model, chunks[images_from:], caches[images_from:], prompts, self._one_forward,
-                                    self._split_after(prompts))
+                                    self._split_after(prompts), self._rows_limit, self._vocab_size)
         for chunk in chunks[images_from:]:
             if chunk.completes_prefill:
                 self._embedded.pop(chunk.request_id)

@@ -6,6 +6,7 @@ prompts carry no positions and keep the model's call."""
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 
 from engine import EngineConfig, EngineCore
 from engine.kv.batch_cache import new_request_cache
@@ -27,10 +28,12 @@ def _prompts(family: Family, sizes):
     return requests, {r.request_id: model.embed_prompt(r.prompt_token_ids, r.vision) for r in requests}
 
 
-def _next_logits(model, result, row: int, embedded) -> mx.array:
-    """The logits of the token after the prompt, on the KV the prefill wrote."""
+def _next_logits(model, result, row: int, embedded, chunk_index: int | None = None) -> mx.array:
+    """The logits of the token after the prompt (its first-token logits: `row` of the completing ones), on the KV the
+    prefill wrote (`chunk_index`'s cache; default `row`)."""
     token = mx.array([[int(mx.argmax(result.last_logits[row]).item())]])
-    return model(token, cache=result.caches[row], rope_deltas=mx.array([[embedded.rope_delta]]))
+    cache = result.caches[row if chunk_index is None else chunk_index]
+    return model(token, cache=cache, rope_deltas=mx.array([[embedded.rope_delta]]))
 
 
 def test_a_steps_prompts_with_images_run_as_one_forward_equal_to_each_through_the_models_call(tmp_path):
@@ -58,7 +61,47 @@ def test_a_steps_prompts_with_images_run_as_one_forward_equal_to_each_through_th
         assert mx.array_equal(mine, theirs).item(), chunk.request_id
 
 
-def test_in_the_engine_they_stream_as_each_alone_beside_text(tmp_path):
+def test_padded_they_run_in_the_text_paths_bucketed_forwards_equal_to_each_through_the_models_call(tmp_path):
+    """With padded shapes (the GPU's default) the step's prompts with images run as the text path pads them: 78-86
+    tokens as the 128 bucket, 9 rows as the 11-row bucket (two filler rows), a plain cache, no array mask; a chunk
+    that does not complete its prompt runs in the same forward."""
+    family = Family(write_qwen25_vl(tmp_path / "qwen"))
+    model = family.loaded.model
+    requests, embedded = _prompts(family, [SIZES[i % len(SIZES)] for i in range(9)])
+    split = embedded_split(model, embedded["r0"], lambda: new_request_cache(model))
+    calls = []
+
+    def counted(tokens, **kwargs):
+        calls.append((tokens.shape, kwargs["inputs_embeds"].shape[:2], kwargs["position_ids"].shape))
+        return split.backbone(tokens, **kwargs)
+
+    assert {len(r.prompt_token_ids) for r in requests} == {78, 82, 86}
+    unfinished = 2  # its first 40 tokens
+    chunks = [PrefillChunk(r.request_id, 0, tuple(r.prompt_token_ids[:40] if i == unfinished else r.prompt_token_ids),
+                           i != unfinished) for i, r in enumerate(requests)]
+    together = run_vision_prefill(model, chunks, [new_request_cache(model) for _ in chunks], embedded,
+                                  split=EmbeddedSplit(counted, split.head), rows_limit=12,
+                                  vocab_size=model.language_model.args.vocab_size)
+    assert calls == [((11, 128), (11, 128), (3, 11, 128))]
+    assert [c.request_id for c in together.completing] == [c.request_id for c in chunks if c.completes_prefill]
+    assert [shared.rows for shared in together.shared] == [list(range(9))]
+    row = 0
+    for i, chunk in enumerate(chunks):
+        assert together.caches[i][0].offset == len(chunk.token_ids)
+        if not chunk.completes_prefill:
+            continue
+        own = run_vision_prefill(model, [chunk], [new_request_cache(model)], embedded)  # the model's call
+        assert mx.allclose(together.last_logits[row], own.last_logits[0], atol=1e-4).item(), chunk.request_id
+        mine = _next_logits(model, together, row, embedded[chunk.request_id], i)
+        theirs = _next_logits(model, own, 0, embedded[chunk.request_id])
+        assert mx.allclose(mine, theirs, atol=1e-4).item(), chunk.request_id
+        row += 1
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_in_the_engine_they_stream_as_each_alone_beside_text(tmp_path, padded):
+    """`padded`: the GPU's default shapes, with prompts cut into chunks (their later chunks at a cache offset, beside
+    filler rows of zero KV)."""
     family = Family(write_qwen25_vl(tmp_path / "qwen"))
 
     def requests():
@@ -66,7 +109,8 @@ def test_in_the_engine_they_stream_as_each_alone_beside_text(tmp_path):
         return with_images + [family.request("text", [], text="t30 t31 t32", max_tokens=6)]
 
     expected = {r.request_id: alone(family, r) for r in requests()}
-    core = EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False, max_prefill_seqs=8))
+    shapes = dict(pad_prefill_shapes=True, prefill_warmup_seconds=0, prefill_chunk_tokens=48) if padded else {}
+    core = EngineCore(family.loaded, EngineConfig(enable_prefix_cache=False, max_prefill_seqs=8, **shapes))
     together = run_core(core, [Arrival(0, r) for r in requests()])
     for request_id, stream in expected.items():
         assert_same_stream(stream, together[request_id])
