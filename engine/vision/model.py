@@ -202,7 +202,7 @@ class VisionLanguageModel:
         timed = wait or self.tower_stats.timed_runs < TIMED_TOWER_RUNS or self.tower_s_per_token is None
         held = self.tower_memory.before_run() if timed else 0
         started = time.perf_counter()
-        out = self.batched_tower(pixels, [grid for prompt in grids for grid in prompt])
+        out = self.batched_tower(pixels, [grid for prompt in grids for grid in prompt], waited=timed)
         unit = self.batched_tower.tower.spatial_merge_unit
         bounds = np.cumsum([0] + [t * h * w // unit for prompt in grids for t, h, w in prompt]).tolist()
         rows = [out[start:end] * 1 for start, end in zip(bounds, bounds[1:])]  # own buffers, kept apart

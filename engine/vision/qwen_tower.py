@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 # Probe grids (t, h, w in patches): merged 5x6 and 3x3, neither a whole number of 4x4-unit windows, so mlx-vlm's
 # forward runs no empty window on them; two images, to check that images batched together stay apart.
 PROBE_GRIDS = ((1, 10, 12), (1, 6, 6))
+# Blocks computed per evaluation in a run the caller waits for (WindowedTower.__call__): each evaluation waits for
+# the device once (~a launch's latency), and the buffers held at once are those of this many blocks.
+EVAL_BLOCKS = 4
 # Largest relative difference from mlx-vlm's forward accepted: the same arithmetic in another call order.
 AGREEMENT = {mx.float32: 1e-3, mx.bfloat16: 5e-2, mx.float16: 2e-2}
 
@@ -73,10 +76,15 @@ class WindowedTower:
                  "spatial_merge_unit", "blocks", "merger", "fullatt_block_indexes")
         return type(tower).__module__.endswith("qwen2_5_vl.vision") and all(hasattr(tower, n) for n in names)
 
-    def __call__(self, pixel_values: mx.array, grids: Sequence[Sequence[int]]) -> mx.array:
+    def __call__(self, pixel_values: mx.array, grids: Sequence[Sequence[int]], waited: bool = False) -> mx.array:
         """Queued without reading anything back: the index arrays come from the host (qwen_positions.py). Not
         mx.compile'd: on an H200 a compile of this graph took ~23 s per grid set (each count of images in a
-        forward is one), a stall no per-image saving repays (docs/architecture.md)."""
+        forward is one), a stall no per-image saving repays (docs/architecture.md).
+
+        `waited`: the caller waits for the output anyway; the blocks are then computed EVAL_BLOCKS at a time. MLX
+        allocates a graph's buffers as it queues it, ahead of the device, and frees them as the device finishes:
+        queued whole, one 672x672 image's float32 tower held ~15 MB per image token at its peak on an H100
+        (~8.7 GB), which bounded the images a step could run ahead of admission to one or two."""
         grids = [tuple(int(n) for n in grid) for grid in grids]
         tower = self.tower
         layout = tower_index(grids, tower)
@@ -94,6 +102,8 @@ class WindowedTower:
             groups = full if index in tower.fullatt_block_indexes else windowed
             x = x + _attention(block.attn, block.norm1(x), groups, rotary)
             x = x + block.mlp(block.norm2(x))
+            if waited and (index + 1) % EVAL_BLOCKS == 0:
+                mx.eval(x)
         return tower.merger(x)[mx.array(np.argsort(layout.window_index), mx.int32)]
 
     def agrees(self) -> bool:

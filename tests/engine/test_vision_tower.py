@@ -53,6 +53,8 @@ def test_batched_tower_equals_mlx_vlm_and_each_image_alone(dtype):
     # The same arithmetic; only the matmuls' row blocking differs with the rows in one call.
     alone = mx.concatenate(alone).astype(mx.float32)
     assert mx.allclose(alone, together.astype(mx.float32), rtol=1e-5, atol=1e-5).item()
+    # Waited for (computed EVAL_BLOCKS blocks at a time, to bound what MLX holds at once): the same values.
+    assert mx.array_equal(tower(pixels, GRIDS, waited=True), together).item()
 
 
 def test_the_learnt_tower_rate_is_the_median_of_its_timed_runs_not_skewed_by_a_kernel_build(tmp_path):
@@ -111,9 +113,9 @@ def test_a_steps_new_image_prompts_share_one_tower_forward_and_answer_as_alone(t
     calls: list[int] = []
 
     class Counted(WindowedTower):
-        def __call__(self, pixel_values, grids):
+        def __call__(self, pixel_values, grids, waited=False):
             calls.append(len(grids))
-            return super().__call__(pixel_values, grids)
+            return super().__call__(pixel_values, grids, waited)
 
     model.batched_tower = Counted(model.vlm.vision_tower)
     images = [[png_bytes(56, 56, seed=1)], [png_bytes(112, 84, seed=2), png_bytes(84, 84, seed=3)],
