@@ -24,6 +24,7 @@ import numpy as np
 from engine.errors import ImagePixelsNeededError, ModelLoadError
 from engine.models.head_split import HeadSplit, agrees
 from engine.vision.feature_cache import FeatureCache, VisionTowerStats
+from engine.vision.host_merge import HostMerge, same, same_merge
 from engine.vision.inputs import VisionInputs, media_token_runs
 from engine.vision.qwen_tower import WindowedTower
 from engine.vision.tower_memory import TowerMemory
@@ -81,6 +82,8 @@ class VisionLanguageModel:
         # Orchard's forward of the tower over a step's images at once (qwen_tower.py), checked on first use.
         tower = getattr(model, "vision_tower", None)
         self.batched_tower = WindowedTower(tower) if WindowedTower.fits(tower) else None
+        # Its merge of given features from the host, no device reads (host_merge.py), beside the batched tower.
+        self.host_merge = HostMerge(model) if self.batched_tower is not None and HostMerge.fits(model) else None
         self._tower_checked = False
         # mlx-lm's text model of the family on these weights (vision/text_twin.py): decode rows run through it.
         self.text_twin: nn.Module | None = None
@@ -153,11 +156,22 @@ class VisionLanguageModel:
             images = images if images is not None else next(fresh)
             tokens = mx.array(prompt.token_ids, mx.int32)[None]
             arrays = {name: mx.array(value) for name, value in prompt.vision.model_arrays.items()}
-            merged = self.vlm.get_input_embeddings(
-                tokens, prompt_pixels, mask=mx.ones(tokens.shape, mx.int32), **arrays,
-                cached_image_features=mx.concatenate(images) if len(images) > 1 else images[0])
+            merged = self._merged(prompt, tokens, prompt_pixels, arrays, mx.concatenate(images) if len(images) > 1
+                                  else images[0])
             embedded.append(self._embedded(tokens, merged, arrays))
         return embedded
+
+    def _merged(self, prompt: MediaPrompt, tokens: mx.array, pixels: mx.array, arrays: dict[str, mx.array],
+                features: mx.array) -> Any:
+        """The prompt's images' features merged into its embeddings: from the host where the family allows
+        (host_merge.py), else by mlx-vlm's get_input_embeddings."""
+        def theirs() -> Any:
+            return self.vlm.get_input_embeddings(tokens, pixels, mask=mx.ones(tokens.shape, mx.int32), **arrays,
+                                                 cached_image_features=features)
+        if self.host_merge is None:
+            return theirs()
+        grids = [tuple(int(n) for n in row) for row in prompt.vision.model_arrays["image_grid_thw"]]
+        return self.host_merge.merged(prompt.token_ids, grids, features, theirs)
 
     def run_towers_ahead(
         self, visions: list[VisionInputs], features: FeatureCache | None
@@ -326,9 +340,9 @@ class VisionLanguageModel:
                 again, zeros = merge(kept), merge(mx.zeros_like(kept))
             except Exception:  # noqa: BLE001 — a family that takes kept features in another shape
                 continue
-            if _same_merge(merged, again):
+            if same_merge(merged, again):
                 self.merges_without_pixels = _merges_alike(lambda: merge(kept, _stand_in(pixels.shape)), merged)
-                return not _same(merged.inputs_embeds, zeros.inputs_embeds)
+                return not same(merged.inputs_embeds, zeros.inputs_embeds)
         self.stacks_features = False
         return False
 
@@ -367,26 +381,11 @@ def _stand_in(shape: tuple[int, ...]) -> mx.array:
     return mx.zeros(shape, mx.float32)  # lazy: never computed where nothing reads it
 
 
-def _same_merge(a: Any, b: Any) -> bool:
-    """Two of mlx-vlm's merged embeddings (and positions, ...) equal bit for bit."""
-    first, second = a.to_dict(), b.to_dict()
-    return first.keys() == second.keys() and all(_same(first[k], second[k]) for k in first)
-
-
 def _merges_alike(merge: Any, merged: Any) -> bool:
     try:
-        return _same_merge(merge(), merged)
+        return same_merge(merge(), merged)
     except Exception:  # noqa: BLE001 — a family that reads the pixels' values or layout beside kept features
         return False
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal values: arrays bit for bit (shape and dtype too), lists item by item, anything else by ==."""
-    if isinstance(a, mx.array) and isinstance(b, mx.array):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(mx.array_equal(a, b).item())
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and (a is b or a == b)
 
 
 def _text_probe(model: nn.Module) -> Any:

@@ -71,6 +71,31 @@ def image_rope_delta(token_ids: Sequence[int], grids: Sequence[Sequence[int]], m
     return delta
 
 
+def mrope_positions(
+    token_ids: Sequence[int], grids: Sequence[Sequence[int]], merge: int, image_token: int
+) -> tuple[np.ndarray, int] | None:
+    """A prompt's M-RoPE positions [3, L] and rope delta, as mlx-vlm's `get_rope_index` lays them out for a prompt
+    whose media are images (grids in prompt order): text counts on from the last position on all three axes; an
+    image's tokens take (frame, row, column) from there. None where the image token runs do not match the grids."""
+    runs = media_token_runs(token_ids, image_token)
+    if len(runs) != len(grids):
+        return None
+    pieces, at, next_position = [], 0, 0
+    for (start, end), (t, h, w) in zip(runs, grids):
+        rows, cols = h // merge, w // merge
+        if end - start != t * rows * cols:
+            return None
+        pieces.append(np.broadcast_to(np.arange(start - at) + next_position, (3, start - at)))
+        first = next_position + start - at
+        image = np.stack([np.repeat(np.arange(t), rows * cols), np.tile(np.repeat(np.arange(rows), cols), t),
+                          np.tile(np.arange(cols), t * rows)]) + first
+        pieces.append(image)
+        next_position, at = int(image.max()) + 1, end
+    pieces.append(np.broadcast_to(np.arange(len(token_ids) - at) + next_position, (3, len(token_ids) - at)))
+    positions = np.concatenate(pieces, axis=1)
+    return positions, int(positions.max()) + 1 - len(token_ids)
+
+
 def _patch_positions(h: int, w: int, merge: int) -> np.ndarray:
     """mlx-vlm's rot_pos_emb order: merge x merge blocks, row-major inside each block."""
     rows = np.repeat(np.arange(h)[:, None], w, axis=1).reshape(h // merge, merge, w // merge, merge)
@@ -88,4 +113,4 @@ def rotary_table(tower: Any, index: TowerIndex) -> mx.array:
     return freqs[mx.array(positions)].reshape(positions.shape[0], -1)
 
 
-__all__ = ["TowerIndex", "image_rope_delta", "rotary_table", "tower_index"]
+__all__ = ["TowerIndex", "image_rope_delta", "mrope_positions", "rotary_table", "tower_index"]

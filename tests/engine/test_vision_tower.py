@@ -11,7 +11,8 @@ import pytest
 from engine import EngineConfig, EngineCore
 from engine.request import RequestStatus
 from engine.vision.model import TIMED_TOWER_RUNS
-from engine.vision.qwen_positions import image_rope_delta, rotary_table, tower_index
+from engine.vision.host_merge import HostMerge, same_merge
+from engine.vision.qwen_positions import image_rope_delta, mrope_positions, rotary_table, tower_index
 from engine.vision.qwen_tower import PROBE_GRIDS, WindowedTower, attention_groups
 from tests.engine.test_batching import assert_same_stream
 from tests.engine.test_vision_engine import Family
@@ -92,10 +93,47 @@ def test_host_rope_delta_equals_mlx_vlms_position_index(grids):
     for t, h, w in grids:
         ids += [start] + [image] * (t * (h // 2) * (w // 2)) + [end] + list(range(200, 203))
     ids += list(range(300, 307))
-    _, theirs = model.language_model.get_rope_index(mx.array(ids)[None], mx.array(grids), None,
-                                                    mx.ones((1, len(ids)), mx.int32))
+    positions, theirs = model.language_model.get_rope_index(mx.array(ids, mx.int32)[None], mx.array(grids), None,
+                                                            mx.ones((1, len(ids)), mx.int32))
     assert image_rope_delta(ids, grids, 2, image) == int(theirs.reshape(-1)[0].item())
     assert image_rope_delta(ids, [(1, 4, 4), *grids], 2, image) is None
+    # The whole layout from the host (mrope_positions, host_merge.py's): mlx-vlm's positions and delta.
+    ours, delta = mrope_positions(ids, grids, 2, image)
+    assert ours.tolist() == positions[:, 0].tolist() and delta == int(theirs.reshape(-1)[0].item())
+    assert mrope_positions(ids, [(1, 4, 4), *grids], 2, image) is None
+
+
+@pytest.mark.parametrize("vision_dtype", ["float32", "bfloat16"])
+def test_the_host_merge_equals_mlx_vlms_bit_for_bit_and_reads_nothing_back(vision_dtype):
+    """Given features, the host's merge (host_merge.py) is mlx-vlm's get_input_embeddings exactly (embeddings in the
+    dtype its mx.where promotes to, positions, delta), for text around two images; it checks so once, then builds
+    the merge with no device read (mx.array.item and tolist refused meanwhile)."""
+    model = build_random_vlm(vlm_config("tiny-vl", "bfloat16"), "bfloat16", seed=1, vision_dtype=vision_dtype)
+    config = model.language_model.config
+    image, start, end = config.image_token_id, config.vision_start_token_id, config.vision_end_token_id
+    grids = [(1, 8, 8), (1, 6, 10)]
+    ids = list(range(100, 105))
+    for t, h, w in grids:
+        ids += [start] + [image] * (t * (h // 2) * (w // 2)) + [end] + list(range(200, 203))
+    tokens = mx.array(ids, mx.int32)[None]
+    features = mx.random.normal((sum(t * h * w // 4 for t, h, w in grids), 32), key=mx.random.key(3))
+    features = features.astype(mx.float32 if vision_dtype == "float32" else mx.bfloat16)
+
+    def theirs():
+        return model.get_input_embeddings(tokens, mx.zeros((1, 1176)), mask=mx.ones(tokens.shape, mx.int32),
+                                          image_grid_thw=mx.array(grids), cached_image_features=features)
+    merge = HostMerge(model)
+    assert HostMerge.fits(model)
+    first = merge.merged(ids, grids, features, theirs)
+    assert merge.agrees is True and same_merge(first, theirs())
+    forbidden = pytest.MonkeyPatch()
+    forbidden.setattr(mx.array, "item", lambda self: pytest.fail("a device read"))
+    forbidden.setattr(mx.array, "tolist", lambda self: pytest.fail("a device read"))
+    try:
+        again = merge.merged(ids, grids, features, lambda: pytest.fail("mlx-vlm's merge after the check"))
+    finally:
+        forbidden.undo()
+    assert same_merge(again, theirs())
 
 
 def test_a_forward_that_differs_from_mlx_vlms_is_not_used():
