@@ -54,14 +54,14 @@ class HostMerge:
     def _merge(self, token_ids: Sequence[int], grids: Sequence[Sequence[int]], features: mx.array) -> Any:
         from mlx_vlm.models.base import InputEmbeddingsFeatures
 
-        layout = mrope_positions(token_ids, grids, self._merge_size, self._image_token)
         runs = media_token_runs(token_ids, self._image_token)
+        layout = mrope_positions(token_ids, grids, self._merge_size, self._image_token, runs)
         if layout is None or sum(end - start for start, end in runs) != features.shape[0]:
             return None
         positions, delta = layout
         ids = mx.array(token_ids, mx.int32)[None]
         text = self._embed(ids)
-        dtype = (mx.zeros((), text.dtype) + mx.zeros((), features.dtype)).dtype  # mlx-vlm's mx.where promotes
+        dtype = mx.result_type(text.dtype, features.dtype)  # mlx-vlm's mx.where promotes
         pieces, at, taken = [], 0, 0
         for start, end in runs:
             pieces += [text[:, at:start], features[None, taken : taken + end - start]]

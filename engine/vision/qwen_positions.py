@@ -72,12 +72,14 @@ def image_rope_delta(token_ids: Sequence[int], grids: Sequence[Sequence[int]], m
 
 
 def mrope_positions(
-    token_ids: Sequence[int], grids: Sequence[Sequence[int]], merge: int, image_token: int
+    token_ids: Sequence[int], grids: Sequence[Sequence[int]], merge: int, image_token: int,
+    runs: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[np.ndarray, int] | None:
     """A prompt's M-RoPE positions [3, L] and rope delta, as mlx-vlm's `get_rope_index` lays them out for a prompt
     whose media are images (grids in prompt order): text counts on from the last position on all three axes; an
-    image's tokens take (frame, row, column) from there. None where the image token runs do not match the grids."""
-    runs = media_token_runs(token_ids, image_token)
+    image's tokens take (frame, row, column) from there. None where the image token runs (`runs`, where the caller
+    has them: media_token_runs) do not match the grids."""
+    runs = media_token_runs(token_ids, image_token) if runs is None else runs
     if len(runs) != len(grids):
         return None
     pieces, at, next_position = [], 0, 0
