@@ -69,7 +69,10 @@ from deployments.cli.loadgen.workloads import LoadSettings, run_sweep_level, war
 
 SERVERS = ("orchard", "mlx_vlm")
 PHASE_WEIGHTS = {"orchard": 1.8, "mlx_vlm": 1.0}  # ours holds Ray's start and the prefill-shape warm-up
-PHASE_WEIGHTS_WARM = 1.0  # --start-together: every phase measures alone, on a running server
+# --start-together: every phase measures on a running server. mlx_vlm.server's levels take longer (an H100 at
+# 241b852: its 1/8/32 levels 80 s and more, ours 39-61 s with the repeated-image pairs); equal shares cut its round-1
+# 32-stream level.
+PHASE_WEIGHTS_WARM = {"orchard": 1.0, "mlx_vlm": 1.6}
 MIX_SHARE = 0.45  # of a mix server's measuring time: the alternating text_only / image_mix rounds
 MIX_BOUND = 0.75  # issue 54: image_mix / text_only at 32 streams
 END_RESERVE_S = 10.0
@@ -404,7 +407,7 @@ def run_together(run: VisionRun, servers: list[str], model_path: str, settings: 
             except Exception as exc:  # noqa: BLE001 — recorded; the others still run
                 failed(run, name, name, exc)
         todo = [(i, r, n) for i, (r, n) in enumerate(phases) if n in ready]
-        weights = [PHASE_WEIGHTS_WARM * (1.0 + MIX_SHARE * mixing[i]) for i, _, _ in todo]
+        weights = [PHASE_WEIGHTS_WARM[n] * (1.0 + MIX_SHARE * mixing[i]) for i, _, n in todo]
         for k, (i, round_index, name) in enumerate(todo):
             budget = run.left() * weights[k] / sum(weights[k:])
             run.event(f"round {round_index}: measuring {name} (budget {budget:.0f} s)")
