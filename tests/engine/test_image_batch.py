@@ -26,22 +26,35 @@ def pixels(image) -> np.ndarray:
     return np.asarray(image.convert("RGB"), dtype=np.int16)
 
 
+@pytest.fixture(scope="module")
+def alone(generator):
+    """A spec's image made in a batch of its own, made once per module (the same spec makes the same pixels: the
+    first test checks it against mflux's own generate_image); each costs ~2-3 s of this CPU's VAE."""
+    made: dict[str, np.ndarray] = {}
+
+    def image_alone(spec: ImageSpec) -> np.ndarray:
+        if repr(spec) not in made:
+            made[repr(spec)] = pixels(generate_batch(generator.model, [BatchRow(spec, None)])[0])
+        return made[repr(spec)]
+
+    return image_alone
+
+
 SPECS = [ImageSpec("a puffin on a cliff", 64, 48, 2, 1.0, seed=1), ImageSpec("a red dragon", 64, 48, 2, 1.0, seed=2),
          ImageSpec("a puffin", 64, 48, 2, 1.0, seed=3)]
 GUIDED = [ImageSpec("a puffin", 64, 48, 2, 3.0, seed=5), ImageSpec("a red dragon", 64, 48, 2, 3.0, seed=6)]
 
 
 @pytest.mark.parametrize("specs", [SPECS, GUIDED], ids=["plain", "guidance-3"])
-def test_each_row_of_a_batch_is_the_image_it_makes_alone_and_mflux_makes(generator, specs):
+def test_each_row_of_a_batch_is_the_image_it_makes_alone_and_mflux_makes(generator, alone, specs):
     """Exact on the CPU (a GPU's batched kernels may round differently)."""
     batched = generate_batch(generator.model, [BatchRow(spec, None) for spec in specs])
     for spec, image in zip(specs, batched):
-        alone = generate_batch(generator.model, [BatchRow(spec, None)])[0]
-        assert np.array_equal(pixels(image), pixels(alone)), spec
-        assert np.array_equal(pixels(alone), pixels(generator.generate(spec))), spec
+        assert np.array_equal(pixels(image), alone(spec)), spec
+        assert np.array_equal(alone(spec), pixels(generator.generate(spec))), spec
 
 
-def test_a_row_that_stops_leaves_and_the_others_finish_as_alone(generator):
+def test_a_row_that_stops_leaves_and_the_others_finish_as_alone(generator, alone):
     steps: list[tuple[int, int]] = []
 
     def gone_at_first_step(done: int, total: int) -> None:
@@ -53,11 +66,10 @@ def test_a_row_that_stops_leaves_and_the_others_finish_as_alone(generator):
     assert images[1] is None and isinstance(rows[1].failure, Gone)
     assert steps == [(1, 2), (2, 2)]
     for index in (0, 2):
-        alone = generate_batch(generator.model, [BatchRow(SPECS[index], None)])[0]
-        assert np.array_equal(pixels(images[index]), pixels(alone))
+        assert np.array_equal(pixels(images[index]), alone(SPECS[index]))
 
 
-def test_the_worker_denoises_waiting_images_of_one_size_together(generator):
+def test_the_worker_denoises_waiting_images_of_one_size_together(generator, alone):
     from engine.images.worker import ImageWorker
 
     release = threading.Event()
@@ -75,4 +87,4 @@ def test_the_worker_denoises_waiting_images_of_one_size_together(generator):
     assert (worker.stats.batches, worker.stats.images, worker.stats.largest_batch) == (3, 4, 2)  # 2 + 1 + 1
     assert images[3].size == (48, 64)
     for spec, image in zip(SPECS, images):
-        assert np.array_equal(pixels(image), pixels(generate_batch(generator.model, [BatchRow(spec, None)])[0]))
+        assert np.array_equal(pixels(image), alone(spec))
