@@ -8,14 +8,14 @@ def _pin_batch_invariant_blas() -> None:
     different sizes. OpenBLAS's FMA kernels, which engine/cpu_blas.py picks on an x86 CPU (HASWELL without AVX-512,
     SKYLAKEX with it), round a row differently as the batch grows (up to 5e-5 on a 64x576 @ 576x1536 matmul on an
     AMD EPYC: enough to move a 4-bit KV value to the next level; on an AVX-512 EPYC from 5 rows on, even at the tiny
-    models' 64 wide, under either kernel). Its AVX kernels (SANDYBRIDGE) gave every row the same bits, but on a
-    newer CPU they leave the vector registers' upper halves dirty, and MLX's own SSE code then ran ~50x slower after
-    any float32 matmul (an exp of 1M floats 750 ms against 14; a tiny FLUX.2 image 20 s against 1.5). Its SSE kernels
-    (NEHALEM) give every row the same bits at every batch size too (a forced kernel runs the same instructions on
-    every x86 CPU), at ~1/3 of the FMA kernels' speed, which the tiny models barely feel. The suite (and the engine
-    processes it starts) runs on those, over an OPENBLAS_CORETYPE the machine sets (one CI machine set Haswell for
-    every process); servers keep the fastest.
-    ORCHARD_TEST_OPENBLAS_CORETYPE runs the suite on other kernels."""
+    models' 64 wide, under either kernel). Its AVX kernels (SANDYBRIDGE) gave every row and column the same bits,
+    but on a newer CPU they leave the vector registers' upper halves dirty on the thread that called them, and MLX's
+    exp, sin and erf ran ~50x slower there after any float32 matmul (an exp of 1M floats 750 ms against 15; a tiny
+    FLUX.2 image 20 s against 1.5). Its SSE kernels for VIA's Nano (NANO) give every row and column the same bits
+    too, and leave the registers clean, at ~1/2 of SANDYBRIDGE's speed (61 against 108-122 GFLOP/s here; NEHALEM's
+    rounded rows and columns differently). A forced kernel runs the same instructions on any x86 CPU. The suite (and
+    the engine processes it starts) runs on those, over an OPENBLAS_CORETYPE the machine sets (one CI machine set
+    Haswell for every process); servers keep the fastest. ORCHARD_TEST_OPENBLAS_CORETYPE runs the suite on others."""
     if os.environ.get("ORCHARD_TEST_OPENBLAS_CORETYPE"):
         os.environ["OPENBLAS_CORETYPE"] = os.environ["ORCHARD_TEST_OPENBLAS_CORETYPE"]
         return
@@ -25,8 +25,8 @@ def _pin_batch_invariant_blas() -> None:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         return
-    if "sse4_2" in flags.split():
-        os.environ["OPENBLAS_CORETYPE"] = "NEHALEM"
+    if "sse4_1" in flags.split():
+        os.environ["OPENBLAS_CORETYPE"] = "NANO"
 
 
 _pin_batch_invariant_blas()  # before the engine picks the BLAS (and reads OPENBLAS_CORETYPE)
