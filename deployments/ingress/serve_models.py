@@ -13,13 +13,16 @@ import functools
 import logging
 import math
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import ray
 from ray import serve
+from ray.serve.context import _get_global_client
 from ray.serve.exceptions import RayServeException
-from ray.serve.schema import ApplicationStatus, ReplicaState
+from ray.serve.schema import (ApplicationStatus, ApplicationStatusOverview, DeploymentStatus, DeploymentStatusOverview,
+                              DeploymentStatusTrigger, ReplicaState, ServeStatus)
 
 from engine.errors import ModelLoadError, ModelNotFoundError
 from deployments.config import MODEL_SERVER_DEPLOYMENT, ModelConfig, model_id_of_app, serve_app_name
@@ -81,10 +84,33 @@ class SharedStatus:
             await asyncio.wait([self._task])  # too old for this caller: the next one starts after it
 
     async def _fetch(self, started: float) -> Any:
-        view = await _in(_STATUS_THREADS, serve.status)
+        view = await _in(_STATUS_THREADS, serve_status)
         if started >= self._view_started:
             self._view, self._view_started = view, started
         return view
+
+
+def serve_status() -> ServeStatus:
+    """What serve.status() returns, read from the controller's details without validating them whole: serve.status
+    parses every deployment's config, cloudpickling each one's request router class again, and so took 2/3 of an idle
+    ingress's CPU (20% of a core, polling ten applications every 2 s)."""
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        return ServeStatus()
+    return ServeStatus(applications={
+        name: ApplicationStatusOverview(
+            status=ApplicationStatus(app["status"]), message=app.get("message", ""),
+            last_deployed_time_s=app.get("last_deployed_time_s", 0.0),
+            deployments={deployment_name: _deployment_status(deployment)
+                         for deployment_name, deployment in app.get("deployments", {}).items()})
+        for name, app in client.get_serve_details().get("applications", {}).items()})
+
+
+def _deployment_status(deployment: dict[str, Any]) -> DeploymentStatusOverview:
+    replica_states = Counter(ReplicaState(replica["state"]).value for replica in deployment.get("replicas", ()))
+    trigger = DeploymentStatusTrigger(deployment.get("status_trigger", DeploymentStatusTrigger.UNSPECIFIED))
+    return DeploymentStatusOverview(status=DeploymentStatus(deployment["status"]), status_trigger=trigger,
+                                    replica_states=dict(replica_states), message=deployment.get("message", ""))
 
 
 class ServeBackend:

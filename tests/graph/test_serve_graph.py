@@ -260,6 +260,26 @@ def test_health_queue_stats_and_loaded_models_shapes(graph):
         assert alpha["memory"]["rss_mb"] > 10
 
 
+def test_the_ingress_reads_serve_status_as_serve_status_does(graph):
+    """The ingress builds serve.status()'s view from the controller's details without validating them whole
+    (deployments/ingress/serve_models.py): the same view of every application of the running graph."""
+    import time
+
+    from ray import serve
+
+    from deployments.ingress.serve_models import serve_status
+
+    for _ in range(5):  # the two reads are a moment apart: a replica may change state between them
+        ours, theirs = serve_status(), serve.status()
+        if ours.applications == theirs.applications:
+            break
+        time.sleep(1)
+    assert ours.applications == theirs.applications
+    assert {INGRESS_APP, serve_app_name(ALPHA), serve_app_name(BETA)} <= set(ours.applications)
+    assert ours.applications[serve_app_name(ALPHA)].deployments[MODEL_SERVER_DEPLOYMENT].replica_states == {
+        "RUNNING": 1}
+
+
 def _metric_samples(http: httpx.Client) -> dict[tuple[str, tuple], float]:
     page = http.get("/metrics")
     assert page.status_code == 200
