@@ -29,8 +29,8 @@ def pixels(image) -> np.ndarray:
 @pytest.fixture(scope="module")
 def alone(generator):
     """A spec's image made in a batch of its own, made once per module (the same spec makes the same pixels: the
-    first test checks it against mflux's own generate_image); each cost ~15-20 s on this 2-core machine (the module
-    alone: 500 s for ~22 images)."""
+    first test checks it against mflux's own generate_image); each cost ~1.5 s on this 2-core machine (the module
+    alone: 42 s; 500 s while the suite pinned OpenBLAS kernels that slowed MLX's exp ~50x, tests/__init__.py)."""
     made: dict[str, np.ndarray] = {}
 
     def image_alone(spec: ImageSpec) -> np.ndarray:
