@@ -263,18 +263,15 @@ def test_health_queue_stats_and_loaded_models_shapes(graph):
 def test_the_ingress_reads_serve_status_as_serve_status_does(graph):
     """The ingress builds serve.status()'s view from the controller's details without validating them whole
     (deployments/ingress/serve_models.py): the same view of every application of the running graph."""
-    import time
-
     from ray import serve
 
     from deployments.ingress.serve_models import serve_status
 
-    for _ in range(5):  # the two reads are a moment apart: a replica may change state between them
-        ours, theirs = serve_status(), serve.status()
-        if ours.applications == theirs.applications:
-            break
-        time.sleep(1)
-    assert ours.applications == theirs.applications
+    def same_view():  # the two reads are a moment apart: a replica may change state between them
+        ours = serve_status()
+        return ours if ours.applications == serve.status().applications else None
+
+    ours = wait_until(same_view, 30, interval_s=1, what="the ingress's view of Serve's status equal to serve.status's")
     assert {INGRESS_APP, serve_app_name(ALPHA), serve_app_name(BETA)} <= set(ours.applications)
     assert ours.applications[serve_app_name(ALPHA)].deployments[MODEL_SERVER_DEPLOYMENT].replica_states == {
         "RUNNING": 1}
